@@ -1,0 +1,29 @@
+"""torchqkit: quantize PyTorch models (weights, and optionally activations) in place.
+
+    import torchqkit as qk
+    report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=128))
+"""
+from . import kernels
+from .api.configs import (Float8DynamicActivationFloat8WeightConfig, Float8StaticActivationFloat8WeightConfig,
+                          Float8WeightOnlyConfig, Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
+                          Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig,
+                          QuantConfig, config_from_dict, known_configs)
+from .api.module_configs import ModuleConfigs
+from .api.quantize import QuantizationError, quantize_
+from .api.quantize_weight import UnsupportedWeight, quantize_weight
+from .api.report import LayerReport, QuantizationReport
+from .core import (MappingType, PerAxis, PerBlock, PerGroup, PerRow, PerTensor, PerToken, ZeroPointDomain,
+                   choose_qparams_affine, dequantize_affine, qdtypes, quantize_affine)
+from .layouts import Layout, PlainLayout
+from .serialization import register_safe_globals
+from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
+
+__version__ = "0.1.0"
+
+register_safe_globals()
+
+# Public classes report their public path, so pickles and reprs don't depend on internal file names.
+for _cls in (AffineQuantizedTensor, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
+             QuantizationReport):
+    _cls.__module__ = "torchqkit"
+del _cls

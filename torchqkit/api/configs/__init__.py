@@ -1,0 +1,6 @@
+"""Config classes; importing this package registers every config with its handler."""
+from .base import QuantConfig, config_from_dict, handler_for, known_configs
+from .dynamic_activation import Int8DynamicActivationInt8WeightConfig, Int8DynamicActivationIntxWeightConfig
+from .float8 import (Float8DynamicActivationFloat8WeightConfig, Float8StaticActivationFloat8WeightConfig,
+                     Float8WeightOnlyConfig)
+from .integer import Int4WeightOnlyConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig

@@ -1,0 +1,102 @@
+"""float8 configs: Float8WeightOnlyConfig, Float8DynamicActivationFloat8WeightConfig,
+Float8StaticActivationFloat8WeightConfig. Scales are float32 (what torch._scaled_mm takes)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ...core.granularity import Granularity, PerRow, PerTensor
+from ...core.qdtype import QDType, QKind, float8_e4m3fn
+from ...layouts.base import Layout
+from ...layouts.plain import PlainLayout
+from ...tensor.activation import ActivationQuantSpec
+from ..quantize_weight import quantize_weight
+from .base import QuantConfig, as_qdtype, register_config
+
+__all__ = ["Float8WeightOnlyConfig", "Float8DynamicActivationFloat8WeightConfig",
+           "Float8StaticActivationFloat8WeightConfig"]
+
+
+def _check_float8(who: str, config, *names: str) -> None:
+    for n in names:
+        q = as_qdtype(getattr(config, n))
+        if q.kind is not QKind.FLOAT8:
+            raise ValueError(f"{who}: {n} must be float8_e4m3fn or float8_e5m2, got {q.name}")
+        object.__setattr__(config, n, q)
+    if not isinstance(config.granularity, (PerTensor, PerRow)):
+        raise ValueError(f"{who}: granularity must be PerTensor() or PerRow(), got {config.granularity!r}")
+
+
+def _float8_weight(config, weight, name, act=None):
+    return quantize_weight(weight, config.weight_dtype, config.granularity, config.layout,
+                           scale_dtype=torch.float32, act_quant=act,
+                           kernel_preference=config.kernel_preference, name=name)
+
+
+def _float8_weight_only_transform(config, weight, name):
+    return _float8_weight(config, weight, name)
+
+
+@register_config(_float8_weight_only_transform)
+@dataclass(frozen=True, kw_only=True)
+class Float8WeightOnlyConfig(QuantConfig):
+    """float8 weights (per-row or per-tensor scale); activations stay in their dtype."""
+    weight_dtype: QDType = float8_e4m3fn
+    granularity: Granularity = PerRow()
+    layout: Layout = field(default_factory=PlainLayout)
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_float8("Float8WeightOnlyConfig", self, "weight_dtype")
+
+    def describe(self):
+        return f"{self.weight_dtype.name} weight-only {type(self.granularity).__name__}"
+
+
+def _float8_dynamic_transform(config, weight, name):
+    return _float8_weight(config, weight, name, ActivationQuantSpec(config.activation_dtype, config.granularity))
+
+
+@register_config(_float8_dynamic_transform)
+@dataclass(frozen=True, kw_only=True)
+class Float8DynamicActivationFloat8WeightConfig(QuantConfig):
+    """float8 activations (scales computed at run time, per tensor or per row) x float8 weights."""
+    activation_dtype: QDType = float8_e4m3fn
+    weight_dtype: QDType = float8_e4m3fn
+    granularity: Granularity = PerRow()
+    layout: Layout = field(default_factory=PlainLayout)
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_float8("Float8DynamicActivationFloat8WeightConfig", self, "activation_dtype", "weight_dtype")
+
+    def describe(self):
+        return f"{self.activation_dtype.name} dynamic act x {self.weight_dtype.name} weight {type(self.granularity).__name__}"
+
+
+def _float8_static_transform(config, weight, name):
+    act = ActivationQuantSpec(config.activation_dtype, PerTensor(), static_scale=config.act_scale)
+    return _float8_weight(config, weight, name, act)
+
+
+@register_config(_float8_static_transform)
+@dataclass(frozen=True, kw_only=True)
+class Float8StaticActivationFloat8WeightConfig(QuantConfig):
+    """float8 activations with a given (calibrated) per-tensor scale x float8 weights."""
+    act_scale: float
+    activation_dtype: QDType = float8_e4m3fn
+    weight_dtype: QDType = float8_e4m3fn
+    granularity: Granularity = PerTensor()
+    layout: Layout = field(default_factory=PlainLayout)
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_float8("Float8StaticActivationFloat8WeightConfig", self, "activation_dtype", "weight_dtype")
+        if not (isinstance(self.act_scale, (int, float)) and self.act_scale > 0):
+            raise ValueError(f"Float8StaticActivationFloat8WeightConfig: act_scale must be a positive number, "
+                             f"got {self.act_scale!r}")
+        object.__setattr__(self, "act_scale", float(self.act_scale))
+
+    def describe(self):
+        return f"{self.activation_dtype.name} static act (scale {self.act_scale:g}) x {self.weight_dtype.name} weight"

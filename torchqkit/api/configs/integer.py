@@ -1,0 +1,94 @@
+"""Weight-only integer configs: Int8WeightOnlyConfig, Int4WeightOnlyConfig, IntxWeightOnlyConfig."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...core.granularity import Granularity, PerAxis, PerGroup, PerRow
+from ...core.primitives import MappingType, ZeroPointDomain
+from ...core.qdtype import INT, uint4, int8
+from ...layouts.base import Layout
+from ...layouts.plain import PlainLayout
+from ..quantize_weight import quantize_weight
+from .base import QuantConfig, register_config
+
+__all__ = ["Int8WeightOnlyConfig", "Int4WeightOnlyConfig", "IntxWeightOnlyConfig"]
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+
+
+def _int8_weight_only_transform(config, weight, name):
+    granularity = PerRow() if config.group_size is None else PerGroup(config.group_size)
+    return quantize_weight(weight, int8, granularity, config.layout, mapping=MappingType.SYMMETRIC,
+                           kernel_preference=config.kernel_preference, name=name)
+
+
+@register_config(_int8_weight_only_transform)
+@dataclass(frozen=True, kw_only=True)
+class Int8WeightOnlyConfig(QuantConfig):
+    """int8 symmetric weights, one scale per output channel (group_size=None) or per group of K."""
+    group_size: int | None = None
+    layout: Layout = field(default_factory=PlainLayout)
+
+    def describe(self):
+        return f"int8 weight-only {'per-channel' if self.group_size is None else f'g{self.group_size}'}"
+
+
+def _int4_weight_only_transform(config, weight, name):
+    # uint4 codes, scale and zero point in the float domain (tinygemm / tensor-core-tiled convention).
+    return quantize_weight(weight, uint4, PerGroup(config.group_size), config.layout,
+                           mapping=MappingType.ASYMMETRIC, zero_point_domain=ZeroPointDomain.FLOAT,
+                           kernel_preference=config.kernel_preference, name=name)
+
+
+@register_config(_int4_weight_only_transform)
+@dataclass(frozen=True, kw_only=True)
+class Int4WeightOnlyConfig(QuantConfig):
+    """int4 group-wise weights (uint4 codes, float scale and zero point per group)."""
+    group_size: int = 128
+    layout: Layout = field(default_factory=PlainLayout)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"Int4WeightOnlyConfig: group_size must be one of {INT4_GROUP_SIZES}, "
+                             f"got {self.group_size}")
+
+    def describe(self):
+        return f"int4 weight-only g{self.group_size}"
+
+
+def _intx_weight_only_transform(config, weight, name):
+    return quantize_weight(weight, INT[config.bits], config.granularity, config.layout, mapping=config.mapping,
+                           kernel_preference=config.kernel_preference, name=name)
+
+
+def check_intx(who: str, bits: int, granularity, mapping) -> None:
+    if not isinstance(bits, int) or not 1 <= bits <= 8:
+        raise ValueError(f"{who}: bits must be an int in 1..8, got {bits!r}")
+    if not isinstance(granularity, (PerGroup, PerAxis, PerRow)):
+        raise ValueError(f"{who}: granularity must be PerGroup(n), PerAxis(0) or PerRow(), got {granularity!r}")
+    if isinstance(granularity, PerAxis) and granularity.axis not in (0, -2):
+        raise ValueError(f"{who}: PerAxis({granularity.axis}) would share scales across output channels; use PerAxis(0)")
+    MappingType(mapping)
+
+
+@register_config(_intx_weight_only_transform)
+@dataclass(frozen=True, kw_only=True)
+class IntxWeightOnlyConfig(QuantConfig):
+    """1..8-bit signed integer weights, per group or per output channel, symmetric or asymmetric."""
+    bits: int = 4
+    granularity: Granularity = PerGroup(32)
+    mapping: MappingType = MappingType.SYMMETRIC
+    layout: Layout = field(default_factory=PlainLayout)
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "mapping", MappingType(self.mapping))
+        check_intx("IntxWeightOnlyConfig", self.bits, self.granularity, self.mapping)
+
+    def describe(self):
+        return f"int{self.bits} weight-only {_granularity_text(self.granularity)} {self.mapping.value}"
+
+
+def _granularity_text(g) -> str:
+    return f"g{g.group_size}" if isinstance(g, PerGroup) else "per-channel"

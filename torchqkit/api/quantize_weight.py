@@ -1,0 +1,61 @@
+"""quantize_weight: float tensor -> AffineQuantizedTensor (the step every config handler shares)."""
+from __future__ import annotations
+
+import torch
+
+from ..core.granularity import Granularity, validate_block_size
+from ..core.primitives import (MappingType, choose_qparams_affine, default_zero_point_domain,
+                               quantize_affine)
+from ..core.qdtype import QDType
+from ..layouts.base import Layout, PlainParts
+from ..tensor.activation import ActivationQuantSpec, KernelPreference
+from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+
+__all__ = ["quantize_weight", "UnsupportedWeight"]
+
+
+class UnsupportedWeight(ValueError):
+    """A config or layout can't take this weight (shape, dtype); quantize_ reports the reason."""
+
+
+def quantize_weight(
+    weight: torch.Tensor,
+    qdtype: QDType,
+    granularity: Granularity | tuple,
+    layout: Layout,
+    *,
+    mapping: MappingType = MappingType.SYMMETRIC,
+    zero_point_domain=None,
+    calibration: str | None = None,
+    scale_dtype: torch.dtype | None = None,
+    act_quant: ActivationQuantSpec | None = None,
+    kernel_preference: KernelPreference = KernelPreference.AUTO,
+    stochastic: bool = False,
+    generator: torch.Generator | None = None,
+    check_finite: bool = True,
+    name: str = "weight",
+) -> AffineQuantizedTensor:
+    if isinstance(weight, AffineQuantizedTensor):
+        raise UnsupportedWeight(f"{name} is already quantized ({weight!r})")
+    if not weight.dtype.is_floating_point:
+        raise UnsupportedWeight(f"{name} has dtype {weight.dtype}; only floating weights can be quantized")
+    if weight.dim() != 2:
+        raise UnsupportedWeight(f"{name} has {weight.dim()} dims; quantized weights are 2-d (out, in)")
+    block_size = tuple(granularity) if isinstance(granularity, tuple) else granularity.block_size(tuple(weight.shape))
+    reason = validate_block_size(weight.shape, block_size)
+    if reason is not None:
+        raise UnsupportedWeight(f"{name} of shape {tuple(weight.shape)} can't use block_size {block_size}: {reason}")
+    mapping = MappingType(mapping)
+    zpd = zero_point_domain if zero_point_domain is not None else default_zero_point_domain(qdtype, mapping)
+    reason = layout.supports(qdtype, block_size, tuple(weight.shape), zpd)
+    if reason is not None:
+        raise UnsupportedWeight(f"{name}: {reason}")
+    w = weight.detach()
+    scale, zero_point = choose_qparams_affine(w, qdtype, block_size, mapping=mapping, zero_point_domain=zpd,
+                                              calibration=calibration, scale_dtype=scale_dtype,
+                                              check_finite=check_finite, name=name)
+    codes = quantize_affine(w, qdtype, block_size, scale, zero_point, zero_point_domain=zpd,
+                            stochastic=stochastic, generator=generator, check_finite=False, name=name)
+    tensors = layout.pack(PlainParts(codes, scale, zero_point), qdtype, block_size, zpd)
+    return AffineQuantizedTensor(tensors, qdtype, block_size, tuple(weight.shape), weight.dtype, layout, zpd,
+                                 act_quant=act_quant, kernel_preference=kernel_preference)

@@ -1,0 +1,67 @@
+"""QuantizationReport: one entry per Linear (and per module a config named), quantized or not and why."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LayerReport", "QuantizationReport"]
+
+
+@dataclass
+class LayerReport:
+    fqn: str
+    status: str            # "quantized", "skipped" (config couldn't take it), "kept" (no config / None)
+    config: str            # config description, or "-"
+    reason: str            # why it was skipped or kept; "" when quantized
+    bytes_before: int
+    bytes_after: int
+
+
+class QuantizationReport:
+    def __init__(self, entries: list[LayerReport]):
+        self.entries = entries
+
+    def by_status(self, status: str) -> list[LayerReport]:
+        return [e for e in self.entries if e.status == status]
+
+    @property
+    def quantized(self) -> list[LayerReport]:
+        return self.by_status("quantized")
+
+    @property
+    def skipped(self) -> list[LayerReport]:
+        return self.by_status("skipped")
+
+    @property
+    def bytes_before(self) -> int:
+        """Weight bytes of every reported layer before quantization."""
+        return sum(e.bytes_before for e in self.entries)
+
+    @property
+    def bytes_after(self) -> int:
+        """Weight bytes of every reported layer after (packed codes + scales + zero points)."""
+        return sum(e.bytes_after for e in self.entries)
+
+    def __getitem__(self, fqn: str) -> LayerReport:
+        for e in self.entries:
+            if e.fqn == fqn:
+                return e
+        raise KeyError(f"no layer {fqn!r} in the report")
+
+    def __len__(self):
+        return len(self.entries)
+
+    def __str__(self) -> str:
+        rows = [("layer", "status", "config / reason", "bytes before", "after")]
+        for e in self.entries:
+            rows.append((e.fqn, e.status, e.config if e.status == "quantized" else e.reason,
+                         f"{e.bytes_before:,}", f"{e.bytes_after:,}"))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                 for r in rows]
+        ratio = self.bytes_before / self.bytes_after if self.bytes_after else float("nan")
+        lines.append(f"{len(self.quantized)} quantized, {len(self.skipped)} skipped, "
+                     f"{len(self.by_status('kept'))} kept; weights {self.bytes_before:,} -> {self.bytes_after:,} bytes "
+                     f"({ratio:.2f}x smaller)")
+        return "\n".join(lines)
+
+    __repr__ = __str__

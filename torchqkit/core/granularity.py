@@ -1,0 +1,97 @@
+"""Granularity objects: each one only produces a ``block_size`` tuple for a given shape.
+
+``block_size[d]`` is how many consecutive elements along dimension ``d`` share one scale, so the
+scale tensor has shape ``[s // b for s, b in zip(shape, block_size)]``. Blocks may tile any axes
+("subchannel" blocks such as 128x128), as long as each block dimension divides its dimension.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Granularity", "PerTensor", "PerAxis", "PerGroup", "PerRow", "PerToken", "PerBlock",
+           "validate_block_size"]
+
+
+class Granularity:
+    def block_size(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class PerTensor(Granularity):
+    """One scale for the whole tensor."""
+
+    def block_size(self, shape):
+        return tuple(shape)
+
+
+@dataclass(frozen=True)
+class PerAxis(Granularity):
+    """One scale per index along ``axis`` (PerAxis(0) of a (N, K) weight = one scale per row)."""
+    axis: int
+
+    def block_size(self, shape):
+        axis = _normalize_axis(self.axis, len(shape), self)
+        return tuple(1 if d == axis else s for d, s in enumerate(shape))
+
+
+@dataclass(frozen=True)
+class PerRow(Granularity):
+    """One scale per row: every dimension but the last has block 1 (a weight's output channels)."""
+
+    def block_size(self, shape):
+        return (1,) * (len(shape) - 1) + (shape[-1],)
+
+
+@dataclass(frozen=True)
+class PerToken(Granularity):
+    """One scale per token of an activation (..., K): the same blocks as PerRow, named for activations."""
+
+    def block_size(self, shape):
+        return (1,) * (len(shape) - 1) + (shape[-1],)
+
+
+@dataclass(frozen=True)
+class PerGroup(Granularity):
+    """``group_size`` consecutive elements of the last dimension share a scale."""
+    group_size: int
+
+    def __post_init__(self):
+        if not isinstance(self.group_size, int) or self.group_size <= 0:
+            raise ValueError(f"PerGroup: group_size must be a positive int, got {self.group_size!r}")
+
+    def block_size(self, shape):
+        return (1,) * (len(shape) - 1) + (self.group_size,)
+
+
+@dataclass(frozen=True)
+class PerBlock(Granularity):
+    """Explicit block shape, right-aligned with the tensor's shape (missing leading dims get 1)."""
+    block_shape: tuple[int, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "block_shape", tuple(int(b) for b in self.block_shape))
+        if not self.block_shape or any(b <= 0 for b in self.block_shape):
+            raise ValueError(f"PerBlock: block_shape must be positive ints, got {self.block_shape}")
+
+    def block_size(self, shape):
+        if len(self.block_shape) > len(shape):
+            raise ValueError(f"PerBlock{self.block_shape} has more dims than the tensor shape {tuple(shape)}")
+        return (1,) * (len(shape) - len(self.block_shape)) + self.block_shape
+
+
+def _normalize_axis(axis: int, ndim: int, who) -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{who}: axis {axis} out of range for a {ndim}-d tensor")
+    return axis % ndim
+
+
+def validate_block_size(shape, block_size) -> str | None:
+    """Return why ``block_size`` can't tile ``shape``, or None if it can."""
+    shape, block_size = tuple(shape), tuple(block_size)
+    if len(shape) != len(block_size):
+        return f"block_size {block_size} has {len(block_size)} dims but the tensor shape {shape} has {len(shape)}"
+    for d, (s, b) in enumerate(zip(shape, block_size)):
+        if b <= 0 or s % b != 0:
+            return f"dimension {d} of size {s} is not divisible by block size {b}"
+    return None

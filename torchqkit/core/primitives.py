@@ -1,0 +1,305 @@
+"""The numerical oracle: choose_qparams_affine, quantize_affine, dequantize_affine (pure PyTorch).
+
+Every layout's ``dequantize()`` and every kernel is checked against these functions.
+
+Shapes: ``x`` has shape S; ``block_size`` has one entry per dim of S, each dividing its dim; ``scale``
+and ``zero_point`` have shape ``[s // b for s, b in zip(S, block_size)]`` (same rank as ``x``).
+
+Formulas (q = code, s = scale, z = zero point, mid = (qmin + qmax + 1) // 2):
+  ZeroPointDomain.NONE   x ~ q * s                   (symmetric, signed codes)
+  ZeroPointDomain.INT    x ~ (q - z) * s             z is an integer code; 0.0 maps to z exactly
+  ZeroPointDomain.FLOAT  x ~ (q - mid) * s + z       z is a float (tinygemm / HQQ style)
+  float8                 x ~ float(q) * s            q saturates at the format's max
+  nf4 / fp4_e2m1         x ~ levels[q] * s           nearest level, ties towards zero
+All arithmetic is float32; results are cast to the requested dtype at the end.
+"""
+from __future__ import annotations
+
+import math
+from enum import Enum
+
+import torch
+
+from .calibration import Calibration, parse_calibration
+from .granularity import validate_block_size
+from .qdtype import QDType, QKind
+
+__all__ = ["MappingType", "ZeroPointDomain", "choose_qparams_affine", "quantize_affine",
+           "dequantize_affine", "default_zero_point_domain", "code_midpoint"]
+
+
+class MappingType(str, Enum):
+    SYMMETRIC = "symmetric"
+    # Symmetric, but the scale makes both qmin and qmax reachable without clipping either side.
+    SYMMETRIC_NO_CLIPPING_ERR = "symmetric_no_clipping_err"
+    ASYMMETRIC = "asymmetric"
+
+
+class ZeroPointDomain(str, Enum):
+    NONE = "none"
+    INT = "int"
+    FLOAT = "float"
+
+
+def code_midpoint(qdtype: QDType) -> int:
+    return int(qdtype.qmin + qdtype.qmax + 1) // 2
+
+
+def default_zero_point_domain(qdtype: QDType, mapping: MappingType) -> ZeroPointDomain:
+    """Symmetric signed codes need no zero point; unsigned or asymmetric ones get an integer one."""
+    if qdtype.kind is not QKind.INT:
+        return ZeroPointDomain.NONE
+    if mapping is not MappingType.ASYMMETRIC and qdtype.signed:
+        return ZeroPointDomain.NONE
+    return ZeroPointDomain.INT
+
+
+# ----------------------------------------------------------------------------------------------
+# Block views
+# ----------------------------------------------------------------------------------------------
+
+def _check_block_size(x: torch.Tensor, block_size, name: str) -> tuple[int, ...]:
+    block_size = tuple(int(b) for b in block_size)
+    reason = validate_block_size(x.shape, block_size)
+    if reason is not None:
+        raise ValueError(f"{name}: can't tile shape {tuple(x.shape)} with block_size {block_size}: {reason}")
+    return block_size
+
+
+def _blocks(x: torch.Tensor, block_size) -> torch.Tensor:
+    """View x of shape (n0*b0, n1*b1, ...) as (n0, b0, n1, b1, ...)."""
+    shape = []
+    for s, b in zip(x.shape, block_size):
+        shape += [s // b, b]
+    return x.reshape(shape)
+
+
+def _per_block(t: torch.Tensor) -> torch.Tensor:
+    """View a per-block tensor (n0, n1, ...) as (n0, 1, n1, 1, ...) to broadcast against _blocks()."""
+    shape = []
+    for n in t.shape:
+        shape += [n, 1]
+    return t.reshape(shape)
+
+
+def _odd_dims(ndim: int) -> tuple[int, ...]:
+    return tuple(range(1, 2 * ndim, 2))
+
+
+def _check_finite(x: torch.Tensor, name: str) -> None:
+    if not torch.isfinite(x).all():
+        bad = (~torch.isfinite(x)).sum().item()
+        raise ValueError(f"{name} contains {bad} NaN/Inf value(s); quantization would poison whole blocks. "
+                         f"Fix the tensor, or pass check_finite=False to quantize it anyway.")
+
+
+# ----------------------------------------------------------------------------------------------
+# choose_qparams_affine
+# ----------------------------------------------------------------------------------------------
+
+def choose_qparams_affine(
+    x: torch.Tensor,
+    qdtype: QDType,
+    block_size,
+    *,
+    mapping: MappingType = MappingType.SYMMETRIC,
+    zero_point_domain: ZeroPointDomain | None = None,
+    calibration: str | Calibration | None = None,
+    eps: float | None = None,
+    scale_dtype: torch.dtype | None = None,
+    zero_point_dtype: torch.dtype | None = None,
+    check_finite: bool = True,
+    name: str = "tensor",
+):
+    """Return ``(scale, zero_point)`` for ``x``; zero_point is None for ZeroPointDomain.NONE.
+
+    ``calibration`` defaults to "minmax" for asymmetric mappings and "absmax" otherwise.
+
+    A block whose range is zero gets scale 1 (never inf/nan); otherwise scales are floored at ``eps``
+    (default: float32 eps, raised to the smallest normal of ``scale_dtype``).
+    """
+    mapping = MappingType(mapping)
+    block_size = _check_block_size(x, block_size, name)
+    if calibration is None:  # asymmetric schemes exist to use both ends of the range
+        calibration = "minmax" if mapping is MappingType.ASYMMETRIC else "absmax"
+    calib = parse_calibration(calibration)
+    if zero_point_domain is None:
+        zero_point_domain = default_zero_point_domain(qdtype, mapping)
+    zero_point_domain = ZeroPointDomain(zero_point_domain)
+    _check_scheme(qdtype, mapping, zero_point_domain, name)
+    if check_finite:
+        _check_finite(x, name)
+    scale_dtype = scale_dtype or (x.dtype if x.dtype.is_floating_point else torch.float32)
+    if eps is None:
+        eps = max(torch.finfo(torch.float32).eps, torch.finfo(scale_dtype).tiny)
+
+    lo, hi = calib.block_range(_blocks(x, block_size), _odd_dims(x.ndim))
+    lo, hi = lo.reshape(lo.shape[0::2]), hi.reshape(hi.shape[0::2])  # drop the size-1 block dims
+
+    zero_point = None
+    if qdtype.kind is QKind.INT:
+        scale, zero_point = _int_qparams(lo, hi, qdtype, mapping, zero_point_domain, eps)
+    else:
+        amax = torch.maximum(-lo, hi)
+        scale = _floor_scale(amax / qdtype.max_abs_level, amax, eps)
+    scale = scale.to(scale_dtype)
+    if zero_point is not None:
+        if zero_point_domain is ZeroPointDomain.INT:
+            zero_point = zero_point.to(zero_point_dtype or qdtype.storage_dtype)
+        else:
+            zero_point = zero_point.to(zero_point_dtype or scale_dtype)
+    return scale, zero_point
+
+
+def _check_scheme(qdtype: QDType, mapping: MappingType, zpd: ZeroPointDomain, name: str) -> None:
+    if qdtype.kind is not QKind.INT:
+        if mapping is MappingType.ASYMMETRIC or zpd is not ZeroPointDomain.NONE:
+            raise ValueError(f"{name}: {qdtype.name} is symmetric by construction; use MappingType.SYMMETRIC "
+                             f"and no zero point")
+        return
+    if zpd is ZeroPointDomain.NONE and (mapping is MappingType.ASYMMETRIC or not qdtype.signed):
+        raise ValueError(f"{name}: {qdtype.name} with {mapping.value} mapping needs a zero point "
+                         f"(ZeroPointDomain.INT or FLOAT)")
+
+
+def _floor_scale(scale: torch.Tensor, span: torch.Tensor, eps: float) -> torch.Tensor:
+    # Zero-range block -> scale 1 (any scale reproduces it exactly; 1 can't overflow).
+    return torch.where(span > 0, scale.clamp(min=eps), torch.ones_like(scale))
+
+
+def _int_qparams(lo, hi, qdtype, mapping, zpd, eps):
+    qmin, qmax = float(qdtype.qmin), float(qdtype.qmax)
+    mid = code_midpoint(qdtype) if not qdtype.signed else 0
+    if mapping is MappingType.ASYMMETRIC:
+        if zpd is ZeroPointDomain.INT:
+            # Keep 0.0 inside the range so it maps to an integer code exactly.
+            lo, hi = lo.clamp(max=0), hi.clamp(min=0)
+        span = hi - lo
+        scale = _floor_scale(span / (qmax - qmin), span, eps)
+        if zpd is ZeroPointDomain.INT:
+            zero_point = (qmin - torch.round(lo / scale)).clamp(qmin, qmax)
+        else:
+            zero_point = lo - (qmin - code_midpoint(qdtype)) * scale
+        return scale, zero_point
+    # Symmetric: codes centred on `mid` (0 for signed codes, the midpoint for unsigned ones).
+    amax = torch.maximum(-lo, hi).clamp(min=0)
+    if mapping is MappingType.SYMMETRIC:
+        scale = amax / ((qmax - qmin) / 2)
+    else:  # SYMMETRIC_NO_CLIPPING_ERR: both ends reachable
+        neg, pos = (-lo).clamp(min=0) / (mid - qmin), hi.clamp(min=0) / (qmax - mid)
+        scale = torch.maximum(neg, pos)
+    scale = _floor_scale(scale, amax, eps)
+    if zpd is ZeroPointDomain.NONE:
+        return scale, None
+    if zpd is ZeroPointDomain.INT:
+        return scale, torch.full_like(scale, float(mid))
+    return scale, torch.zeros_like(scale)  # FLOAT domain: x = (q - mid) * s + 0
+
+
+# ----------------------------------------------------------------------------------------------
+# quantize_affine / dequantize_affine
+# ----------------------------------------------------------------------------------------------
+
+def quantize_affine(
+    x: torch.Tensor,
+    qdtype: QDType,
+    block_size,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None = None,
+    *,
+    zero_point_domain: ZeroPointDomain | None = None,
+    stochastic: bool = False,
+    generator: torch.Generator | None = None,
+    check_finite: bool = True,
+    name: str = "tensor",
+) -> torch.Tensor:
+    """Codes of ``x`` (same shape), in ``qdtype.storage_dtype``."""
+    block_size = _check_block_size(x, block_size, name)
+    zpd = _resolve_zpd(qdtype, zero_point, zero_point_domain, name)
+    if check_finite:
+        _check_finite(x, name)
+    xb = _blocks(x.float(), block_size)
+    s = _per_block(scale.float())
+    if qdtype.kind is QKind.FLOAT8:
+        fmax = float(qdtype.qmax)
+        return (xb / s).clamp(-fmax, fmax).to(qdtype.storage_dtype).reshape(x.shape)
+    if qdtype.kind is QKind.CODEBOOK:
+        return _nearest_level(xb / s, qdtype).reshape(x.shape)
+    if stochastic and generator is None:
+        raise ValueError(f"{name}: stochastic rounding needs a seeded torch.Generator (generator=...)")
+    if zpd is ZeroPointDomain.FLOAT:
+        v = (xb - _per_block(zero_point.float())) / s + code_midpoint(qdtype)
+    else:
+        v = xb / s
+        if zpd is ZeroPointDomain.INT:
+            v = v + _per_block(zero_point.float())
+    v = _round(v, stochastic, generator)
+    return v.clamp(qdtype.qmin, qdtype.qmax).to(qdtype.storage_dtype).reshape(x.shape)
+
+
+def dequantize_affine(
+    codes: torch.Tensor,
+    qdtype: QDType,
+    block_size,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None = None,
+    *,
+    zero_point_domain: ZeroPointDomain | None = None,
+    output_dtype: torch.dtype = torch.float32,
+    name: str = "tensor",
+) -> torch.Tensor:
+    """Float values of ``codes`` (same shape), in ``output_dtype``."""
+    block_size = _check_block_size(codes, block_size, name)
+    zpd = _resolve_zpd(qdtype, zero_point, zero_point_domain, name)
+    s = _per_block(scale.float())
+    if qdtype.kind is QKind.CODEBOOK:
+        levels = torch.tensor(qdtype.levels, dtype=torch.float32, device=codes.device)
+        vals = levels[codes.long()]
+    else:
+        vals = codes.float()
+    vals = _blocks(vals, block_size)
+    if zpd is ZeroPointDomain.INT:
+        out = (vals - _per_block(zero_point.float())) * s
+    elif zpd is ZeroPointDomain.FLOAT:
+        out = (vals - code_midpoint(qdtype)) * s + _per_block(zero_point.float())
+    else:
+        out = vals * s
+    return out.reshape(codes.shape).to(output_dtype)
+
+
+def _resolve_zpd(qdtype, zero_point, zero_point_domain, name) -> ZeroPointDomain:
+    if zero_point_domain is None:
+        zero_point_domain = ZeroPointDomain.NONE if zero_point is None else (
+            ZeroPointDomain.INT if qdtype.kind is QKind.INT and not zero_point.dtype.is_floating_point
+            else ZeroPointDomain.FLOAT)
+    zpd = ZeroPointDomain(zero_point_domain)
+    if (zpd is ZeroPointDomain.NONE) != (zero_point is None):
+        raise ValueError(f"{name}: zero_point_domain={zpd.value} but zero_point is "
+                         f"{'missing' if zero_point is None else 'given'}")
+    return zpd
+
+
+def _round(v: torch.Tensor, stochastic: bool, generator) -> torch.Tensor:
+    if not stochastic:
+        return torch.round(v)  # round half to even
+    noise = torch.rand(v.shape, generator=generator, device=v.device, dtype=v.dtype)
+    return torch.floor(v + noise)
+
+
+def _nearest_level(v: torch.Tensor, qdtype: QDType) -> torch.Tensor:
+    """Code of the nearest codebook level; a value exactly between two levels goes to the one nearer zero."""
+    levels = torch.tensor(qdtype.levels, dtype=torch.float32, device=v.device)
+    order = torch.argsort(levels, stable=True)
+    sorted_levels = levels[order]
+    # Drop duplicate levels (fp4 has +0 and -0): keep the first code of each value.
+    keep = torch.ones_like(sorted_levels, dtype=torch.bool)
+    keep[1:] = sorted_levels[1:] != sorted_levels[:-1]
+    uniq, codes = sorted_levels[keep], order[keep]
+    # fp4's -0 sorts before +0 with stable sort over equal values only if listed first; prefer code of +0.
+    if qdtype.levels.count(0.0) > 1:
+        codes = torch.where(uniq == 0, torch.tensor(qdtype.levels.index(0.0), device=v.device), codes)
+    mids = (uniq[1:] + uniq[:-1]) / 2
+    v = v.clamp(uniq[0].item(), uniq[-1].item())
+    # right=False puts a tie on the lower level (nearer zero for v > 0); right=True the upper one (v < 0).
+    idx = torch.where(v >= 0, torch.bucketize(v, mids, right=False), torch.bucketize(v, mids, right=True))
+    return codes[idx].to(qdtype.storage_dtype)

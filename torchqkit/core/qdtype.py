@@ -1,0 +1,111 @@
+"""Quantized dtypes: what a code means, independent of how a layout stores it.
+
+A QDType names a format (``int4``, ``nf4``, ``float8_e4m3fn`` ...) and knows its code range and the
+torch dtype that holds one unpacked code. Layouts decide how codes are packed; the primitives in
+``primitives.py`` decide how floats become codes and back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+__all__ = ["QDType", "QKind", "qdtype_from_name", "all_qdtypes"]
+
+
+class QKind(str, Enum):
+    INT = "int"          # affine integer codes, signed or unsigned
+    FLOAT8 = "float8"    # IEEE-like 8-bit floats, stored in torch's float8 dtypes
+    CODEBOOK = "codebook"  # 4-bit index into a fixed table of levels (nf4, fp4_e2m1)
+
+
+@dataclass(frozen=True)
+class QDType:
+    name: str
+    bits: int
+    kind: QKind
+    signed: bool
+    # Integer range of a code (for CODEBOOK: index range 0..15; for FLOAT8: +-max finite value).
+    qmin: float
+    qmax: float
+    # dtype holding one unpacked code.
+    storage_dtype: torch.dtype
+    # CODEBOOK only: level value of each code, indexed by code.
+    levels: tuple[float, ...] = field(default=(), repr=False)
+
+    @property
+    def is_integer(self) -> bool:
+        return self.kind is QKind.INT
+
+    @property
+    def max_abs_level(self) -> float:
+        """Largest magnitude a code represents (before scaling)."""
+        if self.kind is QKind.CODEBOOK:
+            return max(abs(v) for v in self.levels)
+        return max(abs(self.qmin), abs(self.qmax))
+
+    def __repr__(self) -> str:
+        return f"torchqkit.{self.name}"
+
+    def __reduce__(self):
+        # Pickle by name, so checkpoints hold a string, not the object's fields.
+        return (qdtype_from_name, (self.name,))
+
+
+_REGISTRY: dict[str, QDType] = {}
+
+
+def _register(q: QDType) -> QDType:
+    _REGISTRY[q.name] = q
+    return q
+
+
+def _int(bits: int) -> QDType:
+    return _register(QDType(f"int{bits}", bits, QKind.INT, True, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1, torch.int8))
+
+
+def _uint(bits: int) -> QDType:
+    return _register(QDType(f"uint{bits}", bits, QKind.INT, False, 0, 2 ** bits - 1, torch.uint8))
+
+
+INT = {b: _int(b) for b in range(1, 9)}
+UINT = {b: _uint(b) for b in range(1, 9)}
+
+float8_e4m3fn = _register(
+    QDType("float8_e4m3fn", 8, QKind.FLOAT8, True, torch.finfo(torch.float8_e4m3fn).min,
+           torch.finfo(torch.float8_e4m3fn).max, torch.float8_e4m3fn))
+float8_e5m2 = _register(
+    QDType("float8_e5m2", 8, QKind.FLOAT8, True, torch.finfo(torch.float8_e5m2).min,
+           torch.finfo(torch.float8_e5m2).max, torch.float8_e5m2))
+
+# See Note [NF4 levels]: the 16 NormalFloat levels of QLoRA (Dettmers et al., 2023, appendix E),
+# quantiles of N(0, 1) normalised to [-1, 1] with an exact zero. Code i means levels[i].
+_NF4_LEVELS = (
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+)
+nf4 = _register(QDType("nf4", 4, QKind.CODEBOOK, True, 0, 15, torch.uint8, _NF4_LEVELS))
+
+# FP4 E2M1 (OCP microscaling spec): code = sign bit (bit 3) | exponent (bits 2..1) | mantissa (bit 0).
+# Codes 0..7 are +0, 0.5, 1, 1.5, 2, 3, 4, 6; codes 8..15 the same values negated (8 is -0).
+_FP4_POS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+fp4_e2m1 = _register(QDType("fp4_e2m1", 4, QKind.CODEBOOK, True, 0, 15, torch.uint8,
+                            _FP4_POS + tuple(-v for v in _FP4_POS)))
+
+globals().update({f"int{b}": q for b, q in INT.items()})
+globals().update({f"uint{b}": q for b, q in UINT.items()})
+__all__ += list(_REGISTRY)
+
+
+def qdtype_from_name(name: str) -> QDType:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown qdtype {name!r}; known qdtypes: {sorted(_REGISTRY)}") from None
+
+
+def all_qdtypes() -> list[QDType]:
+    return list(_REGISTRY.values())

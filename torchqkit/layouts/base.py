@@ -1,0 +1,80 @@
+"""Layout: how one AffineQuantizedTensor stores its codes and scales, and which ops it serves.
+
+A layout is one file with a frozen dataclass (its knobs), ``supports`` (why it can't take a tensor,
+or None), ``pack`` / ``unpack`` to and from the plain form (unpacked codes of the logical shape,
+scale and zero point of the oracle's shapes), its op entries, and ``@register_layout``.
+Its packed bytes are device-independent: the same on CPU and CUDA.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, NamedTuple
+
+import torch
+
+from ..tensor.dispatch import OpTable
+
+__all__ = ["Layout", "PlainParts", "register_layout", "layout_class", "all_layouts"]
+
+
+class PlainParts(NamedTuple):
+    """The oracle's form: codes with the logical shape, scale/zero_point with shape // block_size."""
+    qdata: torch.Tensor
+    scale: torch.Tensor
+    zero_point: torch.Tensor | None
+
+
+_LAYOUTS: dict[str, type["Layout"]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    name: ClassVar[str] = ""
+    ops: ClassVar[OpTable]
+    # Names of the inner tensors this layout stores on the AffineQuantizedTensor; a layout may leave
+    # an optional one (e.g. zero_point) as None.
+    tensor_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.ops = OpTable(cls.__name__)  # each layout its own table; never inherited
+
+    def supports(self, qdtype, block_size, shape, zero_point_domain) -> str | None:
+        """Why this layout can't store such a tensor, or None if it can."""
+        return None
+
+    def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain) -> dict[str, torch.Tensor | None]:
+        raise NotImplementedError
+
+    def unpack(self, aqt) -> PlainParts:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:
+        return {"type": self.name, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+
+    @staticmethod
+    def from_dict(d: dict) -> "Layout":
+        d = dict(d)
+        cls = layout_class(d.pop("type"))
+        return cls(**d)
+
+
+def register_layout(name: str):
+    def deco(cls):
+        if name in _LAYOUTS:
+            raise RuntimeError(f"layout name {name!r} registered twice")
+        cls.name = name
+        _LAYOUTS[name] = cls
+        return cls
+    return deco
+
+
+def layout_class(name: str) -> type[Layout]:
+    try:
+        return _LAYOUTS[name]
+    except KeyError:
+        raise ValueError(f"unknown layout {name!r}; known layouts: {sorted(_LAYOUTS)}") from None
+
+
+def all_layouts() -> list[type[Layout]]:
+    return list(_LAYOUTS.values())

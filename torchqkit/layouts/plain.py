@@ -1,0 +1,134 @@
+"""PlainLayout: unpacked codes, one per element, in the qdtype's storage dtype.
+
+Stores any integer qdtype of up to 8 bits (int8 / uint8 storage, one code per byte: no packing, so
+sub-byte codes waste bits) and float8 (torch's float8 dtypes). Tensors:
+  qdata:      logical shape (N, K), int8 / uint8 / float8
+  scale:      (N // block_size[0], K // block_size[1]), the scale dtype chosen at quantization
+  zero_point: same shape as scale or None (ZeroPointDomain.NONE)
+
+Linear: weight-only and any layout with KernelPreference.REFERENCE run the reference (dequantize +
+F.linear). With int8 dynamic activations and per-row symmetric int weights it runs ``torch._int_mm``;
+with float8 activations and per-tensor / per-row float8 weights it runs ``torch._scaled_mm``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import return_and_correct_aliasing
+
+from ..core.primitives import ZeroPointDomain
+from ..core.qdtype import QKind
+from ..tensor.activation import KernelPreference
+from ..tensor.dispatch import fill_defaults
+from ..tensor.reference import flatten_tokens, reference_linear
+from .base import Layout, PlainParts, register_layout
+from .slicing import block_slice
+
+aten = torch.ops.aten
+
+
+@register_layout("plain")
+@dataclass(frozen=True)
+class PlainLayout(Layout):
+    tensor_names = ("qdata", "scale", "zero_point")
+
+    def supports(self, qdtype, block_size, shape, zero_point_domain):
+        if qdtype.kind is QKind.CODEBOOK:
+            return f"PlainLayout stores integer and float8 codes, not {qdtype.name} (use its own layout)"
+        return None
+
+    def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
+        return {"qdata": parts.qdata, "scale": parts.scale, "zero_point": parts.zero_point}
+
+    def unpack(self, aqt) -> PlainParts:
+        return PlainParts(aqt.qdata, aqt.scale, aqt.zero_point)
+
+    def __repr__(self) -> str:
+        return "PlainLayout()"
+
+    @staticmethod
+    def linear_paths() -> list[dict]:
+        """What serves F.linear for each kind of plain weight (read by torchqkit.kernels.status())."""
+        return [
+            {"linear": "weight-only (any int / float8 qdtype)", "path": "reference",
+             "why": "dequantize + F.linear: no fused plain-layout kernel yet (CPU kernels: issue #4)"},
+            {"linear": "int8 dynamic act x per-row symmetric int weight", "path": "aten._int_mm",
+             "why": "exact int32 accumulation, scales applied after"},
+            {"linear": "int8 dynamic act x group-wise or zero-point int weight", "path": "reference",
+             "why": "_int_mm can't apply per-group scales inside K; fake-quantized activation + dequantized weight"},
+            {"linear": "float8 act x per-tensor / per-row float8 weight", "path": "aten._scaled_mm",
+             "why": "torch's CPU _scaled_mm is itself a slow reference implementation"},
+            {"linear": "any, KernelPreference.REFERENCE", "path": "reference",
+             "why": "chosen explicitly"},
+        ]
+
+
+# ------------------------------------------------------------------------------------------------
+# linear
+# ------------------------------------------------------------------------------------------------
+
+def linear_path(w) -> str:
+    """Name of the path that serves ``F.linear`` for this weight (also reported by kernels.status())."""
+    spec = w.act_quant
+    if spec is None or w.kernel_preference is KernelPreference.REFERENCE:
+        return "reference"
+    per_row = w.block_size == (1, w.logical_shape[1])
+    per_tensor = w.block_size == w.logical_shape
+    if (spec.qdtype.kind is QKind.INT and w.qdtype.kind is QKind.INT and w.qdtype.signed
+            and w.zero_point_domain is ZeroPointDomain.NONE and per_row):
+        return "aten._int_mm"
+    if spec.qdtype.kind is QKind.FLOAT8 and w.qdtype.kind is QKind.FLOAT8 and (per_row or per_tensor):
+        return "aten._scaled_mm"
+    return "reference"
+
+
+@PlainLayout.ops.implements(F.linear)
+def _linear(w, x, bias):
+    path = linear_path(w)
+    if path == "aten._int_mm":
+        return _int8_dynamic_linear(w, x, bias)
+    if path == "aten._scaled_mm":
+        return _float8_linear(w, x, bias)
+    return reference_linear(w, x, bias)
+
+
+def _int8_dynamic_linear(w, x, bias):
+    n = w.logical_shape[0]
+    qa = w.act_quant.quantize(flatten_tokens(x))
+    acc = torch._int_mm(qa.qdata, w.qdata.t())  # (M, N) int32, exact
+    if qa.zero_point is not None:
+        # x ~ (qx - zx) sx, so sum_k (qx - zx) qw = acc - zx * sum_k qw
+        acc = acc - qa.zero_point.to(torch.int32) * w.qdata.sum(dim=1, dtype=torch.int32)
+    out = acc.to(torch.float32) * qa.scale * w.scale.reshape(1, n).to(torch.float32)
+    out = out.to(x.dtype).reshape(*x.shape[:-1], n)
+    return out if bias is None else out + bias
+
+
+def _float8_linear(w, x, bias):
+    n = w.logical_shape[0]
+    x2 = flatten_tokens(x)
+    qa = w.act_quant.quantize(x2)
+    scale_a, scale_b = qa.scale.to(torch.float32), w.scale.reshape(1, -1).to(torch.float32)
+    if scale_a.numel() != 1 or scale_b.numel() != 1:  # _scaled_mm wants both row-wise or both scalar
+        scale_a, scale_b = scale_a.expand(x2.shape[0], 1).contiguous(), scale_b.expand(1, n).contiguous()
+    else:
+        scale_a, scale_b = scale_a.reshape(()), scale_b.reshape(())
+    out = torch._scaled_mm(qa.qdata, w.qdata.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=x.dtype)
+    out = out.reshape(*x.shape[:-1], n)
+    return out if bias is None else out + bias
+
+
+# ------------------------------------------------------------------------------------------------
+# slice / narrow (tensor-parallel and vLLM loaders), at block boundaries
+# ------------------------------------------------------------------------------------------------
+
+@PlainLayout.ops.implements(aten.slice.Tensor)
+def _slice(func, args, kwargs):
+    self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
+    cut = block_slice(self, dim, start, end, step)
+    tensors = {name: (None if t is None else t.narrow(cut.dim, *(cut.codes if name == "qdata" else cut.blocks)))
+               for name, t in self.inner_tensors().items()}
+    out = self.with_changes(tensors, logical_shape=cut.logical_shape, block_size=cut.block_size)
+    return return_and_correct_aliasing(func, args, kwargs, out)

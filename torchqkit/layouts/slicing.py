@@ -1,0 +1,40 @@
+"""Slicing rules shared by every layout: where a slice of a quantized weight may start and end.
+
+Tensor-parallel and vLLM-style loaders narrow weights along out_features or in_features. A slice must
+cut whole blocks: along a dim with several blocks, start and end are multiples of the block size;
+along a dim with a single block (per-tensor, or per-row along K) any range is fine and the block
+shrinks with it.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["BlockSlice", "block_slice"]
+
+
+class BlockSlice(NamedTuple):
+    dim: int                       # dim of the stored (untransposed) tensor
+    codes: tuple[int, int]         # (start, length) in elements along `dim`
+    blocks: tuple[int, int]        # (start, length) in scale rows/cols along `dim`
+    logical_shape: tuple[int, ...]
+    block_size: tuple[int, ...]
+
+
+def block_slice(aqt, dim: int, start, end, step) -> BlockSlice:
+    if step != 1:
+        raise ValueError(f"slicing a quantized weight needs step 1, got {step}")
+    dim = dim % aqt.dim()
+    sdim = (aqt.dim() - 1 - dim) if aqt.transposed else dim
+    size = aqt.logical_shape[sdim]
+    start = 0 if start is None else max(0, min(size, start + size if start < 0 else start))
+    end = size if end is None else max(start, min(size, end + size if end < 0 else end))
+    b = aqt.block_size[sdim]
+    shape, block = list(aqt.logical_shape), list(aqt.block_size)
+    shape[sdim] = end - start
+    if b == size:  # one block along this dim: any range keeps the single scale
+        block[sdim] = end - start
+        return BlockSlice(sdim, (start, end - start), (0, 1), tuple(shape), tuple(block))
+    if start % b or end % b:
+        raise ValueError(f"slice [{start}:{end}] along dim {dim} of a quantized weight of shape {tuple(aqt.shape)} "
+                         f"cuts a block of {b} elements: start and end must be multiples of {b}")
+    return BlockSlice(sdim, (start, end - start), (start // b, (end - start) // b), tuple(shape), tuple(block))

@@ -1,0 +1,90 @@
+"""Activation quantization: a field of the weight tensor that its linear reads (never a second
+subclass wrapped around the first)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from ..core.granularity import Granularity, PerRow, PerTensor, PerToken
+from ..core.primitives import (MappingType, ZeroPointDomain, choose_qparams_affine,
+                               dequantize_affine, quantize_affine)
+from ..core.qdtype import QDType, QKind
+
+__all__ = ["ActivationQuantSpec", "KernelPreference", "QuantizedActivation"]
+
+
+class KernelPreference(str, Enum):
+    """Which implementation serves a quantized op; stored on the tensor, shown in its repr."""
+    AUTO = "auto"            # the fastest path torchqkit has for this layout and device
+    REFERENCE = "reference"  # dequantize (and fake-quantize activations), then a float matmul
+
+
+@dataclass(frozen=True)
+class QuantizedActivation:
+    qdata: torch.Tensor          # (M, K) codes
+    scale: torch.Tensor          # (M, 1) or (1, 1), float32
+    zero_point: torch.Tensor | None  # (M, 1) int8 codes for asymmetric int8, else None
+
+
+@dataclass(frozen=True)
+class ActivationQuantSpec:
+    """How a linear quantizes its input before the matmul.
+
+    int8: PerToken, symmetric or asymmetric (dynamic scales).
+    float8: PerTensor or PerRow (= per token), dynamic, or static with a given ``static_scale``.
+    """
+    qdtype: QDType
+    granularity: Granularity = PerToken()
+    mapping: MappingType = MappingType.SYMMETRIC
+    static_scale: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "mapping", MappingType(self.mapping))
+        if self.qdtype.kind is QKind.INT:
+            if self.qdtype.name != "int8":
+                raise ValueError(f"activation quantization supports int8 or float8, got {self.qdtype.name}")
+            if not isinstance(self.granularity, (PerToken, PerRow)):
+                raise ValueError("int8 activation quantization is per token: use PerToken()")
+            if self.static_scale is not None:
+                raise ValueError("static activation scales are supported for float8 activations only")
+        elif self.qdtype.kind is QKind.FLOAT8:
+            if not isinstance(self.granularity, (PerTensor, PerRow, PerToken)):
+                raise ValueError("float8 activation quantization is PerTensor or PerRow")
+            if self.mapping is not MappingType.SYMMETRIC:
+                raise ValueError("float8 activations are quantized symmetrically")
+            if self.static_scale is not None and not (self.static_scale > 0):
+                raise ValueError(f"static_scale must be a positive float, got {self.static_scale}")
+        else:
+            raise ValueError(f"activation quantization supports int8 or float8, got {self.qdtype.name}")
+
+    @property
+    def per_tensor(self) -> bool:
+        return isinstance(self.granularity, PerTensor) or self.static_scale is not None
+
+    def quantize(self, x2d: torch.Tensor) -> QuantizedActivation:
+        """Quantize a (M, K) activation. No NaN check: that would force a device sync per call."""
+        block = (x2d.shape[0], x2d.shape[1]) if self.per_tensor else (1, x2d.shape[1])
+        if self.static_scale is not None:
+            scale = torch.full((1, 1), self.static_scale, dtype=torch.float32, device=x2d.device)
+            zp = None
+        else:
+            zpd = ZeroPointDomain.INT if self.mapping is MappingType.ASYMMETRIC else ZeroPointDomain.NONE
+            scale, zp = choose_qparams_affine(x2d, self.qdtype, block, mapping=self.mapping,
+                                              zero_point_domain=zpd, scale_dtype=torch.float32,
+                                              check_finite=False, name="activation")
+        q = quantize_affine(x2d, self.qdtype, block, scale, zp, check_finite=False, name="activation")
+        return QuantizedActivation(q, scale, zp)
+
+    def fake_quantize(self, x2d: torch.Tensor) -> torch.Tensor:
+        """Quantize then dequantize: what the integer / float8 matmul sees, in float."""
+        qa = self.quantize(x2d)
+        block = (x2d.shape[0], x2d.shape[1]) if self.per_tensor else (1, x2d.shape[1])
+        return dequantize_affine(qa.qdata, self.qdtype, block, qa.scale, qa.zero_point,
+                                 output_dtype=x2d.dtype, name="activation")
+
+    def __str__(self) -> str:
+        g = type(self.granularity).__name__
+        s = f"{self.qdtype.name} {g} {self.mapping.value}"
+        return s + (f" static_scale={self.static_scale:g}" if self.static_scale is not None else " dynamic")
