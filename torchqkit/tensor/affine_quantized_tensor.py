@@ -119,6 +119,8 @@ class AffineQuantizedTensor(torch.Tensor):
         fn = self.qlayout.ops.get(F.linear)
         if fn is None:
             raise UnsupportedOpError(F.linear, self.qlayout, self.qlayout.ops.fns)
+        if self.act_quant is not None and x.requires_grad and torch.is_grad_enabled():
+            return _StraightThroughActivation.apply(x, self, bias, fn)
         return fn(self, x, bias)
 
     # ------------------------------------------------------------------ torch hooks
@@ -168,6 +170,24 @@ def _linear_args(args, kwargs):
     w = args[1] if len(args) > 1 else kwargs["weight"]
     bias = args[2] if len(args) > 2 else kwargs.get("bias")
     return x, w, bias
+
+
+class _StraightThroughActivation(torch.autograd.Function):
+    """Activation quantization has no useful derivative (rounding); training through it uses the
+    straight-through estimator: d out / d x = W (dequantized), as if x had not been quantized."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, fn):
+        ctx.w = w
+        ctx.bias_shape = None if bias is None else bias.shape
+        with torch.no_grad():
+            return fn(w, x, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_x = grad @ ctx.w.dequantize(grad.dtype)
+        grad_bias = None if ctx.bias_shape is None else grad.reshape(-1, grad.shape[-1]).sum(0)
+        return grad_x, None, grad_bias, None
 
 
 def _matmul_dequantized(x, w: AffineQuantizedTensor, bias):

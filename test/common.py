@@ -1,0 +1,101 @@
+"""Shared test helpers: SQNR, the SQNR threshold table, and small models with realistic module names."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def sqnr(ref: torch.Tensor, out: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio in dB: 20 log10(|ref| / |ref - out|)."""
+    ref, out = ref.double(), out.double()
+    noise = (ref - out).norm()
+    return float("inf") if noise == 0 else float(20 * torch.log10(ref.norm() / noise))
+
+
+# Quantized-vs-float SQNR floors (dB) for the test models below, keyed by config name.
+# Random Gaussian weights are the hard case (no outliers to exploit); values sit a few dB under what
+# the formats give, so a real regression fails but seeds don't. 4-bit ~ 6 dB/bit * 4 - loss of group
+# statistics; int8 ~ 40+ dB (torchao uses >= 40 for per-row int8 and >= 18 for int4 g128).
+SQNR_FLOORS_DB = {
+    "Int8WeightOnlyConfig": 38.0,
+    "Int4WeightOnlyConfig": 18.0,
+    "IntxWeightOnlyConfig": 14.0,
+    "Int8DynamicActivationInt8WeightConfig": 33.0,
+    "Int8DynamicActivationIntxWeightConfig": 14.0,
+    "Float8WeightOnlyConfig": 25.0,
+    "Float8DynamicActivationFloat8WeightConfig": 22.0,
+    "Float8StaticActivationFloat8WeightConfig": 20.0,
+}
+
+
+class MLP(nn.Module):
+    def __init__(self, dim=128, hidden=256, out=64):
+        super().__init__()
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, out, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.o_proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (p(x).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads, hidden):
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.mlp_norm = nn.LayerNorm(dim)
+        self.mlp = FeedForward(dim, hidden)
+
+    def forward(self, x):
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TinyTransformer(nn.Module):
+    """Module names like a LLaMA checkpoint: layers.0.attn.q_proj, layers.1.mlp.down_proj, lm_head."""
+
+    def __init__(self, dim=128, heads=4, hidden=256, n_layers=2, vocab=96):
+        super().__init__()
+        self.layers = nn.ModuleList(Block(dim, heads, hidden) for _ in range(n_layers))
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(x)
+
+
+def make_model(kind: str, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return (MLP() if kind == "mlp" else TinyTransformer()).eval()
+
+
+def model_input(kind: str, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn((5, 128) if kind == "mlp" else (2, 7, 128), generator=g)
