@@ -43,6 +43,13 @@ class Layout:
         """Why this layout can't store such a tensor, or None if it can."""
         return None
 
+    def slice_multiple(self, block_size, shape, dim: int) -> int:
+        """Slices along ``dim`` (of the stored, untransposed shape) must start and end at multiples of this;
+        an end at the dim's size is always allowed. Default: whole blocks, or 1 when the dim is a single
+        block (which then shrinks with the slice). A layout that stores tiles or packed bytes returns a
+        multiple of the block size that also cuts whole tiles / bytes, so every slice can alias storage."""
+        return 1 if block_size[dim] == shape[dim] else block_size[dim]
+
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain) -> dict[str, torch.Tensor | None]:
         raise NotImplementedError
 

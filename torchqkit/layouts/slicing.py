@@ -3,10 +3,12 @@
 Tensor-parallel and vLLM-style loaders narrow weights along out_features or in_features. A slice must
 cut whole blocks: along a dim with several blocks, start and end are multiples of the block size;
 along a dim with a single block (per-tensor, or per-row along K) any range is fine and the block
-shrinks with it.
+shrinks with it. A layout that stores tiles or packed bytes narrows this with ``Layout.slice_multiple``
+(e.g. whole 8-row tiles), so that every allowed slice is a view of its storage.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 __all__ = ["BlockSlice", "block_slice"]
@@ -29,12 +31,16 @@ def block_slice(aqt, dim: int, start, end, step) -> BlockSlice:
     start = 0 if start is None else max(0, min(size, start + size if start < 0 else start))
     end = size if end is None else max(start, min(size, end + size if end < 0 else end))
     b = aqt.block_size[sdim]
+    m = aqt.qlayout.slice_multiple(aqt.block_size, aqt.logical_shape, sdim)
+    if b != size:
+        m = math.lcm(m, b)  # several blocks along this dim: never cut one
+    if start % m or (end % m and end != size):
+        what = f"a block of {b} elements" if m == b else f"a block ({b}) or a storage tile of {aqt.qlayout!r}"
+        raise ValueError(f"slice [{start}:{end}] along dim {dim} of a quantized weight of shape {tuple(aqt.shape)} "
+                         f"cuts {what}: start and end must be multiples of {m} (or end at {size})")
     shape, block = list(aqt.logical_shape), list(aqt.block_size)
     shape[sdim] = end - start
-    if b == size:  # one block along this dim: any range keeps the single scale
+    if b == size:  # one block along this dim: any allowed range keeps the single scale
         block[sdim] = end - start
         return BlockSlice(sdim, (start, end - start), (0, 1), tuple(shape), tuple(block))
-    if start % b or end % b:
-        raise ValueError(f"slice [{start}:{end}] along dim {dim} of a quantized weight of shape {tuple(aqt.shape)} "
-                         f"cuts a block of {b} elements: start and end must be multiples of {b}")
     return BlockSlice(sdim, (start, end - start), (start // b, (end - start) // b), tuple(shape), tuple(block))
