@@ -35,7 +35,7 @@ def _slice_step(aqt, dim, at_least=1):
     """A slice length along ``dim`` that the layout can cut twice in a row (whole blocks and storage tiles,
     see Layout.slice_multiple), or the whole dim when it can't."""
     size, b = aqt.logical_shape[dim], aqt.block_size[dim]
-    m = aqt.qlayout.slice_multiple(aqt.block_size, aqt.logical_shape, dim)
+    m = aqt.qlayout.slice_multiple(aqt.qdtype, aqt.block_size, aqt.logical_shape, dim)
     m = m if b == size else math.lcm(m, b)
     if b == size and m == 1:
         return size  # one block and no tiles: slicing shrinks the block; the whole dim is the useful case

@@ -43,7 +43,7 @@ class Layout:
         """Why this layout can't store such a tensor, or None if it can."""
         return None
 
-    def slice_multiple(self, block_size, shape, dim: int) -> int:
+    def slice_multiple(self, qdtype, block_size, shape, dim: int) -> int:
         """Slices along ``dim`` (of the stored, untransposed shape) must start and end at multiples of this;
         an end at the dim's size is always allowed. Default: whole blocks, or 1 when the dim is a single
         block (which then shrinks with the slice). A layout that stores tiles or packed bytes returns a

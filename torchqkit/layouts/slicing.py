@@ -31,7 +31,7 @@ def block_slice(aqt, dim: int, start, end, step) -> BlockSlice:
     start = 0 if start is None else max(0, min(size, start + size if start < 0 else start))
     end = size if end is None else max(start, min(size, end + size if end < 0 else end))
     b = aqt.block_size[sdim]
-    m = aqt.qlayout.slice_multiple(aqt.block_size, aqt.logical_shape, sdim)
+    m = aqt.qlayout.slice_multiple(aqt.qdtype, aqt.block_size, aqt.logical_shape, sdim)
     if b != size:
         m = math.lcm(m, b)  # several blocks along this dim: never cut one
     if start % m or (end % m and end != size):
