@@ -7,6 +7,7 @@ from . import kernels
 from .api.configs import (Float8DynamicActivationFloat8WeightConfig, Float8StaticActivationFloat8WeightConfig,
                           Float8WeightOnlyConfig, Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
                           Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig,
+                          MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig, NF4WeightOnlyConfig,
                           QuantConfig, config_from_dict, known_configs)
 from .api.module_configs import ModuleConfigs
 from .api.quantize import QuantizationError, quantize_
@@ -14,7 +15,7 @@ from .api.quantize_weight import UnsupportedWeight, quantize_weight
 from .api.report import LayerReport, QuantizationReport
 from .core import (MappingType, PerAxis, PerBlock, PerGroup, PerRow, PerTensor, PerToken, ZeroPointDomain,
                    choose_qparams_affine, dequantize_affine, qdtypes, quantize_affine)
-from .layouts import Layout, PlainLayout
+from .layouts import Float8Layout, Layout, MXLayout, NF4Layout, PlainLayout
 from .serialization import register_safe_globals
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
 
@@ -24,6 +25,6 @@ register_safe_globals()
 
 # Public classes report their public path, so pickles and reprs don't depend on internal file names.
 for _cls in (AffineQuantizedTensor, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
-             QuantizationReport):
+             QuantizationReport, Float8Layout, MXLayout, NF4Layout):
     _cls.__module__ = "torchqkit"
 del _cls

@@ -20,6 +20,35 @@ CASES: dict[str, list[tuple[str, tuple[int, int], dict]]] = {
         ("int8-row-dynact", (48, 64), dict(qdtype=Q.int8, granularity=qk.PerRow(),
                                            act_quant=qk.ActivationQuantSpec(Q.int8, qk.PerToken()))),
     ],
+    "nf4": [
+        ("b64", (48, 128), dict(qdtype=Q.nf4, granularity=qk.PerGroup(64))),
+        ("b64-k-one-block", (40, 64), dict(qdtype=Q.nf4, granularity=qk.PerGroup(64))),
+        ("b32", (24, 96), dict(qdtype=Q.nf4, granularity=qk.PerGroup(32), layout=qk.NF4Layout(block_size=32))),
+        # 768 blocks of 64 -> three second-level groups of 256
+        ("b64-double-quant", (48, 1024), dict(qdtype=Q.nf4, granularity=qk.PerGroup(64),
+                                              layout=qk.NF4Layout(double_quant=True))),
+    ],
+    "float8": [
+        ("e4m3-row", (48, 64), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerRow())),
+        ("e5m2-tensor", (48, 64), dict(qdtype=Q.float8_e5m2, granularity=qk.PerTensor())),
+        ("e4m3-block32x32", (64, 96), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerBlock((32, 32)))),
+        ("e4m3-row-dynact", (48, 64), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerRow(),
+                                           act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerRow()))),
+        ("e4m3-tensor-staticact", (48, 64), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerTensor(),
+                                                 act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerTensor(),
+                                                                                  static_scale=0.01))),
+        ("e4m3-block-dynact", (64, 96), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerBlock((16, 32)),
+                                             act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerRow()))),
+    ],
+    "mx": [
+        ("mxfp8-e4m3", (48, 128), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerGroup(32),
+                                       scale_rounding="power_of_two")),
+        ("mxfp8-e5m2", (40, 64), dict(qdtype=Q.float8_e5m2, granularity=qk.PerGroup(32),
+                                      scale_rounding="power_of_two")),
+        ("mxfp4", (48, 128), dict(qdtype=Q.fp4_e2m1, granularity=qk.PerGroup(32), scale_rounding="power_of_two")),
+        ("mxfp4-k-one-block", (40, 32), dict(qdtype=Q.fp4_e2m1, granularity=qk.PerGroup(32),
+                                             scale_rounding="power_of_two")),
+    ],
 }
 
 

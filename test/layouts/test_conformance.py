@@ -27,7 +27,8 @@ def _weight(shape, seed=0):
 
 def _quantize(layout_cls, kwargs, shape, seed=0):
     kwargs = dict(kwargs)
-    return qk.quantize_weight(_weight(shape, seed), kwargs.pop("qdtype"), kwargs.pop("granularity"), layout_cls(),
+    layout = kwargs.pop("layout", None) or layout_cls()  # a case may give the layout's knobs as an instance
+    return qk.quantize_weight(_weight(shape, seed), kwargs.pop("qdtype"), kwargs.pop("granularity"), layout,
                               **kwargs)
 
 
@@ -54,9 +55,10 @@ class TestLayoutConformance:
         aqt = _quantize(layout, kwargs, shape)
         w = _weight(shape)
         q = kwargs["qdtype"]
-        opts = {k: kwargs[k] for k in ("mapping", "zero_point_domain") if k in kwargs}
+        opts = {k: kwargs[k] for k in ("mapping", "zero_point_domain", "scale_rounding") if k in kwargs}
         scale, zp = choose_qparams_affine(w, q, aqt.block_size, **opts)
         codes = quantize_affine(w, q, aqt.block_size, scale, zp, zero_point_domain=aqt.zero_point_domain)
+        scale = aqt.qlayout.stored_scale(scale)  # what a layout keeps of the oracle's scale (Layout.stored_scale)
         parts = aqt.qlayout.unpack(aqt)
         assert torch.equal(parts.qdata.view(torch.uint8), codes.view(torch.uint8))
         assert torch.equal(parts.scale, scale)

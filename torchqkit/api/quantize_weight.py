@@ -28,6 +28,7 @@ def quantize_weight(
     zero_point_domain=None,
     calibration: str | None = None,
     scale_dtype: torch.dtype | None = None,
+    scale_rounding: str | None = None,
     act_quant: ActivationQuantSpec | None = None,
     kernel_preference: KernelPreference = KernelPreference.AUTO,
     stochastic: bool = False,
@@ -53,7 +54,7 @@ def quantize_weight(
     w = weight.detach()
     scale, zero_point = choose_qparams_affine(w, qdtype, block_size, mapping=mapping, zero_point_domain=zpd,
                                               calibration=calibration, scale_dtype=scale_dtype,
-                                              check_finite=check_finite, name=name)
+                                              scale_rounding=scale_rounding, check_finite=check_finite, name=name)
     codes = quantize_affine(w, qdtype, block_size, scale, zero_point, zero_point_domain=zpd,
                             stochastic=stochastic, generator=generator, check_finite=False, name=name)
     tensors = layout.pack(PlainParts(codes, scale, zero_point), qdtype, block_size, zpd)

@@ -11,6 +11,7 @@ Formulas (q = code, s = scale, z = zero point, mid = (qmin + qmax + 1) // 2):
   ZeroPointDomain.FLOAT  x ~ (q - mid) * s + z       z is a float (tinygemm / HQQ style)
   float8                 x ~ float(q) * s            q saturates at the format's max
   nf4 / fp4_e2m1         x ~ levels[q] * s           nearest level, ties towards zero
+See Note [Power-of-two scales] for ``scale_rounding="power_of_two"`` (OCP microscaling, MXFP8 / MXFP4).
 All arithmetic is float32; results are cast to the requested dtype at the end.
 """
 from __future__ import annotations
@@ -109,6 +110,7 @@ def choose_qparams_affine(
     scale_dtype: torch.dtype | None = None,
     zero_point_dtype: torch.dtype | None = None,
     check_finite: bool = True,
+    scale_rounding: str | None = None,
     name: str = "tensor",
 ):
     """Return ``(scale, zero_point)`` for ``x``; zero_point is None for ZeroPointDomain.NONE.
@@ -117,6 +119,8 @@ def choose_qparams_affine(
 
     A block whose range is zero gets scale 1 (never inf/nan); otherwise scales are floored at ``eps``
     (default: float32 eps, raised to the smallest normal of ``scale_dtype``).
+
+    ``scale_rounding="power_of_two"``: float8 / codebook qdtypes only, see Note [Power-of-two scales].
     """
     mapping = MappingType(mapping)
     block_size = _check_block_size(x, block_size, name)
@@ -130,6 +134,7 @@ def choose_qparams_affine(
     if check_finite:
         _check_finite(x, name)
     scale_dtype = scale_dtype or (x.dtype if x.dtype.is_floating_point else torch.float32)
+    _check_scale_rounding(scale_rounding, qdtype, eps, scale_dtype, name)
     if eps is None:
         eps = max(torch.finfo(torch.float32).eps, torch.finfo(scale_dtype).tiny)
 
@@ -139,6 +144,8 @@ def choose_qparams_affine(
     zero_point = None
     if qdtype.kind is QKind.INT:
         scale, zero_point = _int_qparams(lo, hi, qdtype, mapping, zero_point_domain, eps)
+    elif scale_rounding == POWER_OF_TWO:
+        scale = _power_of_two_scale(torch.maximum(-lo, hi), qdtype)
     else:
         amax = torch.maximum(-lo, hi)
         scale = _floor_scale(amax / qdtype.max_abs_level, amax, eps)
@@ -149,6 +156,43 @@ def choose_qparams_affine(
         else:
             zero_point = zero_point.to(zero_point_dtype or scale_dtype)
     return scale, zero_point
+
+
+# Note [Power-of-two scales]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# OCP Microscaling Formats (MX) spec v1.0, section 6.3: a block's shared scale is X = 2^e with
+#   e = floor(log2(amax)) - emax_elem,   emax_elem = exponent of the element format's largest normal
+# (e4m3: 448 = 1.75 * 2^8 -> 8; e5m2: 57344 -> 15; e2m1: 6 = 1.5 * 2^2 -> 2), so emax_elem is
+# floor(log2(max_abs_level)). amax / X lies in [2^emax_elem, 2^(emax_elem+1)), which can exceed the
+# format's max (e.g. 7.5 for e2m1): quantize_affine saturates those elements to +-max, as the spec says.
+# e is clamped to E8M0's range [-127, 127]; an all-zero block gets X = 1. ``eps`` does not apply.
+POWER_OF_TWO = "power_of_two"
+SCALE_ROUNDINGS = (None, POWER_OF_TWO)
+
+
+def _check_scale_rounding(scale_rounding, qdtype: QDType, eps, scale_dtype, name: str) -> None:
+    if scale_rounding not in SCALE_ROUNDINGS:
+        raise ValueError(f"{name}: scale_rounding must be one of {SCALE_ROUNDINGS}, got {scale_rounding!r}")
+    if scale_rounding is None:
+        return
+    if qdtype.kind is QKind.INT:
+        raise ValueError(f"{name}: power-of-two scales are defined for float8 and codebook (fp4/nf4) elements "
+                         f"(OCP MX), not {qdtype.name}")
+    if eps is not None:
+        raise ValueError(f"{name}: eps does not apply to power-of-two scales (E8M0's exponent range bounds them); "
+                         f"drop eps=")
+    if torch.finfo(scale_dtype).max < 2.0 ** 127:
+        raise ValueError(f"{name}: power-of-two scales span 2^-127..2^127, which {scale_dtype} can't hold; "
+                         f"use scale_dtype=torch.float32")
+
+
+def _power_of_two_scale(amax: torch.Tensor, qdtype: QDType) -> torch.Tensor:
+    emax_elem = math.floor(math.log2(qdtype.max_abs_level))
+    # frexp gives amax = m * 2^p with m in [0.5, 1): floor(log2(amax)) = p - 1, exactly (no log2 rounding).
+    _, p = torch.frexp(amax)
+    e = (p - 1 - emax_elem).clamp(-127, 127)
+    scale = torch.ldexp(torch.ones_like(amax), e)
+    return torch.where(amax > 0, scale, torch.ones_like(scale))
 
 
 def _check_scheme(qdtype: QDType, mapping: MappingType, zpd: ZeroPointDomain, name: str) -> None:

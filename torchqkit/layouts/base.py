@@ -50,6 +50,11 @@ class Layout:
         multiple of the block size that also cuts whole tiles / bytes, so every slice can alias storage."""
         return 1 if block_size[dim] == shape[dim] else block_size[dim]
 
+    def stored_scale(self, scale: torch.Tensor) -> torch.Tensor:
+        """The scale ``unpack`` returns for a tensor whose oracle scale was ``scale``. Default: ``scale`` itself
+        (stored exactly); a layout that stores scales lossily (NF4 double quantization) returns what it keeps."""
+        return scale
+
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain) -> dict[str, torch.Tensor | None]:
         raise NotImplementedError
 

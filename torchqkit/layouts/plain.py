@@ -24,6 +24,7 @@ from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import flatten_tokens, reference_linear
 from .base import Layout, PlainParts, register_layout
+from .scaled_mm import scaled_mm_applies, scaled_mm_linear
 from .slicing import block_slice
 
 aten = torch.ops.aten
@@ -75,11 +76,10 @@ def linear_path(w) -> str:
     if spec is None or w.kernel_preference is KernelPreference.REFERENCE:
         return "reference"
     per_row = w.block_size == (1, w.logical_shape[1])
-    per_tensor = w.block_size == w.logical_shape
     if (spec.qdtype.kind is QKind.INT and w.qdtype.kind is QKind.INT and w.qdtype.signed
             and w.zero_point_domain is ZeroPointDomain.NONE and per_row):
         return "aten._int_mm"
-    if spec.qdtype.kind is QKind.FLOAT8 and w.qdtype.kind is QKind.FLOAT8 and (per_row or per_tensor):
+    if scaled_mm_applies(w):
         return "aten._scaled_mm"
     return "reference"
 
@@ -90,7 +90,7 @@ def _linear(w, x, bias):
     if path == "aten._int_mm":
         return _int8_dynamic_linear(w, x, bias)
     if path == "aten._scaled_mm":
-        return _float8_linear(w, x, bias)
+        return scaled_mm_linear(w, x, bias)
     return reference_linear(w, x, bias)
 
 
@@ -103,20 +103,6 @@ def _int8_dynamic_linear(w, x, bias):
         acc = acc - qa.zero_point.to(torch.int32) * w.qdata.sum(dim=1, dtype=torch.int32)
     out = acc.to(torch.float32) * qa.scale * w.scale.reshape(1, n).to(torch.float32)
     out = out.to(x.dtype).reshape(*x.shape[:-1], n)
-    return out if bias is None else out + bias
-
-
-def _float8_linear(w, x, bias):
-    n = w.logical_shape[0]
-    x2 = flatten_tokens(x)
-    qa = w.act_quant.quantize(x2)
-    scale_a, scale_b = qa.scale.to(torch.float32), w.scale.reshape(1, -1).to(torch.float32)
-    if scale_a.numel() != 1 or scale_b.numel() != 1:  # _scaled_mm wants both row-wise or both scalar
-        scale_a, scale_b = scale_a.expand(x2.shape[0], 1).contiguous(), scale_b.expand(1, n).contiguous()
-    else:
-        scale_a, scale_b = scale_a.reshape(()), scale_b.reshape(())
-    out = torch._scaled_mm(qa.qdata, w.qdata.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=x.dtype)
-    out = out.reshape(*x.shape[:-1], n)
     return out if bias is None else out + bias
 
 

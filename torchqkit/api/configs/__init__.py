@@ -4,3 +4,5 @@ from .dynamic_activation import Int8DynamicActivationInt8WeightConfig, Int8Dynam
 from .float8 import (Float8DynamicActivationFloat8WeightConfig, Float8StaticActivationFloat8WeightConfig,
                      Float8WeightOnlyConfig)
 from .integer import Int4WeightOnlyConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig
+from .mx import MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig
+from .nf4 import NF4WeightOnlyConfig

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...core.granularity import Granularity, PerRow, PerTensor
+from ...core.granularity import Granularity, PerBlock, PerRow, PerTensor
 from ...core.qdtype import QDType, QKind, float8_e4m3fn
 from ...layouts.base import Layout
-from ...layouts.plain import PlainLayout
+from ...layouts.float8 import Float8Layout
 from ...tensor.activation import ActivationQuantSpec
 from ..quantize_weight import quantize_weight
 from .base import QuantConfig, as_qdtype, register_config
@@ -24,8 +24,9 @@ def _check_float8(who: str, config, *names: str) -> None:
         if q.kind is not QKind.FLOAT8:
             raise ValueError(f"{who}: {n} must be float8_e4m3fn or float8_e5m2, got {q.name}")
         object.__setattr__(config, n, q)
-    if not isinstance(config.granularity, (PerTensor, PerRow)):
-        raise ValueError(f"{who}: granularity must be PerTensor() or PerRow(), got {config.granularity!r}")
+    if not isinstance(config.granularity, (PerTensor, PerRow, PerBlock)):
+        raise ValueError(f"{who}: granularity must be PerTensor(), PerRow() or PerBlock((bn, bk)) (e.g. 128x128), "
+                         f"got {config.granularity!r}")
 
 
 def _float8_weight(config, weight, name, act=None):
@@ -41,10 +42,10 @@ def _float8_weight_only_transform(config, weight, name):
 @register_config(_float8_weight_only_transform)
 @dataclass(frozen=True, kw_only=True)
 class Float8WeightOnlyConfig(QuantConfig):
-    """float8 weights (per-row or per-tensor scale); activations stay in their dtype."""
+    """float8 weights (per-row, per-tensor or per-block scales); activations stay in their dtype."""
     weight_dtype: QDType = float8_e4m3fn
     granularity: Granularity = PerRow()
-    layout: Layout = field(default_factory=PlainLayout)
+    layout: Layout = field(default_factory=Float8Layout)
 
     def __post_init__(self):
         super().__post_init__()
@@ -55,17 +56,20 @@ class Float8WeightOnlyConfig(QuantConfig):
 
 
 def _float8_dynamic_transform(config, weight, name):
-    return _float8_weight(config, weight, name, ActivationQuantSpec(config.activation_dtype, config.granularity))
+    # Per-block weights (e.g. 128x128) get per-token activation scales: ActivationQuantSpec has no groups along K.
+    act_granularity = PerRow() if isinstance(config.granularity, PerBlock) else config.granularity
+    return _float8_weight(config, weight, name, ActivationQuantSpec(config.activation_dtype, act_granularity))
 
 
 @register_config(_float8_dynamic_transform)
 @dataclass(frozen=True, kw_only=True)
 class Float8DynamicActivationFloat8WeightConfig(QuantConfig):
-    """float8 activations (scales computed at run time, per tensor or per row) x float8 weights."""
+    """float8 activations (scales computed at run time, per tensor or per row) x float8 weights.
+    With PerBlock weight scales the activations are scaled per token (per row)."""
     activation_dtype: QDType = float8_e4m3fn
     weight_dtype: QDType = float8_e4m3fn
     granularity: Granularity = PerRow()
-    layout: Layout = field(default_factory=PlainLayout)
+    layout: Layout = field(default_factory=Float8Layout)
 
     def __post_init__(self):
         super().__post_init__()
@@ -88,7 +92,7 @@ class Float8StaticActivationFloat8WeightConfig(QuantConfig):
     activation_dtype: QDType = float8_e4m3fn
     weight_dtype: QDType = float8_e4m3fn
     granularity: Granularity = PerTensor()
-    layout: Layout = field(default_factory=PlainLayout)
+    layout: Layout = field(default_factory=Float8Layout)
 
     def __post_init__(self):
         super().__post_init__()

@@ -1,0 +1,57 @@
+"""OCP microscaling weight-only configs: MXFP8WeightOnlyConfig, MXFP4WeightOnlyConfig (MXLayout).
+
+One power-of-two (E8M0) scale per 32 weights along K, chosen as the MX spec says (the oracle's
+``scale_rounding="power_of_two"``); weights whose in_features isn't a multiple of 32 are reported, not skipped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...core.granularity import PerGroup
+from ...core.qdtype import QDType, float8_e4m3fn, float8_e5m2, fp4_e2m1
+from ...layouts.mx import MX_BLOCK, MXLayout
+from ..quantize_weight import quantize_weight
+from .base import QuantConfig, as_qdtype, register_config
+
+__all__ = ["MXFP8WeightOnlyConfig", "MXFP4WeightOnlyConfig"]
+
+
+def _mx_weight(weight, element: QDType, config, name):
+    return quantize_weight(weight, element, PerGroup(MX_BLOCK), MXLayout(), scale_dtype=torch.float32,
+                           scale_rounding="power_of_two", kernel_preference=config.kernel_preference, name=name)
+
+
+def _mxfp8_weight_only_transform(config, weight, name):
+    return _mx_weight(weight, config.element_dtype, config, name)
+
+
+@register_config(_mxfp8_weight_only_transform)
+@dataclass(frozen=True, kw_only=True)
+class MXFP8WeightOnlyConfig(QuantConfig):
+    """MXFP8 weights: float8 elements (e4m3fn by default, or e5m2) x one E8M0 scale per 32 along K."""
+    element_dtype: QDType = float8_e4m3fn
+
+    def __post_init__(self):
+        super().__post_init__()
+        q = as_qdtype(self.element_dtype)
+        if q not in (float8_e4m3fn, float8_e5m2):
+            raise ValueError(f"MXFP8WeightOnlyConfig: element_dtype must be float8_e4m3fn or float8_e5m2, got {q.name}")
+        object.__setattr__(self, "element_dtype", q)
+
+    def describe(self):
+        return f"mxfp8 ({self.element_dtype.name}) weight-only"
+
+
+def _mxfp4_weight_only_transform(config, weight, name):
+    return _mx_weight(weight, fp4_e2m1, config, name)
+
+
+@register_config(_mxfp4_weight_only_transform)
+@dataclass(frozen=True, kw_only=True)
+class MXFP4WeightOnlyConfig(QuantConfig):
+    """MXFP4 weights: e2m1 elements two per byte x one E8M0 scale per 32 along K."""
+
+    def describe(self):
+        return "mxfp4 (fp4_e2m1) weight-only"

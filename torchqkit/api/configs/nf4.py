@@ -1,0 +1,39 @@
+"""NF4WeightOnlyConfig: QLoRA's 4-bit NormalFloat weights (NF4Layout), optionally double-quantized."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...core.granularity import PerGroup
+from ...core.qdtype import nf4
+from ...layouts.nf4 import NF4Layout
+from ..quantize_weight import quantize_weight
+from .base import QuantConfig, register_config
+
+__all__ = ["NF4WeightOnlyConfig"]
+
+
+def _nf4_weight_only_transform(config, weight, name):
+    # float32 absmax, as bitsandbytes stores it: a bf16 absmax would round the block's largest weight.
+    return quantize_weight(weight, nf4, PerGroup(config.block_size),
+                           NF4Layout(block_size=config.block_size, double_quant=config.double_quant),
+                           scale_dtype=torch.float32, kernel_preference=config.kernel_preference, name=name)
+
+
+@register_config(_nf4_weight_only_transform)
+@dataclass(frozen=True, kw_only=True)
+class NF4WeightOnlyConfig(QuantConfig):
+    """NF4 codes with one absmax per ``block_size`` weights of a row; ``double_quant`` stores the absmax
+    values in 8 bits (QLoRA). The weight stays trainable-through: gradients reach inputs and adapters."""
+    block_size: int = 64
+    double_quant: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        NF4Layout(block_size=self.block_size)  # validates block_size with NF4Layout's message
+        if not isinstance(self.double_quant, bool):
+            raise ValueError(f"NF4WeightOnlyConfig: double_quant must be True or False, got {self.double_quant!r}")
+
+    def describe(self):
+        return f"nf4 weight-only b{self.block_size}" + (" double-quant" if self.double_quant else "")

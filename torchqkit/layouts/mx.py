@@ -1,0 +1,117 @@
+"""MXLayout: OCP Microscaling (MX spec v1.0) MXFP8 / MXFP4 weights, one E8M0 scale per 32 elements of K.
+
+Element formats: float8_e4m3fn (MXFP8 E4M3), float8_e5m2 (MXFP8 E5M2), fp4_e2m1 (MXFP4). Scales are
+powers of two chosen by the oracle with ``scale_rounding="power_of_two"`` (see Note [Power-of-two scales]
+in core/primitives.py: X = 2^(floor(log2(amax)) - emax_elem), elements saturate). Tensors:
+  qdata: MXFP8: (N, K) torch.float8_e4m3fn / float8_e5m2, one element per byte
+         MXFP4: (N, K // 2) uint8, two e2m1 codes per byte, see Note [MX bit layout]
+  scale: (N, K // 32) uint8, E8M0: the biased exponent e of X = 2^(e - 127); 255 (NaN) is never written
+x = element * X. unpack() returns X as float32 (exact: 2^-127 .. 2^127 are all float32 values).
+
+Note [MX bit layout]
+~~~~~~~~~~~~~~~~~~~~
+Row-major over (N, K); the 32 elements of block (n, b) are k = 32b .. 32b + 31, scale byte [n, b].
+MXFP4: byte j of row n holds element 2j in its LOW nibble and element 2j + 1 in its HIGH nibble
+(the order of torch.float4_e2m1fn_x2 and of NVIDIA's packed fp4): byte = code[n, 2j + 1] << 4 | code[n, 2j].
+An e2m1 code is sign (bit 3) | exponent (bits 2..1, bias 1) | mantissa (bit 0): 0b0111 = 6.0, 0b1010 = -1.0.
+MXFP8: the element's float8 bits, one byte each. E8M0: exponent bits only, no sign, no mantissa.
+
+Linear runs the reference path (dequantize + F.linear); MX kernels come in the kernel issues.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import return_and_correct_aliasing
+
+from ..core.primitives import ZeroPointDomain
+from ..core.qdtype import float8_e4m3fn, float8_e5m2, fp4_e2m1
+from ..tensor.dispatch import fill_defaults
+from ..tensor.reference import reference_linear
+from .base import Layout, PlainParts, register_layout
+from .slicing import block_slice
+
+aten = torch.ops.aten
+MX_BLOCK = 32
+E8M0_BIAS = 127
+_ELEMENTS = (float8_e4m3fn, float8_e5m2, fp4_e2m1)
+_FLOAT32_2_POW_M127 = 0x00400000  # float32 bits of 2^-127, the one subnormal E8M0 value
+
+
+@register_layout("mx")
+@dataclass(frozen=True)
+class MXLayout(Layout):
+    tensor_names = ("qdata", "scale")
+
+    def supports(self, qdtype, block_size, shape, zero_point_domain):
+        if qdtype not in _ELEMENTS:
+            return f"MXLayout stores {', '.join(q.name for q in _ELEMENTS)} elements, not {qdtype.name}"
+        if ZeroPointDomain(zero_point_domain) is not ZeroPointDomain.NONE:
+            return "MXLayout stores power-of-two scaled elements: no zero point"
+        if len(shape) != 2 or tuple(block_size) != (1, MX_BLOCK):
+            return (f"MXLayout needs blocks of (1, {MX_BLOCK}) along K of a 2-d weight (OCP MX), got block_size "
+                    f"{tuple(block_size)} for shape {tuple(shape)}")
+        return None
+
+    def slice_multiple(self, qdtype, block_size, shape, dim: int) -> int:
+        # MX blocks are 32 elements by definition: a slice along K never shrinks one.
+        return MX_BLOCK if dim == 1 else 1
+
+    def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
+        codes = parts.qdata
+        if qdtype is fp4_e2m1:
+            codes = (codes[:, 1::2] << 4) | codes[:, 0::2]
+        return {"qdata": codes.contiguous(), "scale": _to_e8m0(parts.scale)}
+
+    def unpack(self, aqt) -> PlainParts:
+        q = aqt.qdata
+        if aqt.qdtype is fp4_e2m1:
+            q = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(aqt.logical_shape)
+        return PlainParts(q, _from_e8m0(aqt.scale), None)
+
+    def __repr__(self) -> str:
+        return "MXLayout()"
+
+    @staticmethod
+    def linear_paths() -> list[dict]:
+        return [{"linear": "MXFP8 / MXFP4 weight-only", "path": "reference",
+                 "why": "dequantize + F.linear: no MX kernel yet (kernel issues #4, #5)"}]
+
+
+def _to_e8m0(scale: torch.Tensor) -> torch.Tensor:
+    """float power-of-two scales -> uint8 biased exponents; anything else is refused (it would be re-rounded)."""
+    bits = scale.float().contiguous().view(torch.int32)
+    normal = ((bits & 0x807FFFFF) == 0) & (bits != 0)  # positive, mantissa zero, not 0.0
+    subnormal = bits == _FLOAT32_2_POW_M127
+    if not bool((normal | subnormal).all()) or bool(((bits >> 23) == 0xFF).any()):
+        bad = scale[~(normal | subnormal)].flatten()[:4].tolist()
+        raise ValueError(f"MXLayout stores E8M0 scales: every scale must be a power of two in 2^-127..2^127, got "
+                         f"e.g. {bad}. Quantize with scale_rounding='power_of_two' (MXFP8WeightOnlyConfig / "
+                         f"MXFP4WeightOnlyConfig do).")
+    return torch.where(subnormal, 0, bits >> 23).to(torch.uint8)
+
+
+def _from_e8m0(e: torch.Tensor) -> torch.Tensor:
+    """uint8 biased exponents -> float32 2^(e - 127), built from bits (exact, also under torch.compile)."""
+    e = e.to(torch.int32)
+    bits = torch.where(e == 0, _FLOAT32_2_POW_M127, torch.where(e == 255, 0x7FC00000, e << 23))
+    return bits.view(torch.float32)
+
+
+@MXLayout.ops.implements(F.linear)
+def _linear(w, x, bias):
+    return reference_linear(w, x, bias)
+
+
+@MXLayout.ops.implements(aten.slice.Tensor)
+def _slice(func, args, kwargs):
+    """Whole 32-element blocks along K, any rows along N; both inner tensors are views."""
+    self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
+    cut = block_slice(self, dim, start, end, step)
+    per_byte = 2 if (self.qdtype is fp4_e2m1 and cut.dim == 1) else 1
+    out = self.with_changes({"qdata": self.qdata.narrow(cut.dim, cut.codes[0] // per_byte, cut.codes[1] // per_byte),
+                             "scale": self.scale.narrow(cut.dim, *cut.blocks)},
+                            logical_shape=cut.logical_shape, block_size=cut.block_size)
+    return return_and_correct_aliasing(func, args, kwargs, out)

@@ -1,0 +1,155 @@
+"""NF4Layout: NormalFloat-4 codes two per byte, one absmax scale per block of K (QLoRA), optionally with
+the absmax values themselves quantized to 8 bits ("double quantization").
+
+See Note [NF4 bit layout]. Tensors (N, K weight, B = block_size, n = N * K // B blocks):
+  qdata:             (N, K // 2) uint8, two codes per byte
+  scale:             (N, K // B), the per-block absmax (float32 from NF4WeightOnlyConfig); None with double_quant
+  scale_codes:       (N, K // B) int8, double_quant only: absmax - offset, int8 symmetric (the oracle's int8)
+  scale_block_scale: (ceil(n / 256),) float32, double_quant only: one scale per 256 consecutive blocks
+                     in row-major order (the last group may be partial)
+  scale_offset:      (1,) float32, double_quant only: the mean of all absmax values, subtracted before quantizing
+x = nf4_levels[q] * absmax. unpack() returns the absmax itself (dequantized, in float32, under
+double_quant), so dequantize() is the oracle's dequantize_affine(codes, nf4, (1, B), absmax).
+
+Note [NF4 bit layout]
+~~~~~~~~~~~~~~~~~~~~~
+Row-major over (N, K). Byte j of row n holds element 2j in its HIGH nibble and element 2j + 1 in its
+LOW nibble (bitsandbytes' order): byte = code[n, 2j] << 4 | code[n, 2j + 1]. A code is the index into
+the 16 NF4 levels (qdtype.py): 0 -> -1.0, 7 -> 0.0, 15 -> 1.0.
+
+Note [NF4 double quantization]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+As in QLoRA (Dettmers et al. 2023, section 3): weights are quantized against their float32 absmax,
+then the absmax values (one per B weights) are stored in 8 bits: offset = mean(absmax); the flat
+row-major absmax - offset is cut into groups of 256, and each group gets one float32 scale (int8
+symmetric, choose_qparams_affine / quantize_affine of the oracle; bitsandbytes uses a non-linear
+"dynamic" 8-bit map instead). Cost per B = 64: 4 + 8/64 + 32/(64*256) bits per weight, versus 4.5.
+A slice that starts inside a group of 256 (any in_features slice, most out_features slices) can't
+keep the 8-bit absmax: it stores its dequantized absmax in float32 (bit-exact, NF4Layout without
+double_quant) while qdata stays a view; out_features slices starting on a group boundary keep it.
+
+Linear runs the reference path (dequantize + F.linear), so autograd reaches the input and anything
+beside the frozen weight (QLoRA adapters) through F.linear's backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import return_and_correct_aliasing
+
+from ..core.primitives import ZeroPointDomain, choose_qparams_affine, dequantize_affine, quantize_affine
+from ..core.qdtype import int8, nf4
+from ..tensor.dispatch import fill_defaults
+from ..tensor.reference import reference_linear
+from .base import Layout, PlainParts, register_layout
+from .slicing import block_slice
+
+aten = torch.ops.aten
+DQ_GROUP = 256  # absmax values per second-level scale (QLoRA)
+_DQ_NAMES = ("scale_codes", "scale_block_scale", "scale_offset")
+
+
+@register_layout("nf4")
+@dataclass(frozen=True)
+class NF4Layout(Layout):
+    block_size: int = 64
+    double_quant: bool = False
+    tensor_names = ("qdata", "scale", *_DQ_NAMES)
+
+    def __post_init__(self):
+        if not isinstance(self.block_size, int) or self.block_size < 2 or self.block_size % 2:
+            raise ValueError(f"NF4Layout: block_size must be a positive even int (codes pack two per byte), "
+                             f"got {self.block_size!r}")
+        object.__setattr__(self, "double_quant", bool(self.double_quant))
+
+    def supports(self, qdtype, block_size, shape, zero_point_domain):
+        if qdtype is not nf4:
+            return f"NF4Layout stores nf4 codes, not {qdtype.name}"
+        if ZeroPointDomain(zero_point_domain) is not ZeroPointDomain.NONE:
+            return "NF4Layout stores absmax-scaled codes: no zero point"
+        if len(shape) != 2 or tuple(block_size) != (1, self.block_size):
+            return (f"NF4Layout(block_size={self.block_size}) needs blocks of (1, {self.block_size}) along K of a "
+                    f"2-d weight, got block_size {tuple(block_size)} for shape {tuple(shape)}")
+        if shape[1] % self.block_size:
+            return f"in_features {shape[1]} is not a multiple of the NF4 block size {self.block_size}"
+        return None
+
+    def slice_multiple(self, qdtype, block_size, shape, dim: int) -> int:
+        # Along K, a slice must keep whole bytes (two codes) even when K is one block.
+        return max(super().slice_multiple(qdtype, block_size, shape, dim), 2 if dim == 1 else 1)
+
+    def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
+        codes = parts.qdata
+        qdata = (codes[:, 0::2] << 4) | codes[:, 1::2]
+        tensors = {"qdata": qdata.contiguous(), "scale": parts.scale, **dict.fromkeys(_DQ_NAMES)}
+        if self.double_quant:
+            tensors.update(zip(_DQ_NAMES, _double_quantize(parts.scale)))
+            tensors["scale"] = None
+        return tensors
+
+    def unpack(self, aqt) -> PlainParts:
+        n, k = aqt.logical_shape
+        q = aqt.qdata
+        codes = torch.stack([q >> 4, q & 0xF], dim=-1).reshape(n, k)
+        if not self.double_quant:
+            return PlainParts(codes, aqt.scale, None)
+        return PlainParts(codes, _double_dequantize(aqt.scale_codes, aqt.scale_block_scale, aqt.scale_offset), None)
+
+    def stored_scale(self, scale: torch.Tensor) -> torch.Tensor:
+        """The absmax unpack() returns for a tensor packed with ``scale``: see Note [NF4 double quantization]."""
+        return _double_dequantize(*_double_quantize(scale)) if self.double_quant else scale
+
+    def __repr__(self) -> str:
+        return f"NF4Layout(block_size={self.block_size}, double_quant={self.double_quant})"
+
+    @staticmethod
+    def linear_paths() -> list[dict]:
+        return [{"linear": "nf4 weight-only (QLoRA training included)", "path": "reference",
+                 "why": "dequantize + F.linear: no fused NF4 kernel yet (kernel issues #4, #5)"}]
+
+
+def _double_quantize(absmax: torch.Tensor):
+    """absmax (N, K // B) -> (int8 codes (N, K // B), float32 scale per 256 blocks, float32 offset (1,))."""
+    absmax = absmax.float()
+    offset = absmax.mean().reshape(1)
+    flat = F.pad((absmax - offset).reshape(-1), (0, -absmax.numel() % DQ_GROUP))  # zeros don't change absmax
+    scale, _ = choose_qparams_affine(flat, int8, (DQ_GROUP,), name="NF4 absmax (double quantization)")
+    codes = quantize_affine(flat, int8, (DQ_GROUP,), scale, name="NF4 absmax (double quantization)")
+    return codes[:absmax.numel()].reshape(absmax.shape), scale, offset
+
+
+def _double_dequantize(codes: torch.Tensor, block_scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    flat = F.pad(codes.reshape(-1), (0, block_scale.numel() * DQ_GROUP - codes.numel()))
+    vals = dequantize_affine(flat, int8, (DQ_GROUP,), block_scale, name="NF4 absmax codes")
+    return (vals[:codes.numel()] + offset).reshape(codes.shape)
+
+
+@NF4Layout.ops.implements(F.linear)
+def _linear(w, x, bias):
+    return reference_linear(w, x, bias)
+
+
+@NF4Layout.ops.implements(aten.slice.Tensor)
+def _slice(func, args, kwargs):
+    """qdata is always a view. See Note [NF4 double quantization] for when the 8-bit absmax survives."""
+    self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
+    cut = block_slice(self, dim, start, end, step)
+    qdata = self.qdata.narrow(cut.dim, cut.codes[0] // (2 if cut.dim else 1), cut.codes[1] // (2 if cut.dim else 1))
+    tensors, layout = {"qdata": qdata}, self.qlayout
+    blocks_per_row = self.scale_codes.shape[1] if layout.double_quant else 0
+    if not layout.double_quant:
+        tensors["scale"] = self.scale.narrow(cut.dim, *cut.blocks)
+    elif cut.dim == 0 and (cut.blocks[0] * blocks_per_row) % DQ_GROUP == 0:
+        first, count = cut.blocks[0] * blocks_per_row // DQ_GROUP, -(-cut.blocks[1] * blocks_per_row // DQ_GROUP)
+        tensors.update(scale_codes=self.scale_codes.narrow(0, *cut.blocks),
+                       scale_block_scale=self.scale_block_scale.narrow(0, first, count))
+    else:
+        absmax = _double_dequantize(self.scale_codes, self.scale_block_scale, self.scale_offset)
+        tensors.update(scale=absmax.narrow(cut.dim, *cut.blocks).contiguous(), **dict.fromkeys(_DQ_NAMES))
+        layout = replace(layout, double_quant=False)
+    if cut.block_size[1] != layout.block_size:  # K was one block and the slice shrank it
+        layout = replace(layout, block_size=cut.block_size[1])
+    out = self.with_changes(tensors, logical_shape=cut.logical_shape, block_size=cut.block_size, qlayout=layout)
+    return return_and_correct_aliasing(func, args, kwargs, out)
