@@ -16,6 +16,7 @@ from .api.report import LayerReport, QuantizationReport
 from .core import (MappingType, PerAxis, PerBlock, PerGroup, PerRow, PerTensor, PerToken, ZeroPointDomain,
                    choose_qparams_affine, dequantize_affine, qdtypes, quantize_affine)
 from .layouts import Float8Layout, Layout, MXLayout, NF4Layout, PlainLayout
+from .layouts import PackedIntxLayout, TensorCoreTiledLayout
 from .serialization import register_safe_globals
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
 
@@ -25,6 +26,7 @@ register_safe_globals()
 
 # Public classes report their public path, so pickles and reprs don't depend on internal file names.
 for _cls in (AffineQuantizedTensor, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
+             PackedIntxLayout, TensorCoreTiledLayout,
              QuantizationReport, Float8Layout, MXLayout, NF4Layout):
     _cls.__module__ = "torchqkit"
 del _cls

@@ -9,6 +9,37 @@ import torchqkit as qk
 from torchqkit.core import qdtypes as Q
 
 CASES: dict[str, list[tuple[str, tuple[int, int], dict]]] = {
+    "tensor_core_tiled": [
+        # (44, 96): out_features padded to 48 (8-row tiles), in_features to 128 (one 8 x k16 chunk)
+        ("g32-ikt8-padded", (44, 96), dict(qdtype=Q.uint4, granularity=qk.PerGroup(32),
+                                           mapping=qk.MappingType.ASYMMETRIC,
+                                           zero_point_domain=qk.ZeroPointDomain.FLOAT)),
+        ("g64-ikt2", (48, 256), dict(qdtype=Q.uint4, granularity=qk.PerGroup(64), mapping=qk.MappingType.ASYMMETRIC,
+                                     zero_point_domain=qk.ZeroPointDomain.FLOAT,
+                                     layout=qk.TensorCoreTiledLayout(inner_k_tiles=2))),
+        ("g128-ikt4", (40, 384), dict(qdtype=Q.uint4, granularity=qk.PerGroup(128), mapping=qk.MappingType.ASYMMETRIC,
+                                      zero_point_domain=qk.ZeroPointDomain.FLOAT,
+                                      layout=qk.TensorCoreTiledLayout(inner_k_tiles=4))),
+        ("g256-ikt8", (24, 512), dict(qdtype=Q.uint4, granularity=qk.PerGroup(256), mapping=qk.MappingType.ASYMMETRIC,
+                                      zero_point_domain=qk.ZeroPointDomain.FLOAT)),
+    ],
+    "packed_intx": [
+        ("int3-g16-asym", (40, 64), dict(qdtype=Q.int3, granularity=qk.PerGroup(16),
+                                         mapping=qk.MappingType.ASYMMETRIC)),
+        ("int5-g32-sym", (48, 96), dict(qdtype=Q.int5, granularity=qk.PerGroup(32))),
+        # 100 codes of 6 bits = 75 bytes a row; slices along K cut every 4 codes (3 bytes)
+        ("uint6-row-asym", (24, 100), dict(qdtype=Q.uint6, granularity=qk.PerRow(),
+                                           mapping=qk.MappingType.ASYMMETRIC)),
+        ("int7-g32-sym", (24, 64), dict(qdtype=Q.int7, granularity=qk.PerGroup(32))),
+        ("uint1-g32-asym", (16, 64), dict(qdtype=Q.uint1, granularity=qk.PerGroup(32),
+                                          mapping=qk.MappingType.ASYMMETRIC)),
+        # absmax + no-clipping symmetric int2: scale = block absmax, codes exactly {-1, 0, 1}
+        ("int2-ternary-g32", (40, 96), dict(qdtype=Q.int2, granularity=qk.PerGroup(32),
+                                            mapping=qk.MappingType.SYMMETRIC_NO_CLIPPING_ERR,
+                                            layout=qk.PackedIntxLayout(ternary=True))),
+        ("int4-g32-dynact", (48, 64), dict(qdtype=Q.int4, granularity=qk.PerGroup(32),
+                                           act_quant=qk.ActivationQuantSpec(Q.int8, qk.PerToken()))),
+    ],
     "plain": [
         ("int8-row", (48, 64), dict(qdtype=Q.int8, granularity=qk.PerRow())),
         ("uint4-g32-floatzp", (48, 96), dict(qdtype=Q.uint4, granularity=qk.PerGroup(32),

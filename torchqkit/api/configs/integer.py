@@ -7,7 +7,9 @@ from ...core.granularity import Granularity, PerAxis, PerGroup, PerRow
 from ...core.primitives import MappingType, ZeroPointDomain
 from ...core.qdtype import INT, uint4, int8
 from ...layouts.base import Layout
+from ...layouts.packed_intx import PackedIntxLayout
 from ...layouts.plain import PlainLayout
+from ...layouts.tensor_core_tiled import TensorCoreTiledLayout
 from ..quantize_weight import quantize_weight
 from .base import QuantConfig, register_config
 
@@ -43,9 +45,10 @@ def _int4_weight_only_transform(config, weight, name):
 @register_config(_int4_weight_only_transform)
 @dataclass(frozen=True, kw_only=True)
 class Int4WeightOnlyConfig(QuantConfig):
-    """int4 group-wise weights (uint4 codes, float scale and zero point per group)."""
+    """int4 group-wise weights (uint4 codes, float scale and zero point per group), stored by default in
+    TensorCoreTiledLayout (pass layout=PlainLayout() for one unpacked code per byte)."""
     group_size: int = 128
-    layout: Layout = field(default_factory=PlainLayout)
+    layout: Layout = field(default_factory=TensorCoreTiledLayout)
 
     def __post_init__(self):
         super().__post_init__()
@@ -58,8 +61,8 @@ class Int4WeightOnlyConfig(QuantConfig):
 
 
 def _intx_weight_only_transform(config, weight, name):
-    return quantize_weight(weight, INT[config.bits], config.granularity, config.layout, mapping=config.mapping,
-                           kernel_preference=config.kernel_preference, name=name)
+    return quantize_weight(weight, INT[config.bits], config.granularity, config.resolved_layout(),
+                           mapping=config.mapping, kernel_preference=config.kernel_preference, name=name)
 
 
 def check_intx(who: str, bits: int, granularity, mapping) -> None:
@@ -75,16 +78,24 @@ def check_intx(who: str, bits: int, granularity, mapping) -> None:
 @register_config(_intx_weight_only_transform)
 @dataclass(frozen=True, kw_only=True)
 class IntxWeightOnlyConfig(QuantConfig):
-    """1..8-bit signed integer weights, per group or per output channel, symmetric or asymmetric."""
+    """1..8-bit signed integer weights, per group or per output channel, symmetric or asymmetric.
+
+    layout=None (default): PackedIntxLayout (dense bits) for bits < 8, PlainLayout for 8 bits."""
     bits: int = 4
     granularity: Granularity = PerGroup(32)
     mapping: MappingType = MappingType.SYMMETRIC
-    layout: Layout = field(default_factory=PlainLayout)
+    layout: Layout | None = None
 
     def __post_init__(self):
         super().__post_init__()
         object.__setattr__(self, "mapping", MappingType(self.mapping))
         check_intx("IntxWeightOnlyConfig", self.bits, self.granularity, self.mapping)
+
+    def resolved_layout(self) -> Layout:
+        """The layout the weights get: ``layout``, or by default packed bits below 8 bits, plain at 8."""
+        if self.layout is not None:
+            return self.layout
+        return PackedIntxLayout() if self.bits < 8 else PlainLayout()
 
     def describe(self):
         return f"int{self.bits} weight-only {_granularity_text(self.granularity)} {self.mapping.value}"

@@ -1,0 +1,188 @@
+"""PackedIntxLayout: 1..7-bit integer codes packed densely along in_features, and ternary weights at 2 bits.
+
+Tensors:
+  qdata:      uint8 (N, ceil(K * bits / 8)); ternary: uint8 (N, 2 * ceil(K / 8))
+  scale:      (N // block_size[0], K // block_size[1]), the scale dtype chosen at quantization
+  zero_point: same shape as scale, or None (ZeroPointDomain.NONE); stored as the oracle returns it
+See Note [Packed intx bits] and Note [Ternary bit planes] for the byte formats. Each row starts on a
+byte boundary, so slicing out_features is a row view; slices along in_features cut at whole bytes.
+
+Linear runs the reference path (dequantize + F.linear) until the packed-intx kernels land (issue #4);
+``linear_paths`` reports that.
+
+Note [Packed intx bits]
+~~~~~~~~~~~~~~~~~~~~~~~
+Code q of a b-bit qdtype (b = 1..7, signed or unsigned) is stored as the unsigned field u = q - qmin
+(offset binary: int3's -4..3 become 0..7, uint3's 0..7 stay). The fields of one row form a little-endian
+bit stream: code k occupies stream bits [k b, (k + 1) b), and stream bit s is bit (s % 8) of byte s // 8
+(least significant first). So every 8 codes fill exactly b bytes, with no wasted bits; a row whose K * b
+is not a multiple of 8 ends with zero bits in its last byte. Example, int3 codes [-4, 3, 0, 1, ...]:
+u = [0b000, 0b111, 0b100, 0b101, ...], byte 0 = u0 | u1 << 3 | (u2 & 0b11) << 6 = 0b00111000.
+A kernel loads b bytes (one 64-bit word) per 8 codes and extracts field j as (word >> j b) & (2^b - 1).
+
+Note [Ternary bit planes]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+``ternary=True`` stores int2 codes that are all in {-1, 0, 1} (e.g. BitNet b1.58-style weights whose
+blocks hold {-a, 0, a}, quantized with MappingType.SYMMETRIC_NO_CLIPPING_ERR) as two bit planes per 8
+codes: for codes 8 m .. 8 m + 7 of a row, byte 2 m holds the "nonzero" bits and byte 2 m + 1 the
+"negative" bits, bit j for code 8 m + j; q = nonzero * (1 - 2 * negative). Still 2 bits per weight, but
+a kernel needs no multiplies: the planes are masks that add or subtract activations directly
+(AVX-512 mask registers, ``__vsub4`` / predicated adds on GPU). A "negative" bit without "nonzero"
+never occurs (it would read as 0). Packing refuses a -2 code with an error naming the fix.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import return_and_correct_aliasing
+
+from ..core.primitives import ZeroPointDomain
+from ..core.qdtype import QKind, int2
+from ..tensor.dispatch import fill_defaults
+from ..tensor.reference import reference_linear
+from .base import Layout, PlainParts, register_layout
+from .slicing import block_slice
+
+aten = torch.ops.aten
+
+
+@register_layout("packed_intx")
+@dataclass(frozen=True)
+class PackedIntxLayout(Layout):
+    """Dense b-bit codes (b = 1..7), see Note [Packed intx bits]; ``ternary=True``: int2 codes in
+    {-1, 0, 1} as bit planes, see Note [Ternary bit planes]."""
+    ternary: bool = False
+    tensor_names = ("qdata", "scale", "zero_point")
+
+    def __post_init__(self):
+        if not isinstance(self.ternary, bool):
+            raise ValueError(f"PackedIntxLayout: ternary must be True or False, got {self.ternary!r}")
+
+    def supports(self, qdtype, block_size, shape, zero_point_domain):
+        if qdtype.kind is not QKind.INT:
+            return f"PackedIntxLayout stores integer codes, not {qdtype.name}"
+        if qdtype.bits >= 8:
+            return f"PackedIntxLayout packs 1..7-bit codes; {qdtype.name} fills whole bytes: use PlainLayout"
+        if len(shape) != 2:
+            return f"PackedIntxLayout stores 2-d (out_features, in_features) weights, got shape {tuple(shape)}"
+        if self.ternary and (qdtype != int2 or ZeroPointDomain(zero_point_domain) is not ZeroPointDomain.NONE):
+            return (f"PackedIntxLayout(ternary=True) stores symmetric int2 codes in {{-1, 0, 1}}, got {qdtype.name} "
+                    f"with zero point domain {ZeroPointDomain(zero_point_domain).value}; use ternary=False")
+        return None
+
+    def slice_multiple(self, qdtype, block_size, shape, dim):
+        if dim == 0:
+            return super().slice_multiple(qdtype, block_size, shape, dim)
+        # Cut at whole bytes: the smallest code count whose bits fill whole bytes (ternary: 8-code planes).
+        unit = 8 if self.ternary else 8 // math.gcd(qdtype.bits, 8)
+        return unit if block_size[1] == shape[1] else math.lcm(unit, block_size[1])
+
+    def row_bytes(self, qdtype, k: int) -> int:
+        """Bytes one row of ``k`` codes takes."""
+        return 2 * -(-k // 8) if self.ternary else -(-k * qdtype.bits // 8)
+
+    def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
+        codes = parts.qdata
+        if self.ternary:
+            bad = int((codes == -2).sum())
+            if bad:
+                raise ValueError(
+                    f"PackedIntxLayout(ternary=True): {bad} of {codes.numel()} int2 codes are -2, which ternary packing "
+                    f"can't store. Quantize ternary weights (blocks of {{-a, 0, a}}) with "
+                    f"MappingType.SYMMETRIC_NO_CLIPPING_ERR, or use PackedIntxLayout() for general int2 codes.")
+            qdata = _pack_ternary(codes)
+        else:
+            fields = (codes.to(torch.int16) - int(qdtype.qmin)).to(torch.uint8)
+            qdata = _pack_bits(fields, qdtype.bits)
+        return {"qdata": qdata, "scale": parts.scale, "zero_point": parts.zero_point}
+
+    def unpack(self, aqt) -> PlainParts:
+        k = aqt.logical_shape[1]
+        if self.ternary:
+            codes = _unpack_ternary(aqt.qdata, k)
+        else:
+            fields = _unpack_bits(aqt.qdata, aqt.qdtype.bits, k)
+            codes = (fields.to(torch.int16) + int(aqt.qdtype.qmin)).to(aqt.qdtype.storage_dtype)
+        return PlainParts(codes, aqt.scale, aqt.zero_point)
+
+    @staticmethod
+    def linear_paths() -> list[dict]:
+        """What serves F.linear for a packed intx weight (read by torchqkit.kernels.status())."""
+        return [{"linear": "1..7-bit int weight (weight-only or int8 dynamic act), incl. ternary", "path": "reference",
+                 "why": "dequantize + F.linear: no packed-intx kernel yet (CPU kernels: issue #4)"}]
+
+
+# ------------------------------------------------------------------------------------------------
+# bit packing, see Note [Packed intx bits] and Note [Ternary bit planes]
+# ------------------------------------------------------------------------------------------------
+
+def _pack_bits(fields: torch.Tensor, bits: int) -> torch.Tensor:
+    """(N, K) uint8 fields < 2**bits -> (N, ceil(K * bits / 8)) uint8."""
+    n, k = fields.shape
+    k8 = -(-k // 8) * 8
+    x = F.pad(fields.to(torch.int64), (0, k8 - k)).reshape(n, k8 // 8, 8)
+    dev = fields.device
+    words = (x << torch.arange(0, 8 * bits, bits, device=dev)).sum(-1)  # 8 fields = 8 * bits <= 56 bits
+    out = (words.unsqueeze(-1) >> torch.arange(0, 8 * bits, 8, device=dev)) & 0xFF
+    return out.reshape(n, k8 // 8 * bits)[:, : -(-k * bits // 8)].to(torch.uint8)
+
+
+def _unpack_bits(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
+    """Inverse of _pack_bits: (N, ceil(K * bits / 8)) uint8 -> (N, K) uint8 fields."""
+    n = packed.shape[0]
+    k8 = -(-k // 8) * 8
+    x = F.pad(packed.to(torch.int64), (0, k8 // 8 * bits - packed.shape[1])).reshape(n, k8 // 8, bits)
+    dev = packed.device
+    words = (x << torch.arange(0, 8 * bits, 8, device=dev)).sum(-1)
+    out = (words.unsqueeze(-1) >> torch.arange(0, 8 * bits, bits, device=dev)) & ((1 << bits) - 1)
+    return out.reshape(n, k8)[:, :k].to(torch.uint8)
+
+
+def _pack_ternary(codes: torch.Tensor) -> torch.Tensor:
+    """(N, K) int8 codes in {-1, 0, 1} -> (N, 2 * ceil(K / 8)) uint8: per 8 codes a nonzero and a negative byte."""
+    n, k = codes.shape
+    k8 = -(-k // 8) * 8
+    planes = torch.stack([codes != 0, codes < 0], dim=-1).to(torch.int64)  # (N, K, 2)
+    planes = F.pad(planes, (0, 0, 0, k8 - k)).reshape(n, k8 // 8, 8, 2)
+    weights = (1 << torch.arange(8, device=codes.device)).reshape(8, 1)
+    return (planes * weights).sum(-2).reshape(n, k8 // 4).to(torch.uint8)
+
+
+def _unpack_ternary(packed: torch.Tensor, k: int) -> torch.Tensor:
+    n = packed.shape[0]
+    planes = packed.to(torch.int64).reshape(n, -1, 1, 2) >> torch.arange(8, device=packed.device).reshape(8, 1)
+    planes = planes & 1  # (N, K8 / 8, 8, 2)
+    codes = planes[..., 0] * (1 - 2 * planes[..., 1])
+    return codes.reshape(n, -1)[:, :k].to(torch.int8)
+
+
+# ------------------------------------------------------------------------------------------------
+# ops
+# ------------------------------------------------------------------------------------------------
+
+@PackedIntxLayout.ops.implements(F.linear)
+def _linear(w, x, bias):
+    return reference_linear(w, x, bias)
+
+
+@PackedIntxLayout.ops.implements(aten.slice.Tensor)
+def _slice(func, args, kwargs):
+    """Rows along out_features; whole bytes (and blocks) along in_features: always a view."""
+    self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
+    cut = block_slice(self, dim, start, end, step)
+    begin, length = cut.codes
+    layout, qdtype = self.qlayout, self.qdtype
+    if cut.dim == 0:
+        qdata = self.qdata.narrow(0, begin, length)
+    else:
+        first = layout.row_bytes(qdtype, begin)  # begin cuts at a whole byte (slice_multiple)
+        qdata = self.qdata.narrow(1, first, layout.row_bytes(qdtype, begin + length) - first)
+    tensors = {"qdata": qdata}
+    for name in ("scale", "zero_point"):
+        t = getattr(self, name)
+        tensors[name] = None if t is None else t.narrow(cut.dim, *cut.blocks)
+    out = self.with_changes(tensors, logical_shape=cut.logical_shape, block_size=cut.block_size)
+    return return_and_correct_aliasing(func, args, kwargs, out)

@@ -1,0 +1,207 @@
+"""TensorCoreTiledLayout: int4 weights in tiles a tensor-core kernel and a SIMD CPU kernel both stream.
+
+Stores uint4 codes with one scale and one float-domain zero point per group of g = 32 / 64 / 128 / 256
+weights along in_features (what Int4WeightOnlyConfig produces): w = (q - 8) * scale + zero.
+See Note [Tensor-core tiled int4] for the exact bit arrangement. Tensors (T = inner_k_tiles):
+  qdata:          int32 [N8 / 8][Kt / (16 T)][32][T / 2]
+  scale_and_zero: [Kt / g][N8][2], the weight's dtype; [..., 0] = scale, [..., 1] = zero point
+where N8 = out_features rounded up to 8 and Kt = in_features rounded up to lcm(g, 16 T). The padding
+holds code 8, scale 1, zero 0 (the value 0.0); ``unpack`` / ``dequantize`` / ``shape`` never show it.
+
+Linear runs the reference path (dequantize + F.linear) until the tiled int4 kernels land
+(issue #4 for CPU, issue #5 for CUDA / Triton); ``linear_paths`` reports that.
+
+Note [Tensor-core tiled int4]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Codes are grouped into n-tiles of 8 output rows (the n8 of mma.m16n8k16) and k-chunks of T k16-tiles:
+
+  qdata[i][j][l][w]      i: n-tile, rows n = 8 i + r          (r = l // 4, 0..7)
+                         j: k-chunk, k in [16 T j, 16 T (j + 1))
+                         l: lane = 4 r + c                    (c = l % 4, 0..3; a warp's thread id)
+                         w: word, holds k16-tiles t = 2 w and 2 w + 1 of the chunk
+
+Lane l owns exactly its mma B fragment of every k16-tile t: row n = 8 i + r and the four
+k = 16 T j + 16 t + 2 c + {0, 1, 8, 9}. Nibble p of a word is bits [4 p, 4 p + 4) of the int32 value;
+with p = 4 e + 2 u + h it holds tile t = 2 w + u, k offset 2 c + 8 h + e:
+
+  bits      31..28  27..24  23..20  19..16  15..12  11..8   7..4    3..0
+  nibble    7       6       5       4       3       2       1       0
+  tile t    2w+1    2w+1    2w      2w      2w+1    2w+1    2w      2w
+  k - 16t   2c+9    2c+1    2c+9    2c+1    2c+8    2c+0    2c+8    2c+0
+            |<-------- e = 1 (k odd) ------>|  |<-------- e = 0 (k even) ----->|
+
+Why this order: ``(word >> 4 s) & 0x000F000F`` (s = 0..3) puts nibbles s and s + 4 into the two 16-bit
+halves of a register: s = 0 gives (b0, b1) of tile 2 w, s = 1 its (b2, b3), s = 2, 3 the same for tile
+2 w + 1, i.e. one AND / OR (with the fp16 / bf16 magic exponent) per mma operand register, no shuffles.
+A GPU thread loads its T / 2 words of a chunk with one vector load.
+
+For a CPU kernel: the codes of one row n in chunk j are the 2 T consecutive words of lanes 4 r .. 4 r + 3
+(8 T bytes), covering every k of the chunk in a fixed permutation that is the same for every row and
+chunk. The kernel permutes its activation chunk once and then streams each row's bytes linearly; the
+8 rows of an n-tile are 64 T contiguous bytes, so a SIMD kernel computes 8 outputs per pass.
+
+scale_and_zero is group-major: walking K, a kernel reads one contiguous row of N8 (scale, zero) pairs
+per group (the shape torch's _weight_int4pack_mm family takes).
+
+Device independence: the words are defined by their integer values (bit 0 least significant) and are
+built by the same torch ops everywhere, so CPU and CUDA hold identical bytes (both little-endian). Unlike
+torch's _convert_weight_to_int4pack_for_cpu, nothing depends on the CPU's ISA.
+
+Bytes: N8 * Kt / 2 (codes) + (Kt / g) * N8 * 2 * sizeof(dtype) (scale and zero point).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import return_and_correct_aliasing
+
+from ..core.primitives import ZeroPointDomain
+from ..core.qdtype import uint4
+from ..tensor.dispatch import fill_defaults
+from ..tensor.reference import reference_linear
+from .base import Layout, PlainParts, register_layout
+from .slicing import block_slice
+
+aten = torch.ops.aten
+
+GROUP_SIZES = (32, 64, 128, 256)
+INNER_K_TILES = (2, 4, 8)
+N_TILE = 8          # rows per n-tile (mma n8)
+K_TILE = 16         # k per mma k16-tile
+PAD_CODE = 8        # the uint4 midpoint: (8 - 8) * 1 + 0 = 0.0
+
+
+@register_layout("tensor_core_tiled")
+@dataclass(frozen=True)
+class TensorCoreTiledLayout(Layout):
+    """int4 in mma-fragment tiles, see Note [Tensor-core tiled int4]. ``inner_k_tiles`` (2, 4 or 8) is how
+    many k16-tiles one lane's words cover per chunk: more means longer vector loads, more K padding."""
+    inner_k_tiles: int = 8
+    tensor_names = ("qdata", "scale_and_zero")
+
+    def __post_init__(self):
+        if self.inner_k_tiles not in INNER_K_TILES:
+            raise ValueError(f"TensorCoreTiledLayout: inner_k_tiles must be one of {INNER_K_TILES}, "
+                             f"got {self.inner_k_tiles!r}")
+
+    @property
+    def k_chunk(self) -> int:
+        return K_TILE * self.inner_k_tiles
+
+    def supports(self, qdtype, block_size, shape, zero_point_domain):
+        if qdtype != uint4:
+            return (f"TensorCoreTiledLayout stores uint4 codes (Int4WeightOnlyConfig), not {qdtype.name}; "
+                    f"use PackedIntxLayout or PlainLayout for other integer formats")
+        if len(shape) != 2:
+            return f"TensorCoreTiledLayout stores 2-d (out_features, in_features) weights, got shape {tuple(shape)}"
+        if ZeroPointDomain(zero_point_domain) is not ZeroPointDomain.FLOAT:
+            return (f"TensorCoreTiledLayout needs the zero point in the float domain (ZeroPointDomain.FLOAT, "
+                    f"as Int4WeightOnlyConfig uses), got {ZeroPointDomain(zero_point_domain).value}")
+        if block_size[0] != 1 or block_size[1] not in GROUP_SIZES:
+            return (f"TensorCoreTiledLayout needs groups of {GROUP_SIZES} along in_features (block_size (1, g)), "
+                    f"got block_size {tuple(block_size)}")
+        return None
+
+    def slice_multiple(self, qdtype, block_size, shape, dim):
+        # Whole n-tiles along out_features; whole groups and whole k-chunks along in_features.
+        return N_TILE if dim == 0 else math.lcm(block_size[1], self.k_chunk)
+
+    def padded_shape(self, shape, group_size: int) -> tuple[int, int]:
+        """(N8, Kt): the stored shape of a logical (out_features, in_features) weight."""
+        n, k = shape
+        return _round_up(n, N_TILE), _round_up(k, math.lcm(group_size, self.k_chunk))
+
+    def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
+        codes, scale, zero = parts
+        if zero is None or zero.dtype != scale.dtype or not scale.dtype.is_floating_point:
+            got = "none" if zero is None else zero.dtype
+            raise ValueError(f"TensorCoreTiledLayout packs scale and zero point together in one float dtype; got "
+                             f"scale {scale.dtype} and zero point {got}. Quantize with ZeroPointDomain.FLOAT.")
+        n, k = codes.shape
+        g = block_size[1]
+        n8, kt = self.padded_shape((n, k), g)
+        padded = torch.full((n8, kt), PAD_CODE, dtype=torch.uint8, device=codes.device)
+        padded[:n, :k] = codes
+        scale_and_zero = torch.zeros((kt // g, n8, 2), dtype=scale.dtype, device=scale.device)
+        scale_and_zero[..., 0] = 1
+        scale_and_zero[: k // g, :n, 0] = scale.t()
+        scale_and_zero[: k // g, :n, 1] = zero.t()
+        return {"qdata": _tile(padded, self.inner_k_tiles), "scale_and_zero": scale_and_zero}
+
+    def unpack(self, aqt) -> PlainParts:
+        n, k = aqt.logical_shape
+        g = aqt.block_size[1]
+        codes = _untile(aqt.qdata, self.inner_k_tiles)[:n, :k]
+        sz = aqt.scale_and_zero[: k // g, :n]
+        return PlainParts(codes, sz[..., 0].t().contiguous(), sz[..., 1].t().contiguous())
+
+    @staticmethod
+    def linear_paths() -> list[dict]:
+        """What serves F.linear for a tiled int4 weight (read by torchqkit.kernels.status())."""
+        return [{"linear": "int4 weight-only (uint4, group-wise float zero point)", "path": "reference",
+                 "why": "dequantize + F.linear: no tiled int4 kernel yet (CPU: issue #4, CUDA/Triton: issue #5)"}]
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+# ------------------------------------------------------------------------------------------------
+# tiling, see Note [Tensor-core tiled int4]
+# ------------------------------------------------------------------------------------------------
+# Dims of the codes (N8, Kt) split as
+#   (i, r, j, w, u, h, c, e):  n = 8 i + r,  k = 16 T j + 16 (2 w + u) + 8 h + 2 c + e
+# and of the words as (i, j, r, c, w, e, u, h): lane l = 4 r + c, nibble p = 4 e + 2 u + h.
+_TO_WORDS = (0, 2, 1, 6, 3, 7, 4, 5)
+_FROM_WORDS = (0, 2, 1, 4, 6, 7, 3, 5)
+
+
+def _tile(codes: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
+    n8, kt = codes.shape
+    nt, nc, nw = n8 // N_TILE, kt // (K_TILE * inner_k_tiles), inner_k_tiles // 2
+    nibbles = codes.reshape(nt, N_TILE, nc, nw, 2, 2, 4, 2).permute(_TO_WORDS).reshape(nt, nc, 32, nw, 8)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=codes.device)
+    words = (nibbles.to(torch.int64) << shifts).sum(-1)  # disjoint nibbles: sum == or
+    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+
+
+def _untile(words: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
+    nt, nc, _, nw = words.shape
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=words.device)
+    nibbles = (words.to(torch.int64).unsqueeze(-1) >> shifts) & 0xF  # arithmetic shift: the mask drops the sign
+    nibbles = nibbles.reshape(nt, nc, N_TILE, 4, nw, 2, 2, 2).permute(_FROM_WORDS)
+    return nibbles.reshape(nt * N_TILE, nc * K_TILE * inner_k_tiles).to(torch.uint8)
+
+
+# ------------------------------------------------------------------------------------------------
+# ops
+# ------------------------------------------------------------------------------------------------
+
+@TensorCoreTiledLayout.ops.implements(F.linear)
+def _linear(w, x, bias):
+    return reference_linear(w, x, bias)
+
+
+@TensorCoreTiledLayout.ops.implements(aten.slice.Tensor)
+def _slice(func, args, kwargs):
+    """Whole n-tiles along out_features, whole k-chunks (and groups) along in_features: always a view."""
+    self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
+    cut = block_slice(self, dim, start, end, step)
+    begin, length = cut.codes
+    to_end = begin + length == self.logical_shape[cut.dim]  # keep the padded tail tile
+    qdata, sz = self.qdata, self.scale_and_zero
+    if cut.dim == 0:
+        t0 = begin // N_TILE
+        t1 = qdata.shape[0] if to_end else (begin + length) // N_TILE
+        qdata, sz = qdata[t0:t1], sz[:, t0 * N_TILE: t1 * N_TILE]
+    else:
+        chunk, g = self.qlayout.k_chunk, self.block_size[1]
+        c0 = begin // chunk
+        c1 = qdata.shape[1] if to_end else (begin + length) // chunk
+        qdata, sz = qdata[:, c0:c1], sz[c0 * chunk // g: c1 * chunk // g]
+    out = self.with_changes({"qdata": qdata, "scale_and_zero": sz}, logical_shape=cut.logical_shape,
+                            block_size=cut.block_size)
+    return return_and_correct_aliasing(func, args, kwargs, out)
