@@ -22,12 +22,14 @@ A kernel loads b bytes (one 64-bit word) per 8 codes and extracts field j as (wo
 
 Note [Ternary bit planes]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
-``ternary=True`` stores int2 codes that are all in {-1, 0, 1} (e.g. BitNet b1.58-style weights whose
-blocks hold {-a, 0, a}, quantized with MappingType.SYMMETRIC_NO_CLIPPING_ERR) as two bit planes per 8
-codes: for codes 8 m .. 8 m + 7 of a row, byte 2 m holds the "nonzero" bits and byte 2 m + 1 the
-"negative" bits, bit j for code 8 m + j; q = nonzero * (1 - 2 * negative). Still 2 bits per weight, but
+``ternary=True`` stores int2 codes that are all in {-1, 0, 1} as two bit planes per 8 codes. int2 with
+MappingType.SYMMETRIC_NO_CLIPPING_ERR and absmax calibration (the default) gives exactly such codes
+(scale = block absmax), and weights whose blocks hold {-a, 0, a} (BitNet b1.58-style) round-trip exactly.
+For codes 8 m .. 8 m + 7 of a row, byte 2 m holds the "nonzero" bits and byte 2 m + 1 the "negative"
+bits, bit j for code 8 m + j; q = nonzero * (1 - 2 * negative). Example: codes [1, -1, 0, 0, 1, 1, -1, 0]
+-> bytes [0b01110011, 0b01000010]. Still 2 bits per weight, but
 a kernel needs no multiplies: the planes are masks that add or subtract activations directly
-(AVX-512 mask registers, ``__vsub4`` / predicated adds on GPU). A "negative" bit without "nonzero"
+(AVX-512 mask registers on CPU, predicated adds on GPU). A "negative" bit without "nonzero"
 never occurs (it would read as 0). Packing refuses a -2 code with an error naming the fix.
 """
 from __future__ import annotations
@@ -91,8 +93,8 @@ class PackedIntxLayout(Layout):
             if bad:
                 raise ValueError(
                     f"PackedIntxLayout(ternary=True): {bad} of {codes.numel()} int2 codes are -2, which ternary packing "
-                    f"can't store. Quantize ternary weights (blocks of {{-a, 0, a}}) with "
-                    f"MappingType.SYMMETRIC_NO_CLIPPING_ERR, or use PackedIntxLayout() for general int2 codes.")
+                    f"can't store. Quantize with MappingType.SYMMETRIC_NO_CLIPPING_ERR and absmax calibration "
+                    f"(codes in {{-1, 0, 1}}), or use PackedIntxLayout() for general int2 codes.")
             qdata = _pack_ternary(codes)
         else:
             fields = (codes.to(torch.int16) - int(qdtype.qmin)).to(torch.uint8)

@@ -6,9 +6,12 @@ sub-byte codes waste bits) and float8 (torch's float8 dtypes). Tensors:
   scale:      (N // block_size[0], K // block_size[1]), the scale dtype chosen at quantization
   zero_point: same shape as scale or None (ZeroPointDomain.NONE)
 
-Linear: weight-only and any layout with KernelPreference.REFERENCE run the reference (dequantize +
-F.linear). With int8 dynamic activations and per-row symmetric int weights it runs ``torch._int_mm``;
-with float8 activations and per-tensor / per-row float8 weights it runs ``torch._scaled_mm``.
+Linear (KernelPreference.AUTO): symmetric signed int codes stored as int8 (int8, or int2..int7 kept in
+int8), per-row or group-wise, run the custom op ``torchqkit::linear_int8wo_plain``; with int8 dynamic
+per-token activations (symmetric or asymmetric) and per-row weights, ``torchqkit::linear_int8da_int8_plain``
+(C++ CPU kernels, pure-torch reference elsewhere; ``torchqkit.kernels.status()`` names the backend). Float8
+per-tensor / per-row runs ``torch._scaled_mm``. Everything else, and KernelPreference.REFERENCE, runs the
+reference (dequantize, fake-quantize the activation, F.linear).
 """
 from __future__ import annotations
 
@@ -18,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from ..core.primitives import ZeroPointDomain
+from ..core.primitives import MappingType, ZeroPointDomain
 from ..core.qdtype import QKind
+from ..kernels import cpu_backend
 from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import flatten_tokens, reference_linear
@@ -52,17 +56,23 @@ class PlainLayout(Layout):
     @staticmethod
     def linear_paths() -> list[dict]:
         """What serves F.linear for each kind of plain weight (read by torchqkit.kernels.status())."""
+        wo, wo_why = cpu_backend(_WEIGHT_ONLY_OP)
+        da, da_why = cpu_backend(_DYNAMIC_INT8_OP)
         return [
-            {"linear": "weight-only (any int / float8 qdtype)", "path": "reference",
-             "why": "dequantize + F.linear: no fused plain-layout kernel yet (CPU kernels: issue #4)"},
-            {"linear": "int8 dynamic act x per-row symmetric int weight", "path": "aten._int_mm",
-             "why": "exact int32 accumulation, scales applied after"},
+            {"linear": "weight-only symmetric int codes in int8, per-row or group-wise",
+             "path": f"{_WEIGHT_ONLY_OP} ({wo})", "why": wo_why},
+            {"linear": "weight-only, other (zero point, uint8 storage, float8)", "path": "reference",
+             "why": "dequantize + F.linear: no fused kernel for these yet"},
+            {"linear": "int8 dynamic act (per token, symmetric / asymmetric) x per-row symmetric int8 weight",
+             "path": f"{_DYNAMIC_INT8_OP} ({da})", "why": da_why},
+            {"linear": "int8 dynamic act with symmetric_no_clipping_err mapping x per-row symmetric weight",
+             "path": "aten._int_mm", "why": "the custom op implements the symmetric and asymmetric mappings only"},
             {"linear": "int8 dynamic act x group-wise or zero-point int weight", "path": "reference",
-             "why": "_int_mm can't apply per-group scales inside K; fake-quantized activation + dequantized weight"},
+             "why": "no kernel applies per-group scales inside K; fake-quantized activation + dequantized weight"},
             {"linear": "float8 act x per-tensor / per-row float8 weight", "path": "aten._scaled_mm",
              "why": "torch's CPU _scaled_mm is itself a slow reference implementation"},
-            {"linear": "any, KernelPreference.REFERENCE", "path": "reference",
-             "why": "chosen explicitly"},
+            {"linear": "any, KernelPreference.REFERENCE, or activations not float32/bfloat16/float16", "path": "reference",
+             "why": "chosen explicitly / no kernel for that activation dtype"},
         ]
 
 
@@ -70,14 +80,28 @@ class PlainLayout(Layout):
 # linear
 # ------------------------------------------------------------------------------------------------
 
+_WEIGHT_ONLY_OP = "torchqkit::linear_int8wo_plain"
+_DYNAMIC_INT8_OP = "torchqkit::linear_int8da_int8_plain"
+_KERNEL_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _symmetric_int8_codes(w) -> bool:
+    return (w.qdtype.kind is QKind.INT and w.qdtype.signed and w.qdata.dtype == torch.int8
+            and w.zero_point_domain is ZeroPointDomain.NONE and w.block_size[0] == 1)
+
+
 def linear_path(w) -> str:
     """Name of the path that serves ``F.linear`` for this weight (also reported by kernels.status())."""
     spec = w.act_quant
-    if spec is None or w.kernel_preference is KernelPreference.REFERENCE:
+    if w.kernel_preference is KernelPreference.REFERENCE:
         return "reference"
+    if spec is None:
+        return _WEIGHT_ONLY_OP if _symmetric_int8_codes(w) else "reference"
     per_row = w.block_size == (1, w.logical_shape[1])
     if (spec.qdtype.kind is QKind.INT and w.qdtype.kind is QKind.INT and w.qdtype.signed
             and w.zero_point_domain is ZeroPointDomain.NONE and per_row):
+        if _symmetric_int8_codes(w) and spec.mapping in (MappingType.SYMMETRIC, MappingType.ASYMMETRIC):
+            return _DYNAMIC_INT8_OP
         return "aten._int_mm"
     if scaled_mm_applies(w):
         return "aten._scaled_mm"
@@ -87,11 +111,22 @@ def linear_path(w) -> str:
 @PlainLayout.ops.implements(F.linear)
 def _linear(w, x, bias):
     path = linear_path(w)
+    if path in (_WEIGHT_ONLY_OP, _DYNAMIC_INT8_OP) and x.dtype not in _KERNEL_ACT_DTYPES:
+        path = "reference"
+    if path == _WEIGHT_ONLY_OP:
+        return torch.ops.torchqkit.linear_int8wo_plain(x, w.qdata, w.scale, bias)
+    if path == _DYNAMIC_INT8_OP:
+        return torch.ops.torchqkit.linear_int8da_int8_plain(x, w.qdata, w.scale, bias,
+                                                            spec_symmetric(w.act_quant))
     if path == "aten._int_mm":
         return _int8_dynamic_linear(w, x, bias)
     if path == "aten._scaled_mm":
         return scaled_mm_linear(w, x, bias)
     return reference_linear(w, x, bias)
+
+
+def spec_symmetric(spec) -> bool:
+    return spec.mapping is MappingType.SYMMETRIC
 
 
 def _int8_dynamic_linear(w, x, bias):
