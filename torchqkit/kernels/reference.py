@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from ..core.primitives import MappingType, ZeroPointDomain, choose_qparams_affine, dequantize_affine, quantize_affine
 from ..core.qdtype import int8
+from .schemas import OPS  # the ops must exist before kernels are registered for them
 
 __all__ = ["linear_int8wo_plain_ref", "linear_int8da_int8_plain_ref"]
 
@@ -47,3 +48,30 @@ def linear_int8da_int8_plain_ref(x, qdata, scale, bias=None, act_symmetric=True)
 for _name, _fn in (("torchqkit::linear_int8wo_plain", linear_int8wo_plain_ref),
                    ("torchqkit::linear_int8da_int8_plain", linear_int8da_int8_plain_ref)):
     torch.library.impl(_name, "CompositeExplicitAutograd", _fn)
+
+
+# ------------------------------------------------------------------------------------------------
+# autograd (both ops): d/dx through the dequantized weight; the dynamic op treats its activation
+# rounding as the identity (straight-through), as quantization-aware training does. No weight gradient.
+# ------------------------------------------------------------------------------------------------
+
+def _setup_context(ctx, inputs, output):
+    x, qdata, scale, bias = inputs[:4]
+    ctx.save_for_backward(qdata, scale)
+    ctx.x_dtype, ctx.bias_dtype = x.dtype, None if bias is None else bias.dtype
+
+
+def _backward(ctx, grad):
+    qdata, scale = ctx.saved_tensors
+    k = qdata.shape[1]
+    w = dequantize_affine(qdata, int8, (1, k // scale.reshape(qdata.shape[0], -1).shape[1]),
+                          scale.reshape(qdata.shape[0], -1), output_dtype=torch.float32, name="weight")
+    grad_x = (grad.float() @ w).to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
+    grad_bias = None
+    if ctx.bias_dtype is not None and ctx.needs_input_grad[3]:
+        grad_bias = grad.reshape(-1, grad.shape[-1]).float().sum(0).to(ctx.bias_dtype)
+    return (grad_x, None, None, grad_bias) + (None,) * (len(ctx.needs_input_grad) - 4)
+
+
+for _name in OPS:
+    torch.library.register_autograd(_name, _backward, setup_context=_setup_context)

@@ -116,17 +116,13 @@ def _linear(w, x, bias):
     if path == _WEIGHT_ONLY_OP:
         return torch.ops.torchqkit.linear_int8wo_plain(x, w.qdata, w.scale, bias)
     if path == _DYNAMIC_INT8_OP:
-        return torch.ops.torchqkit.linear_int8da_int8_plain(x, w.qdata, w.scale, bias,
-                                                            spec_symmetric(w.act_quant))
+        symmetric = w.act_quant.mapping is MappingType.SYMMETRIC
+        return torch.ops.torchqkit.linear_int8da_int8_plain(x, w.qdata, w.scale, bias, symmetric)
     if path == "aten._int_mm":
         return _int8_dynamic_linear(w, x, bias)
     if path == "aten._scaled_mm":
         return scaled_mm_linear(w, x, bias)
     return reference_linear(w, x, bias)
-
-
-def spec_symmetric(spec) -> bool:
-    return spec.mapping is MappingType.SYMMETRIC
 
 
 def _int8_dynamic_linear(w, x, bias):
