@@ -1,0 +1,284 @@
+"""torchqkit::linear_int8wo_plain and torchqkit::linear_int8da_int8_plain: opcheck, C++ kernels against the
+pure-torch reference under every ISA level this CPU runs, unaligned data, layout routing, torch.compile."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._inductor.utils import run_and_get_code
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torchqkit as qk
+from torchqkit import kernels
+from torchqkit.core import qdtypes as Q
+from torchqkit.kernels.reference import linear_int8da_int8_plain_ref, linear_int8wo_plain_ref
+
+WO = torch.ops.torchqkit.linear_int8wo_plain
+DA = torch.ops.torchqkit.linear_int8da_int8_plain
+_LEVELS = ["scalar", "avx2", "avx512_vnni"]
+
+
+def _cpu_levels() -> list[str]:
+    if not kernels.CPU_EXTENSION_LOADED:
+        return []
+    env = os.environ.pop("TORCHQKIT_CPU_ISA", None)
+    try:
+        best = torch.ops.torchqkit_cpu.isa()
+    finally:
+        if env is not None:
+            os.environ["TORCHQKIT_CPU_ISA"] = env
+    return _LEVELS[: _LEVELS.index(best) + 1]
+
+
+LEVELS = _cpu_levels()
+needs_ext = pytest.mark.skipif(not LEVELS, reason=f"no C++ CPU kernels: {kernels.CPU_EXTENSION_REASON}")
+isa_param = pytest.mark.parametrize("isa", LEVELS or ["none"])
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _weight(n, k, groups, seed=0):
+    g = _gen(seed)
+    q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    return q, torch.rand(n, groups, generator=g) * 0.02 + 0.001, torch.randn(n, generator=g)
+
+
+def _act(m, k, dtype, seed=1):
+    return (torch.randn(m, k, generator=_gen(seed)) * 3).to(dtype)
+
+
+def _assert_rel(out, ref, tol, what=""):
+    """max |out - ref| <= tol * max |ref|: one error budget relative to the output's magnitude."""
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    err = (out.float() - ref.float()).abs().max().item()
+    bound = tol * max(ref.float().abs().max().item(), 1e-30)
+    assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g} (tol {tol:g} x max |ref|)"
+
+
+# Kernel vs reference on the same codes: both accumulate in float32 (the dynamic op in exact int32), so
+# they differ only by summation order (fp32: ~K * 2^-24 relative, budget 1e-5) or, for half outputs, by
+# one rounding of nearly equal fp32 values to the output dtype (one ulp: 2^-8 bf16, 2^-11 fp16).
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+# (M, K, N, groups): M = 1, 3, 17 (odd; 17 also takes the panel path), 40 (panel path, M % 6 tile != 0);
+# K = 1 (smallest legal for per-channel), 16 (smallest group-of-16), K not a multiple of any SIMD width,
+# K > one k-block (256 fp32 / 1024 int8) with a tail; N = 1 and N not a multiple of 16 / 32.
+WO_CASES = [
+    (1, 1, 1, 1), (3, 1, 37, 1), (1, 100, 37, 1), (3, 100, 47, 4), (17, 16, 33, 1), (17, 96, 65, 12),
+    (17, 96, 65, 6), (40, 300, 97, 1), (40, 512, 70, 16), (1, 1030, 37, 1), (8, 520, 129, 65),
+]
+DA_CASES = [(1, 1, 1), (3, 1, 37), (1, 100, 37), (3, 100, 47), (17, 64, 33), (17, 1030, 65), (40, 300, 97),
+            (8, 2100, 40)]
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", WO_CASES, ids=str)
+def test_weight_only_matches_reference(monkeypatch, isa, dtype, case):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    m, k, n, groups = case
+    q, s, b = _weight(n, k, groups)
+    x = _act(m, k, dtype)
+    _assert_rel(WO(x, q, s, b.to(dtype)), linear_int8wo_plain_ref(x, q, s, b.to(dtype)), TOL[dtype], f"{isa} {case}")
+    _assert_rel(WO(x, q, s, None), linear_int8wo_plain_ref(x, q, s, None), TOL[dtype], f"{isa} {case} no bias")
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", DA_CASES, ids=str)
+def test_dynamic_int8_matches_reference(monkeypatch, isa, symmetric, dtype, case):
+    # Activation codes are identical (same fp32 division and round-half-even), so only the epilogue differs.
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    m, k, n = case
+    q, s, b = _weight(n, k, 1)
+    x = _act(m, k, dtype)
+    if not symmetric:
+        x = x + 1.5  # a skewed range, so the zero point is far from the middle
+    out, ref = DA(x, q, s, b, symmetric), linear_int8da_int8_plain_ref(x, q, s, b, symmetric)
+    _assert_rel(out, ref, TOL[dtype], f"{isa} {case}")
+
+
+@needs_ext
+@isa_param
+def test_constant_and_zero_rows(monkeypatch, isa):
+    # Zero rows take scale 1 (never inf / nan); constant rows exercise the asymmetric zero point clamp.
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    q, s, b = _weight(19, 70, 1)
+    x = torch.stack([torch.zeros(70), torch.full((70,), 2.5), torch.full((70,), -1.0), torch.randn(70)])
+    for sym in (True, False):
+        _assert_rel(DA(x, q, s, b, sym), linear_int8da_int8_plain_ref(x, q, s, b, sym), 1e-5, f"sym={sym}")
+
+
+def _unaligned(t: torch.Tensor, offset_bytes: int) -> torch.Tensor:
+    """A copy of t whose data starts `offset_bytes` past a 64-byte boundary (as safetensors can return)."""
+    nbytes = t.numel() * t.element_size()
+    buf = torch.empty(nbytes + 64 + offset_bytes, dtype=torch.uint8)
+    start = (-buf.data_ptr()) % 64 + offset_bytes
+    out = buf[start:start + nbytes].view(t.dtype).view(t.shape)
+    out.copy_(t)
+    return out
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("m", [1, 40])
+def test_unaligned_inputs(monkeypatch, isa, m):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    q, s, b = _weight(37, 300, 1)
+    x = _act(m, 300, torch.float32)
+    qu, xu, su = _unaligned(q, 1), _unaligned(x, 4), _unaligned(s, 4)
+    assert qu.data_ptr() % 16 == 1 and xu.data_ptr() % 16 == 4
+    _assert_rel(WO(xu, qu, su, b), linear_int8wo_plain_ref(x, q, s, b), 1e-5, "weight-only")
+    _assert_rel(DA(xu, qu, su, b, True), linear_int8da_int8_plain_ref(x, q, s, b, True), 1e-5, "dynamic int8")
+
+
+@needs_ext
+def test_row_strided_weight_view():
+    # A narrowed (N, K) view keeps its row stride; the kernel reads it in place.
+    q, s, b = _weight(40, 128, 1)
+    view = q[:, 32:96]
+    x = _act(5, 64, torch.float32)
+    _assert_rel(WO(x, view, s, b), linear_int8wo_plain_ref(x, view.contiguous(), s, b), 1e-5)
+    _assert_rel(DA(x, view, s, b, False), linear_int8da_int8_plain_ref(x, view.contiguous(), s, b, False), 1e-5)
+
+
+def test_empty_batch():
+    q, s, b = _weight(8, 32, 1)
+    x = torch.empty(0, 32)
+    assert WO(x, q, s, b).shape == (0, 8) and DA(x, q, s, b, True).shape == (0, 8)
+
+
+@pytest.mark.parametrize("op,extra", [(WO, ()), (DA, (True,)), (DA, (False,))], ids=["wo", "da_sym", "da_asym"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_opcheck(op, extra, dtype):
+    q, s, b = _weight(24, 64, 1 if op is DA else 4)
+    x = _act(3, 64, dtype).reshape(1, 3, 64)
+    torch.library.opcheck(op, (x, q, s, b.to(dtype), *extra))
+    torch.library.opcheck(op, (x.requires_grad_(), q, s, None, *extra))
+
+
+@needs_ext
+@pytest.mark.parametrize("op", kernels.schemas.OPS)
+def test_cpu_kernel_registered_and_reported(monkeypatch, op):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CompositeExplicitAutograd")
+    assert kernels.cpu_backend(op)[0] == f"cpp {LEVELS[-1]}"
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "scalar")
+    path, why = kernels.cpu_backend(op)
+    assert path == "cpp scalar" and "TORCHQKIT_CPU_ISA=scalar" in why
+    rows = [r for r in kernels.status() if r["linear"] == op]
+    assert rows == [{"layout": "(op)", "linear": op, "path": "cpp scalar", "why": why}]
+
+
+@needs_ext
+def test_bad_isa_request_is_an_error(monkeypatch):
+    q, s, b = _weight(8, 32, 1)
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx9000")
+    with pytest.raises(RuntimeError, match="not one of avx512_vnni, avx2, scalar"):
+        WO(torch.randn(2, 32), q, s, b)
+
+
+def test_without_extension_status_names_reference_and_ops_still_run():
+    code = (
+        "import torch, torchqkit as qk\n"
+        "rows = [r for r in qk.kernels.status() if r['layout'] == '(op)']\n"
+        "assert rows and all(r['path'] == 'reference' and 'TORCHQKIT_DISABLE_CPU_EXTENSION' in r['why'] for r in rows)\n"
+        "q = torch.randint(-128, 128, (8, 32), dtype=torch.int8)\n"
+        "out = torch.ops.torchqkit.linear_int8wo_plain(torch.randn(2, 32), q, torch.ones(8, 1), None)\n"
+        "assert out.shape == (2, 8)\n"
+    )
+    env = {**os.environ, "TORCHQKIT_DISABLE_CPU_EXTENSION": "1"}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+
+
+# ------------------------------------------------------------------------------------------------
+# Through the plain layout
+# ------------------------------------------------------------------------------------------------
+
+class _OpLog(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _int8_weight(dtype=torch.float32, granularity=None, act=None, pref="auto"):
+    w = torch.randn(37, 96, generator=_gen(3)).to(dtype)
+    return qk.quantize_weight(w, Q.int8, granularity or qk.PerRow(), qk.PlainLayout(), act_quant=act,
+                              kernel_preference=pref)
+
+
+ACT_SYM = qk.ActivationQuantSpec(Q.int8, qk.PerToken())
+ACT_ASYM = qk.ActivationQuantSpec(Q.int8, qk.PerToken(), "asymmetric")
+
+
+@pytest.mark.parametrize("granularity,act,op", [
+    (qk.PerRow(), None, "linear_int8wo_plain"), (qk.PerGroup(32), None, "linear_int8wo_plain"),
+    (qk.PerRow(), ACT_SYM, "linear_int8da_int8_plain"), (qk.PerRow(), ACT_ASYM, "linear_int8da_int8_plain"),
+], ids=["wo_row", "wo_g32", "da_sym", "da_asym"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layout_linear_uses_op_and_matches_dequantized(granularity, act, op, dtype):
+    aqt = _int8_weight(dtype, granularity, act)
+    ref_w = _int8_weight(dtype, granularity, act, pref="reference")
+    x = _act(5, 96, dtype)
+    log = _OpLog()
+    with log:
+        out = F.linear(x, aqt)
+    assert log.ops == [op]
+    ref = F.linear(x, ref_w)  # = F.linear(fake_quant(x), w.dequantize()) in x's dtype
+    # fp32: summation order only. bf16: the reference rounds the dequantized weight (and, with dynamic
+    # activations, its own activation scale and fake-quantized values) to bf16 before its matmul; the op
+    # computes in fp32 and rounds once, so the budget is a few bf16 ulps of the output's magnitude.
+    _assert_rel(out, ref, 1e-5 if dtype == torch.float32 else 2.0 ** -5, op)
+
+
+def test_reference_preference_keeps_the_reference():
+    aqt = _int8_weight(pref="reference")
+    log = _OpLog()
+    with log:
+        F.linear(_act(2, 96, torch.float32), aqt)
+    assert "linear_int8wo_plain" not in log.ops and ("mm" in log.ops or "addmm" in log.ops)
+
+
+def test_float64_activations_use_the_reference():
+    aqt = _int8_weight(torch.float64)
+    x = _act(2, 96, torch.float64)
+    log = _OpLog()
+    with log:
+        out = F.linear(x, aqt)
+    assert "linear_int8wo_plain" not in log.ops
+    torch.testing.assert_close(out, F.linear(x, aqt.dequantize()))
+
+
+@pytest.mark.parametrize("act,op", [(None, "linear_int8wo_plain"), (ACT_ASYM, "linear_int8da_int8_plain")],
+                         ids=["wo", "da"])
+def test_compile_fullgraph_calls_the_custom_op(act, op):
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(96, 37)
+    lin.weight = torch.nn.Parameter(_int8_weight(act=act), requires_grad=False)
+    x = _act(4, 96, torch.float32)
+    with torch.no_grad():
+        out, code = run_and_get_code(torch.compile(lin, fullgraph=True), x)
+        eager = lin(x)
+    assert f"torch.ops.torchqkit.{op}.default" in "\n".join(code)
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)
+
+
+def test_input_gradient_flows_through_the_dequantized_weight():
+    aqt = _int8_weight()
+    x = _act(3, 96, torch.float32).requires_grad_()
+    F.linear(x, aqt).sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones(3, 37) @ aqt.dequantize(), rtol=1e-5, atol=1e-5)
