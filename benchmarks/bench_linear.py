@@ -1,0 +1,129 @@
+"""Quantized linear on CPU: torchqkit's int8 kernels next to fp32 / bf16 F.linear and torch's native int8 op.
+
+    python benchmarks/bench_linear.py            # (K,N) in (4096,4096),(4096,11008),(11008,4096); M in 1,8,32,256
+    python benchmarks/bench_linear.py --quick    # one small shape, CI-sized (seconds)
+
+One run prints one table. Times are medians in ms. Decode rows (M <= 8) flush the caches before every
+timed call by streaming a 128 MiB buffer, so the weight really comes from memory; the read bandwidth
+that the "GB/s" column is compared with is measured by the same run (these hosts are shared, and their
+bandwidth drifts). GB/s counts the weight bytes (codes + scales) only.
+
+Columns: f32 / bf16 = F.linear with a float weight; i8pack = torch._weight_int8pack_mm (bf16 activations);
+wo = torchqkit::linear_int8wo_plain (per-channel) with f32 / bf16 activations; da8 = torchqkit::
+linear_int8da_int8_plain (per-token symmetric activations, f32 in/out); xf32 = f32 time / da8 time.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import torchqkit
+from torchqkit import kernels
+
+FULL_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]
+FULL_MS = [1, 8, 32, 256]
+FLUSH = torch.empty(32 * 2**20)  # 128 MiB of float32
+
+
+def _flush():
+    FLUSH.add_(1.0)
+
+
+def bench(fn, *, flush: bool, min_reps: int, budget_s: float) -> float:
+    """Median seconds of fn() over at least min_reps calls (more while under budget_s)."""
+    fn()  # warm-up: allocations, lazy init
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_reps or (time.perf_counter() - start < budget_s and len(times) < 50):
+        if flush:
+            _flush()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def read_bandwidth(reps: int = 7) -> float:
+    """GB/s of a parallel read-only pass over a fresh 128 MiB buffer (not FLUSH: it must not be cached)."""
+    buf = torch.ones(32 * 2**20)
+    t = bench(lambda: buf.sum(), flush=True, min_reps=reps, budget_s=0.0)
+    return buf.numel() * 4 / t / 1e9
+
+
+def cpu_model() -> str:
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def row(k, n, m, bw, args):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(n, k, generator=g) * 0.02
+    q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    scale = torch.rand(n, 1, generator=g) * 0.01 + 1e-3
+    x = torch.randn(m, k, generator=g)
+    wb, xb, sb = w.bfloat16(), x.bfloat16(), scale.reshape(n).bfloat16()
+    decode = m <= 8
+    opts = dict(flush=decode, min_reps=args.reps, budget_s=args.budget)
+    wo, da = torch.ops.torchqkit.linear_int8wo_plain, torch.ops.torchqkit.linear_int8da_int8_plain
+    t = {
+        "f32": bench(lambda: F.linear(x, w), **opts),
+        "bf16": bench(lambda: F.linear(xb, wb), **opts),
+        "i8pack": bench(lambda: torch._weight_int8pack_mm(xb, q, sb), **opts) if not args.no_native else float("nan"),
+        "wo f32": bench(lambda: wo(x, q, scale, None), **opts),
+        "wo bf16": bench(lambda: wo(xb, q, scale, None), **opts),
+        "da8": bench(lambda: da(x, q, scale, None, True), **opts),
+    }
+    weight_bytes = n * k + n * 4
+    gbs = weight_bytes / t["wo f32"] / 1e9
+    cells = [f"{k:>5} {n:>5} {m:>4}"] + [f"{v * 1e3:9.2f}" for v in t.values()]
+    cells += [f"{gbs:6.1f} ({gbs / bw:4.0%})", f"{t['f32'] / t['da8']:5.1f}x", f"{t['f32'] / t['wo f32']:5.1f}x"]
+    return "  ".join(cells)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="one small shape and M in (1, 32): runs in seconds")
+    p.add_argument("--shapes", default=None, help="K:N pairs, e.g. 4096:4096,4096:11008")
+    p.add_argument("--ms", default=None, help="batch sizes, e.g. 1,8,32,256")
+    p.add_argument("--reps", type=int, default=5, help="minimum timed calls per cell")
+    p.add_argument("--budget", type=float, default=1.0, help="seconds per cell beyond the minimum reps")
+    p.add_argument("--no-native", action="store_true", help="skip torch._weight_int8pack_mm")
+    args = p.parse_args()
+    shapes, ms = FULL_SHAPES, FULL_MS
+    if args.quick:
+        shapes, ms, args.reps, args.budget = [(1024, 1024)], [1, 32], 3, 0.0
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")]
+    if args.ms:
+        ms = [int(v) for v in args.ms.split(",")]
+
+    torch.manual_seed(0)
+    print(f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs, torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads, ATen CPU capability {torch.backends.cpu.get_cpu_capability()}), "
+          f"torchqkit {torchqkit.__version__}")
+    for op in kernels.schemas.OPS:
+        path, why = kernels.cpu_backend(op)
+        print(f"  {op}: {path} ({why})")
+    bw = read_bandwidth()
+    print(f"read bandwidth (128 MiB sum, same run): {bw:.1f} GB/s; decode rows (M <= 8) flush caches first")
+    head = ["    K     N    M"] + [f"{c:>9}" for c in ("f32", "bf16", "i8pack", "wo f32", "wo bf16", "da8")]
+    head += ["wo GB/s (bw%)", " da8 xf32", " wo xf32"]
+    print("  ".join(head) + "    [ms, median]")
+    for k, n in shapes:
+        for m in ms:
+            print(row(k, n, m, bw, args), flush=True)
+    print(f"read bandwidth at the end: {read_bandwidth():.1f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
