@@ -1,0 +1,5 @@
+import sys
+
+from torchqkit.cli import main
+
+sys.exit(main())
