@@ -44,18 +44,17 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
         if c is not None:
             handler_for(c)  # unknown config types fail before anything happens
     modules = dict(model.named_modules())
+    exact = set(configs.exact_keys())
     entries, swaps = [], []
     for fqn, module in modules.items():
-        named = fqn in configs.exact_keys()
-        if not (named or (filter_fn or _default_filter)(module, fqn)):
+        if not (fqn in exact or (filter_fn or _default_filter)(module, fqn)):
             continue
         entry, new_weight = _plan_layer(fqn, module, configs, device)
         entries.append(entry)
         if new_weight is not None:
             swaps.append((module, new_weight))
-    for key in configs.exact_keys():
-        if key not in modules:
-            entries.append(LayerReport(key, "skipped", "-", "ModuleConfigs names a module the model does not have", 0, 0))
+    for key in sorted(exact - modules.keys()):
+        entries.append(LayerReport(key, "skipped", "-", "ModuleConfigs names a module the model does not have", 0, 0))
     report = QuantizationReport(entries)
     problems = report.skipped
     if problems and strict:

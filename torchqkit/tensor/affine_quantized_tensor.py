@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ..core.primitives import ZeroPointDomain, dequantize_affine
 from ..core.qdtype import QDType
 from .activation import ActivationQuantSpec, KernelPreference
-from .dispatch import UnsupportedOpError
+from .dispatch import GENERIC_OPS, UnsupportedOpError
 
 __all__ = ["AffineQuantizedTensor"]
 
@@ -138,12 +138,8 @@ class AffineQuantizedTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self = next(a for a in (*args, *kwargs.values()) if isinstance(a, AffineQuantizedTensor))
-        fn = self.qlayout.ops.get(func)
+        fn = self.qlayout.ops.get(func) or GENERIC_OPS.get(func)
         if fn is None:
-            from .generic_ops import GENERIC_OPS
-            fn = GENERIC_OPS.get(func)
-        if fn is None:
-            from .generic_ops import GENERIC_OPS
             raise UnsupportedOpError(func, self.qlayout, {**GENERIC_OPS.fns, **self.qlayout.ops.fns})
         return fn(func, args, kwargs)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-__all__ = ["OpTable", "UnsupportedOpError", "fill_defaults"]
+__all__ = ["OpTable", "UnsupportedOpError", "fill_defaults", "GENERIC_OPS"]
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -54,3 +54,8 @@ def fill_defaults(args, n: int, defaults_tail):
     for i in range(len(args), n):
         args.append(defaults_tail[i - n + len(defaults_tail)])
     return args
+
+
+# Ops every layout gets from AffineQuantizedTensor itself (filled by generic_ops.py); a layout's own
+# table is consulted first.
+GENERIC_OPS = OpTable("AffineQuantizedTensor")

@@ -5,10 +5,9 @@ import torch
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from .affine_quantized_tensor import AffineQuantizedTensor
-from .dispatch import OpTable, fill_defaults
+from .dispatch import GENERIC_OPS, fill_defaults
 
 aten = torch.ops.aten
-GENERIC_OPS = OpTable("AffineQuantizedTensor")
 
 
 @GENERIC_OPS.implements(aten.detach.default, aten.alias.default)
