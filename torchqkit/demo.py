@@ -49,8 +49,8 @@ DEMO_CONFIGS: dict[str, Callable[[], torchqkit.QuantConfig]] = {
 BATCH_SIZE = 64
 TIMED_SENTENCES = 64
 # The configs `python -m torchqkit demo` runs without --config: one per layout and main scheme.
-MAIN_CONFIGS = ("int8-wo", "int4-wo-g32", "int4-wo-g64", "int4-wo-g128", "int8-dyn-int8", "nf4-b64",
-                "mxfp4", "mxfp8", "fp8-wo", "fp8-dyn-row")
+MAIN_CONFIGS = ("int8-wo", "int4-wo-g32", "int4-wo-g64", "int4-wo-g128", "intx4-wo-sym-g32", "int8-dyn-int8",
+                "nf4-b64", "mxfp4", "mxfp8", "fp8-wo", "fp8-dyn-row")
 
 # (header, row key, format); numbers are right-aligned.
 _COLUMNS = (
