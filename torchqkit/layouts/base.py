@@ -12,9 +12,10 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
+from ..core.primitives import ZeroPointDomain
 from ..tensor.dispatch import OpTable
 
-__all__ = ["Layout", "PlainParts", "register_layout", "layout_class", "all_layouts"]
+__all__ = ["Layout", "PlainParts", "PackedSpec", "scale_specs", "register_layout", "layout_class", "all_layouts"]
 
 
 class PlainParts(NamedTuple):
@@ -22,6 +23,28 @@ class PlainParts(NamedTuple):
     qdata: torch.Tensor
     scale: torch.Tensor
     zero_point: torch.Tensor | None
+
+
+class PackedSpec(NamedTuple):
+    """What one stored inner tensor must look like (see ``Layout.packed_specs``)."""
+    shape: tuple[int, ...]
+    dtypes: tuple[torch.dtype, ...]
+
+
+# Scales, float zero points: whatever float dtype quantization chose.
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Integer-domain zero points: the code's storage dtype by default, wider on request.
+INT_ZERO_POINT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)
+
+
+def scale_specs(shape, block_size, zero_point_domain, scale_dtypes=FLOAT_DTYPES) -> dict[str, PackedSpec]:
+    """scale (and zero_point unless ZeroPointDomain.NONE) of the oracle's shape: shape // block_size."""
+    blocks = tuple(s // b for s, b in zip(shape, block_size))
+    specs = {"scale": PackedSpec(blocks, scale_dtypes)}
+    zpd = ZeroPointDomain(zero_point_domain)
+    if zpd is not ZeroPointDomain.NONE:
+        specs["zero_point"] = PackedSpec(blocks, INT_ZERO_POINT_DTYPES if zpd is ZeroPointDomain.INT else FLOAT_DTYPES)
+    return specs
 
 
 _LAYOUTS: dict[str, type["Layout"]] = {}
@@ -54,6 +77,11 @@ class Layout:
         """The scale ``unpack`` returns for a tensor whose oracle scale was ``scale``. Default: ``scale`` itself
         (stored exactly); a layout that stores scales lossily (NF4 double quantization) returns what it keeps."""
         return scale
+
+    def packed_specs(self, qdtype, block_size, shape, zero_point_domain) -> dict[str, "PackedSpec"]:
+        """Shape and allowed dtypes of every inner tensor ``pack`` stores (None ones left out) for a weight of
+        logical ``shape``. Loaders check files against it, so a header can't lie about shapes."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare packed_specs")
 
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain) -> dict[str, torch.Tensor | None]:
         raise NotImplementedError

@@ -25,7 +25,7 @@ from ..core.primitives import ZeroPointDomain
 from ..core.qdtype import QKind
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
-from .base import Layout, PlainParts, register_layout
+from .base import Layout, PackedSpec, PlainParts, register_layout, scale_specs
 from .scaled_mm import scaled_mm_applies, scaled_mm_linear
 from .slicing import block_slice
 
@@ -45,6 +45,10 @@ class Float8Layout(Layout):
         if len(shape) != 2:
             return f"Float8Layout stores 2-d weights, got shape {tuple(shape)}"
         return None
+
+    def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
+        return {"qdata": PackedSpec(tuple(shape), (qdtype.storage_dtype,)),
+                **scale_specs(shape, block_size, zero_point_domain)}
 
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
         if parts.qdata.dtype != qdtype.storage_dtype:

@@ -30,7 +30,7 @@ from ..core.primitives import ZeroPointDomain
 from ..core.qdtype import float8_e4m3fn, float8_e5m2, fp4_e2m1
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
-from .base import Layout, PlainParts, register_layout
+from .base import Layout, PackedSpec, PlainParts, register_layout
 from .slicing import block_slice
 
 aten = torch.ops.aten
@@ -58,6 +58,11 @@ class MXLayout(Layout):
     def slice_multiple(self, qdtype, block_size, shape, dim: int) -> int:
         # MX blocks are 32 elements by definition: a slice along K never shrinks one.
         return MX_BLOCK if dim == 1 else 1
+
+    def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
+        n, k = shape
+        qdata = PackedSpec((n, k // 2), (torch.uint8,)) if qdtype is fp4_e2m1 else PackedSpec((n, k), (qdtype.storage_dtype,))
+        return {"qdata": qdata, "scale": PackedSpec((n, k // MX_BLOCK), (torch.uint8,))}
 
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
         codes = parts.qdata

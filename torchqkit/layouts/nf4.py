@@ -43,7 +43,7 @@ from ..core.primitives import ZeroPointDomain, choose_qparams_affine, dequantize
 from ..core.qdtype import int8, nf4
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
-from .base import Layout, PlainParts, register_layout
+from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, register_layout
 from .slicing import block_slice
 
 aten = torch.ops.aten
@@ -79,6 +79,16 @@ class NF4Layout(Layout):
     def slice_multiple(self, qdtype, block_size, shape, dim: int) -> int:
         # Along K, a slice must keep whole bytes (two codes) even when K is one block.
         return max(super().slice_multiple(qdtype, block_size, shape, dim), 2 if dim == 1 else 1)
+
+    def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
+        n, k = shape
+        blocks = (n, k // self.block_size)
+        specs = {"qdata": PackedSpec((n, k // 2), (torch.uint8,))}
+        if not self.double_quant:
+            return {**specs, "scale": PackedSpec(blocks, FLOAT_DTYPES)}
+        return {**specs, "scale_codes": PackedSpec(blocks, (torch.int8,)),
+                "scale_block_scale": PackedSpec((-(-n * blocks[1] // DQ_GROUP),), (torch.float32,)),
+                "scale_offset": PackedSpec((1,), (torch.float32,))}
 
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
         codes = parts.qdata

@@ -45,7 +45,7 @@ from ..core.primitives import ZeroPointDomain
 from ..core.qdtype import QKind, int2
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
-from .base import Layout, PlainParts, register_layout
+from .base import Layout, PackedSpec, PlainParts, register_layout, scale_specs
 from .slicing import block_slice
 
 aten = torch.ops.aten
@@ -85,6 +85,10 @@ class PackedIntxLayout(Layout):
     def row_bytes(self, qdtype, k: int) -> int:
         """Bytes one row of ``k`` codes takes."""
         return 2 * -(-k // 8) if self.ternary else -(-k * qdtype.bits // 8)
+
+    def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
+        return {"qdata": PackedSpec((shape[0], self.row_bytes(qdtype, shape[1])), (torch.uint8,)),
+                **scale_specs(shape, block_size, zero_point_domain)}
 
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
         codes = parts.qdata

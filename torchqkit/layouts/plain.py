@@ -27,7 +27,7 @@ from ..kernels import cpu_backend
 from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import flatten_tokens, reference_linear
-from .base import Layout, PlainParts, register_layout
+from .base import Layout, PackedSpec, PlainParts, register_layout, scale_specs
 from .scaled_mm import scaled_mm_applies, scaled_mm_linear
 from .slicing import block_slice
 
@@ -43,6 +43,10 @@ class PlainLayout(Layout):
         if qdtype.kind is QKind.CODEBOOK:
             return f"PlainLayout stores integer and float8 codes, not {qdtype.name} (use its own layout)"
         return None
+
+    def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
+        return {"qdata": PackedSpec(tuple(shape), (qdtype.storage_dtype,)),
+                **scale_specs(shape, block_size, zero_point_domain)}
 
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
         return {"qdata": parts.qdata, "scale": parts.scale, "zero_point": parts.zero_point}

@@ -62,7 +62,7 @@ from ..core.primitives import ZeroPointDomain
 from ..core.qdtype import uint4
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
-from .base import Layout, PlainParts, register_layout
+from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, register_layout
 from .slicing import block_slice
 
 aten = torch.ops.aten
@@ -113,6 +113,12 @@ class TensorCoreTiledLayout(Layout):
         """(N8, Kt): the stored shape of a logical (out_features, in_features) weight."""
         n, k = shape
         return _round_up(n, N_TILE), _round_up(k, math.lcm(group_size, self.k_chunk))
+
+    def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
+        g, t = block_size[1], self.inner_k_tiles
+        n8, kt = self.padded_shape(shape, g)
+        return {"qdata": PackedSpec((n8 // N_TILE, kt // self.k_chunk, 32, t // 2), (torch.int32,)),
+                "scale_and_zero": PackedSpec((kt // g, n8, 2), FLOAT_DTYPES)}
 
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
         codes, scale, zero = parts

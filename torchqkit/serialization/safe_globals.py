@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from .core import granularity
-from .core.primitives import MappingType, ZeroPointDomain
-from .core.qdtype import qdtype_from_name
-from .layouts.base import all_layouts
-from .tensor.activation import ActivationQuantSpec, KernelPreference
-from .tensor.affine_quantized_tensor import AffineQuantizedTensor
+from ..core import granularity
+from ..core.primitives import MappingType, ZeroPointDomain
+from ..core.qdtype import qdtype_from_name
+from ..layouts.base import all_layouts
+from ..tensor.activation import ActivationQuantSpec, KernelPreference
+from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 
 __all__ = ["register_safe_globals"]
 

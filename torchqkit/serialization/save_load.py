@@ -1,0 +1,432 @@
+"""save_quantized / load_quantized: quantized models in safetensors files, no pickle.
+
+Note [torchqkit safetensors format]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A plain safetensors file. A float tensor is stored under its state-dict name. A quantized weight ``w`` is
+stored as its layout's packed tensors, each under ``"w:<inner>"`` (e.g. ``lm_head.weight:qdata``), bytes
+exactly as the layout packs them (device-independent, see DESIGN.md). ``__metadata__`` holds
+  "format": "pt", "torchqkit_format": "1", and
+  "torchqkit": JSON {"format_version": 1, "torchqkit_version": "0.1.0",
+                     "config": null | {"config": <QuantConfig.to_dict()>} | {"module_configs": <ModuleConfigs.to_dict()>},
+                     "weights": {"w": <entry, see entries.py>, ...},   # the quantized weights of this file
+                     "tied": {"lm_head.weight": "embed.weight", ...}}  # aliases stored once
+Past ``max_shard_bytes`` the tensors go to ``<stem>-00001-of-0000N.safetensors`` (a quantized weight's
+tensors always share a shard), each with the header above for its own weights, plus
+``<name>.index.json`` = {"metadata": {"torchqkit": <same JSON, "weights": {}>, "total_size": n},
+"weight_map": {stored tensor name: shard file name}} (Hugging Face's index layout).
+
+Loading reads and validates every header first (format version, entries against the layout/qdtype
+registries, stored shapes against ``Layout.packed_specs``, names against the model), so a bad file changes
+nothing; then it reads one tensor at a time into fresh allocations and assigns it to the model, which can
+live on the meta device: no float weight of a quantized layer is ever built.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from .entries import INNER_SEP, check_tensors, decode_entry, encode_entry, entry_error
+from .safetensors_file import CheckpointError, SafetensorsReader, SafetensorsWriter
+
+__all__ = ["save_quantized", "load_quantized", "SaveSummary", "FORMAT_VERSION", "read_checkpoint_info"]
+
+FORMAT_VERSION = 1
+INDEX_SUFFIX = ".index.json"
+
+
+@dataclass
+class SaveSummary:
+    files: list[Path]
+    quantized: list[str] = field(default_factory=list)   # state-dict names stored as packed tensors
+    plain: list[str] = field(default_factory=list)       # stored as they are
+    tied: dict[str, str] = field(default_factory=dict)   # alias -> the name it is stored under
+    nbytes: int = 0
+
+    def __str__(self) -> str:
+        ties = "".join(f"\n  {a} is tied to {t}: stored once" for a, t in self.tied.items())
+        return (f"saved {len(self.quantized)} quantized + {len(self.plain)} plain tensors, {self.nbytes:,} bytes, "
+                f"to {', '.join(str(f) for f in self.files)}{ties}")
+
+
+# ---------------------------------------------------------------------------------------------- save
+
+def save_quantized(model_or_state_dict, path, *, max_shard_bytes: int | None = None, config=None) -> SaveSummary:
+    """Write every tensor of a model (or state dict), quantized or not, to safetensors at ``path``.
+
+    max_shard_bytes: past this many bytes, write shards plus ``<path>.index.json`` (see the format note).
+    config: the QuantConfig / ModuleConfigs that produced the weights, recorded in the header.
+    Returns a SaveSummary (files, quantized / plain names, tied aliases stored once)."""
+    state, tied = _named_tensors(model_or_state_dict)
+    groups = []  # (state name, [(stored name, tensor)], entry or None)
+    for name, t in state.items():
+        if INNER_SEP in name:
+            raise ValueError(f"tensor name {name!r} contains {INNER_SEP!r}, which the format reserves")
+        if t.is_meta:
+            raise ValueError(f"tensor {name!r} is on the meta device: there is nothing to save")
+        if isinstance(t, AffineQuantizedTensor):
+            inner = [(f"{name}{INNER_SEP}{n}", v) for n, v in t.inner_tensors().items() if v is not None]
+            groups.append((name, inner, encode_entry(t)))
+        else:
+            groups.append((name, [(name, t)], None))
+    shards = _plan_shards(groups, max_shard_bytes)
+    path = Path(path)
+    header = {"format_version": FORMAT_VERSION, "torchqkit_version": _version(), "config": _encode_config(config),
+              "tied": tied}
+    files = [path] if len(shards) == 1 else [
+        path.with_name(f"{path.name.removesuffix('.safetensors')}-{i + 1:05d}-of-{len(shards):05d}.safetensors")
+        for i in range(len(shards))]
+    summary = SaveSummary(files, tied=dict(tied))
+    weight_map = {}
+    for file, shard in zip(files, shards):
+        writer = SafetensorsWriter(file)
+        weights = {}
+        try:
+            for name, inner, entry in shard:
+                for stored, t in inner:
+                    writer.add(stored, t)
+                    weight_map[stored] = file.name
+                (summary.quantized if entry else summary.plain).append(name)
+                if entry:
+                    weights[name] = entry
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close(_file_metadata({**header, "weights": weights}))
+        summary.nbytes += writer.nbytes
+    if len(shards) > 1:
+        index = {"metadata": {"torchqkit": json.dumps({**header, "weights": {}}), "total_size": summary.nbytes},
+                 "weight_map": weight_map}
+        index_path = path.with_name(path.name + INDEX_SUFFIX)
+        index_path.write_text(json.dumps(index, indent=1) + "\n")
+        summary.files.append(index_path)
+    return summary
+
+
+def _named_tensors(obj) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(name -> tensor without aliases, alias -> stored name). Aliases: the same Parameter object in a
+    module (tied weights), or, in a state dict, the same object / the same data, shape and strides."""
+    if isinstance(obj, nn.Module):
+        obj = getattr(obj, "_orig_mod", obj)  # torch.compile's wrapper
+        obj = obj.state_dict(keep_vars=True)
+    if not isinstance(obj, dict):
+        raise TypeError(f"save_quantized takes an nn.Module or a state dict, got {type(obj).__name__}")
+    out, tied, seen = {}, {}, {}
+    for name, t in obj.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"state dict entry {name!r} is a {type(t).__name__}, not a tensor")
+        key = _alias_key(t)
+        if key in seen:
+            tied[name] = seen[key]
+            continue
+        seen[key] = name
+        out[name] = t.detach() if not isinstance(t, AffineQuantizedTensor) else t
+    return out, tied
+
+
+def _alias_key(t: torch.Tensor):
+    if isinstance(t, AffineQuantizedTensor) or t.is_meta or t.numel() == 0:
+        return ("id", id(t))
+    return ("data", t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+
+
+def _plan_shards(groups, max_shard_bytes):
+    if max_shard_bytes is not None and max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+    shards, size = [[]], 0
+    for g in groups:
+        n = sum(t.numel() * t.element_size() for _, t in g[1])
+        if max_shard_bytes is not None and shards[-1] and size + n > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(g)
+        size += n
+    return shards
+
+
+def _file_metadata(header: dict) -> dict[str, str]:
+    return {"format": "pt", "torchqkit_format": str(FORMAT_VERSION), "torchqkit": json.dumps(header)}
+
+
+def _encode_config(config):
+    from ..api.configs.base import QuantConfig
+    from ..api.module_configs import ModuleConfigs
+    if config is None:
+        return None
+    if isinstance(config, ModuleConfigs):
+        return {"module_configs": config.to_dict()}
+    if isinstance(config, QuantConfig):
+        return {"config": config.to_dict()}
+    raise TypeError(f"config must be a QuantConfig or ModuleConfigs, got {type(config).__name__}")
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__
+
+
+# ---------------------------------------------------------------------------------------------- load
+
+@dataclass
+class _Checkpoint:
+    """Validated headers of one checkpoint (a file, or the shards of an index)."""
+    path: Path
+    readers: dict[str, SafetensorsReader]          # shard file name -> reader
+    where: dict[str, str]                          # stored tensor name -> shard file name
+    weights: dict[str, dict]                       # quantized state name -> AffineQuantizedTensor kwargs
+    inner: dict[str, list[str]]                    # quantized state name -> its inner tensor names
+    plain: list[str]
+    tied: dict[str, str]
+    config: object
+
+    def close(self):
+        for r in self.readers.values():
+            r.close()
+
+
+def read_checkpoint_info(path) -> dict:
+    """The validated header of a torchqkit checkpoint: {"config": QuantConfig | ModuleConfigs | None,
+    "quantized": [names], "plain": [names], "tied": {alias: name}}. Reads no tensor data."""
+    ckpt = _open_checkpoint(path)
+    ckpt.close()
+    return {"config": ckpt.config, "quantized": list(ckpt.weights), "plain": list(ckpt.plain), "tied": dict(ckpt.tied)}
+
+
+def load_quantized(model: nn.Module, path) -> nn.Module:
+    """Fill ``model`` (built on the meta device, or a float model) with a checkpoint written by
+    save_quantized / quantize_checkpoint, and return it. Quantized weights become AffineQuantizedTensors
+    built straight from the stored packed tensors. Everything is validated before the model is touched;
+    a problem raises CheckpointError naming the file, the tensor and what is wrong."""
+    target = getattr(model, "_orig_mod", model)
+    ckpt = _open_checkpoint(path)
+    try:
+        expected = target.state_dict(keep_vars=True)
+        _check_names(ckpt, expected)
+        _check_model_shapes(ckpt, expected)
+        loaded: dict[str, torch.Tensor] = {}
+        for name in expected:
+            if name in ckpt.tied:
+                continue
+            loaded[name] = _assign(target, name, _read_one(ckpt, name), expected[name])
+        for alias, name in ckpt.tied.items():
+            _set_tensor(target, alias, loaded[name] if name in loaded else _read_one(ckpt, name))
+    finally:
+        ckpt.close()
+    _check_no_meta(target)
+    return model
+
+
+def _open_checkpoint(path) -> _Checkpoint:
+    path = Path(path)
+    if path.is_dir():
+        single, index = path / "model.safetensors", path / ("model.safetensors" + INDEX_SUFFIX)
+        path = single if single.exists() else index
+    elif not path.exists() and path.with_name(path.name + INDEX_SUFFIX).exists():
+        path = path.with_name(path.name + INDEX_SUFFIX)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint (a .safetensors file, its {INDEX_SUFFIX}, or a directory "
+                              f"holding model.safetensors)")
+    if path.name.endswith(INDEX_SUFFIX):
+        files, where = _read_index(path)
+    else:
+        files, where = [path.name], None
+    readers = {}
+    try:
+        for f in files:
+            readers[f] = SafetensorsReader(path.parent / f)
+        return _build_checkpoint(path, readers, where)
+    except BaseException:
+        for r in readers.values():
+            r.close()
+        raise
+
+
+def _read_index(path: Path):
+    try:
+        index = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: index is not valid JSON ({e})") from None
+    wm = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+        raise CheckpointError(f"{path}: index needs a weight_map of tensor name -> shard file name")
+    files = sorted(set(wm.values()))
+    for f in files:
+        if Path(f).name != f or not f.endswith(".safetensors"):
+            raise CheckpointError(f"{path}: shard {f!r} must be a .safetensors file name in the index's directory")
+    return files, wm
+
+
+def _build_checkpoint(path: Path, readers: dict[str, SafetensorsReader], where) -> _Checkpoint:
+    stored_in = {}
+    weights, inner, shared = {}, {}, None
+    for fname, reader in readers.items():
+        header = _torchqkit_header(reader)
+        common = {k: v for k, v in header.items() if k != "weights"}
+        if shared is not None and common != shared:
+            raise CheckpointError(f"{reader.path}: its torchqkit header (config, tied) differs from the other shards'")
+        shared = common
+        for stored in reader.names():
+            if stored in stored_in:
+                raise CheckpointError(f"{reader.path}: tensor {stored!r} is also stored in {stored_in[stored]}")
+            stored_in[stored] = fname
+        for name, entry in header["weights"].items():
+            if name in weights:
+                raise CheckpointError(f"{reader.path}: quantized weight {name!r} described in two shards")
+            weights[name], inner[name] = _validate_weight(reader, name, entry)
+    if where is not None and where != stored_in:
+        bad = sorted(set(where.items()) ^ set(stored_in.items()))[0]
+        raise CheckpointError(f"{path}: the index says tensor {bad[0]!r} is in {bad[1]}, the shards disagree "
+                              f"(missing or extra tensor)")
+    owned = {f"{w}{INNER_SEP}{n}" for w, names in inner.items() for n in names}
+    plain = []
+    for stored, fname in stored_in.items():
+        if INNER_SEP in stored and stored not in owned:
+            raise CheckpointError(f"{readers[fname].path}: extra tensor {stored!r}: no quantized weight entry claims it")
+        if INNER_SEP not in stored:
+            plain.append(stored)
+    tied = _check_tied(path, shared["tied"], set(plain) | set(weights))
+    config = _decode_config(path, shared["config"])
+    return _Checkpoint(path, readers, stored_in, weights, inner, plain, tied, config)
+
+
+def _torchqkit_header(reader: SafetensorsReader) -> dict:
+    meta = reader.metadata
+    if "torchqkit" not in meta:
+        raise CheckpointError(f"{reader.path}: not a torchqkit checkpoint (no 'torchqkit' entry in __metadata__); "
+                              f"float checkpoints load with safetensors.torch.load_file / quantize_checkpoint")
+    try:
+        header = json.loads(meta["torchqkit"])
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{reader.path}: the torchqkit header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{reader.path}: the torchqkit header must be a JSON object")
+    version = header.get("format_version")
+    if type(version) is not int or version < 1:
+        raise CheckpointError(f"{reader.path}: format_version must be a positive int, got {version!r:.50}")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{reader.path}: written in torchqkit format {version} by torchqkit "
+                              f"{header.get('torchqkit_version')!r:.30}; this torchqkit ({_version()}) reads formats up "
+                              f"to {FORMAT_VERSION}: upgrade torchqkit")
+    if meta.get("torchqkit_format") != str(version):
+        raise CheckpointError(f"{reader.path}: __metadata__ torchqkit_format {meta.get('torchqkit_format')!r:.30} "
+                              f"disagrees with the header's format_version {version}")
+    for key, kind in (("weights", dict), ("tied", dict)):
+        if not isinstance(header.get(key), kind):
+            raise CheckpointError(f"{reader.path}: the torchqkit header needs '{key}' ({kind.__name__})")
+    if "config" not in header:
+        raise CheckpointError(f"{reader.path}: the torchqkit header needs 'config' (null when unknown)")
+    return header
+
+
+def _validate_weight(reader: SafetensorsReader, name: str, entry) -> tuple[dict, list[str]]:
+    try:
+        attrs = decode_entry(entry)
+    except ValueError as e:
+        raise entry_error(reader.path, name, f"bad header entry: {e}") from None
+    stored = entry["tensors"]
+    missing = [n for n in stored if f"{name}{INNER_SEP}{n}" not in reader.entries]
+    if missing:
+        raise entry_error(reader.path, name, f"missing tensor {name}{INNER_SEP}{missing[0]} (the entry lists it)")
+    shapes = {n: reader.shape(f"{name}{INNER_SEP}{n}") for n in stored}
+    dtypes = {n: reader.dtype(f"{name}{INNER_SEP}{n}") for n in stored}
+    try:
+        check_tensors(attrs, stored, shapes, dtypes)
+    except ValueError as e:
+        raise entry_error(reader.path, name, str(e)) from None
+    return attrs, stored
+
+
+def _check_tied(path, tied, names: set[str]) -> dict[str, str]:
+    for alias, target in tied.items():
+        if not isinstance(target, str) or target not in names:
+            raise CheckpointError(f"{path}: tensor {alias!r} is tied to {target!r:.80}, which the file doesn't store")
+        if alias in names:
+            raise CheckpointError(f"{path}: tensor {alias!r} is both stored and tied to {target!r}")
+    return dict(tied)
+
+
+def _decode_config(path, d):
+    from ..api.configs.base import config_from_dict
+    from ..api.module_configs import ModuleConfigs
+    if d is None:
+        return None
+    try:
+        if isinstance(d, dict) and set(d) == {"config"}:
+            return config_from_dict(d["config"])
+        if isinstance(d, dict) and set(d) == {"module_configs"}:
+            return ModuleConfigs(d["module_configs"])
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: the recorded quantization config is invalid: {e}") from None
+    raise CheckpointError(f"{path}: config must be null, {{'config': ...}} or {{'module_configs': ...}}")
+
+
+def _check_names(ckpt: _Checkpoint, expected: dict) -> None:
+    have = set(ckpt.plain) | set(ckpt.weights) | set(ckpt.tied)
+    missing = [n for n in expected if n not in have]
+    extra = sorted(have - set(expected))
+    if missing:
+        raise CheckpointError(f"{ckpt.path}: missing tensor {missing[0]!r}: the model has it, the checkpoint doesn't"
+                              + (f" (and {len(missing) - 1} more: {missing[1:6]})" if len(missing) > 1 else ""))
+    if extra:
+        raise CheckpointError(f"{ckpt.path}: extra tensor {extra[0]!r}: the checkpoint has it, the model doesn't"
+                              + (f" (and {len(extra) - 1} more: {extra[1:6]})" if len(extra) > 1 else ""))
+
+
+def _check_model_shapes(ckpt: _Checkpoint, expected: dict) -> None:
+    for name, cur in expected.items():
+        name = ckpt.tied.get(name, name)
+        if name in ckpt.weights:
+            a = ckpt.weights[name]
+            shape, dtype = a["logical_shape"][::-1] if a["transposed"] else a["logical_shape"], a["orig_dtype"]
+        else:
+            reader = ckpt.readers[ckpt.where[name]]
+            shape, dtype = reader.shape(name), reader.dtype(name)
+        if tuple(cur.shape) != tuple(shape):
+            raise CheckpointError(f"{ckpt.path}: tensor {name!r} has shape {list(shape)}, the model's is {list(cur.shape)}")
+        if dtype.is_floating_point != cur.dtype.is_floating_point:
+            raise CheckpointError(f"{ckpt.path}: tensor {name!r} has dtype {dtype}, the model's is {cur.dtype}")
+
+
+def _read_one(ckpt: _Checkpoint, name: str) -> torch.Tensor:
+    if name not in ckpt.weights:
+        return ckpt.readers[ckpt.where[name]].read(name)
+    tensors = dict.fromkeys(ckpt.weights[name]["qlayout"].tensor_names)
+    for inner in ckpt.inner[name]:
+        stored = f"{name}{INNER_SEP}{inner}"
+        tensors[inner] = ckpt.readers[ckpt.where[stored]].read(stored)
+    return AffineQuantizedTensor(tensors, **ckpt.weights[name])
+
+
+def _assign(model: nn.Module, name: str, value: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    if isinstance(current, nn.Parameter):
+        grad = current.requires_grad and value.is_floating_point() and not isinstance(value, AffineQuantizedTensor)
+        value = nn.Parameter(value, requires_grad=grad)
+    _set_tensor(model, name, value)
+    return value
+
+
+def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    from ..api.quantize import _quantized_extra_repr
+    import types
+    module_name, _, attr = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    if attr in module._parameters:
+        if not isinstance(value, nn.Parameter):
+            value = nn.Parameter(value, requires_grad=False)
+        module._parameters[attr] = value
+    else:
+        module._buffers[attr] = value
+    if isinstance(value, AffineQuantizedTensor) and isinstance(module, nn.Linear) and attr == "weight":
+        module.extra_repr = types.MethodType(_quantized_extra_repr, module)
+
+
+def _check_no_meta(model: nn.Module) -> None:
+    left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if left:
+        raise ValueError(f"after loading, {left[:5]} are still on the meta device: they are not in the checkpoint "
+                         f"(non-persistent buffers are not saved). Build the model with only its parameters on the "
+                         f"meta device, or fill these before use (torchqkit.from_pretrained does for transformers models)")
