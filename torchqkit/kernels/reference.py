@@ -75,3 +75,84 @@ def _backward(ctx, grad):
 
 for _name in OPS:
     torch.library.register_autograd(_name, _backward, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU-first ops (issue 5, schemas.GPU_OPS): references that read the layouts' bytes as stored. They
+# decode the bytes themselves (kernels/ never imports layouts/), which also cross-checks each layout's
+# own unpack. No autograd: these ops serve inference.
+# ------------------------------------------------------------------------------------------------
+
+_FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def _linear_f32(x, w, bias):
+    return F.linear(x.float(), w, _bias32(bias)).to(x.dtype)
+
+
+def int4_tiled_codes(qdata):
+    """int32 [N8/8][Kt/(16T)][32][T/2] tiles -> (N8, Kt) codes; Note [Tensor-core tiled int4] (layouts)."""
+    nc, nw = qdata.shape[1], qdata.shape[3]
+    chunk = 32 * nw  # 16 T
+    n = torch.arange(qdata.shape[0] * 8, device=qdata.device)
+    k = torch.arange(nc * chunk, device=qdata.device)
+    rem = k % chunk
+    t, h, c, e = rem // 16, (rem % 16) // 8, (rem % 8) // 2, rem % 2
+    word = qdata[(n // 8)[:, None], (k // chunk)[None, :], (4 * (n % 8))[:, None] + c[None, :], (t // 2)[None, :]]
+    return (word.to(torch.int64) >> (4 * (4 * e + 2 * (t % 2) + h))[None, :]) & 0xF
+
+
+def linear_int4wo_tiled_ref(x, qdata, scale_and_zero, group_size, out_features, bias=None):
+    k = x.shape[-1]
+    q = int4_tiled_codes(qdata)[:out_features, :k].float()
+    sz = scale_and_zero[: k // group_size, :out_features].float().repeat_interleave(group_size, 0)  # (K, N, 2)
+    return _linear_f32(x, (q - 8) * sz[..., 0].t() + sz[..., 1].t(), bias)
+
+
+def nf4_absmax(scale, scale_codes, scale_block_scale, scale_offset):
+    """The float32 absmax (N, K / B): stored, or decoded from double quantization (Note [NF4 double quantization])."""
+    if scale is not None:
+        return scale.float()
+    flat = scale_codes.reshape(-1).float()
+    blocks = torch.arange(flat.numel(), device=flat.device) // 256
+    return (flat * scale_block_scale.float()[blocks] + scale_offset.float()).reshape(scale_codes.shape)
+
+
+def linear_nf4wo_ref(x, qdata, scale, scale_codes, scale_block_scale, scale_offset, block_size, bias=None):
+    from ..core.qdtype import nf4
+    codes = torch.stack([qdata >> 4, qdata & 0xF], dim=-1).reshape(qdata.shape[0], -1).long()
+    levels = torch.tensor(nf4.levels, dtype=torch.float32, device=qdata.device)
+    absmax = nf4_absmax(scale, scale_codes, scale_block_scale, scale_offset)
+    return _linear_f32(x, levels[codes] * absmax.repeat_interleave(block_size, 1), bias)
+
+
+def _expand_blocks(scale, shape):
+    """(N / bn, K / bk) -> (N, K) by repeating each block's scale."""
+    return scale.float().repeat_interleave(shape[0] // scale.shape[0], 0).repeat_interleave(shape[1] // scale.shape[1], 1)
+
+
+def linear_fp8wo_ref(x, qdata, scale, bias=None):
+    return _linear_f32(x, qdata.float() * _expand_blocks(scale, qdata.shape), bias)
+
+
+def linear_mxwo_ref(x, qdata, scale, bias=None):
+    if qdata.dtype == torch.uint8:  # MXFP4, low nibble first
+        codes = torch.stack([qdata & 0xF, qdata >> 4], dim=-1).reshape(qdata.shape[0], -1).long()
+        elems = torch.tensor(_FP4_E2M1, dtype=torch.float32, device=qdata.device)[codes]
+    else:
+        elems = qdata.float()
+    e = scale.to(torch.int32)
+    x_scale = torch.where(e == 0, 0x00400000, e << 23).view(torch.float32)  # E8M0: 2^(e - 127)
+    return _linear_f32(x, elems * x_scale.repeat_interleave(32, 1), bias)
+
+
+def scaled_mm_fp8_rowwise_ref(a, b, scale_a, scale_b, bias=None, out_dtype=torch.float32):
+    out = (a.float() @ b.float().t()) * scale_a.float().reshape(-1, 1) * scale_b.float().reshape(1, -1)
+    return (out if bias is None else out + bias.float()).to(out_dtype)
+
+
+for _name, _fn in (("torchqkit::linear_int4wo_tiled", linear_int4wo_tiled_ref),
+                   ("torchqkit::linear_nf4wo", linear_nf4wo_ref), ("torchqkit::linear_fp8wo", linear_fp8wo_ref),
+                   ("torchqkit::linear_mxwo", linear_mxwo_ref),
+                   ("torchqkit::scaled_mm_fp8_rowwise", scaled_mm_fp8_rowwise_ref)):
+    torch.library.impl(_name, "CompositeExplicitAutograd", _fn)

@@ -25,6 +25,10 @@ import torch
 __all__ = ["OPS"]
 
 OPS = ("torchqkit::linear_int8wo_plain", "torchqkit::linear_int8da_int8_plain")
+# GPU-first ops (issue 5): CUDA C++ and Triton backends; everywhere else their reference. See GPU_OPS_DOC.
+GPU_OPS = ("torchqkit::linear_int4wo_tiled", "torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo",
+           "torchqkit::linear_mxwo", "torchqkit::scaled_mm_fp8_rowwise")
+ALL_OPS = OPS + GPU_OPS
 
 
 def _linear_out(x, qdata, name):
@@ -52,3 +56,75 @@ torch.library.define(
 @torch.library.register_fake("torchqkit::linear_int8da_int8_plain")
 def _linear_int8da_int8_plain_fake(x, qdata, scale, bias=None, act_symmetric=True):
     return _linear_out(x, qdata, "linear_int8da_int8_plain")
+
+
+GPU_OPS_DOC = """
+linear_int4wo_tiled(x, qdata, scale_and_zero, group_size, out_features, bias)
+    TensorCoreTiledLayout bytes as stored: qdata int32 [N8/8][Kt/(16T)][32][T/2], scale_and_zero
+    [Kt/g][N8][2]; w = (q - 8) * scale + zero. x: (..., K) with K = in_features <= Kt.
+linear_nf4wo(x, qdata, scale, scale_codes, scale_block_scale, scale_offset, block_size, bias)
+    NF4Layout bytes: qdata (N, K/2) uint8 (high nibble first); absmax either ``scale`` (N, K/B) or, with
+    double quantization, scale_codes (N, K/B) int8 * scale_block_scale[flat // 256] + scale_offset.
+linear_fp8wo(x, qdata, scale, bias)
+    Float8Layout bytes: qdata (N, K) float8_e4m3fn / e5m2; scale (N/bn, K/bk) float32 (per tensor, row, block).
+linear_mxwo(x, qdata, scale, bias)
+    MXLayout bytes: qdata (N, K/2) uint8 MXFP4 (low nibble first) or (N, K) float8 MXFP8; scale (N, K/32)
+    uint8 E8M0.
+scaled_mm_fp8_rowwise(a, b, scale_a, scale_b, bias, out_dtype)
+    a (M, K) and b (N, K) float8 codes, scale_a (M, 1), scale_b (N, 1) float32: a @ b.T * scale_a * scale_b.T.
+"""
+
+
+def _check_x(x, k, name):
+    torch._check(x.shape[-1] == k, lambda: f"{name}: x has {x.shape[-1]} features but the weight has K = {k}")
+
+
+torch.library.define(
+    "torchqkit::linear_int4wo_tiled",
+    "(Tensor x, Tensor qdata, Tensor scale_and_zero, int group_size, int out_features, Tensor? bias=None) -> Tensor")
+
+
+@torch.library.register_fake("torchqkit::linear_int4wo_tiled")
+def _linear_int4wo_tiled_fake(x, qdata, scale_and_zero, group_size, out_features, bias=None):
+    torch._check(qdata.dim() == 4, lambda: f"linear_int4wo_tiled: qdata must be 4-d tiles, got {tuple(qdata.shape)}")
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+torch.library.define(
+    "torchqkit::linear_nf4wo",
+    "(Tensor x, Tensor qdata, Tensor? scale, Tensor? scale_codes, Tensor? scale_block_scale, Tensor? scale_offset, "
+    "int block_size, Tensor? bias=None) -> Tensor")
+
+
+@torch.library.register_fake("torchqkit::linear_nf4wo")
+def _linear_nf4wo_fake(x, qdata, scale, scale_codes, scale_block_scale, scale_offset, block_size, bias=None):
+    _check_x(x, 2 * qdata.shape[1], "linear_nf4wo")
+    return x.new_empty(*x.shape[:-1], qdata.shape[0])
+
+
+torch.library.define("torchqkit::linear_fp8wo", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor")
+
+
+@torch.library.register_fake("torchqkit::linear_fp8wo")
+def _linear_fp8wo_fake(x, qdata, scale, bias=None):
+    return _linear_out(x, qdata, "linear_fp8wo")
+
+
+torch.library.define("torchqkit::linear_mxwo", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor")
+
+
+@torch.library.register_fake("torchqkit::linear_mxwo")
+def _linear_mxwo_fake(x, qdata, scale, bias=None):
+    _check_x(x, 32 * scale.shape[1], "linear_mxwo")
+    return x.new_empty(*x.shape[:-1], qdata.shape[0])
+
+
+torch.library.define(
+    "torchqkit::scaled_mm_fp8_rowwise",
+    "(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias=None, ScalarType out_dtype=float) -> Tensor")
+
+
+@torch.library.register_fake("torchqkit::scaled_mm_fp8_rowwise")
+def _scaled_mm_fp8_rowwise_fake(a, b, scale_a, scale_b, bias=None, out_dtype=torch.float32):
+    _check_x(a, b.shape[1], "scaled_mm_fp8_rowwise")
+    return a.new_empty(a.shape[0], b.shape[0], dtype=out_dtype)

@@ -1,0 +1,186 @@
+"""Every Triton kernel under TRITON_INTERPRET=1 (set by test/conftest.py) against its reference, on small
+odd shapes: M = 1, 3, 33; K at the smallest size the format allows; N not a multiple of the column block
+(37; 70 spans two blocks of 64). Weights come from quantize_, so the kernels read the layouts' real bytes.
+
+Activations are float16 and float32, never bfloat16: the interpreter computes bf16 ``tl.dot`` wrongly
+(triton-lang/triton#11584; PLATFORM.md), so a bf16 test would test the interpreter, not the kernel.
+
+Tolerances: float32 activations run ``tl.dot`` with IEEE precision, so only summation order differs from
+the float32 reference: 1e-4. float16 activations multiply float16-rounded dequantized weights (half an
+ulp, 2^-11 relative, per weight) and store a float16 output: 1e-2 absolute + relative on outputs of
+magnitude ~ 1..30. float8 row-wise: both operands decode exactly to float16 and products are exact in
+float32, so only summation order and the final cast differ: 1e-4 (float32 out).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchqkit as qk
+from torchqkit.kernels import reference
+from torchqkit.kernels.triton import (INTERPRET, float8_rowwise, int4_tiled_gemm, int4_tiled_gemv, int8_weight_only,
+                                      mx_weight_only, nf4_weight_only)
+
+pytestmark = pytest.mark.skipif(not INTERPRET, reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1")
+
+MS = [1, 3, 33]
+DTYPES = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.float32, id="fp32")]
+TOL = {torch.float16: dict(atol=1e-2, rtol=1e-2), torch.float32: dict(atol=1e-4, rtol=1e-4)}
+
+
+def _weight(config, n, k, dtype):
+    torch.manual_seed(n * 1000 + k)
+    lin = torch.nn.Linear(k, n, bias=False).to(dtype)
+    qk.quantize_(lin, config)
+    return lin.weight
+
+
+def _x(m, k, dtype, bias_n=None):
+    torch.manual_seed(m)
+    x = torch.randn(m, k, dtype=dtype)
+    return x, (torch.randn(bias_n, dtype=dtype) if bias_n else None)
+
+
+def _expected(x, w, bias):
+    """What every kernel must compute: F.linear with the dequantized weight, in float32."""
+    return F.linear(x.float(), w.dequantize().float(), None if bias is None else bias.float())
+
+
+# ------------------------------------------------------------------------------------------------
+# int4 tensor-core tiled: the GEMM and the split-K GEMV, each on every M, and the op's M switch
+# ------------------------------------------------------------------------------------------------
+# Smallest legal K: one group of 32 with inner_k_tiles = 2 (one 32-wide k-chunk); 128 with the default 8.
+INT4_CASES = [pytest.param(32, 32, 2, id="K32-g32-T2"), pytest.param(128, 64, 8, id="K128-g64-T8")]
+
+
+@pytest.mark.parametrize("kernel", ["gemm", "gemv"])
+@pytest.mark.parametrize("k,group,tiles", INT4_CASES)
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int4_tiled(kernel, k, group, tiles, m, dtype):
+    n = 37
+    w = _weight(qk.Int4WeightOnlyConfig(group_size=group, layout=qk.TensorCoreTiledLayout(inner_k_tiles=tiles)),
+                n, k, dtype)
+    x, bias = _x(m, k, dtype, n)
+    launch = int4_tiled_gemm.launch_gemm if kernel == "gemm" else int4_tiled_gemv.launch
+    out = launch(x, w.qdata, w.scale_and_zero, group, n, bias)
+    assert out.dtype == dtype and out.shape == (m, n)
+    torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
+
+
+@pytest.mark.parametrize("m", [1, 33])
+def test_int4_tiled_op_picks_gemv_for_decode_and_gemm_otherwise(m, monkeypatch):
+    calls = []
+    for mod, name in ((int4_tiled_gemv, "launch"), (int4_tiled_gemm, "launch_gemm")):
+        fn = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _fn=fn, _n=name: calls.append(_n) or _fn(*a))
+    w = _weight(qk.Int4WeightOnlyConfig(group_size=32, layout=qk.TensorCoreTiledLayout(inner_k_tiles=2)),
+                70, 32, torch.float32)
+    x = torch.randn(2, (m + 1) // 2, 32)  # leading dims are flattened
+    out = torch.ops.torchqkit_triton.linear_int4wo_tiled(x, w.qdata, w.scale_and_zero, 32, 70)
+    assert calls == (["launch"] if m == 1 else ["launch_gemm"])
+    torch.testing.assert_close(out.reshape(-1, 70), _expected(x.reshape(-1, 32), w, None), **TOL[torch.float32])
+
+
+# ------------------------------------------------------------------------------------------------
+# int8 weight-only, NF4 (with and without double quantization), MXFP4 / MXFP8
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("group", [pytest.param(None, id="per-channel"), pytest.param(16, id="g16")])
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int8_weight_only(group, m, dtype):
+    n, k = 70, 32  # smallest K with two groups of 16
+    w = _weight(qk.Int8WeightOnlyConfig(group_size=group), n, k, dtype)
+    x, bias = _x(m, k, dtype, n)
+    out = torch.ops.torchqkit_triton.linear_int8wo_plain(x, w.qdata, w.scale, bias)
+    torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
+
+
+@pytest.mark.parametrize("double_quant", [False, True], ids=["absmax", "double-quant"])
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nf4(double_quant, m, dtype):
+    n, k = 37, 64  # K = one NF4 block of 64
+    w = _weight(qk.NF4WeightOnlyConfig(block_size=64, double_quant=double_quant), n, k, dtype)
+    assert (w.scale is None) == double_quant
+    x, bias = _x(m, k, dtype, n)
+    out = torch.ops.torchqkit_triton.linear_nf4wo(x, w.qdata, w.scale, w.scale_codes, w.scale_block_scale,
+                                                  w.scale_offset, 64, bias)
+    torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
+
+
+def test_nf4_double_quant_spans_several_second_level_groups():
+    """260 rows x 1 block: the 8-bit absmax codes span two groups of 256 (two block scales)."""
+    w = _weight(qk.NF4WeightOnlyConfig(block_size=64, double_quant=True), 260, 64, torch.float32)
+    assert w.scale_block_scale.numel() == 2
+    x, _ = _x(3, 64, torch.float32)
+    out = torch.ops.torchqkit_triton.linear_nf4wo(x, w.qdata, None, w.scale_codes, w.scale_block_scale,
+                                                  w.scale_offset, 64)
+    torch.testing.assert_close(out, _expected(x, w, None), **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("config", [pytest.param(qk.MXFP4WeightOnlyConfig(), id="mxfp4"),
+                                    pytest.param(qk.MXFP8WeightOnlyConfig(), id="mxfp8")])
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mx(config, m, dtype):
+    n, k = 37, 32  # K = one MX block
+    w = _weight(config, n, k, dtype)
+    x, bias = _x(m, k, dtype, n)
+    out = torch.ops.torchqkit_triton.linear_mxwo(x, w.qdata, w.scale, bias)
+    torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
+
+
+# ------------------------------------------------------------------------------------------------
+# float8 row-wise scaled matmul; every e4m3fn / e5m2 byte decodes to its float8 value
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3fn", "e5m2"])
+@pytest.mark.parametrize("m", MS)
+def test_float8_rowwise(fmt, m):
+    n, k = 37, 16  # K = one tl.dot step
+    torch.manual_seed(m)
+    a = (torch.randn(m, k) * 8).to(fmt)
+    b = (torch.randn(n, k) * 8).to(fmt)
+    sa, sb, bias = torch.rand(m, 1) + 0.5, torch.rand(n, 1) + 0.5, torch.randn(n)
+    out = torch.ops.torchqkit_triton.scaled_mm_fp8_rowwise(a, b, sa, sb, bias, torch.float32)
+    torch.testing.assert_close(out, reference.scaled_mm_fp8_rowwise_ref(a, b, sa, sb, bias), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3fn", "e5m2"])
+def test_float8_decoder_covers_every_byte(fmt):
+    """All 256 bytes but NaN and inf through the kernel: row i of a holds byte i, b is the identity."""
+    codes = torch.arange(256, dtype=torch.uint8).view(fmt)
+    finite = codes.float().isfinite()
+    a = codes[finite].reshape(-1, 1)
+    eye = torch.ones(1, 1).to(fmt)
+    out = float8_rowwise.scaled_mm_fp8_rowwise(a, eye, torch.ones(a.shape[0], 1), torch.ones(1, 1))
+    torch.testing.assert_close(out, a.float(), atol=0, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# registration: the interpreter path is a custom op with a fake impl, so it compiles and passes opcheck
+# ------------------------------------------------------------------------------------------------
+
+def test_interpreter_ops_pass_opcheck():
+    w = _weight(qk.Int8WeightOnlyConfig(), 37, 16, torch.float32)
+    x, bias = _x(3, 16, torch.float32, 37)
+    torch.library.opcheck(torch.ops.torchqkit_triton.linear_int8wo_plain.default, (x, w.qdata, w.scale, bias))
+
+
+def test_interpreter_op_compiles_fullgraph():
+    w = _weight(qk.MXFP4WeightOnlyConfig(), 37, 32, torch.float32)
+    x, _ = _x(3, 32, torch.float32)
+    fn = torch.compile(lambda x: torch.ops.torchqkit_triton.linear_mxwo(x, w.qdata, w.scale), fullgraph=True)
+    torch.testing.assert_close(fn(x), mx_weight_only.linear_mxwo(x, w.qdata, w.scale), atol=0, rtol=0)
+
+
+def test_launchers_raise_on_wrong_inputs():
+    w = _weight(qk.Int8WeightOnlyConfig(), 37, 16, torch.float32)
+    with pytest.raises(ValueError, match="int8 qdata"):
+        int8_weight_only.linear_int8wo_plain(torch.randn(2, 17), w.qdata, w.scale)
+    with pytest.raises(ValueError, match="scale_codes"):
+        nf4_weight_only.linear_nf4wo(torch.randn(2, 64), torch.zeros(3, 32, dtype=torch.uint8), None, None, None,
+                                     None, 64)

@@ -1,0 +1,59 @@
+"""Element decoders shared by the Triton kernels: bytes as the layouts store them -> float32.
+
+Built from bits (no lookup tables, no float8 loads), so they run the same in the interpreter, on every
+GPU family, and agree bit for bit with csrc/common/dequant.h.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def e4m3fn_to_f32(b):
+    """float8_e4m3fn byte (int32 0..255): sign | 4 exponent bits (bias 7) | 3 mantissa bits. NaN not produced."""
+    sign = (b & 0x80) << 24
+    exp = (b >> 3) & 0xF
+    man = b & 0x7
+    normal = (sign | ((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
+    sub = man.to(tl.float32) * 0.001953125  # exp == 0: man * 2^-9
+    return tl.where(exp == 0, tl.where(sign != 0, -sub, sub), normal)
+
+
+@triton.jit
+def e5m2_to_f32(b):
+    """float8_e5m2 byte: the top byte of an IEEE fp16, so the value is exact in fp16."""
+    return (b << 8).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def e2m1_to_f32(c):
+    """fp4 e2m1 code (0..15): sign (bit 3) | exponent (bits 2..1, bias 1) | mantissa (bit 0)."""
+    exp = (c >> 1) & 0x3
+    man = c & 0x1
+    normal = (((exp + 126) << 23) | (man << 22)).to(tl.float32, bitcast=True)
+    mag = tl.where(exp == 0, man.to(tl.float32) * 0.5, normal)
+    return tl.where((c & 0x8) != 0, -mag, mag)
+
+
+@triton.jit
+def e8m0_to_f32(e):
+    """E8M0 scale byte: 2^(e - 127); e = 0 is the float32 subnormal 2^-127."""
+    return tl.where(e == 0, 0x00400000, e << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def int4_tiled_tile(q_ptr, sz_ptr, rn, kk, N, K, GROUP, NUM_CHUNKS, WORDS, N8):
+    """(len(kk), len(rn)) float32 TensorCoreTiledLayout weights, zero outside (K, N). For (n, k), n = 8 i + r,
+    k = 16 T j + 16 t + 8 h + 2 c + e: nibble 4 e + 2 (t % 2) + h of word t // 2, lane 4 r + c, tile (i, j)."""
+    chunk = 32 * WORDS                      # 16 T k values per chunk
+    rem = kk % chunk
+    t = rem // 16
+    lane = 4 * (rn % 8)[None, :] + ((rem % 8) // 2)[:, None]
+    word_idx = (((rn // 8)[None, :] * NUM_CHUNKS + (kk // chunk)[:, None]) * 32 + lane) * WORDS + (t // 2)[:, None]
+    shift = 4 * (4 * (rem % 2) + 2 * (t % 2) + (rem % 16) // 8)
+    mask = (kk < K)[:, None] & (rn < N)[None, :]
+    words = tl.load(q_ptr + word_idx, mask=mask, other=0)
+    q = (words >> shift[:, None]) & 0xF     # arithmetic shift, the mask drops the sign
+    sz = sz_ptr + ((kk // GROUP)[:, None] * N8 + rn[None, :]) * 2
+    scale = tl.load(sz, mask=mask, other=0.0).to(tl.float32)
+    zero = tl.load(sz + 1, mask=mask, other=0.0).to(tl.float32)
+    return (q.to(tl.float32) - 8.0) * scale + zero

@@ -1,0 +1,82 @@
+"""float8 row-wise scaled matmul: out = (a @ b.T) * scale_a[m] * scale_b[n] + bias, a (M, K) and b (N, K)
+float8 codes (e4m3fn or e5m2, Float8Layout / PlainLayout bytes), scales float32 (M, 1) and (N, 1).
+
+Both operands are decoded from their bytes to fp16 (exact: every e4m3fn and e5m2 value is an fp16 value)
+and multiplied by ``tl.dot`` with fp32 accumulation, so products are exact and only the summation order
+differs from the reference. This also runs under the interpreter and on sm80, which has no fp8 MMA.
+Serves ``torchqkit::scaled_mm_fp8_rowwise``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from .decode import e4m3fn_to_f32, e5m2_to_f32
+from .registration import gpu_family, matmul_configs, register
+
+_E5M2 = {torch.float8_e4m3fn: False, torch.float8_e5m2: True}
+
+
+@triton.autotune(configs=matmul_configs(gpu_family()), key=["M", "N", "K", "A_E5M2", "B_E5M2"])
+@triton.jit
+def _fp8_rowwise_kernel(
+    # pointers
+    a_ptr,        # (M, K) float8 bytes as uint8, contiguous
+    b_ptr,        # (N, K) float8 bytes as uint8, contiguous
+    sa_ptr,       # (M) float32 row scales of a
+    sb_ptr,       # (N) float32 row scales of b
+    bias_ptr,     # (N) or a dummy when HAS_BIAS is False
+    out_ptr,      # (M, N) in out_dtype, contiguous
+    # sizes
+    M, N, K,
+    # meta
+    A_E5M2: tl.constexpr, B_E5M2: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        ab = tl.load(a_ptr + rm[:, None] * K + kk[None, :], mask=(rm < M)[:, None] & (kk < K)[None, :], other=0)
+        bb = tl.load(b_ptr + rn[None, :] * K + kk[:, None], mask=(kk < K)[:, None] & (rn < N)[None, :], other=0)
+        a = e5m2_to_f32(ab.to(tl.int32)) if A_E5M2 else e4m3fn_to_f32(ab.to(tl.int32))
+        b = e5m2_to_f32(bb.to(tl.int32)) if B_E5M2 else e4m3fn_to_f32(bb.to(tl.int32))
+        acc = tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
+    # ---- epilogue: row scales, bias ----
+    acc *= tl.load(sa_ptr + rm, mask=rm < M, other=0.0)[:, None] * tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+def scaled_mm_fp8_rowwise(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                          bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    if a.dtype not in _E5M2 or b.dtype not in _E5M2 or a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"scaled_mm_fp8_rowwise (triton): a (M, K) and b (N, K) must be float8; got {a.dtype} "
+                         f"{tuple(a.shape)} and {b.dtype} {tuple(b.shape)}")
+    m, k = a.shape
+    n = b.shape[0]
+    if scale_a.numel() != m or scale_b.numel() != n:
+        raise ValueError(f"scaled_mm_fp8_rowwise (triton): row-wise scales need scale_a ({m}, 1) and scale_b ({n}, 1), "
+                         f"got {tuple(scale_a.shape)} and {tuple(scale_b.shape)}")
+    out = torch.empty(m, n, dtype=out_dtype, device=a.device)
+    sa, sb = scale_a.float().reshape(m).contiguous(), scale_b.float().reshape(n).contiguous()
+    if m and n:
+        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
+        wrap_triton(_fp8_rowwise_kernel)[grid](
+            a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8), sa, sb,
+            bias if bias is not None else sa, out, m, n, k,
+            A_E5M2=_E5M2[a.dtype], B_E5M2=_E5M2[b.dtype], HAS_BIAS=bias is not None)
+    return out
+
+
+def _fake(a, b, scale_a, scale_b, bias=None, out_dtype=torch.float32):
+    return a.new_empty(a.shape[0], b.shape[0], dtype=out_dtype)
+
+
+OP = register("scaled_mm_fp8_rowwise", scaled_mm_fp8_rowwise, _fake)

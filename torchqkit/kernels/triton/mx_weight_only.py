@@ -1,0 +1,90 @@
+"""MXFP4 / MXFP8 weight-only linear (MXLayout bytes): w = element * 2^(scale_byte - 127), 32 elements per scale.
+
+MXFP4: byte j of row n holds element 2 j in its LOW nibble (Note [MX bit layout]); MXFP8: one float8 byte
+per element, read as uint8 and decoded from bits (decode.py), so no float8 loads are needed.
+Serves ``torchqkit::linear_mxwo``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from .decode import e2m1_to_f32, e4m3fn_to_f32, e5m2_to_f32, e8m0_to_f32
+from .registration import dot_precision, gpu_family, matmul_configs, register
+
+ELEMENT_FP4, ELEMENT_E4M3, ELEMENT_E5M2 = 0, 1, 2
+_ELEMENT = {torch.uint8: ELEMENT_FP4, torch.float8_e4m3fn: ELEMENT_E4M3, torch.float8_e5m2: ELEMENT_E5M2}
+
+
+@triton.autotune(configs=matmul_configs(gpu_family(), k_multiple=32), key=["M", "N", "K", "ELEMENT"])
+@triton.jit
+def _mx_kernel(
+    # pointers
+    x_ptr,        # (M, K) activations, row stride stride_xm
+    q_ptr,        # MXFP4: (N, K / 2) uint8; MXFP8: (N, K) float8 bytes viewed as uint8; contiguous
+    scale_ptr,    # (N, K / 32) uint8 E8M0, contiguous
+    bias_ptr,     # (N) or a dummy when HAS_BIAS is False
+    out_ptr,      # (M, N), row stride stride_om
+    # sizes
+    M, N, K,
+    # strides, in elements
+    stride_xm, stride_om,
+    # meta
+    ELEMENT: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm < M)[:, None] & (kk < K)[None, :], other=0.0)
+        wmask = (kk < K)[:, None] & (rn < N)[None, :]
+        # ---- elements ----
+        if ELEMENT == 0:
+            byte = tl.load(q_ptr + rn[None, :] * (K // 2) + (kk // 2)[:, None], mask=wmask, other=0).to(tl.int32)
+            elem = e2m1_to_f32(tl.where((kk % 2 == 0)[:, None], byte & 0xF, byte >> 4))
+        else:
+            byte = tl.load(q_ptr + rn[None, :] * K + kk[:, None], mask=wmask, other=0).to(tl.int32)
+            elem = e4m3fn_to_f32(byte) if ELEMENT == 1 else e5m2_to_f32(byte)
+        # ---- one E8M0 scale per 32 elements ----
+        e = tl.load(scale_ptr + rn[None, :] * (K // 32) + (kk // 32)[:, None], mask=wmask, other=127).to(tl.int32)
+        w = elem * e8m0_to_f32(e)
+        acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+def linear_mxwo(x: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    if qdata.dtype not in _ELEMENT or scale.dtype != torch.uint8:
+        raise ValueError(f"linear_mxwo (triton): qdata must be uint8 (MXFP4) or float8 (MXFP8) and scale uint8 "
+                         f"E8M0; got {qdata.dtype} and {scale.dtype}")
+    n, k = qdata.shape[0], 32 * scale.shape[1]
+    per_row = k // 2 if qdata.dtype == torch.uint8 else k
+    if x.shape[-1] != k or qdata.shape[1] != per_row:
+        raise ValueError(f"linear_mxwo (triton): x (..., {x.shape[-1]}), qdata {tuple(qdata.shape)} and scale "
+                         f"{tuple(scale.shape)} disagree on K (32 elements per scale)")
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    q = qdata.contiguous().view(torch.uint8)
+    if m and n:
+        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
+        wrap_triton(_mx_kernel)[grid](
+            x2, q, scale.contiguous(), bias if bias is not None else scale, out,
+            m, n, k, x2.stride(0), out.stride(0),
+            ELEMENT=_ELEMENT[qdata.dtype], HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x.dtype))
+    return out.reshape(*x.shape[:-1], n)
+
+
+def _fake(x, qdata, scale, bias=None):
+    return x.new_empty(*x.shape[:-1], qdata.shape[0])
+
+
+OP = register("linear_mxwo", linear_mxwo, _fake)
