@@ -124,7 +124,7 @@ def _decode_act(d) -> ActivationQuantSpec | None:
     if not isinstance(d, dict) or set(d) != {"qdtype", "granularity", "mapping", "static_scale"}:
         raise ValueError(f"act_quant must be null or have qdtype, granularity, mapping, static_scale; got {d!r:.100}")
     g = d["granularity"]
-    if not isinstance(g, dict) or set(g) != {"type"} or g["type"] not in _GRANULARITIES:
+    if not isinstance(g, dict) or set(g) != {"type"} or not isinstance(g["type"], str) or g["type"] not in _GRANULARITIES:
         raise ValueError(f"act_quant granularity must be one of {sorted(_GRANULARITIES)}, got {g!r:.100}")
     static = d["static_scale"]
     if static is not None and (type(static) not in (int, float) or not static > 0):

@@ -119,7 +119,7 @@ def _check_metadata(meta) -> dict[str, str]:
 def _check_entry(name: str, e) -> dict:
     if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
         raise CheckpointError(f"tensor {name!r}: header entry must have exactly dtype, shape, data_offsets; got {e!r:.200}")
-    if e["dtype"] not in DTYPES:
+    if not isinstance(e["dtype"], str) or e["dtype"] not in DTYPES:
         raise CheckpointError(f"tensor {name!r}: unknown dtype {e['dtype']!r}; known: {sorted(DTYPES)}")
     shape, offsets = e["shape"], e["data_offsets"]
     if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
