@@ -30,7 +30,33 @@ def _cpu_extension():
     return [ext], {"build_ext": BuildExtension}
 
 
+def _cuda_extension():
+    """The CUDA kernels (csrc/cuda) where torch has CUDA; the CPU torch can't build them (PLATFORM.md).
+    TORCHQKIT_BUILD_CUDA=0 skips them, TORCHQKIT_CUDA_ARCHS (default "80;89;90a") picks the gencodes,
+    TORCHQKIT_CUDA_REQUIRED=1 makes a compiler error fail the build (.ci/build_cuda.sh)."""
+    if os.environ.get("TORCHQKIT_BUILD_CUDA", "1") == "0" or importlib.util.find_spec("torch") is None:
+        return []
+    import torch
+    if torch.version.cuda is None:
+        return []
+    from torch.utils.cpp_extension import CUDAExtension
+    archs = os.environ.get("TORCHQKIT_CUDA_ARCHS", "80;89;90a").split(";")
+    return [CUDAExtension(
+        "torchqkit._C_cuda",
+        ["csrc/cuda/registration.cpp", "csrc/cuda/int4_tiled_mma.cu", "csrc/cuda/nf4_gemv.cu", "csrc/cuda/fp8_gemv.cu"],
+        extra_compile_args={"cxx": ["-O3"],
+                            "nvcc": ["-O3", "-std=c++17", *(f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs)]},
+        py_limited_api=True,
+        optional=os.environ.get("TORCHQKIT_CUDA_REQUIRED") != "1",
+    )]
+
+
 EXT_MODULES, CMDCLASS = _cpu_extension()
+EXT_MODULES = EXT_MODULES + _cuda_extension()
+if EXT_MODULES and not CMDCLASS:  # TORCHQKIT_BUILD_CPU=0 with a CUDA build
+    from torch.utils.cpp_extension import BuildExtension
+    CMDCLASS = {"build_ext": BuildExtension}
+
 
 setup(
     name="torchqkit",
@@ -42,7 +68,7 @@ setup(
     install_requires=["torch>=2.13", "numpy", "safetensors"],
     extras_require={
         "demo": DEMO,
-        "test": ["pytest", "expecttest"] + DEMO,
+        "test": ["pytest", "expecttest", "triton==3.9.0"] + DEMO,  # triton: kernels under TRITON_INTERPRET=1
     },
     entry_points={"console_scripts": ["torchqkit=torchqkit.cli:main"]},
     ext_modules=EXT_MODULES,

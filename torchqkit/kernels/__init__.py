@@ -16,6 +16,7 @@ import os
 import torch
 
 from . import reference, schemas
+from ..tensor.activation import KernelPreference  # tensor/activation.py imports nothing from kernels/
 
 __all__ = ["status", "format_status", "cpu_backend", "CPU_EXTENSION_LOADED", "CPU_EXTENSION_REASON"]
 
@@ -74,6 +75,7 @@ def status() -> list[dict]:
     for op in schemas.OPS:
         path, why = cpu_backend(op)
         rows.append({"layout": "(op)", "linear": op, "path": path, "why": why})
+    rows += backend_status()
     return rows
 
 
@@ -86,3 +88,125 @@ def format_status() -> str:
     lines = ["  ".join(k.ljust(widths[k]) for k in keys)]
     lines += ["  ".join(str(r[k]).ljust(widths[k]) for k in keys) for r in rows]
     return "\n".join(lines)
+
+
+# ================================================================================================
+# Backend choice (issue 5): which implementation serves an op on a device, following a KernelPreference.
+# See Note [Backend choice]. This is the only place that decides; layouts call ``linear_op(...)``.
+# ================================================================================================
+#
+# Note [Backend choice]
+# ~~~~~~~~~~~~~~~~~~~~~
+# Backends of a torchqkit op, by the key that finds them:
+#   "cuda"      C++ CUDA kernel (csrc/cuda, torchqkit._C_cuda) registered for the CUDA dispatch key
+#   "cpu"       C++ CPU kernel (csrc/cpu, torchqkit._C_cpu) registered for the CPU dispatch key
+#   "triton"    torchqkit_triton::<op> (kernels/triton/): on a GPU, or on CPU under TRITON_INTERPRET=1
+#   "reference" the pure-PyTorch twin (reference.py), any device
+# KernelPreference.AUTO takes the first available of _AUTO_ORDER[device type]; the interpreter is never
+# chosen by AUTO (it is a test vehicle, orders of magnitude slower than the reference). TRITON, CUDA and
+# REFERENCE name one backend: if it can't serve the op on that device, linear_op raises, saying why.
+
+CUDA_OPS = ("torchqkit::linear_int4wo_tiled", "torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo")  # csrc/cuda
+_AUTO_ORDER = {"cuda": ("cuda", "triton", "reference"), "cpu": ("cpu", "reference")}
+_PREFERRED = {KernelPreference.CUDA: "cuda", KernelPreference.TRITON: "triton", KernelPreference.REFERENCE: "reference"}
+
+
+def _load_cuda_extension() -> tuple[bool, str]:
+    if torch.version.cuda is None:
+        return False, "torch is a CPU build (torch.version.cuda is None): the CUDA extension can't exist"
+    spec = importlib.util.find_spec("torchqkit._C_cuda")
+    if spec is None or spec.origin is None:
+        return False, ("the CUDA extension torchqkit._C_cuda is not built (setup.py builds it when torch has CUDA; "
+                       "see the pip build log)")
+    try:
+        torch.ops.load_library(spec.origin)
+    except OSError as e:
+        return False, f"loading {spec.origin} failed: {e}"
+    return True, f"CUDA extension {os.path.basename(spec.origin)} loaded"
+
+
+CUDA_EXTENSION_LOADED, CUDA_EXTENSION_REASON = _load_cuda_extension()
+_TRITON: list = []  # [module or None, reason], filled on first use (importing triton takes a while)
+
+
+def triton_backend():
+    """(torchqkit.kernels.triton or None, reason)."""
+    if not _TRITON:
+        if importlib.util.find_spec("triton") is None:
+            _TRITON.extend([None, "triton is not installed (pip install triton)"])
+        elif os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+            _TRITON.extend([None, "no GPU, and TRITON_INTERPRET=1 was not set before import: Triton can't run"])
+        else:
+            from . import triton as module
+            how = "interpreter (TRITON_INTERPRET=1)" if module.INTERPRET else f"GPU family {module.gpu_family()}"
+            _TRITON.extend([module, f"Triton kernel, {how}"])
+    return _TRITON[0], _TRITON[1]
+
+
+def _why_not(backend: str, op: str, device: str) -> str | None:
+    """None if ``backend`` can serve ``op`` on ``device`` (a device type), else the reason it can't."""
+    if backend == "reference":
+        return None
+    if backend == "triton":
+        module, why = triton_backend()
+        if module is None:
+            return why
+        if op not in module.TRITON_OPS:
+            return f"no Triton kernel for {op} (Triton has {sorted(module.TRITON_OPS)})"
+        if device != "cuda" and not (device == "cpu" and module.INTERPRET):
+            return f"Triton runs on cuda, or on cpu under TRITON_INTERPRET=1; not on {device}"
+        return None
+    if backend != device:
+        return f"the C++ {backend} kernels don't run on {device} tensors"
+    loaded, why = (CUDA_EXTENSION_LOADED, CUDA_EXTENSION_REASON) if device == "cuda" else (CPU_EXTENSION_LOADED,
+                                                                                          CPU_EXTENSION_REASON)
+    if not loaded:
+        return why
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(op, device.upper()):
+        return f"the C++ {device} extension has no kernel for {op}"
+    return None
+
+
+def choose_backend(op: str, device: str | torch.device, preference=KernelPreference.AUTO) -> tuple[str, str]:
+    """(backend, why) for ``op`` on ``device`` under ``preference``; raises when a named backend can't serve."""
+    if op not in schemas.ALL_OPS:
+        raise ValueError(f"unknown op {op!r}; torchqkit ops: {list(schemas.ALL_OPS)}")
+    dev = torch.device(device).type
+    preference = KernelPreference(preference)
+    if preference is not KernelPreference.AUTO:
+        backend = _PREFERRED[preference]
+        reason = _why_not(backend, op, dev)
+        if reason is not None:
+            raise RuntimeError(f"{op} on {dev}: KernelPreference.{preference.name} asks for the {backend} backend, "
+                               f"but {reason}. Use KernelPreference.AUTO (status() shows what it picks) or REFERENCE.")
+        return backend, f"KernelPreference.{preference.name}"
+    skipped = []
+    for backend in _AUTO_ORDER.get(dev, ("reference",)):
+        reason = _why_not(backend, op, dev)
+        if reason is None:
+            return backend, "fastest available" + (f" ({'; '.join(skipped)})" if skipped else "")
+        skipped.append(f"{backend}: {reason}")
+    raise AssertionError("the reference always serves")  # invariant: "reference" ends every order
+
+
+def linear_op(op: str, device, preference=KernelPreference.AUTO):
+    """The callable that runs ``op`` (same arguments as its schema) on ``device`` under ``preference``."""
+    backend, _ = choose_backend(op, device, preference)
+    name = op.split("::")[1]
+    if backend == "triton":
+        return getattr(torch.ops.torchqkit_triton, name)
+    if backend == "reference":
+        return getattr(reference, f"{name}_ref")
+    return getattr(torch.ops.torchqkit, name)  # the dispatch key picks the C++ kernel
+
+
+def backend_status(devices=("cpu", "cuda")) -> list[dict]:
+    """One row per (op, device): what is registered and what KernelPreference.AUTO would use, and why."""
+    rows = []
+    for op in schemas.ALL_OPS:
+        for dev in devices:
+            can = [b for b in ("cuda", "cpu", "triton", "reference") if _why_not(b, op, dev) is None]
+            backend, why = choose_backend(op, dev)
+            rows.append({"layout": "(backend)", "linear": f"{op} on {dev}", "path": backend,
+                         "why": f"usable: {', '.join(can)}; {why}"})
+    return rows

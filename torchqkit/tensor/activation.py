@@ -19,6 +19,8 @@ class KernelPreference(str, Enum):
     """Which implementation serves a quantized op; stored on the tensor, shown in its repr."""
     AUTO = "auto"            # the fastest path torchqkit has for this layout and device
     REFERENCE = "reference"  # dequantize (and fake-quantize activations), then a float matmul
+    TRITON = "triton"        # the Triton kernel (a GPU, or TRITON_INTERPRET=1 on CPU); an error if there is none
+    CUDA = "cuda"            # the CUDA C++ kernel (csrc/cuda); an error if there is none for the op / device
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,74 @@
+"""kernels.choose_backend / linear_op / status(): the one place that picks C++ CUDA, Triton, C++ CPU or the
+reference for an op on a device, following the KernelPreference stored on the weight."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchqkit as qk
+from torchqkit import kernels
+from torchqkit.kernels import schemas
+from torchqkit.tensor.activation import KernelPreference
+
+
+def test_preference_values_are_lowercase_and_shown_in_repr():
+    assert [p.value for p in KernelPreference] == ["auto", "reference", "triton", "cuda"]
+    lin = torch.nn.Linear(64, 8, bias=False)
+    qk.quantize_(lin, qk.NF4WeightOnlyConfig(block_size=64, kernel_preference=KernelPreference.TRITON))
+    assert "kernel=triton" in repr(lin.weight)
+
+
+def test_triton_preference_on_cpu_runs_the_interpreted_kernel():
+    """conftest.py sets TRITON_INTERPRET=1, so Triton serves CPU tensors when asked for by name."""
+    assert kernels.choose_backend("torchqkit::linear_mxwo", "cpu", "triton") == ("triton", "KernelPreference.TRITON")
+    assert kernels.linear_op("torchqkit::linear_mxwo", "cpu", KernelPreference.TRITON) is \
+        torch.ops.torchqkit_triton.linear_mxwo
+
+
+def test_auto_on_cpu_never_picks_the_interpreter():
+    for op in schemas.ALL_OPS:
+        backend, why = kernels.choose_backend(op, "cpu")
+        assert backend in ("cpu", "reference"), (op, backend)
+        if backend == "reference":
+            assert "cpu:" in why  # the reason the C++ CPU kernel was passed over is spelled out
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="checks the CPU torch's explanation")
+def test_auto_on_cuda_explains_every_skipped_backend():
+    backend, why = kernels.choose_backend("torchqkit::linear_int4wo_tiled", "cuda")
+    assert backend == "triton" or (backend == "reference" and "cuda: torch is a CPU build" in why)
+
+
+@pytest.mark.parametrize("pref,device,match", [
+    ("cuda", "cpu", "C\\+\\+ cuda kernels don't run on cpu"),
+    ("triton", "cpu", "no Triton kernel for torchqkit::linear_fp8wo"),  # CUDA C++ only (a GEMV)
+])
+def test_named_backend_that_cannot_serve_is_an_error_not_a_fallback(pref, device, match):
+    with pytest.raises(RuntimeError, match=match):
+        kernels.linear_op("torchqkit::linear_fp8wo", device, pref)
+
+
+def test_reference_preference_returns_the_pure_torch_twin():
+    fn = kernels.linear_op("torchqkit::linear_int4wo_tiled", "cpu", KernelPreference.REFERENCE)
+    assert fn is kernels.reference.linear_int4wo_tiled_ref
+
+
+def test_unknown_op_is_rejected():
+    with pytest.raises(ValueError, match="unknown op"):
+        kernels.choose_backend("torchqkit::nope", "cpu")
+
+
+def test_status_lists_every_op_on_every_device():
+    rows = [r for r in kernels.status() if r["layout"] == "(backend)"]
+    assert sorted(r["linear"] for r in rows) == sorted(f"{op} on {d}" for op in schemas.ALL_OPS for d in ("cpu", "cuda"))
+    mx = next(r for r in rows if r["linear"] == "torchqkit::linear_mxwo on cpu")
+    assert mx["path"] == "reference" and "usable: triton, reference" in mx["why"]
+
+
+def test_every_triton_op_mirrors_a_torchqkit_op_schema():
+    """Same arguments, so linear_op's callables are interchangeable (custom_op infers SymInt for int)."""
+    module, _ = kernels.triton_backend()
+    for op in module.TRITON_OPS:
+        want = str(getattr(torch.ops.torchqkit, op.split("::")[1]).default._schema).split("(", 1)[1]
+        got = str(getattr(torch.ops.torchqkit_triton, op.split("::")[1]).default._schema).split("(", 1)[1]
+        assert got.replace("SymInt", "int") == want, op
