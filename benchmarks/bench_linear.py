@@ -98,6 +98,9 @@ def main():
     p.add_argument("--reps", type=int, default=5, help="minimum timed calls per cell")
     p.add_argument("--budget", type=float, default=1.0, help="seconds per cell beyond the minimum reps")
     p.add_argument("--no-native", action="store_true", help="skip torch._weight_int8pack_mm")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: the GPU table of bench_linear_cuda.py (refuses to run without a GPU)")
+    p.add_argument("--peak-gbs", type=float, default=None, help="--device cuda: the GPU's peak DRAM GB/s")
     args = p.parse_args()
     shapes, ms = FULL_SHAPES, FULL_MS
     if args.quick:
@@ -106,6 +109,10 @@ def main():
         shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")]
     if args.ms:
         ms = [int(v) for v in args.ms.split(",")]
+
+    if args.device == "cuda":  # a sibling file: benchmarks/ is sys.path[0] when run as a script
+        from bench_linear_cuda import main_cuda
+        return main_cuda(args, shapes, ms)
 
     torch.manual_seed(0)
     print(f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs, torch {torch.__version__} "
