@@ -21,7 +21,8 @@ def _cpu_extension():
     from torch.utils.cpp_extension import BuildExtension, CppExtension
     ext = CppExtension(
         "torchqkit._C_cpu",
-        ["csrc/cpu/registration.cpp", "csrc/cpu/linear_int8.cpp"],
+        ["csrc/cpu/registration.cpp", "csrc/cpu/linear_int8.cpp", "csrc/cpu/linear_lowbit.cpp",
+         "csrc/cpu/linear_lowbit_ops.cpp"],
         # No -m<isa> flags: the SIMD code opts in per function (see csrc/cpu/linear_int8.cpp).
         extra_compile_args=["-O3"],
         py_limited_api=True,  # loaded with torch.ops.load_library: no Python bindings

@@ -17,7 +17,8 @@ from .core import (MappingType, PerAxis, PerBlock, PerGroup, PerRow, PerTensor, 
                    choose_qparams_affine, dequantize_affine, qdtypes, quantize_affine)
 from .layouts import Float8Layout, Layout, MXLayout, NF4Layout, PlainLayout
 from .layouts import PackedIntxLayout, TensorCoreTiledLayout
-from .serialization import CheckpointError, load_quantized, register_safe_globals, save_quantized
+from .serialization import (CheckpointError, load_quantized, quantize_checkpoint, register_safe_globals,
+                            save_quantized)
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
 
 __version__ = "0.1.0"

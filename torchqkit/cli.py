@@ -4,6 +4,7 @@ import argparse
 from collections.abc import Sequence
 
 from torchqkit import demo
+from torchqkit.serialization.cli import add_quantize_parser
 
 
 def _positive_int(text: str) -> int:
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m torchqkit", description="torchqkit tools")
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     _add_demo_parser(commands)
+    add_quantize_parser(commands)
     return parser
 
 

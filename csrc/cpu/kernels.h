@@ -57,4 +57,38 @@ void linear_weight_only(Isa isa, const WeightOnlyArgs& p, int64_t n0, int64_t n1
 int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p);
 void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1);
 
+// ---------------------------------------------------------------- low-bit weight-only (linear_lowbit.cpp)
+// The layouts' bytes as stored (see the docstrings of torchqkit/layouts/nf4.py, float8.py, packed_intx.py):
+//   y[m, n] = sum_k x[m, k] * (level(n, k) * s(n, k / g) + o(n, k / g)) + bias[n]
+// level: nf4 codebook value; float8 e4m3fn value / 256 (the glue folds 256 into s), e5m2 value;
+// intx: the unsigned field u (offset binary; the glue folds qmin and the zero point into o).
+enum class LowbitFormat : int { kNf4 = 0, kFloat8E4m3 = 1, kFloat8E5m2 = 2, kIntx = 3 };
+
+struct LowbitArgs {
+  LowbitFormat fmt;
+  int bits;               // intx: 1..7
+  const float* x;         // (M, K) fp32, row stride ldx >= K rounded up to 16; columns K..ldx-1 are zero
+  int64_t M, K, ldx;
+  const uint8_t* w;       // (N, row bytes), row stride ldw
+  int64_t N, ldw;
+  const float* scale;     // (N / bn, G) fp32 contiguous; nullptr: nf4 double quant (dq_* below)
+  const float* offset;    // (N / bn, G) or nullptr (no offset)
+  int64_t G, g, bn;       // g = K / G weights per group along K; bn rows share a scale row
+  const int8_t* dq_codes; // nf4 double quant: absmax[i] = dq_codes[i] * dq_scale[i / 256] + dq_offset,
+  const float* dq_scale;  //   i = n * G + group (row-major over (N, G))
+  float dq_offset;
+  const float* bias;      // (N) or nullptr
+  float* out;             // (M, N), row stride ldo
+  int64_t ldo;
+};
+
+// Decode (small M): rows [n0, n1), weights decoded in registers, each byte read once per 4 tokens.
+void linear_lowbit_dot(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1);
+// Prefill: rows [n0, n1) x columns [k0, k1) (k0 % 16 == 0) decoded to fp32 dst[(n - n0) * ldd + k - k0],
+// scales applied; columns up to k1 rounded to 16 are written (finite values, the glue multiplies them by 0).
+void lowbit_decode_rows(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1,
+                        float* dst, int64_t ldd);
+// The level TORCHQKIT_CPU_ISA allows (defined in registration.cpp, shared by every op family's glue).
+Isa selected_isa_for_ops();
+
 }  // namespace torchqkit_cpu

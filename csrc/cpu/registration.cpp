@@ -117,6 +117,9 @@ at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata
 }
 
 }  // namespace
+
+Isa selected_isa_for_ops() { return selected_isa(); }
+
 }  // namespace torchqkit_cpu
 
 TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {

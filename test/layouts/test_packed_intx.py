@@ -190,6 +190,6 @@ def test_ternary_knob_is_checked():
         qk.PackedIntxLayout(ternary=1)
 
 
-def test_kernel_status_reports_the_reference_path():
+def test_kernel_status_reports_the_kernel_and_the_reference_path():
     rows = [r for r in qk.kernels.status() if r["layout"] == "packed_intx"]
-    assert rows and all(r["path"] == "reference" for r in rows)
+    assert [r["path"].split(" ")[0] for r in rows] == ["torchqkit::linear_intxwo", "reference"]

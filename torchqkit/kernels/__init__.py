@@ -18,7 +18,7 @@ import torch
 from . import reference, schemas
 from ..tensor.activation import KernelPreference  # tensor/activation.py imports nothing from kernels/
 
-__all__ = ["status", "format_status", "cpu_backend", "CPU_EXTENSION_LOADED", "CPU_EXTENSION_REASON"]
+__all__ = ["status", "format_status", "cpu_backend", "KERNEL_ACT_DTYPES", "CPU_EXTENSION_LOADED", "CPU_EXTENSION_REASON"]
 
 
 def _load_cpu_extension() -> tuple[bool, str]:
@@ -51,10 +51,21 @@ _CPU_KERNEL_NOTES = {
 }
 
 
+_LOWBIT_NOTES = {  # see Note [Low-bit decode] in csrc/cpu/linear_lowbit.cpp
+    "avx512_vnni": "M <= 4: 16 weights per zmm decoded in registers (4 rows x 4 tokens); larger M: rows decoded "
+                   "to fp32 blocks (64 x 1024) fed to ATen's sgemm",
+    "avx2": "as avx512_vnni with 8-lane decoders (AVX2 + FMA + F16C)",
+    "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
+}
+_CPU_KERNEL_NOTES.update(dict.fromkeys(schemas.LOWBIT_CPU_OPS, _LOWBIT_NOTES))
+_CPU_OPS = schemas.OPS + schemas.LOWBIT_CPU_OPS  # ops with a C++ CPU kernel (status() lists them)
+KERNEL_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the C++ kernels take
+
+
 def cpu_backend(op: str) -> tuple[str, str]:
     """(backend, reason) serving custom op ``op`` (e.g. "torchqkit::linear_int8wo_plain") on CPU."""
-    if op not in schemas.OPS:
-        raise ValueError(f"unknown op {op!r}; torchqkit ops: {list(schemas.OPS)}")
+    if op not in _CPU_OPS:
+        raise ValueError(f"unknown op {op!r}; torchqkit ops with CPU kernels: {list(_CPU_OPS)}")
     if not CPU_EXTENSION_LOADED:
         return "reference", CPU_EXTENSION_REASON
     if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"):
@@ -72,7 +83,7 @@ def status() -> list[dict]:
     for layout in all_layouts():
         for row in getattr(layout, "linear_paths", lambda: [])():
             rows.append({"layout": layout.name, **row})
-    for op in schemas.OPS:
+    for op in _CPU_OPS:
         path, why = cpu_backend(op)
         rows.append({"layout": "(op)", "linear": op, "path": path, "why": why})
     rows += backend_status()

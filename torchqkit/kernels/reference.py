@@ -156,3 +156,73 @@ for _name, _fn in (("torchqkit::linear_int4wo_tiled", linear_int4wo_tiled_ref),
                    ("torchqkit::linear_mxwo", linear_mxwo_ref),
                    ("torchqkit::scaled_mm_fp8_rowwise", scaled_mm_fp8_rowwise_ref)):
     torch.library.impl(_name, "CompositeExplicitAutograd", _fn)
+
+
+# ------------------------------------------------------------------------------------------------
+# Low-bit weight-only ops served by C++ CPU kernels (issue 4, schemas.LOWBIT_CPU_OPS): linear_intxwo's
+# reference, and d/dx for all three (QLoRA trains adapters through a frozen NF4 weight): grad @ W, W
+# decoded from the stored bytes. No weight gradient; the bias gets one.
+# ------------------------------------------------------------------------------------------------
+
+def intx_fields(qdata, bits, k):
+    """(N, ceil(K * bits / 8)) uint8 -> (N, K) int64 offset-binary fields (Note [Packed intx bits], layouts)."""
+    bit = torch.arange(k, device=qdata.device) * bits
+    byte = bit // 8
+    word = qdata[:, byte].long() | (qdata[:, (byte + 1).clamp(max=qdata.shape[1] - 1)].long() << 8)
+    return (word >> (bit % 8)) & ((1 << bits) - 1)
+
+
+def intx_weight(qdata, scale, zero_point, bits, signed, zero_point_domain, k):
+    from ..core.qdtype import INT, UINT
+    qdtype = (INT if signed else UINT)[bits]
+    codes = intx_fields(qdata, bits, k) + int(qdtype.qmin)
+    block = (qdata.shape[0] // scale.shape[0], k // scale.shape[1])
+    return dequantize_affine(codes, qdtype, block, scale, zero_point, zero_point_domain=zero_point_domain,
+                             name="packed intx weight")
+
+
+def linear_intxwo_ref(x, qdata, scale, zero_point, bits, signed, zero_point_domain, bias=None):
+    return _linear_f32(x, intx_weight(qdata, scale, zero_point, bits, signed, zero_point_domain, x.shape[-1]), bias)
+
+
+def nf4_weight(qdata, scale, scale_codes, scale_block_scale, scale_offset, block_size):
+    from ..core.qdtype import nf4
+    codes = torch.stack([qdata >> 4, qdata & 0xF], dim=-1).reshape(qdata.shape[0], -1).long()
+    levels = torch.tensor(nf4.levels, dtype=torch.float32, device=qdata.device)
+    absmax = nf4_absmax(scale, scale_codes, scale_block_scale, scale_offset)
+    return levels[codes] * absmax.repeat_interleave(block_size, 1)
+
+
+torch.library.impl("torchqkit::linear_intxwo", "CompositeExplicitAutograd", linear_intxwo_ref)
+
+_LOWBIT_WEIGHTS = {  # op -> (weight args..., k) -> (N, K) float32
+    "torchqkit::linear_nf4wo": lambda *a, k: nf4_weight(*a),
+    "torchqkit::linear_fp8wo": lambda qdata, scale, k: qdata.float() * _expand_blocks(scale, qdata.shape),
+    "torchqkit::linear_intxwo": lambda *a, k: intx_weight(*a, k),
+}
+
+
+def _setup_weight_only(ctx, inputs, output):
+    x, *weight, bias = inputs
+    ctx.tensor_idx = [i for i, a in enumerate(weight) if isinstance(a, torch.Tensor)]
+    ctx.save_for_backward(*(weight[i] for i in ctx.tensor_idx))
+    ctx.weight = [None if i in ctx.tensor_idx else a for i, a in enumerate(weight)]
+    ctx.k, ctx.x_dtype, ctx.bias_dtype = x.shape[-1], x.dtype, None if bias is None else bias.dtype
+
+
+def _weight_only_backward(op):
+    def backward(ctx, grad):
+        weight = list(ctx.weight)
+        for i, t in zip(ctx.tensor_idx, ctx.saved_tensors):
+            weight[i] = t
+        grad_x = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = (grad.float() @ _LOWBIT_WEIGHTS[op](*weight, k=ctx.k)).to(ctx.x_dtype)
+        if ctx.bias_dtype is not None and ctx.needs_input_grad[-1]:
+            grad_bias = grad.reshape(-1, grad.shape[-1]).float().sum(0).to(ctx.bias_dtype)
+        return (grad_x, *([None] * len(weight)), grad_bias)
+    return backward
+
+
+for _name in _LOWBIT_WEIGHTS:
+    torch.library.register_autograd(_name, _weight_only_backward(_name), setup_context=_setup_weight_only)

@@ -28,7 +28,10 @@ OPS = ("torchqkit::linear_int8wo_plain", "torchqkit::linear_int8da_int8_plain")
 # GPU-first ops (issue 5): CUDA C++ and Triton backends; everywhere else their reference. See GPU_OPS_DOC.
 GPU_OPS = ("torchqkit::linear_int4wo_tiled", "torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo",
            "torchqkit::linear_mxwo", "torchqkit::scaled_mm_fp8_rowwise")
-ALL_OPS = OPS + GPU_OPS
+# Weight-only ops whose CPU kernels read the packed layouts' bytes (issue 4; csrc/cpu/linear_lowbit*.cpp).
+# linear_nf4wo and linear_fp8wo are GPU_OPS too; linear_intxwo is defined below.
+LOWBIT_CPU_OPS = ("torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo", "torchqkit::linear_intxwo")
+ALL_OPS = OPS + GPU_OPS + ("torchqkit::linear_intxwo",)
 
 
 def _linear_out(x, qdata, name):
@@ -128,3 +131,22 @@ torch.library.define(
 def _scaled_mm_fp8_rowwise_fake(a, b, scale_a, scale_b, bias=None, out_dtype=torch.float32):
     _check_x(a, b.shape[1], "scaled_mm_fp8_rowwise")
     return a.new_empty(a.shape[0], b.shape[0], dtype=out_dtype)
+
+
+# linear_intxwo(x, qdata, scale, zero_point, bits, signed, zero_point_domain, bias)
+#     PackedIntxLayout bytes (not ternary): qdata (N, ceil(K * bits / 8)) uint8, bits 1..7, each row a
+#     little-endian stream of offset-binary fields u = q - qmin (Note [Packed intx bits]); scale (N / bn, K / bk)
+#     and zero_point (same shape, or None) as the oracle stores them; zero_point_domain "none" | "int" | "float".
+#     w = dequantize_affine(u + qmin, int<bits> / uint<bits>, (bn, bk), scale, zero_point). Returns (..., N).
+torch.library.define(
+    "torchqkit::linear_intxwo",
+    "(Tensor x, Tensor qdata, Tensor scale, Tensor? zero_point, int bits, bool signed, str zero_point_domain, "
+    "Tensor? bias=None) -> Tensor")
+
+
+@torch.library.register_fake("torchqkit::linear_intxwo")
+def _linear_intxwo_fake(x, qdata, scale, zero_point, bits, signed, zero_point_domain, bias=None):
+    torch._check(qdata.dim() == 2 and qdata.shape[1] == -(-x.shape[-1] * bits // 8),
+                 lambda: f"linear_intxwo: qdata must be (N, ceil(K * bits / 8)) for K = {x.shape[-1]}, bits = {bits}, "
+                         f"got {tuple(qdata.shape)}")
+    return x.new_empty(*x.shape[:-1], qdata.shape[0])

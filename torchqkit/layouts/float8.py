@@ -10,8 +10,9 @@ Tensors:
 x = float(q) * scale, elements saturated at the format's max when quantized.
 
 Linear: with float8 dynamic / static activations and per-tensor / per-row weight scales it runs
-``torch._scaled_mm`` (layouts/scaled_mm.py, shared with PlainLayout); every other case (weight-only,
-per-block scales, KernelPreference.REFERENCE) runs the reference: dequantize + F.linear.
+``torch._scaled_mm`` (layouts/scaled_mm.py, shared with PlainLayout); weight-only (any scale granularity,
+float32 / bfloat16 / float16 activations) runs ``torchqkit::linear_fp8wo`` on these bytes (C++ CPU kernels);
+per-block scales with float8 activations, KernelPreference.REFERENCE: the reference, dequantize + F.linear.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ..core.primitives import ZeroPointDomain
 from ..core.qdtype import QKind
+from ..kernels import KERNEL_ACT_DTYPES, cpu_backend
+from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
 from .base import Layout, PackedSpec, PlainParts, register_layout, scale_specs
@@ -64,21 +67,27 @@ class Float8Layout(Layout):
     @staticmethod
     def linear_paths() -> list[dict]:
         """What serves F.linear for each kind of float8 weight (read by torchqkit.kernels.status())."""
+        fp8, fp8_why = cpu_backend(_FP8_OP)
         return [
             {"linear": "float8 act x per-tensor / per-row float8 weight", "path": "aten._scaled_mm",
              "why": "torch's CPU _scaled_mm is itself a slow reference implementation"},
             {"linear": "float8 act x per-block (e.g. 128x128) float8 weight", "path": "reference",
              "why": "_scaled_mm has no scales inside K; fake-quantized activation + dequantized weight"},
-            {"linear": "weight-only float8", "path": "reference",
-             "why": "dequantize + F.linear: no fused float8 weight-only kernel yet (CPU kernels: issue #4)"},
+            {"linear": "weight-only float8 (per tensor / row / block scales)", "path": f"{_FP8_OP} ({fp8})",
+             "why": fp8_why},
             {"linear": "any, KernelPreference.REFERENCE", "path": "reference", "why": "chosen explicitly"},
         ]
+
+
+_FP8_OP = "torchqkit::linear_fp8wo"
 
 
 @Float8Layout.ops.implements(F.linear)
 def _linear(w, x, bias):
     if scaled_mm_applies(w):
         return scaled_mm_linear(w, x, bias)
+    if w.act_quant is None and w.kernel_preference is KernelPreference.AUTO and x.dtype in KERNEL_ACT_DTYPES:
+        return torch.ops.torchqkit.linear_fp8wo(x, w.qdata, w.scale, bias)
     return reference_linear(w, x, bias)
 
 

@@ -28,8 +28,10 @@ A slice that starts inside a group of 256 (any in_features slice, most out_featu
 keep the 8-bit absmax: it stores its dequantized absmax in float32 (bit-exact, NF4Layout without
 double_quant) while qdata stays a view; out_features slices starting on a group boundary keep it.
 
-Linear runs the reference path (dequantize + F.linear), so autograd reaches the input and anything
-beside the frozen weight (QLoRA adapters) through F.linear's backward.
+Linear (KernelPreference.AUTO, float32 / bfloat16 / float16 activations) runs ``torchqkit::linear_nf4wo`` on
+these bytes as stored (C++ CPU kernels decode the double-quantized absmax per block); its autograd formula
+gives the input (and bias) gradients, so QLoRA adapters train through the frozen weight.
+KernelPreference.REFERENCE or other activation dtypes: dequantize + F.linear.
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ..core.primitives import ZeroPointDomain, choose_qparams_affine, dequantize_affine, quantize_affine
 from ..core.qdtype import int8, nf4
+from ..kernels import KERNEL_ACT_DTYPES, cpu_backend
+from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
 from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, register_layout
@@ -116,8 +120,11 @@ class NF4Layout(Layout):
 
     @staticmethod
     def linear_paths() -> list[dict]:
-        return [{"linear": "nf4 weight-only (QLoRA training included)", "path": "reference",
-                 "why": "dequantize + F.linear: no fused NF4 kernel yet (kernel issues #4, #5)"}]
+        path, why = cpu_backend(_NF4_OP)
+        return [{"linear": "nf4 weight-only, single or double quant (QLoRA training included)",
+                 "path": f"{_NF4_OP} ({path})", "why": why},
+                {"linear": "any, KernelPreference.REFERENCE, or activations not float32/bfloat16/float16",
+                 "path": "reference", "why": "chosen explicitly / no kernel for that activation dtype"}]
 
 
 def _double_quantize(absmax: torch.Tensor):
@@ -136,8 +143,15 @@ def _double_dequantize(codes: torch.Tensor, block_scale: torch.Tensor, offset: t
     return (vals[:codes.numel()] + offset).reshape(codes.shape)
 
 
-# No kernel yet: the reference (dequantize + F.linear) serves linear, as linear_paths() reports.
-NF4Layout.ops.implements(F.linear)(reference_linear)
+_NF4_OP = "torchqkit::linear_nf4wo"
+
+
+@NF4Layout.ops.implements(F.linear)
+def _linear(w, x, bias):
+    if w.kernel_preference is not KernelPreference.AUTO or x.dtype not in KERNEL_ACT_DTYPES:
+        return reference_linear(w, x, bias)
+    return torch.ops.torchqkit.linear_nf4wo(x, w.qdata, w.scale, w.scale_codes, w.scale_block_scale, w.scale_offset,
+                                            w.qlayout.block_size, bias)
 
 
 @NF4Layout.ops.implements(aten.slice.Tensor)

@@ -7,8 +7,9 @@ Tensors:
 See Note [Packed intx bits] and Note [Ternary bit planes] for the byte formats. Each row starts on a
 byte boundary, so slicing out_features is a row view; slices along in_features cut at whole bytes.
 
-Linear runs the reference path (dequantize + F.linear) until the packed-intx kernels land (issue #4);
-``linear_paths`` reports that.
+Linear: weight-only, not ternary, float32 / bfloat16 / float16 activations: ``torchqkit::linear_intxwo`` on
+these bytes (C++ CPU kernels); ternary planes, int8 dynamic activations and KernelPreference.REFERENCE run
+the reference (dequantize + F.linear). ``linear_paths`` reports which.
 
 Note [Packed intx bits]
 ~~~~~~~~~~~~~~~~~~~~~~~
@@ -43,6 +44,8 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ..core.primitives import ZeroPointDomain
 from ..core.qdtype import QKind, int2
+from ..kernels import KERNEL_ACT_DTYPES, cpu_backend
+from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
 from .base import Layout, PackedSpec, PlainParts, register_layout, scale_specs
@@ -117,8 +120,11 @@ class PackedIntxLayout(Layout):
     @staticmethod
     def linear_paths() -> list[dict]:
         """What serves F.linear for a packed intx weight (read by torchqkit.kernels.status())."""
-        return [{"linear": "1..7-bit int weight (weight-only or int8 dynamic act), incl. ternary", "path": "reference",
-                 "why": "dequantize + F.linear: no packed-intx kernel yet (CPU kernels: issue #4)"}]
+        path, why = cpu_backend(_INTX_OP)
+        return [{"linear": "1..7-bit int weight-only (any zero point domain, per-group / per-row)",
+                 "path": f"{_INTX_OP} ({path})", "why": why},
+                {"linear": "ternary bit planes, int8 dynamic act, KernelPreference.REFERENCE, other act dtypes",
+                 "path": "reference", "why": "dequantize + F.linear: no kernel reads ternary planes yet"}]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -169,8 +175,16 @@ def _unpack_ternary(packed: torch.Tensor, k: int) -> torch.Tensor:
 # ops
 # ------------------------------------------------------------------------------------------------
 
-# No kernel yet: the reference (dequantize + F.linear) serves linear, as linear_paths() reports.
-PackedIntxLayout.ops.implements(F.linear)(reference_linear)
+_INTX_OP = "torchqkit::linear_intxwo"
+
+
+@PackedIntxLayout.ops.implements(F.linear)
+def _linear(w, x, bias):
+    if (w.qlayout.ternary or w.act_quant is not None or w.kernel_preference is not KernelPreference.AUTO
+            or x.dtype not in KERNEL_ACT_DTYPES):
+        return reference_linear(w, x, bias)
+    return torch.ops.torchqkit.linear_intxwo(x, w.qdata, w.scale, w.zero_point, w.qdtype.bits, w.qdtype.signed,
+                                             ZeroPointDomain(w.zero_point_domain).value, bias)
 
 
 @PackedIntxLayout.ops.implements(aten.slice.Tensor)

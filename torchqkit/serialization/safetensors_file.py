@@ -175,7 +175,9 @@ class SafetensorsWriter:
                               "data_offsets": [self.nbytes, self.nbytes + n]}
         self.nbytes += n
 
-    def close(self, metadata: dict[str, str]) -> None:
+    def close(self, metadata: dict[str, str], path=None) -> None:
+        """Write the file (at ``path`` if given: shard names are known only once all shards are)."""
+        self.path = Path(path) if path is not None else self.path
         self._data.close()
         header = json.dumps({"__metadata__": metadata, **self.entries}, separators=(",", ":")).encode()
         header += b" " * (-len(header) % _ALIGN)  # data starts 8-byte aligned, as safetensors writes it
@@ -183,7 +185,7 @@ class SafetensorsWriter:
             with open(self.path, "wb") as out, open(self._tmp, "rb") as data:
                 out.write(len(header).to_bytes(8, "little"))
                 out.write(header)
-                shutil.copyfileobj(data, out, 16 << 20)
+                shutil.copyfileobj(data, out, 1 << 20)  # small chunks: the copy adds ~1 MB to peak memory
         finally:
             os.unlink(self._tmp)
 

@@ -75,11 +75,8 @@ def save_quantized(model_or_state_dict, path, *, max_shard_bytes: int | None = N
             groups.append((name, [(name, t)], None))
     shards = _plan_shards(groups, max_shard_bytes)
     path = Path(path)
-    header = {"format_version": FORMAT_VERSION, "torchqkit_version": _version(), "config": _encode_config(config),
-              "tied": tied}
-    files = [path] if len(shards) == 1 else [
-        path.with_name(f"{path.name.removesuffix('.safetensors')}-{i + 1:05d}-of-{len(shards):05d}.safetensors")
-        for i in range(len(shards))]
+    header = file_header(config, tied)
+    files = shard_paths(path, len(shards))
     summary = SaveSummary(files, tied=dict(tied))
     weight_map = {}
     for file, shard in zip(files, shards):
@@ -96,15 +93,32 @@ def save_quantized(model_or_state_dict, path, *, max_shard_bytes: int | None = N
         except BaseException:
             writer.abort()
             raise
-        writer.close(_file_metadata({**header, "weights": weights}))
+        writer.close(file_metadata({**header, "weights": weights}))
         summary.nbytes += writer.nbytes
     if len(shards) > 1:
-        index = {"metadata": {"torchqkit": json.dumps({**header, "weights": {}}), "total_size": summary.nbytes},
-                 "weight_map": weight_map}
-        index_path = path.with_name(path.name + INDEX_SUFFIX)
-        index_path.write_text(json.dumps(index, indent=1) + "\n")
-        summary.files.append(index_path)
+        summary.files.append(write_index(path, header, weight_map, summary.nbytes))
     return summary
+
+
+def shard_paths(path: Path, n: int) -> list[Path]:
+    if n == 1:
+        return [path]
+    stem = path.name.removesuffix(".safetensors")
+    return [path.with_name(f"{stem}-{i + 1:05d}-of-{n:05d}.safetensors") for i in range(n)]
+
+
+def write_index(path: Path, header: dict, weight_map: dict[str, str], total_size: int) -> Path:
+    index = {"metadata": {"torchqkit": json.dumps({**header, "weights": {}}), "total_size": total_size},
+             "weight_map": weight_map}
+    index_path = path.with_name(path.name + INDEX_SUFFIX)
+    index_path.write_text(json.dumps(index, indent=1) + "\n")
+    return index_path
+
+
+def file_header(config, tied: dict[str, str]) -> dict:
+    """The torchqkit header shared by every shard (each adds its own "weights")."""
+    return {"format_version": FORMAT_VERSION, "torchqkit_version": _version(), "config": _encode_config(config),
+            "tied": tied}
 
 
 def _named_tensors(obj) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -148,7 +162,7 @@ def _plan_shards(groups, max_shard_bytes):
     return shards
 
 
-def _file_metadata(header: dict) -> dict[str, str]:
+def file_metadata(header: dict) -> dict[str, str]:
     return {"format": "pt", "torchqkit_format": str(FORMAT_VERSION), "torchqkit": json.dumps(header)}
 
 
@@ -231,7 +245,7 @@ def _open_checkpoint(path) -> _Checkpoint:
         raise CheckpointError(f"{path}: no such checkpoint (a .safetensors file, its {INDEX_SUFFIX}, or a directory "
                               f"holding model.safetensors)")
     if path.name.endswith(INDEX_SUFFIX):
-        files, where = _read_index(path)
+        files, where = read_index(path)
     else:
         files, where = [path.name], None
     readers = {}
@@ -245,7 +259,7 @@ def _open_checkpoint(path) -> _Checkpoint:
         raise
 
 
-def _read_index(path: Path):
+def read_index(path: Path):
     try:
         index = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

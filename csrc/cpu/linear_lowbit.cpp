@@ -1,0 +1,588 @@
+// Low-bit weight-only linear kernels for x86 (scalar, AVX2 + FMA + F16C, AVX-512 F/BW/VL/DQ): NF4 (single
+// and double quantized), float8 e4m3fn / e5m2, packed intx (1..7 bits). They read the layouts' bytes as
+// stored (device-independent, no repacking); the bit layouts are documented in torchqkit/layouts/nf4.py,
+// float8.py and packed_intx.py.
+//
+// No torch header here (see kernels.h). Each ISA level is a `#pragma GCC target` region, as in
+// linear_int8.cpp, so the scalar code runs on any x86-64 CPU.
+//
+// See Note [Low-bit decode]: every format turns one "chunk" of 16 consecutive weights of a row (which starts
+// on a byte: 16 codes are 8 bytes of nf4, 16 of float8, 2 * bits of intx) into 16 fp32 levels; the scale
+// (and offset) of the chunk's group turns them into weights. Rows start on a byte boundary in every
+// layout, so chunk c of a row starts at byte c * kChunkBytes. The last chunk of a row (K % 16 != 0) is
+// copied into a zeroed stack buffer first, so no load reads past the row; the glue pads x with zero
+// columns up to a multiple of 16, so those lanes add nothing.
+//
+//   * dot kernel (decode, small M): 4 weight rows x up to 4 tokens per tile; the weights are decoded in
+//     registers and each byte is read from memory once per tile of tokens (bandwidth-bound at M = 1).
+//   * decode_rows (prefill): a block of rows x columns decoded to fp32 in a per-thread buffer that the
+//     glue hands to ATen's sgemm, so prefill runs at fp32 GEMM speed plus one decode per weight.
+#include "kernels.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace torchqkit_cpu {
+namespace {
+
+// NF4 levels of torchqkit/core/qdtype.py (_NF4_LEVELS), code i -> kNf4[i]; tests compare against the oracle.
+alignas(64) constexpr float kNf4[16] = {
+    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+    -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+    0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
+    0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+
+int64_t chunk_bytes(const LowbitArgs& p) {
+  switch (p.fmt) {
+    case LowbitFormat::kNf4: return 8;
+    case LowbitFormat::kIntx: return 2 * p.bits;
+    default: return 16;
+  }
+}
+
+int64_t row_bytes(const LowbitArgs& p) {
+  switch (p.fmt) {
+    case LowbitFormat::kNf4: return p.K / 2;
+    case LowbitFormat::kIntx: return (p.K * p.bits + 7) / 8;
+    default: return p.K;
+  }
+}
+
+// Scale and offset of group gi of row n (double-quantized NF4 absmax decoded here, per group).
+inline float row_scale(const LowbitArgs& p, int64_t n, int64_t gi) {
+  const int64_t i = (n / p.bn) * p.G + gi;
+  if (p.scale) return p.scale[i];
+  return (float)p.dq_codes[i] * p.dq_scale[i >> 8] + p.dq_offset;
+}
+inline float row_offset(const LowbitArgs& p, int64_t n, int64_t gi) {
+  return p.offset ? p.offset[(n / p.bn) * p.G + gi] : 0.f;
+}
+
+// Chunks may share one scale when groups are whole chunks (or one group spans the row); otherwise each
+// lane gets its group's scale (slow, for unusual group sizes only).
+inline bool chunk_aligned(const LowbitArgs& p) { return p.G == 1 || p.g % 16 == 0; }
+
+// Chunk c of a row: a pointer into the row, or (last partial chunk) to a zero-padded copy in tmp.
+inline const uint8_t* chunk_ptr(const uint8_t* row, int64_t c, int64_t cb, int64_t rb, uint8_t* tmp) {
+  const int64_t b0 = c * cb;
+  if (b0 + cb <= rb) return row + b0;
+  std::memset(tmp, 0, 32);
+  std::memcpy(tmp, row + b0, rb - b0);
+  return tmp;
+}
+
+// ================================================================================================
+// Scalar
+// ================================================================================================
+namespace scalar {
+
+float fp8_e4m3(uint8_t b) {  // value / 256 (the glue folds 256 into the scale; see kernels.h)
+  const int e = (b >> 3) & 0xF, m = b & 7;
+  float v;
+  if ((b & 0x7F) == 0x7F) v = std::numeric_limits<float>::quiet_NaN();
+  else if (e == 0) v = std::ldexp((float)m, -9);
+  else v = std::ldexp(1.f + m / 8.f, e - 7);
+  v *= 1.f / 256.f;
+  return (b & 0x80) ? -v : v;
+}
+
+float fp8_e5m2(uint8_t b) {
+  const int e = (b >> 2) & 0x1F, m = b & 3;
+  float v;
+  if (e == 31) v = m ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  else if (e == 0) v = std::ldexp((float)m, -16);
+  else v = std::ldexp(1.f + m / 4.f, e - 15);
+  return (b & 0x80) ? -v : v;
+}
+
+float level(const LowbitArgs& p, const uint8_t* row, int64_t k) {
+  switch (p.fmt) {
+    case LowbitFormat::kNf4: return kNf4[(k & 1) ? row[k >> 1] & 0xF : row[k >> 1] >> 4];
+    case LowbitFormat::kFloat8E4m3: return fp8_e4m3(row[k]);
+    case LowbitFormat::kFloat8E5m2: return fp8_e5m2(row[k]);
+    default: {
+      const int64_t bit = k * p.bits, byte = bit >> 3;
+      uint32_t v = row[byte];
+      if (((bit & 7) + p.bits) > 8) v |= (uint32_t)row[byte + 1] << 8;
+      return (float)((v >> (bit & 7)) & ((1u << p.bits) - 1));
+    }
+  }
+}
+
+float weight(const LowbitArgs& p, const uint8_t* row, int64_t n, int64_t k) {
+  const int64_t gi = k / p.g;
+  return level(p, row, k) * row_scale(p, n, gi) + row_offset(p, n, gi);
+}
+
+void dot(const LowbitArgs& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = p.w + n * p.ldw;
+    for (int64_t m = 0; m < p.M; ++m) {
+      const float* xr = p.x + m * p.ldx;
+      float acc = 0.f;
+      for (int64_t k = 0; k < p.K; ++k) acc += xr[k] * weight(p, row, n, k);
+      p.out[m * p.ldo + n] = acc + (p.bias ? p.bias[n] : 0.f);
+    }
+  }
+}
+
+void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* dst, int64_t ldd) {
+  const int64_t kend = (k1 + 15) / 16 * 16;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = p.w + n * p.ldw;
+    float* d = dst + (n - n0) * ldd;
+    for (int64_t k = k0; k < kend; ++k) d[k - k0] = k < p.K ? weight(p, row, n, k) : 0.f;
+  }
+}
+
+}  // namespace scalar
+
+// ================================================================================================
+// AVX-512 F/BW/VL/DQ: 16 lanes = one chunk
+// ================================================================================================
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+namespace avx512 {
+
+// ---------------------------------------------------------------- decoders: chunk bytes -> 16 levels
+struct Nf4 {
+  static constexpr int kBytes = 8;
+  __m512 lut;
+  __m512i shifts;  // element 2j is byte j's high nibble
+  Nf4() : lut(_mm512_load_ps(kNf4)), shifts(_mm512_set_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4)) {}
+  __m512 operator()(const uint8_t* b) const {
+    __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b));
+    v = _mm_unpacklo_epi8(v, v);  // b0 b0 b1 b1 ...
+    const __m512i i = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(v), shifts);
+    return _mm512_permutexvar_ps(i, lut);  // uses the index's low 4 bits only
+  }
+};
+
+// e4m3fn byte -> the fp16 with the same sign, exponent field (4 of fp16's 5 bits) and mantissa: its value
+// is the e4m3 value / 256, subnormals included, converted exactly by vcvtph2ps. 0x7F / 0xFF are NaN.
+struct F8E4m3 {
+  static constexpr int kBytes = 16;
+  __m512 operator()(const uint8_t* b) const {
+    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    const __m256i em = _mm256_and_si256(v, _mm256_set1_epi16(0x7F));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(em, 7),
+                                      _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8));
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(em, _mm256_set1_epi16(0x7F));
+    return _mm512_mask_mov_ps(_mm512_cvtph_ps(h), nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+  }
+};
+
+// e5m2 is the high byte of an fp16.
+struct F8E5m2 {
+  static constexpr int kBytes = 16;
+  __m512 operator()(const uint8_t* b) const {
+    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    return _mm512_cvtph_ps(_mm256_slli_epi16(v, 8));
+  }
+};
+
+// 16 fields of B bits = 2B bytes. Lane j reads the 4 bytes from byte (j B) / 8 (pshufb on the chunk
+// broadcast to every 128-bit lane; indices past the chunk read 0) and shifts right by (j B) % 8.
+template <int B>
+struct Intx {
+  static constexpr int kBytes = 2 * B;
+  __m512i ctrl, shifts;
+  Intx() {
+    alignas(64) int8_t c[64];
+    alignas(64) int32_t s[16];
+    for (int j = 0; j < 16; ++j) {
+      const int bit = j * B;
+      for (int t = 0; t < 4; ++t) {
+        const int byte = bit / 8 + t;
+        c[4 * j + t] = byte < 2 * B ? (int8_t)byte : (int8_t)0x80;
+      }
+      s[j] = bit % 8;
+    }
+    ctrl = _mm512_load_si512(c);
+    shifts = _mm512_load_si512(s);
+  }
+  __m512 operator()(const uint8_t* b) const {
+    const __m128i v = _mm_maskz_loadu_epi8((__mmask16)((1u << (2 * B)) - 1), b);
+    const __m512i d = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(v), ctrl);
+    const __m512i f = _mm512_and_si512(_mm512_srlv_epi32(d, shifts), _mm512_set1_epi32((1 << B) - 1));
+    return _mm512_cvtepi32_ps(f);
+  }
+};
+
+// Per-lane scales (and offsets) of chunk c of row n when groups are not whole chunks.
+inline void lane_scales(const LowbitArgs& p, int64_t n, int64_t c, __m512* s, __m512* o) {
+  alignas(64) float sv[16], ov[16];
+  for (int j = 0; j < 16; ++j) {
+    const int64_t gi = std::min((16 * c + j) / p.g, p.G - 1);
+    sv[j] = row_scale(p, n, gi);
+    ov[j] = row_offset(p, n, gi);
+  }
+  *s = _mm512_load_ps(sv);
+  *o = _mm512_load_ps(ov);
+}
+
+// ---------------------------------------------------------------- dot kernel
+constexpr int NB = 4;
+
+template <class D, int MB>
+void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr) {
+  const int64_t cb = D::kBytes, rb = row_bytes(p), nch = (p.K + 15) / 16;
+  const uint8_t* wr[NB];
+  int64_t rn[NB];
+  for (int i = 0; i < NB; ++i) {
+    rn[i] = n0 + std::min(i, nr - 1);
+    wr[i] = p.w + rn[i] * p.ldw;
+  }
+  const float* xr[MB];
+  for (int m = 0; m < MB; ++m) xr[m] = p.x + (m0 + m) * p.ldx;
+  __m512 acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_setzero_ps();
+  alignas(64) uint8_t tmp[NB][32];
+  const bool aligned = chunk_aligned(p), has_off = p.offset != nullptr;
+  const int64_t per_group = aligned ? (p.G == 1 ? nch : p.g / 16) : 1;
+  __m512 sv[NB], ov[NB];
+  for (int64_t c0 = 0; c0 < nch; c0 += per_group) {
+    for (int i = 0; i < NB; ++i) {
+      if (aligned) {
+        const int64_t gi = p.G == 1 ? 0 : c0 * 16 / p.g;
+        sv[i] = _mm512_set1_ps(row_scale(p, rn[i], gi));
+        ov[i] = _mm512_set1_ps(row_offset(p, rn[i], gi));
+      } else {
+        lane_scales(p, rn[i], c0, &sv[i], &ov[i]);
+      }
+    }
+    const int64_t c1 = std::min(nch, c0 + per_group);
+    for (int64_t c = c0; c < c1; ++c) {
+      __m512 wv[NB];
+      const bool tail = (c + 1) * cb > rb;
+      for (int i = 0; i < NB; ++i) {
+        const __m512 lv = dec(tail ? chunk_ptr(wr[i], c, cb, rb, tmp[i]) : wr[i] + c * cb);
+        wv[i] = has_off ? _mm512_fmadd_ps(lv, sv[i], ov[i]) : _mm512_mul_ps(lv, sv[i]);
+      }
+      for (int m = 0; m < MB; ++m) {
+        const __m512 xv = _mm512_loadu_ps(xr[m] + 16 * c);
+        for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_fmadd_ps(xv, wv[i], acc[m][i]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < nr; ++i)
+      p.out[(m0 + m) * p.ldo + n0 + i] = _mm512_reduce_add_ps(acc[m][i]) + (p.bias ? p.bias[n0 + i] : 0.f);
+}
+
+template <class D>
+void dot(const LowbitArgs& p, int64_t n0, int64_t n1) {
+  const D dec;
+  for (int64_t n = n0; n < n1; n += NB) {
+    const int nr = (int)std::min<int64_t>(NB, n1 - n);
+    for (int64_t m = 0; m < p.M; m += 4) {
+      switch (std::min<int64_t>(4, p.M - m)) {
+        case 4: dot_tile<D, 4>(p, dec, m, n, nr); break;
+        case 3: dot_tile<D, 3>(p, dec, m, n, nr); break;
+        case 2: dot_tile<D, 2>(p, dec, m, n, nr); break;
+        default: dot_tile<D, 1>(p, dec, m, n, nr); break;
+      }
+    }
+  }
+}
+
+template <class D>
+void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* dst, int64_t ldd) {
+  const D dec;
+  const int64_t cb = D::kBytes, rb = row_bytes(p), c0 = k0 / 16, c1 = (k1 + 15) / 16;
+  const bool aligned = chunk_aligned(p), has_off = p.offset != nullptr;
+  alignas(64) uint8_t tmp[32];
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = p.w + n * p.ldw;
+    float* d = dst + (n - n0) * ldd - k0;
+    __m512 sv, ov;
+    int64_t gcur = -1;
+    for (int64_t c = c0; c < c1; ++c) {
+      if (!aligned) {
+        lane_scales(p, n, c, &sv, &ov);
+      } else if (const int64_t gi = p.G == 1 ? 0 : c * 16 / p.g; gi != gcur) {
+        gcur = gi;
+        sv = _mm512_set1_ps(row_scale(p, n, gi));
+        ov = _mm512_set1_ps(row_offset(p, n, gi));
+      }
+      const __m512 lv = dec((c + 1) * cb > rb ? chunk_ptr(row, c, cb, rb, tmp) : row + c * cb);
+      _mm512_storeu_ps(d + 16 * c, has_off ? _mm512_fmadd_ps(lv, sv, ov) : _mm512_mul_ps(lv, sv));
+    }
+  }
+}
+
+template <template <class> class Fn, class... A>
+void by_format(const LowbitArgs& p, A... a) {
+  switch (p.fmt) {
+    case LowbitFormat::kNf4: return Fn<Nf4>::run(p, a...);
+    case LowbitFormat::kFloat8E4m3: return Fn<F8E4m3>::run(p, a...);
+    case LowbitFormat::kFloat8E5m2: return Fn<F8E5m2>::run(p, a...);
+    default: break;
+  }
+  switch (p.bits) {
+    case 1: return Fn<Intx<1>>::run(p, a...);
+    case 2: return Fn<Intx<2>>::run(p, a...);
+    case 3: return Fn<Intx<3>>::run(p, a...);
+    case 4: return Fn<Intx<4>>::run(p, a...);
+    case 5: return Fn<Intx<5>>::run(p, a...);
+    case 6: return Fn<Intx<6>>::run(p, a...);
+    default: return Fn<Intx<7>>::run(p, a...);
+  }
+}
+template <class D> struct DotFn { static void run(const LowbitArgs& p, int64_t n0, int64_t n1) { dot<D>(p, n0, n1); } };
+template <class D> struct DecodeFn {
+  static void run(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* d, int64_t ldd) {
+    decode_rows<D>(p, n0, n1, k0, k1, d, ldd);
+  }
+};
+
+}  // namespace avx512
+#pragma GCC pop_options
+
+// ================================================================================================
+// AVX2 + FMA + F16C: a chunk is two 8-lane halves
+// ================================================================================================
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+
+struct Half { __m256 v[2]; };
+
+struct Nf4 {
+  static constexpr int kBytes = 8;
+  __m256 lo, hi;
+  __m256i shifts;
+  Nf4() : lo(_mm256_load_ps(kNf4)), hi(_mm256_load_ps(kNf4 + 8)), shifts(_mm256_set_epi32(0, 4, 0, 4, 0, 4, 0, 4)) {}
+  __m256 half(const uint8_t* b) const {  // 4 bytes -> 8 levels
+    int32_t raw;
+    std::memcpy(&raw, b, 4);
+    __m128i v = _mm_cvtsi32_si128(raw);
+    v = _mm_unpacklo_epi8(v, v);
+    const __m256i i = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(v), shifts), _mm256_set1_epi32(0xF));
+    const __m256 l = _mm256_permutevar8x32_ps(lo, i), h = _mm256_permutevar8x32_ps(hi, i);
+    return _mm256_blendv_ps(l, h, _mm256_castsi256_ps(_mm256_slli_epi32(i, 28)));  // bit 3 -> sign bit
+  }
+  Half operator()(const uint8_t* b) const { return {{half(b), half(b + 4)}}; }
+};
+
+inline __m128i load8(const uint8_t* b) {
+  int64_t raw;
+  std::memcpy(&raw, b, 8);
+  return _mm_cvtepu8_epi16(_mm_cvtsi64_si128(raw));
+}
+
+struct F8E4m3 {  // see avx512::F8E4m3
+  static constexpr int kBytes = 16;
+  __m256 half(const uint8_t* b) const {
+    const __m128i v = load8(b);
+    const __m128i em = _mm_and_si128(v, _mm_set1_epi16(0x7F));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(em, 7), _mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x80)), 8));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(em, _mm_set1_epi16(0x7F))));
+    return _mm256_blendv_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), nan);
+  }
+  Half operator()(const uint8_t* b) const { return {{half(b), half(b + 8)}}; }
+};
+
+struct F8E5m2 {
+  static constexpr int kBytes = 16;
+  __m256 half(const uint8_t* b) const { return _mm256_cvtph_ps(_mm_slli_epi16(load8(b), 8)); }
+  Half operator()(const uint8_t* b) const { return {{half(b), half(b + 8)}}; }
+};
+
+template <int B>
+struct Intx {  // 8 fields = B bytes per half; see avx512::Intx
+  static constexpr int kBytes = 2 * B;
+  __m256i ctrl, shifts;
+  Intx() {
+    alignas(32) int8_t c[32];
+    alignas(32) int32_t s[8];
+    for (int j = 0; j < 8; ++j) {
+      const int bit = j * B;
+      for (int t = 0; t < 4; ++t) {
+        const int byte = bit / 8 + t;
+        c[4 * j + t] = byte < B ? (int8_t)byte : (int8_t)0x80;
+      }
+      s[j] = bit % 8;
+    }
+    ctrl = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
+    shifts = _mm256_load_si256(reinterpret_cast<const __m256i*>(s));
+  }
+  __m256 half(const uint8_t* b) const {
+    int64_t raw = 0;
+    std::memcpy(&raw, b, B);
+    const __m256i d = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_cvtsi64_si128(raw)), ctrl);
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(d, shifts), _mm256_set1_epi32((1 << B) - 1)));
+  }
+  Half operator()(const uint8_t* b) const { return {{half(b), half(b + B)}}; }
+};
+
+inline void lane_scales(const LowbitArgs& p, int64_t n, int64_t c, Half* s, Half* o) {
+  alignas(32) float sv[16], ov[16];
+  for (int j = 0; j < 16; ++j) {
+    const int64_t gi = std::min((16 * c + j) / p.g, p.G - 1);
+    sv[j] = row_scale(p, n, gi);
+    ov[j] = row_offset(p, n, gi);
+  }
+  *s = {{_mm256_load_ps(sv), _mm256_load_ps(sv + 8)}};
+  *o = {{_mm256_load_ps(ov), _mm256_load_ps(ov + 8)}};
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+constexpr int NB = 4;
+
+template <class D, int MB>
+void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr) {
+  const int64_t cb = D::kBytes, rb = row_bytes(p), nch = (p.K + 15) / 16;
+  const uint8_t* wr[NB];
+  int64_t rn[NB];
+  for (int i = 0; i < NB; ++i) {
+    rn[i] = n0 + std::min(i, nr - 1);
+    wr[i] = p.w + rn[i] * p.ldw;
+  }
+  const float* xr[MB];
+  for (int m = 0; m < MB; ++m) xr[m] = p.x + (m0 + m) * p.ldx;
+  __m256 acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_setzero_ps();
+  alignas(32) uint8_t tmp[NB][32];
+  const bool aligned = chunk_aligned(p), has_off = p.offset != nullptr;
+  const int64_t per_group = aligned ? (p.G == 1 ? nch : p.g / 16) : 1;
+  Half sv[NB], ov[NB];
+  for (int64_t c0 = 0; c0 < nch; c0 += per_group) {
+    for (int i = 0; i < NB; ++i) {
+      if (aligned) {
+        const int64_t gi = p.G == 1 ? 0 : c0 * 16 / p.g;
+        const __m256 s = _mm256_set1_ps(row_scale(p, rn[i], gi)), o = _mm256_set1_ps(row_offset(p, rn[i], gi));
+        sv[i] = {{s, s}};
+        ov[i] = {{o, o}};
+      } else {
+        lane_scales(p, rn[i], c0, &sv[i], &ov[i]);
+      }
+    }
+    const int64_t c1 = std::min(nch, c0 + per_group);
+    for (int64_t c = c0; c < c1; ++c) {
+      const bool tail = (c + 1) * cb > rb;
+      for (int h = 0; h < 2; ++h) {
+        __m256 wv[NB];
+        for (int i = 0; i < NB; ++i) {
+          const uint8_t* src = tail ? chunk_ptr(wr[i], c, cb, rb, tmp[i]) : wr[i] + c * cb;
+          const __m256 lv = dec.half(src + h * (cb / 2));
+          wv[i] = has_off ? _mm256_fmadd_ps(lv, sv[i].v[h], ov[i].v[h]) : _mm256_mul_ps(lv, sv[i].v[h]);
+        }
+        for (int m = 0; m < MB; ++m) {
+          const __m256 xv = _mm256_loadu_ps(xr[m] + 16 * c + 8 * h);
+          for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_fmadd_ps(xv, wv[i], acc[m][i]);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < nr; ++i)
+      p.out[(m0 + m) * p.ldo + n0 + i] = hsum(acc[m][i]) + (p.bias ? p.bias[n0 + i] : 0.f);
+}
+
+template <class D>
+void dot(const LowbitArgs& p, int64_t n0, int64_t n1) {
+  const D dec;
+  for (int64_t n = n0; n < n1; n += NB) {
+    const int nr = (int)std::min<int64_t>(NB, n1 - n);
+    int64_t m = 0;
+    for (; m + 2 <= p.M; m += 2) dot_tile<D, 2>(p, dec, m, n, nr);
+    if (m < p.M) dot_tile<D, 1>(p, dec, m, n, nr);
+  }
+}
+
+template <class D>
+void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* dst, int64_t ldd) {
+  const D dec;
+  const int64_t cb = D::kBytes, rb = row_bytes(p), c0 = k0 / 16, c1 = (k1 + 15) / 16;
+  const bool aligned = chunk_aligned(p), has_off = p.offset != nullptr;
+  alignas(32) uint8_t tmp[32];
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = p.w + n * p.ldw;
+    float* d = dst + (n - n0) * ldd - k0;
+    Half sv, ov;
+    int64_t gcur = -1;
+    for (int64_t c = c0; c < c1; ++c) {
+      if (!aligned) {
+        lane_scales(p, n, c, &sv, &ov);
+      } else if (const int64_t gi = p.G == 1 ? 0 : c * 16 / p.g; gi != gcur) {
+        gcur = gi;
+        const __m256 s = _mm256_set1_ps(row_scale(p, n, gi)), o = _mm256_set1_ps(row_offset(p, n, gi));
+        sv = {{s, s}};
+        ov = {{o, o}};
+      }
+      const Half lv = dec((c + 1) * cb > rb ? chunk_ptr(row, c, cb, rb, tmp) : row + c * cb);
+      for (int h = 0; h < 2; ++h)
+        _mm256_storeu_ps(d + 16 * c + 8 * h,
+                         has_off ? _mm256_fmadd_ps(lv.v[h], sv.v[h], ov.v[h]) : _mm256_mul_ps(lv.v[h], sv.v[h]));
+    }
+  }
+}
+
+template <template <class> class Fn, class... A>
+void by_format(const LowbitArgs& p, A... a) {
+  switch (p.fmt) {
+    case LowbitFormat::kNf4: return Fn<Nf4>::run(p, a...);
+    case LowbitFormat::kFloat8E4m3: return Fn<F8E4m3>::run(p, a...);
+    case LowbitFormat::kFloat8E5m2: return Fn<F8E5m2>::run(p, a...);
+    default: break;
+  }
+  switch (p.bits) {
+    case 1: return Fn<Intx<1>>::run(p, a...);
+    case 2: return Fn<Intx<2>>::run(p, a...);
+    case 3: return Fn<Intx<3>>::run(p, a...);
+    case 4: return Fn<Intx<4>>::run(p, a...);
+    case 5: return Fn<Intx<5>>::run(p, a...);
+    case 6: return Fn<Intx<6>>::run(p, a...);
+    default: return Fn<Intx<7>>::run(p, a...);
+  }
+}
+template <class D> struct DotFn { static void run(const LowbitArgs& p, int64_t n0, int64_t n1) { dot<D>(p, n0, n1); } };
+template <class D> struct DecodeFn {
+  static void run(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* d, int64_t ldd) {
+    decode_rows<D>(p, n0, n1, k0, k1, d, ldd);
+  }
+};
+
+}  // namespace avx2
+#pragma GCC pop_options
+
+// Every AVX2 CPU also has F16C (float8 decode); a CPU without it runs the scalar level.
+Isa lowbit_isa(Isa isa) {
+  __builtin_cpu_init();
+  if (isa == Isa::kAvx2 && !__builtin_cpu_supports("f16c")) return Isa::kScalar;
+  return isa;
+}
+
+}  // namespace
+
+void linear_lowbit_dot(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1) {
+  switch (lowbit_isa(isa)) {
+    case Isa::kAvx512Vnni: return avx512::by_format<avx512::DotFn>(p, n0, n1);
+    case Isa::kAvx2: return avx2::by_format<avx2::DotFn>(p, n0, n1);
+    default: return scalar::dot(p, n0, n1);
+  }
+}
+
+void lowbit_decode_rows(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* dst,
+                        int64_t ldd) {
+  switch (lowbit_isa(isa)) {
+    case Isa::kAvx512Vnni: return avx512::by_format<avx512::DecodeFn>(p, n0, n1, k0, k1, dst, ldd);
+    case Isa::kAvx2: return avx2::by_format<avx2::DecodeFn>(p, n0, n1, k0, k1, dst, ldd);
+    default: return scalar::decode_rows(p, n0, n1, k0, k1, dst, ldd);
+  }
+}
+
+}  // namespace torchqkit_cpu

@@ -1,0 +1,210 @@
+// CPU backend of the low-bit weight-only linear ops: argument checks, scale plumbing, threads, ISA choice.
+//
+// torchqkit::linear_nf4wo, torchqkit::linear_fp8wo and torchqkit::linear_intxwo are defined (schema, fake,
+// reference) in torchqkit/kernels/schemas.py; the kernels are in linear_lowbit.cpp.
+//
+// Two paths (see Note [Low-bit decode] in linear_lowbit.cpp):
+//   M <= kDotMaxM: the dot kernel, weights decoded in registers, at::parallel_for over blocks of rows.
+//   larger M:      at::parallel_for over blocks of kBlockRows rows; each thread decodes kBlockK columns of
+//                  its rows to fp32 (L2-sized) and multiplies with ATen's sgemm (single-threaded inside the
+//                  parallel region), accumulating into its columns of the output.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+
+namespace torchqkit_cpu {
+namespace {
+
+constexpr int64_t kDotMaxM = 4;       // measured with benchmarks/bench_linear.py --formats
+constexpr int64_t kDotBlockRows = 16;
+constexpr int64_t kBlockRows = 64;    // prefill: 64 rows x 1024 k of fp32 = 256 KiB per thread
+constexpr int64_t kBlockK = 1024;
+
+void check_x(const at::Tensor& x, int64_t k, const char* op) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == k, op, ": x has ", x.size(-1), " features but the weight has K = ", k);
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op,
+              ": activations must be float32, bfloat16 or float16, got ", dt);
+}
+
+// (N / bn, G) fp32 contiguous, with bn and g = K / G checked.
+at::Tensor block_scales(const at::Tensor& s, int64_t n, int64_t k, const char* what, const char* op) {
+  TORCH_CHECK(s.dim() == 2 && s.size(0) >= 1 && s.size(1) >= 1 && n % s.size(0) == 0 && k % s.size(1) == 0, op,
+              ": ", what, " must be 2-d (N / bn, K / bk) dividing (N, K) = (", n, ", ", k, "), got ", s.sizes());
+  return s.to(at::kFloat).contiguous();
+}
+
+std::vector<int64_t> out_shape(const at::Tensor& x, int64_t n) {
+  std::vector<int64_t> s(x.sizes().begin(), x.sizes().end());
+  s.back() = n;
+  return s;
+}
+
+// Fills the activation / output / bias fields of p, runs the kernels, returns (..., N) in x.dtype.
+at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor>& bias, const char* op) {
+  const int64_t N = p.N, K = p.K, K16 = (K + 15) / 16 * 16;
+  at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat);
+  const int64_t M = x2.size(0);
+  at::Tensor xp = K16 == K ? x2.contiguous() : at::constant_pad_nd(x2, {0, K16 - K}, 0);
+  at::Tensor b;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, op, ": bias must have shape (", N, "), got ", bias->sizes());
+    b = bias->to(at::kFloat).contiguous();
+  }
+  at::Tensor out = at::empty({M, N}, x2.options());
+  if (M > 0 && N > 0) {
+    p.x = xp.data_ptr<float>();
+    p.M = M;
+    p.ldx = K16;
+    p.bias = b.defined() ? b.data_ptr<float>() : nullptr;
+    p.out = out.data_ptr<float>();
+    p.ldo = N;
+    const Isa isa = selected_isa_for_ops();
+    if (M <= kDotMaxM) {
+      at::parallel_for(0, (N + kDotBlockRows - 1) / kDotBlockRows, 1, [&](int64_t b0, int64_t b1) {
+        linear_lowbit_dot(isa, p, b0 * kDotBlockRows, std::min(b1 * kDotBlockRows, N));
+      });
+    } else {
+      at::parallel_for(0, (N + kBlockRows - 1) / kBlockRows, 1, [&](int64_t b0, int64_t b1) {
+        std::vector<float> buf(kBlockRows * kBlockK);
+        for (int64_t blk = b0; blk < b1; ++blk) {
+          const int64_t n0 = blk * kBlockRows, nb = std::min(kBlockRows, N - n0);
+          at::Tensor o = out.narrow(1, n0, nb);
+          for (int64_t k0 = 0; k0 < K; k0 += kBlockK) {
+            const int64_t kc = std::min(kBlockK, K - k0);
+            lowbit_decode_rows(isa, p, n0, n0 + nb, k0, k0 + kc, buf.data(), kBlockK);
+            const at::Tensor wt = at::from_blob(buf.data(), {nb, kc}, {kBlockK, 1}, x2.options());
+            o.addmm_(xp.narrow(1, k0, kc), wt.t(), k0 == 0 ? 0.0 : 1.0, 1.0);
+          }
+        }
+      });
+      if (b.defined()) out.add_(b);
+    }
+  }
+  return out.to(x.scalar_type()).reshape(out_shape(x, N));
+}
+
+LowbitArgs weight_args(const at::Tensor& w, LowbitFormat fmt, int64_t N, int64_t K) {
+  LowbitArgs p{};
+  p.fmt = fmt;
+  p.w = reinterpret_cast<const uint8_t*>(w.data_ptr());
+  p.N = N;
+  p.K = K;
+  p.ldw = w.stride(0);
+  return p;
+}
+
+// Row-major with unit column stride (a narrowed view is fine); otherwise a contiguous copy.
+at::Tensor rows(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+
+at::Tensor linear_nf4wo(const at::Tensor& x, const at::Tensor& qdata, const std::optional<at::Tensor>& scale,
+                        const std::optional<at::Tensor>& scale_codes, const std::optional<at::Tensor>& scale_block_scale,
+                        const std::optional<at::Tensor>& scale_offset, int64_t block_size,
+                        const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "torchqkit::linear_nf4wo";
+  TORCH_CHECK(qdata.dim() == 2 && qdata.scalar_type() == at::kByte, op,
+              ": qdata must be (N, K / 2) uint8, got ", qdata.scalar_type(), " of shape ", qdata.sizes());
+  const int64_t N = qdata.size(0), K = 2 * qdata.size(1);
+  check_x(x, K, op);
+  TORCH_CHECK(block_size >= 2 && block_size % 2 == 0 && K % block_size == 0, op, ": block_size ", block_size,
+              " must be even and divide K = ", K);
+  const int64_t G = K / block_size;
+  const at::Tensor w = rows(qdata);
+  LowbitArgs p = weight_args(w, LowbitFormat::kNf4, N, K);
+  p.G = G;
+  p.g = block_size;
+  p.bn = 1;
+  at::Tensor s, codes, bs;
+  if (scale.has_value()) {
+    TORCH_CHECK(!scale_codes.has_value(), op, ": pass either scale or the double-quantized scale_* tensors");
+    TORCH_CHECK(scale->dim() == 2 && scale->size(0) == N && scale->size(1) == G, op, ": scale must be (N, K / B) = (",
+                N, ", ", G, "), got ", scale->sizes());
+    s = scale->to(at::kFloat).contiguous();
+    p.scale = s.data_ptr<float>();
+  } else {
+    TORCH_CHECK(scale_codes.has_value() && scale_block_scale.has_value() && scale_offset.has_value(), op,
+                ": without scale, scale_codes, scale_block_scale and scale_offset are all required");
+    TORCH_CHECK(scale_codes->scalar_type() == at::kChar && scale_codes->numel() == N * G, op,
+                ": scale_codes must be (N, K / B) int8, got ", scale_codes->scalar_type(), " ", scale_codes->sizes());
+    TORCH_CHECK(scale_block_scale->numel() * 256 >= N * G && scale_offset->numel() == 1, op,
+                ": scale_block_scale needs ceil(N * K / B / 256) values and scale_offset one");
+    codes = scale_codes->contiguous();
+    bs = scale_block_scale->to(at::kFloat).contiguous();
+    p.dq_codes = codes.data_ptr<int8_t>();
+    p.dq_scale = bs.data_ptr<float>();
+    p.dq_offset = scale_offset->to(at::kFloat).item<float>();
+  }
+  return run(x, p, bias, op);
+}
+
+at::Tensor linear_fp8wo(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
+                        const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "torchqkit::linear_fp8wo";
+  const auto qt = qdata.scalar_type();
+  TORCH_CHECK(qdata.dim() == 2 && (qt == at::kFloat8_e4m3fn || qt == at::kFloat8_e5m2), op,
+              ": qdata must be (N, K) float8_e4m3fn or float8_e5m2, got ", qt, " of shape ", qdata.sizes());
+  const int64_t N = qdata.size(0), K = qdata.size(1);
+  check_x(x, K, op);
+  const at::Tensor w = rows(qdata);
+  at::Tensor s = block_scales(scale, N, K, "scale", op);
+  if (qt == at::kFloat8_e4m3fn) s = s * 256.0;  // the e4m3 decoder yields value / 256 (exact power of two)
+  LowbitArgs p = weight_args(w, qt == at::kFloat8_e4m3fn ? LowbitFormat::kFloat8E4m3 : LowbitFormat::kFloat8E5m2, N, K);
+  p.scale = s.data_ptr<float>();
+  p.G = s.size(1);
+  p.g = K / p.G;
+  p.bn = N / s.size(0);
+  return run(x, p, bias, op);
+}
+
+at::Tensor linear_intxwo(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
+                         const std::optional<at::Tensor>& zero_point, int64_t bits, bool is_signed,
+                         c10::string_view zero_point_domain, const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "torchqkit::linear_intxwo";
+  TORCH_CHECK(bits >= 1 && bits <= 7, op, ": bits must be 1..7, got ", bits);
+  const int64_t N = qdata.size(0), K = x.size(-1);
+  TORCH_CHECK(qdata.dim() == 2 && qdata.scalar_type() == at::kByte && qdata.size(1) == (K * bits + 7) / 8, op,
+              ": qdata must be (N, ceil(K * bits / 8)) = (N, ", (K * bits + 7) / 8, ") uint8, got ",
+              qdata.scalar_type(), " of shape ", qdata.sizes());
+  check_x(x, K, op);
+  const std::string zpd(zero_point_domain);
+  TORCH_CHECK(zpd == "none" || zpd == "int" || zpd == "float", op, ": zero_point_domain must be none, int or float");
+  TORCH_CHECK((zpd == "none") != zero_point.has_value(), op, ": zero_point_domain=", zpd, " but zero_point is ",
+              zero_point.has_value() ? "given" : "missing");
+  const at::Tensor s = block_scales(scale, N, K, "scale", op);
+  const int64_t qmin = is_signed ? -(int64_t(1) << (bits - 1)) : 0, qmax = qmin + (int64_t(1) << bits) - 1;
+  // w = (u + qmin) * s [- z * s | + z - mid * s]  ==  u * s + offset   (u: the stored unsigned field)
+  at::Tensor off;
+  if (zpd == "none") {
+    if (qmin != 0) off = s * (double)qmin;
+  } else {
+    TORCH_CHECK(zero_point->sizes() == scale.sizes(), op, ": zero_point must have the scale's shape ", scale.sizes());
+    const at::Tensor z = zero_point->to(at::kFloat);
+    const int64_t mid = (qmin + qmax + 1) / 2;  // the oracle's code_midpoint (qmin + qmax + 1 >= 0 here)
+    off = zpd == "int" ? ((double)qmin - z) * s : s * (double)(qmin - mid) + z;
+    off = off.contiguous();
+  }
+  const at::Tensor w = rows(qdata);
+  LowbitArgs p = weight_args(w, LowbitFormat::kIntx, N, K);
+  p.bits = (int)bits;
+  p.scale = s.data_ptr<float>();
+  p.offset = off.defined() ? off.data_ptr<float>() : nullptr;
+  p.G = s.size(1);
+  p.g = K / p.G;
+  p.bn = N / s.size(0);
+  return run(x, p, bias, op);
+}
+
+}  // namespace
+}  // namespace torchqkit_cpu
+
+TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
+  m.impl("linear_nf4wo", &torchqkit_cpu::linear_nf4wo);
+  m.impl("linear_fp8wo", &torchqkit_cpu::linear_fp8wo);
+  m.impl("linear_intxwo", &torchqkit_cpu::linear_intxwo);
+}

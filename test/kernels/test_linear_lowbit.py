@@ -1,0 +1,310 @@
+"""torchqkit::linear_nf4wo, linear_fp8wo and linear_intxwo: the C++ CPU kernels (csrc/cpu/linear_lowbit*.cpp)
+on the layouts' own bytes against F.linear(x, w.dequantize()), under every ISA level this CPU runs; opcheck,
+unaligned data, routing from the layouts, autograd (QLoRA), torch.compile."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._inductor.utils import run_and_get_code
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torchqkit as qk
+from torchqkit import kernels
+from torchqkit.core import qdtypes as Q
+
+NF4 = torch.ops.torchqkit.linear_nf4wo
+FP8 = torch.ops.torchqkit.linear_fp8wo
+INTX = torch.ops.torchqkit.linear_intxwo
+_LEVELS = ["scalar", "avx2", "avx512_vnni"]
+
+
+def _cpu_levels() -> list[str]:
+    if not kernels.CPU_EXTENSION_LOADED:
+        return []
+    env = os.environ.pop("TORCHQKIT_CPU_ISA", None)
+    try:
+        best = torch.ops.torchqkit_cpu.isa()
+    finally:
+        if env is not None:
+            os.environ["TORCHQKIT_CPU_ISA"] = env
+    return _LEVELS[: _LEVELS.index(best) + 1]
+
+
+LEVELS = _cpu_levels()
+needs_ext = pytest.mark.skipif(not LEVELS, reason=f"no C++ CPU kernels: {kernels.CPU_EXTENSION_REASON}")
+isa_param = pytest.mark.parametrize("isa", LEVELS or ["none"])
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+# Kernel vs reference on the same stored bytes: both decode to the same float32 weights (the kernel's
+# w = level * s (+ offset) may round once more than the oracle's (q - z) * s, ~1e-7 relative) and accumulate in
+# float32 in different orders (~K * 2^-24 relative: budget 2e-5 of max |ref|). Half-precision outputs add
+# one rounding of nearly equal fp32 values: one ulp of the output (2^-8 bf16, 2^-11 fp16), budget 2 ulps.
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _assert_rel(out, ref, tol, what=""):
+    """max |out - ref| <= tol * max |ref|: one error budget relative to the output's magnitude."""
+    assert out.dtype == ref.dtype and out.shape == ref.shape, (out.dtype, ref.dtype, out.shape, ref.shape)
+    err = (out.float() - ref.float()).abs().max().item()
+    bound = tol * max(ref.float().abs().max().item(), 1e-30)
+    assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g} (tol {tol:g} x max |ref|)"
+
+
+def _act(m, k, dtype, seed=1):
+    return (torch.randn(m, k, generator=_gen(seed)) * 3).to(dtype)
+
+
+def _float_weight(n, k, seed=0):
+    return torch.randn(n, k, generator=_gen(seed)) * 0.05
+
+
+# ------------------------------------------------------------------------------------------------
+# weights from the layouts themselves; each case: (name, aqt builder, op call on the aqt's inner tensors)
+# ------------------------------------------------------------------------------------------------
+
+def _nf4(n, k, block, dq):
+    return qk.quantize_weight(_float_weight(n, k), Q.nf4, qk.PerGroup(block), qk.NF4Layout(block, dq),
+                              scale_dtype=torch.float32)
+
+
+def _fp8(n, k, qdtype, granularity):
+    return qk.quantize_weight(_float_weight(n, k), qdtype, granularity, qk.Float8Layout(), scale_dtype=torch.float32)
+
+
+def _intx(n, k, bits, granularity, mapping="symmetric", signed=True):
+    qdtype = getattr(Q, f"{'' if signed else 'u'}int{bits}")
+    return qk.quantize_weight(_float_weight(n, k), qdtype, granularity, qk.PackedIntxLayout(), mapping=mapping)
+
+
+def _call(w, x, bias):
+    """The op a layout routes to, on the weight's stored tensors."""
+    if isinstance(w.qlayout, qk.NF4Layout):
+        return NF4(x, w.qdata, w.scale, w.scale_codes, w.scale_block_scale, w.scale_offset, w.qlayout.block_size, bias)
+    if isinstance(w.qlayout, qk.Float8Layout):
+        return FP8(x, w.qdata, w.scale, bias)
+    return INTX(x, w.qdata, w.scale, w.zero_point, w.qdtype.bits, w.qdtype.signed, w.zero_point_domain.value, bias)
+
+
+def _reference(w, x, bias):
+    return F.linear(x.float(), w.dequantize().float(), None if bias is None else bias.float()).to(x.dtype)
+
+
+# (M, K, N): M = 1 (decode), 3 (odd, dot kernel), 17 (prefill path, odd); N not a multiple of 4 / 16;
+# K at the smallest legal size for each format, K not a multiple of 16 (tail chunk), K > one prefill block.
+WEIGHTS = {
+    "nf4_b2_minK": lambda: _nf4(5, 2, 2, False),
+    "nf4_b64": lambda: _nf4(37, 192, 64, False),
+    "nf4_b6_odd_groups": lambda: _nf4(19, 42, 6, False),
+    "nf4_b64_dq": lambda: _nf4(37, 192, 64, True),
+    "nf4_b32_dq_many_groups": lambda: _nf4(70, 1056, 32, True),
+    "nf4_b10_dq_odd": lambda: _nf4(29, 50, 10, True),
+    "e4m3_row": lambda: _fp8(37, 100, Q.float8_e4m3fn, qk.PerRow()),
+    "e4m3_tensor_minK": lambda: _fp8(3, 1, Q.float8_e4m3fn, qk.PerTensor()),
+    "e4m3_block32x16": lambda: _fp8(64, 96, Q.float8_e4m3fn, qk.PerBlock((32, 16))),
+    "e5m2_row": lambda: _fp8(41, 1100, Q.float8_e5m2, qk.PerRow()),
+    "e5m2_tensor": lambda: _fp8(17, 33, Q.float8_e5m2, qk.PerTensor()),
+    "int2_g32": lambda: _intx(37, 96, 2, qk.PerGroup(32)),
+    "int3_g16_asym": lambda: _intx(33, 80, 3, qk.PerGroup(16), "asymmetric"),
+    "int3_row_minK": lambda: _intx(9, 1, 3, qk.PerRow()),
+    "int5_g32": lambda: _intx(21, 1088, 5, qk.PerGroup(32)),
+    "int6_g24_asym_odd_groups": lambda: _intx(19, 72, 6, qk.PerGroup(24), "asymmetric"),
+    "uint6_g32": lambda: _intx(23, 64, 6, qk.PerGroup(32), "asymmetric", signed=False),
+    "int4_row_odd_K": lambda: _intx(35, 37, 4, qk.PerRow()),
+    "int7_g64": lambda: _intx(18, 128, 7, qk.PerGroup(64)),
+    "int1_row": lambda: _intx(18, 40, 1, qk.PerRow(), "asymmetric", signed=False),
+}
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return {name: make() for name, make in WEIGHTS.items()}
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("m", [1, 3, 17])
+@pytest.mark.parametrize("name", list(WEIGHTS))
+def test_kernel_matches_dequantized_reference(monkeypatch, weights, isa, m, name):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = weights[name]
+    n, k = w.shape
+    bias = torch.randn(n, generator=_gen(2))
+    for dtype in DTYPES:
+        x = _act(m, k, dtype)
+        b = bias.to(dtype) if dtype != torch.float16 else None
+        _assert_rel(_call(w, x, b), _reference(w, x, b), TOL[dtype], f"{isa} {name} M={m} {dtype}")
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("m", [1, 40])
+def test_unaligned_inputs(monkeypatch, weights, isa, m):
+    # safetensors can hand out tensors that are not 16-byte aligned: every pointer is odd here.
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    for name in ("nf4_b64_dq", "e4m3_row", "int5_g32"):
+        w = weights[name]
+        n, k = w.shape
+        x, bias = _act(m, k, torch.float32), torch.randn(n, generator=_gen(3))
+        uw = w.with_changes({t: None if v is None else _unaligned(v, 1 if v.element_size() == 1 else 4)
+                             for t, v in w.inner_tensors().items()})
+        assert uw.qdata.data_ptr() % 16 == 1
+        _assert_rel(_call(uw, _unaligned(x, 4), _unaligned(bias, 4)), _reference(w, x, bias), TOL[torch.float32], name)
+
+
+def _unaligned(t: torch.Tensor, offset_bytes: int) -> torch.Tensor:
+    """A copy of t whose data starts `offset_bytes` past a 64-byte boundary."""
+    nbytes = t.numel() * t.element_size()
+    buf = torch.empty(nbytes + 64 + offset_bytes, dtype=torch.uint8)
+    start = (-buf.data_ptr()) % 64 + offset_bytes
+    out = buf[start:start + nbytes].view(t.dtype).view(t.shape)
+    out.copy_(t)
+    return out
+
+
+def test_empty_batch(weights):
+    for name in ("nf4_b64", "e5m2_row", "int3_g16_asym"):
+        w = weights[name]
+        assert _call(w, torch.empty(0, w.shape[1]), None).shape == (0, w.shape[0])
+
+
+@pytest.mark.parametrize("name", ["nf4_b64", "nf4_b64_dq", "e4m3_row", "e5m2_tensor", "int3_g16_asym", "uint6_g32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_opcheck(weights, name, dtype):
+    w = weights[name]
+    n, k = w.shape
+    x = _act(3, k, dtype).reshape(1, 3, k)
+    bias = torch.randn(n, generator=_gen(2)).to(dtype)
+    args = {"nf4": lambda x, b: (x, w.qdata, w.scale, w.scale_codes, w.scale_block_scale, w.scale_offset,
+                                 w.qlayout.block_size, b),
+            "fp8": lambda x, b: (x, w.qdata, w.scale, b),
+            "intx": lambda x, b: (x, w.qdata, w.scale, w.zero_point, w.qdtype.bits, w.qdtype.signed,
+                                  w.zero_point_domain.value, b)}
+    kind = "nf4" if name.startswith("nf4") else "fp8" if name.startswith("e") else "intx"
+    op = {"nf4": NF4, "fp8": FP8, "intx": INTX}[kind]
+    # torch's SchemaCheckMode compares inputs before / after with allclose, which float8 tensors lack
+    # ("mul_cpu_reduced_float" not implemented): the fp8 op skips that one check, no other.
+    utils = [u for u in ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+             if not (kind == "fp8" and u == "test_schema")]
+    torch.library.opcheck(op, args[kind](x, bias), test_utils=utils)
+    torch.library.opcheck(op, args[kind](x.clone().requires_grad_(), None), test_utils=utils)
+
+
+@needs_ext
+@pytest.mark.parametrize("op", kernels.schemas.LOWBIT_CPU_OPS)
+def test_cpu_kernel_registered_and_reported(monkeypatch, op):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")
+    assert kernels.cpu_backend(op)[0] == f"cpp {LEVELS[-1]}"
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "scalar")
+    assert kernels.cpu_backend(op)[0] == "cpp scalar"
+
+
+def test_nf4_levels_in_the_kernel_are_the_oracles(weights):
+    # One code per level: a (1, 16) weight whose codes are 0..15 with absmax 1 reproduces qdtype.nf4.levels.
+    qdata = torch.tensor([[0x01, 0x23, 0x45, 0x67, 0x89, 0xAB, 0xCD, 0xEF]], dtype=torch.uint8)
+    eye = torch.eye(16)
+    out = NF4(eye, qdata, torch.ones(1, 1), None, None, None, 16, None)
+    assert out.reshape(16).tolist() == list(Q.nf4.levels)
+
+
+def test_float8_special_codes():
+    # Every e4m3fn / e5m2 byte (subnormals, the largest values, NaN, inf) decodes as torch's float8 does.
+    for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        codes = torch.arange(256, dtype=torch.uint8).view(dt).reshape(256, 1)
+        out = FP8(torch.ones(1, 1), codes, torch.ones(1, 1), None).reshape(256)
+        torch.testing.assert_close(out, codes.float().reshape(256), rtol=0, atol=0, equal_nan=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# through the layouts
+# ------------------------------------------------------------------------------------------------
+
+class _OpLog(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+LAYOUT_CASES = {
+    "nf4": (lambda: qk.NF4WeightOnlyConfig(block_size=32), "linear_nf4wo"),
+    "nf4_dq": (lambda: qk.NF4WeightOnlyConfig(block_size=32, double_quant=True), "linear_nf4wo"),
+    "fp8_row": (lambda: qk.Float8WeightOnlyConfig(), "linear_fp8wo"),
+    "fp8_e5m2_block": (lambda: qk.Float8WeightOnlyConfig(weight_dtype=Q.float8_e5m2, granularity=qk.PerBlock((16, 32))),
+                       "linear_fp8wo"),
+    "int3_g32": (lambda: qk.IntxWeightOnlyConfig(bits=3, granularity=qk.PerGroup(32)), "linear_intxwo"),
+    "int6_asym": (lambda: qk.IntxWeightOnlyConfig(bits=6, granularity=qk.PerRow(), mapping="asymmetric"),
+                  "linear_intxwo"),
+}
+
+
+def _linear(config, dtype=torch.float32):
+    lin = torch.nn.Linear(96, 48).to(dtype)
+    with torch.no_grad():
+        lin.weight.copy_(_float_weight(48, 96))
+    qk.quantize_(lin, config)
+    return lin
+
+
+@pytest.mark.parametrize("case", list(LAYOUT_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layout_linear_uses_op_and_matches_dequantized(case, dtype):
+    make, op = LAYOUT_CASES[case]
+    lin = _linear(make(), dtype)
+    x = _act(5, 96, dtype)
+    log = _OpLog()
+    with torch.no_grad(), log:
+        out = lin(x)
+    assert log.ops == [op]
+    ref = F.linear(x, lin.weight.dequantize(), lin.bias)
+    # fp32: summation order only. bf16: the reference rounds the dequantized weight to bf16 and
+    # accumulates in bf16 matmul; the op computes in fp32 and rounds once: a few bf16 ulps of the output.
+    _assert_rel(out, ref, 2e-5 if dtype == torch.float32 else 2.0 ** -5, case)
+
+
+@pytest.mark.parametrize("case", ["nf4", "int3_g32"])
+def test_reference_preference_keeps_the_reference(case):
+    make, op = LAYOUT_CASES[case]
+    lin = _linear(type(make())(**{**make().__dict__, "kernel_preference": qk.KernelPreference.REFERENCE}))
+    log = _OpLog()
+    with torch.no_grad(), log:
+        lin(_act(2, 96, torch.float32))
+    assert op not in log.ops
+
+
+@pytest.mark.parametrize("double_quant", [False, True], ids=["nf4", "nf4_dq"])
+def test_qlora_gradients_reach_input_bias_and_adapter(double_quant):
+    # Frozen NF4 base + trainable low-rank adapter: gradients equal those of the dequantized float weight.
+    lin = _linear(qk.NF4WeightOnlyConfig(block_size=32, double_quant=double_quant))
+    w = lin.weight.dequantize()
+    a = torch.randn(4, 96, generator=_gen(5), requires_grad=True)
+    x = _act(3, 96, torch.float32).requires_grad_()
+    out = lin(x) + (x @ a.t()).sum(-1, keepdim=True)
+    out.square().sum().backward()
+    x2, a2, b2 = x.detach().clone().requires_grad_(), a.detach().clone().requires_grad_(), lin.bias.detach().clone()
+    b2.requires_grad_()
+    (F.linear(x2, w, b2) + (x2 @ a2.t()).sum(-1, keepdim=True)).square().sum().backward()
+    for got, want in ((x.grad, x2.grad), (a.grad, a2.grad), (lin.bias.grad, b2.grad)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["nf4_dq", "fp8_row", "int3_g32"])
+def test_compile_fullgraph_calls_the_custom_op(case):
+    torch._dynamo.reset()
+    make, op = LAYOUT_CASES[case]
+    lin = _linear(make())
+    x = _act(4, 96, torch.float32)
+    with torch.no_grad():
+        out, code = run_and_get_code(torch.compile(lin, fullgraph=True), x)
+        eager = lin(x)
+    assert f"torch.ops.torchqkit.{op}.default" in "\n".join(code)
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)

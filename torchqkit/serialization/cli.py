@@ -1,0 +1,56 @@
+"""`python -m torchqkit quantize SRC DST --config NAME|JSON`: quantize_checkpoint from the command line
+(the subparser torchqkit/cli.py adds next to `demo`)."""
+import argparse
+import json
+from pathlib import Path
+
+from torchqkit import demo
+
+__all__ = ["add_quantize_parser"]
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _quantize_config(text: str):
+    """A demo config name (int8-wo, int4-wo-g128, ...) or a JSON file: one config dict, or ModuleConfigs."""
+    import torchqkit
+    if text in demo.DEMO_CONFIGS:
+        return demo.DEMO_CONFIGS[text]()
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a config name ({', '.join(demo.DEMO_CONFIGS)}) nor a JSON file")
+    try:
+        data = json.loads(Path(text).read_text())
+        if isinstance(data, dict) and "type" in data:
+            return torchqkit.config_from_dict(data)
+        return torchqkit.ModuleConfigs(data)
+    except (ValueError, TypeError) as err:
+        raise argparse.ArgumentTypeError(f"{text}: {err}") from err
+
+
+def _run_quantize(args: argparse.Namespace) -> int:
+    import torchqkit
+    report = torchqkit.quantize_checkpoint(args.src, args.dst, args.config, max_shard_bytes=args.max_shard_bytes,
+                                           strict=args.strict, progress=not args.quiet)
+    print(report)
+    return 0
+
+
+def add_quantize_parser(commands) -> None:
+    parser = commands.add_parser(
+        "quantize", help="quantize a float safetensors checkpoint into a torchqkit checkpoint, tensor by tensor",
+        description="Linear weights are the 2-d '<module>.weight' tensors outside embeddings (see "
+                    "torchqkit.quantize_checkpoint); load the result with torchqkit.load_quantized.")
+    parser.add_argument("src", help="float checkpoint: .safetensors file, its .index.json, or a directory")
+    parser.add_argument("dst", help="output .safetensors path (shards and an .index.json next to it if sharded)")
+    parser.add_argument("--config", type=_quantize_config, required=True, metavar="NAME|JSON",
+                        help=f"config name ({', '.join(demo.DEMO_CONFIGS)}) or a JSON file (a config dict or ModuleConfigs)")
+    parser.add_argument("--max-shard-bytes", type=_positive_int, default=None, metavar="N",
+                        help="shard the output past N bytes")
+    parser.add_argument("--strict", action="store_true", help="fail instead of keeping a weight that can't be quantized")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    parser.set_defaults(run=_run_quantize)
