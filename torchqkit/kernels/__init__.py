@@ -7,6 +7,11 @@ Without it every op still runs, on its reference, and ``status()`` says why.
 The extension picks its ISA level at run time (AVX-512 VNNI, AVX2 + FMA, or scalar); the environment
 variable ``TORCHQKIT_CPU_ISA=avx512_vnni|avx2|scalar`` forces a lower level (read on every call).
 ``TORCHQKIT_DISABLE_CPU_EXTENSION=1`` skips loading the extension (checks the reference-only install).
+
+GPU backends (issue 5): the CUDA extension ``torchqkit._C_cuda`` (csrc/cuda, loaded when torch has CUDA and
+setup.py built it) and the Triton kernels (``kernels/triton``, ``torchqkit_triton::`` ops, imported on first
+use). ``choose_backend`` / ``linear_op`` pick the backend per op, device and KernelPreference; see
+Note [Backend choice] at the end of this file.
 """
 from __future__ import annotations
 
