@@ -22,7 +22,7 @@ def _cpu_extension():
     ext = CppExtension(
         "torchqkit._C_cpu",
         ["csrc/cpu/registration.cpp", "csrc/cpu/linear_int8.cpp", "csrc/cpu/linear_lowbit.cpp",
-         "csrc/cpu/linear_lowbit_ops.cpp"],
+         "csrc/cpu/linear_lowbit_ops.cpp", "csrc/cpu/linear_int4.cpp"],
         # No -m<isa> flags: the SIMD code opts in per function (see csrc/cpu/linear_int8.cpp).
         extra_compile_args=["-O3"],
         py_limited_api=True,  # loaded with torch.ops.load_library: no Python bindings

@@ -57,6 +57,12 @@ void linear_weight_only(Isa isa, const WeightOnlyArgs& p, int64_t n0, int64_t n1
 int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p);
 void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1);
 
+// AVX-512 fp32 GEMM micro-kernel of the weight-only panel path (linear_int8.cpp), shared with linear_int4.cpp:
+// C[0:R, 0:ncols] (+)= A[0:R, 0:kc] @ panel[kc][32] (1 <= R <= 6, ncols <= 32; the panel is always read
+// 32 wide). Call only when the CPU runs Isa::kAvx512Vnni.
+void gemm_f32_6x32(int R, const float* a, int64_t lda, const float* panel, int64_t kc, float* c, int64_t ldc,
+                   int ncols, bool first);
+
 // ---------------------------------------------------------------- low-bit weight-only (linear_lowbit.cpp)
 // The layouts' bytes as stored (see the docstrings of torchqkit/layouts/nf4.py, float8.py, packed_intx.py):
 //   y[m, n] = sum_k x[m, k] * (level(n, k) * s(n, k / g) + o(n, k / g)) + bias[n]

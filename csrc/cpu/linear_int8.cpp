@@ -655,6 +655,21 @@ void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
 // ================================================================================================
 // Dispatch
 // ================================================================================================
+// The weight-only panel micro-kernel, shared with linear_int4.cpp (see kernels.h).
+void gemm_f32_6x32(int R, const float* a, int64_t lda, const float* panel, int64_t kc, float* c, int64_t ldc,
+                   int ncols, bool first) {
+  const __mmask16 cm0 = ncols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
+  const __mmask16 cm1 = ncols >= 32 ? (__mmask16)0xFFFF : ncols <= 16 ? (__mmask16)0 : (__mmask16)((1u << (ncols - 16)) - 1);
+  switch (R) {
+    case 6: return avx512::wo_micro<6>(a, lda, panel, kc, c, ldc, cm0, cm1, first, nullptr, nullptr);
+    case 5: return avx512::wo_micro<5>(a, lda, panel, kc, c, ldc, cm0, cm1, first, nullptr, nullptr);
+    case 4: return avx512::wo_micro<4>(a, lda, panel, kc, c, ldc, cm0, cm1, first, nullptr, nullptr);
+    case 3: return avx512::wo_micro<3>(a, lda, panel, kc, c, ldc, cm0, cm1, first, nullptr, nullptr);
+    case 2: return avx512::wo_micro<2>(a, lda, panel, kc, c, ldc, cm0, cm1, first, nullptr, nullptr);
+    default: return avx512::wo_micro<1>(a, lda, panel, kc, c, ldc, cm0, cm1, first, nullptr, nullptr);
+  }
+}
+
 Isa detected_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -64,6 +64,13 @@ _LOWBIT_NOTES = {  # see Note [Low-bit decode] in csrc/cpu/linear_lowbit.cpp
 }
 _CPU_KERNEL_NOTES.update(dict.fromkeys(schemas.LOWBIT_CPU_OPS, _LOWBIT_NOTES))
 _CPU_OPS = schemas.OPS + schemas.LOWBIT_CPU_OPS  # ops with a C++ CPU kernel (status() lists them)
+_CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_int4.cpp
+    "avx512_vnni": "M < 32: tiled words streamed once per 4 tokens, nibbles -> fp32 by vpermps (dot kernel); "
+                   "M >= 32: n-tiles dequantized to fp32 + the 6x32 FMA panel micro-kernel",
+    "avx2": "dot kernel (8 words per ymm, 2 tokens per pass) for every M",
+    "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
+}
+_CPU_OPS += ("torchqkit::linear_int4wo_tiled",)
 KERNEL_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the C++ kernels take
 
 

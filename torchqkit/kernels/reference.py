@@ -158,6 +158,7 @@ for _name, _fn in (("torchqkit::linear_int4wo_tiled", linear_int4wo_tiled_ref),
     torch.library.impl(_name, "CompositeExplicitAutograd", _fn)
 
 
+
 # ------------------------------------------------------------------------------------------------
 # Low-bit weight-only ops served by C++ CPU kernels (issue 4, schemas.LOWBIT_CPU_OPS): linear_intxwo's
 # reference, and d/dx for all three (QLoRA trains adapters through a frozen NF4 weight): grad @ W, W
@@ -226,3 +227,27 @@ def _weight_only_backward(op):
 
 for _name in _LOWBIT_WEIGHTS:
     torch.library.register_autograd(_name, _weight_only_backward(_name), setup_context=_setup_weight_only)
+
+
+# autograd for linear_int4wo_tiled (CPU kernel, issue 4): d/dx through the dequantized weight, no weight gradient.
+def _int4_tiled_setup_context(ctx, inputs, output):
+    x, qdata, scale_and_zero, group_size, out_features, bias = inputs
+    ctx.save_for_backward(qdata, scale_and_zero)
+    ctx.meta = (group_size, out_features, x.shape[-1], x.dtype, None if bias is None else bias.dtype)
+
+
+def _int4_tiled_backward(ctx, grad):
+    qdata, scale_and_zero = ctx.saved_tensors
+    g, n, k, x_dtype, bias_dtype = ctx.meta
+    q = int4_tiled_codes(qdata)[:n, :k].float()
+    sz = scale_and_zero[: k // g, :n].float().repeat_interleave(g, 0)
+    w = (q - 8) * sz[..., 0].t() + sz[..., 1].t()
+    grad_x = (grad.float() @ w).to(x_dtype) if ctx.needs_input_grad[0] else None
+    grad_bias = None
+    if bias_dtype is not None and ctx.needs_input_grad[5]:
+        grad_bias = grad.reshape(-1, n).float().sum(0).to(bias_dtype)
+    return grad_x, None, None, None, None, grad_bias
+
+
+torch.library.register_autograd("torchqkit::linear_int4wo_tiled", _int4_tiled_backward,
+                                setup_context=_int4_tiled_setup_context)

@@ -8,8 +8,9 @@ See Note [Tensor-core tiled int4] for the exact bit arrangement. Tensors (T = in
 where N8 = out_features rounded up to 8 and Kt = in_features rounded up to lcm(g, 16 T). The padding
 holds code 8, scale 1, zero 0 (the value 0.0); ``unpack`` / ``dequantize`` / ``shape`` never show it.
 
-Linear runs the reference path (dequantize + F.linear) until the tiled int4 kernels land
-(issue #4 for CPU, issue #5 for CUDA / Triton); ``linear_paths`` reports that.
+Linear (KernelPreference.AUTO) runs the custom op ``torchqkit::linear_int4wo_tiled`` on these bytes as stored
+(C++ CPU kernel, csrc/cpu/linear_int4.cpp; its pure-torch reference where no backend is built);
+``linear_paths`` / ``torchqkit.kernels.status()`` name the backend.
 
 Note [Tensor-core tiled int4]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -60,6 +61,8 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ..core.primitives import ZeroPointDomain
 from ..core.qdtype import uint4
+from ..kernels import KERNEL_ACT_DTYPES, cpu_backend, linear_op
+from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
 from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, register_layout
@@ -146,9 +149,12 @@ class TensorCoreTiledLayout(Layout):
 
     @staticmethod
     def linear_paths() -> list[dict]:
-        """What serves F.linear for a tiled int4 weight (read by torchqkit.kernels.status())."""
-        return [{"linear": "int4 weight-only (uint4, group-wise float zero point)", "path": "reference",
-                 "why": "dequantize + F.linear: no tiled int4 kernel yet (CPU: issue #4, CUDA/Triton: issue #5)"}]
+        """What serves F.linear for a tiled int4 weight on CPU (read by torchqkit.kernels.status())."""
+        path, why = cpu_backend(_INT4_OP)
+        return [{"linear": "int4 weight-only (uint4, group-wise float zero point), f32 / bf16 / f16 activations",
+                 "path": f"{_INT4_OP} ({path})", "why": why},
+                {"linear": "any, KernelPreference.REFERENCE, or activations not float32/bfloat16/float16",
+                 "path": "reference", "why": "dequantize + F.linear: chosen explicitly / no kernel for that dtype"}]
 
 
 def _round_up(x: int, m: int) -> int:
@@ -186,8 +192,18 @@ def _untile(words: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
 # ops
 # ------------------------------------------------------------------------------------------------
 
-# No kernel yet: the reference (dequantize + F.linear) serves linear, as linear_paths() reports.
-TensorCoreTiledLayout.ops.implements(F.linear)(reference_linear)
+_INT4_OP = "torchqkit::linear_int4wo_tiled"
+
+
+@TensorCoreTiledLayout.ops.implements(F.linear)
+def _linear(w, x, bias):
+    """AUTO: the custom op (the dispatch key picks the backend); REFERENCE or another activation dtype:
+    dequantize + F.linear; TRITON / CUDA: the backend kernels.linear_op names (an error if it can't serve)."""
+    pref = w.kernel_preference
+    if pref is KernelPreference.REFERENCE or x.dtype not in KERNEL_ACT_DTYPES:
+        return reference_linear(w, x, bias)
+    fn = torch.ops.torchqkit.linear_int4wo_tiled if pref is KernelPreference.AUTO else linear_op(_INT4_OP, x.device, pref)
+    return fn(x, w.qdata, w.scale_and_zero, w.block_size[1], w.logical_shape[0], bias)
 
 
 @TensorCoreTiledLayout.ops.implements(aten.slice.Tensor)

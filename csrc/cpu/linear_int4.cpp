@@ -1,0 +1,537 @@
+// CPU backend of torchqkit::linear_int4wo_tiled: int4 group-wise weight-only linear reading the
+// TensorCoreTiledLayout bytes as stored (no repacking per ISA), x float32 / bfloat16 / float16, fp32 math.
+//
+// See Note [Tensor-core tiled int4] in torchqkit/layouts/tensor_core_tiled.py for the bit layout. What a
+// CPU kernel uses from it: an n-tile's chunk j is one block of 16 T int32 words (8 rows x 2 T words, T =
+// inner_k_tiles); block word b belongs to row r = b / (2 T) and, with c = (b % 2T) / (T/2), w = b % (T/2),
+// its nibble p = 4 e + 2 u + h holds k = 16 T j + 16 (2 w + u) + 8 h + 2 c + e. The pattern repeats every
+// 2 T words, so every 16-word vector of a block sees the same k per (lane, nibble): the activation is
+// permuted once per call into xp[m][j][p][16] and the weights stream linearly. A word lies in one group
+// of 32 k (g >= 32), so per-lane group scales apply after the 8 nibbles of a word.
+//
+// Note [int4 tiled math]: with codes u (0..15), group scale s and float zero z, w = (u - 8) s + z, so
+//   y[m, n] = sum_groups s * (sum_k x u) + (z - 8 s) * (sum_k x)  + bias[n]
+// The inner loop only converts nibbles to floats and multiplies by x (one vpermps table lookup per 16
+// nibbles on AVX-512); the second term uses per-group sums of x computed once per call.
+//
+// Paths: decode ("dot") kernels stream each weight byte once per block of up to 4 tokens (scalar, AVX2,
+// AVX-512). Prefill (AVX-512, M >= kPrefillMinM): blocks of 192 rows are dequantized to fp32 in a permuted
+// k order and run through the fp32 panel micro-kernel of linear_int8.cpp against the equally permuted
+// activation, see Note [int4 prefill].
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels.h"
+
+namespace torchqkit_cpu {
+namespace {
+
+enum class SzType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+struct Int4Args {
+  const int32_t* q;  // [NT][NC][16 T] words; n-tile stride ldq words, chunk blocks contiguous
+  int64_t NT, NC, T, ldq;
+  const void* sz;    // [G][N8][2] (scale, zero) of type szt, group stride lds elements
+  SzType szt;
+  int64_t lds, g, G;
+  int64_t K, N;      // in_features (<= Kt = NC * 16 T), out_features (<= 8 NT)
+  const float* xp;   // (M, NC, 8, 16) permuted activation, see Note above; zero where k >= K
+  const float* sx;   // (M, G) per-group sums of x
+  int64_t M;
+  const float* bias;  // (N) or nullptr
+  float* out;        // (M, N), row stride ldo
+  int64_t ldo;
+};
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000 | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal half: normalize
+    int e = -1;
+    uint32_t m = man;
+    do { ++e; m <<= 1; } while ((m & 0x400) == 0);
+    bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Element e (0 = scale, 1 = zero) of row n, group gi, as float.
+inline float sz_at(const Int4Args& p, int64_t gi, int64_t n, int e) {
+  const int64_t off = gi * p.lds + 2 * n + e;
+  switch (p.szt) {
+    case SzType::kF32: return static_cast<const float*>(p.sz)[off];
+    case SzType::kBF16: {
+      const uint32_t bits = (uint32_t) static_cast<const uint16_t*>(p.sz)[off] << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    default: return half_to_float(static_cast<const uint16_t*>(p.sz)[off]);
+  }
+}
+
+// k of (block word lane l % 2T, nibble p) within chunk j, Note [Tensor-core tiled int4].
+inline int64_t k_of(int64_t T, int64_t j, int64_t l, int p) {
+  const int64_t l2 = l % (2 * T), c = l2 / (T / 2), w = l2 % (T / 2);
+  const int e = p >> 2, u = (p >> 1) & 1, h = p & 1;
+  return 16 * T * j + 16 * (2 * w + u) + 8 * h + 2 * c + e;
+}
+
+// Epilogue shared by every ISA: rows' sums of s * (x . u) in dot[m][r], plus the zero term
+// zt[m][r] = sum_groups (z - 8 s) * sum_k x (computed here when zt is nullptr), plus bias.
+void finish_tile(const Int4Args& p, int64_t i, int64_t m0, int mb, const float (*dot)[8], const float (*zt)[8]) {
+  for (int r = 0; r < 8; ++r) {
+    const int64_t n = 8 * i + r;
+    if (n >= p.N) break;
+    for (int m = 0; m < mb; ++m) {
+      float z = 0.f;
+      if (zt) {
+        z = zt[m][r];
+      } else {
+        const float* sx = p.sx + (m0 + m) * p.G;
+        for (int64_t gi = 0; gi < p.G; ++gi) z += (sz_at(p, gi, n, 1) - 8.f * sz_at(p, gi, n, 0)) * sx[gi];
+      }
+      p.out[(m0 + m) * p.ldo + n] = dot[m][r] + z + (p.bias ? p.bias[n] : 0.f);
+    }
+  }
+}
+
+// ================================================================================================
+// Scalar: any x86-64 CPU.
+// ================================================================================================
+namespace scalar {
+
+void dot_tiles(const Int4Args& p, int64_t i0, int64_t i1) {
+  const int64_t T = p.T, bw = 16 * T;
+  for (int64_t i = i0; i < i1; ++i) {
+    for (int64_t m0 = 0; m0 < p.M; m0 += 4) {
+      const int mb = (int)std::min<int64_t>(4, p.M - m0);
+      float dot[4][8] = {};
+      for (int64_t j = 0; j < p.NC; ++j) {
+        const int32_t* blk = p.q + i * p.ldq + j * bw;
+        for (int64_t b = 0; b < bw; ++b) {
+          const int64_t r = b / (2 * T), w = b % (T / 2);
+          const float s = sz_at(p, (16 * T * j + 32 * w) / p.g, 8 * i + r, 0);
+          const uint32_t word = (uint32_t)blk[b];
+          for (int m = 0; m < mb; ++m) {
+            const float* xp = p.xp + ((m0 + m) * p.NC + j) * 128 + b % 16;
+            float d = 0.f;
+            for (int q = 0; q < 8; ++q) d += xp[16 * q] * (float)((word >> (4 * q)) & 0xF);
+            dot[m][r] += s * d;
+          }
+        }
+      }
+      finish_tile(p, i, m0, mb, dot, nullptr);
+    }
+  }
+}
+
+}  // namespace scalar
+
+// ================================================================================================
+// AVX2 + FMA: 8 words (64 nibbles) per ymm, per-word scales gathered per block.
+// ================================================================================================
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+
+template <int MB>
+void dot_tile(const Int4Args& p, int64_t i, int64_t m0) {
+  const int64_t T = p.T, bw = 16 * T;
+  const int nv = (int)(bw / 8);  // ymm per block: 2 T
+  const __m256i lo4 = _mm256_set1_epi32(0xF);
+  float srow[128];                // per-word scale of the block (16 T <= 128 words)
+  __m256 acc[MB][16];
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < nv; ++v) acc[m][v] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < p.NC; ++j) {
+    for (int64_t b = 0; b < bw; ++b)
+      srow[b] = sz_at(p, (16 * T * j + 32 * (b % (T / 2))) / p.g, 8 * i + b / (2 * T), 0);
+    const int32_t* blk = p.q + i * p.ldq + j * bw;
+    for (int v = 0; v < nv; ++v) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 8 * v));
+      __m256 d[MB];
+      for (int m = 0; m < MB; ++m) d[m] = _mm256_setzero_ps();
+      for (int q = 0; q < 8; ++q) {
+        const __m256 u = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(wv, 4 * q), lo4));
+        for (int m = 0; m < MB; ++m) {
+          const float* xp = p.xp + ((m0 + m) * p.NC + j) * 128 + 16 * q + (8 * v) % 16;
+          d[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xp), u, d[m]);
+        }
+      }
+      const __m256 s = _mm256_loadu_ps(srow + 8 * v);
+      for (int m = 0; m < MB; ++m) acc[m][v] = _mm256_fmadd_ps(s, d[m], acc[m][v]);
+    }
+  }
+  float dot[4][8] = {};
+  float lanes[8];
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < nv; ++v) {
+      _mm256_storeu_ps(lanes, acc[m][v]);
+      for (int l = 0; l < 8; ++l) dot[m][(8 * v + l) / (2 * T)] += lanes[l];
+    }
+  finish_tile(p, i, m0, MB, dot, nullptr);
+}
+
+void dot_tiles(const Int4Args& p, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) {
+    int64_t m = 0;
+    for (; m + 2 <= p.M; m += 2) dot_tile<2>(p, i, m);
+    if (m < p.M) dot_tile<1>(p, i, m);
+  }
+}
+
+}  // namespace avx2
+#pragma GCC pop_options
+
+// ================================================================================================
+// AVX-512 F/BW/VL/DQ: 16 words (128 nibbles) per zmm; nibble -> float by vpermps from a 16-entry table.
+// ================================================================================================
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+namespace avx512 {
+
+// 16 floats (s0, z0, ..., s7, z7): the 8 rows of n-tile i in group gi.
+inline __m512 load_sz(const Int4Args& p, int64_t gi, int64_t i) {
+  const int64_t off = gi * p.lds + 16 * i;
+  switch (p.szt) {
+    case SzType::kF32: return _mm512_loadu_ps(static_cast<const float*>(p.sz) + off);
+    case SzType::kBF16: {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p.sz) + off));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    default:
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p.sz) + off)));
+  }
+}
+
+// Per-lane indices into the (s, z) vectors of the chunk's groups: lane word b = 16 v + l has row
+// r = b / 2T and group q = 32 w / g within the chunk (0..3). idx = 2 r + 16 (q & 1); hi = lanes with q >= 2.
+struct LaneMap {
+  __m512i idx[8];
+  __mmask16 hi[8];
+  int groups;  // groups per chunk: 1, 2 or 4
+};
+
+LaneMap lane_map(int64_t T, int64_t g) {
+  LaneMap lm;
+  const int64_t chunk = 16 * T;
+  lm.groups = (int)std::max<int64_t>(1, chunk / g);
+  for (int v = 0; v < T; ++v) {
+    alignas(64) int32_t idx[16];
+    uint32_t hi = 0;
+    for (int l = 0; l < 16; ++l) {
+      const int64_t b = 16 * v + l, r = b / (2 * T), w = b % (T / 2);
+      const int q = lm.groups > 1 ? (int)(32 * w / g) : 0;
+      idx[l] = (int32_t)(2 * r + 16 * (q & 1));
+      if (q >= 2) hi |= 1u << l;
+    }
+    lm.idx[v] = _mm512_load_si512(idx);
+    lm.hi[v] = (__mmask16)hi;
+  }
+  return lm;
+}
+
+// Lane scales (e = 0) or zeros (e = 1) of zmm v from the chunk's group vectors sz[0..groups).
+inline __m512 lane_pick(const LaneMap& lm, const __m512* sz, int v, int e) {
+  const __m512i idx = e ? _mm512_add_epi32(lm.idx[v], _mm512_set1_epi32(1)) : lm.idx[v];
+  if (lm.groups == 1) return _mm512_permutexvar_ps(idx, sz[0]);
+  const __m512 a = _mm512_permutex2var_ps(sz[0], idx, sz[1]);
+  if (lm.groups == 2) return a;
+  return _mm512_mask_blend_ps(lm.hi[v], a, _mm512_permutex2var_ps(sz[2], idx, sz[3]));
+}
+
+template <int T, int MB>
+void dot_tile(const Int4Args& p, const LaneMap& lm, int64_t i, int64_t m0) {
+  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512 acc[MB][T];
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < T; ++v) acc[m][v] = _mm512_setzero_ps();
+  const int64_t chunk = 16 * T;
+  for (int64_t j = 0; j < p.NC; ++j) {
+    __m512 sz[4];
+    const int64_t g0 = chunk * j / p.g;
+    for (int q = 0; q < lm.groups; ++q) sz[q] = load_sz(p, g0 + q, i);
+    const int32_t* blk = p.q + i * p.ldq + j * chunk;
+    const float* xj[MB];
+    for (int m = 0; m < MB; ++m) xj[m] = p.xp + ((m0 + m) * p.NC + j) * 128;
+    if (j + 2 < p.NC) _mm_prefetch(reinterpret_cast<const char*>(blk + 2 * chunk), _MM_HINT_T0);
+#pragma GCC unroll 8
+    for (int v = 0; v < T; ++v) {
+      const __m512i wv = _mm512_loadu_si512(blk + 16 * v);
+      __m512 d[MB];
+      __m512 u = _mm512_permutexvar_ps(wv, table);
+      for (int m = 0; m < MB; ++m) d[m] = _mm512_mul_ps(_mm512_loadu_ps(xj[m]), u);
+#pragma GCC unroll 7
+      for (int q = 1; q < 8; ++q) {
+        u = _mm512_permutexvar_ps(_mm512_srli_epi32(wv, 4 * q), table);
+        for (int m = 0; m < MB; ++m) d[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xj[m] + 16 * q), u, d[m]);
+      }
+      const __m512 s = lane_pick(lm, sz, v, 0);
+      for (int m = 0; m < MB; ++m) acc[m][v] = _mm512_fmadd_ps(s, d[m], acc[m][v]);
+    }
+  }
+  // Zero term: (s, z) vectors of every group times the group sums of x; lanes 2 r = s, 2 r + 1 = z.
+  __m512 zacc[MB];
+  for (int m = 0; m < MB; ++m) zacc[m] = _mm512_setzero_ps();
+  for (int64_t gi = 0; gi < p.G; ++gi) {
+    const __m512 szv = load_sz(p, gi, i);
+    for (int m = 0; m < MB; ++m) zacc[m] = _mm512_fmadd_ps(szv, _mm512_set1_ps(p.sx[(m0 + m) * p.G + gi]), zacc[m]);
+  }
+  float dot[4][8] = {}, zt[4][8];
+  for (int m = 0; m < MB; ++m) {
+    alignas(64) float zl[16];
+    _mm512_store_ps(zl, zacc[m]);
+    for (int r = 0; r < 8; ++r) zt[m][r] = zl[2 * r + 1] - 8.f * zl[2 * r];
+    if (T == 8) {
+      for (int v = 0; v < T; ++v) dot[m][v] = _mm512_reduce_add_ps(acc[m][v]);
+    } else {
+      alignas(64) float lanes[16];
+      for (int v = 0; v < T; ++v) {
+        _mm512_store_ps(lanes, acc[m][v]);
+        for (int l = 0; l < 16; ++l) dot[m][(16 * v + l) / (2 * T)] += lanes[l];
+      }
+    }
+  }
+  finish_tile(p, i, m0, MB, dot, zt);
+}
+
+template <int T>
+void dot_tiles_t(const Int4Args& p, int64_t i0, int64_t i1) {
+  const LaneMap lm = lane_map(T, p.g);
+  for (int64_t i = i0; i < i1; ++i) {
+    int64_t m = 0;
+    for (; m + 4 <= p.M; m += 4) dot_tile<T, 4>(p, lm, i, m);
+    switch (p.M - m) {
+      case 3: dot_tile<T, 3>(p, lm, i, m); break;
+      case 2: dot_tile<T, 2>(p, lm, i, m); break;
+      case 1: dot_tile<T, 1>(p, lm, i, m); break;
+      default: break;
+    }
+  }
+}
+
+void dot_tiles(const Int4Args& p, int64_t i0, int64_t i1) {
+  switch (p.T) {
+    case 8: return dot_tiles_t<8>(p, i0, i1);
+    case 4: return dot_tiles_t<4>(p, i0, i1);
+    default: return dot_tiles_t<2>(p, i0, i1);
+  }
+}
+
+// Prefill: n-tiles [i0, i1) -> fp32 rows dst[8 (i - i0) + r][kk], kk = 16 T j + 2 T q + (b % 2T): the
+// permuted k order of Note [int4 tiled math]'s prefill path (the activation is permuted the same way).
+template <int T>
+void dequant_tiles_t(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int64_t ldd) {
+  const LaneMap lm = lane_map(T, p.g);
+  const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  constexpr int64_t chunk = 16 * T;
+  for (int64_t i = i0; i < i1; ++i) {
+    float* rows = dst + 8 * (i - i0) * ldd;
+    for (int64_t j = 0; j < p.NC; ++j) {
+      __m512 sz[4];
+      const int64_t g0 = chunk * j / p.g;
+      for (int q = 0; q < lm.groups; ++q) sz[q] = load_sz(p, g0 + q, i);
+      const int32_t* blk = p.q + i * p.ldq + j * chunk;
+      for (int v = 0; v < T; ++v) {
+        const __m512i wv = _mm512_loadu_si512(blk + 16 * v);
+        const __m512 s = lane_pick(lm, sz, v, 0), z = lane_pick(lm, sz, v, 1);
+        for (int q = 0; q < 8; ++q) {
+          const __m512 val = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 4 * q), table), s, z);
+          const int64_t col = chunk * j + 2 * T * q;
+          if (T == 8) {
+            _mm512_storeu_ps(rows + v * ldd + col, val);
+          } else if (T == 4) {
+            _mm256_storeu_ps(rows + (2 * v) * ldd + col, _mm512_castps512_ps256(val));
+            _mm256_storeu_ps(rows + (2 * v + 1) * ldd + col, _mm512_extractf32x8_ps(val, 1));
+          } else {
+            _mm_storeu_ps(rows + (4 * v) * ldd + col, _mm512_castps512_ps128(val));
+            _mm_storeu_ps(rows + (4 * v + 1) * ldd + col, _mm512_extractf32x4_ps(val, 1));
+            _mm_storeu_ps(rows + (4 * v + 2) * ldd + col, _mm512_extractf32x4_ps(val, 2));
+            _mm_storeu_ps(rows + (4 * v + 3) * ldd + col, _mm512_extractf32x4_ps(val, 3));
+          }
+        }
+      }
+    }
+  }
+}
+
+void dequant_tiles(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int64_t ldd) {
+  switch (p.T) {
+    case 8: return dequant_tiles_t<8>(p, i0, i1, dst, ldd);
+    case 4: return dequant_tiles_t<4>(p, i0, i1, dst, ldd);
+    default: return dequant_tiles_t<2>(p, i0, i1, dst, ldd);
+  }
+}
+
+}  // namespace avx512
+#pragma GCC pop_options
+
+// ================================================================================================
+// Glue: checks, activation permutation, threads.
+// ================================================================================================
+constexpr int64_t kPrefillMinM = 32;  // AVX-512 from here (measured with benchmarks/bench_linear.py)
+constexpr int64_t kPrefillTiles = 24;  // n-tiles per work item: 192 rows = 32 micro-tiles of 6 rows
+constexpr int64_t kPrefillKc = 256;   // k per panel: 256 x 32 fp32 = 32 KiB
+
+SzType sz_type(at::ScalarType t, const char* op) {
+  switch (t) {
+    case at::kFloat: return SzType::kF32;
+    case at::kBFloat16: return SzType::kBF16;
+    case at::kHalf: return SzType::kF16;
+    default: TORCH_CHECK(false, op, ": scale_and_zero must be float32, bfloat16 or float16, got ", t);
+  }
+}
+
+// xp[m][j][q][l] = x[m][k_of(T, j, l, q)] (0 past K); sx[m][gi] = sum of x[m] over group gi.
+void permute_activation(const float* x, int64_t M, int64_t K, int64_t T, int64_t NC, int64_t g, int64_t G,
+                        float* xp, float* sx) {
+  int64_t off[128];  // k - 16 T j of (q, l): the same for every chunk
+  for (int q = 0; q < 8; ++q)
+    for (int64_t l = 0; l < 16; ++l) off[16 * q + l] = k_of(T, 0, l, q);
+  at::parallel_for(0, M, 4, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* xr = x + m * K;
+      for (int64_t j = 0; j < NC; ++j) {
+        float* dst = xp + (m * NC + j) * 128;
+        const int64_t k0 = 16 * T * j;
+        if (k0 + 16 * T <= K) {
+          for (int i = 0; i < 128; ++i) dst[i] = xr[k0 + off[i]];
+        } else {
+          for (int i = 0; i < 128; ++i) dst[i] = k0 + off[i] < K ? xr[k0 + off[i]] : 0.f;
+        }
+      }
+      for (int64_t gi = 0; gi < G; ++gi) {
+        float s = 0.f;
+        for (int64_t k = gi * g; k < std::min(K, (gi + 1) * g); ++k) s += xr[k];
+        sx[m * G + gi] = s;
+      }
+    }
+  });
+}
+
+// x'[m][16 T j + 2 T q + l] = x[m][k_of(T, j, l, q)], the order dequant_tiles writes.
+at::Tensor permute_columns(const at::Tensor& x2, int64_t T, int64_t NC) {
+  const int64_t K = x2.size(1), chunk = 16 * T;
+  std::vector<int64_t> src(NC * chunk);
+  for (int64_t j = 0; j < NC; ++j)
+    for (int q = 0; q < 8; ++q)
+      for (int64_t l = 0; l < 2 * T; ++l) src[chunk * j + 2 * T * q + l] = k_of(T, j, l, q);
+  at::Tensor idx = at::from_blob(src.data(), {NC * chunk}, at::kLong).clone();
+  // Columns past K read a zero column appended to x.
+  at::Tensor xz = at::cat({x2, at::zeros({x2.size(0), 1}, x2.options())}, 1);
+  return xz.index_select(1, idx.clamp_max(K));
+}
+
+// Note [int4 prefill]: out^T = W' @ x'^T with the roles of the int8 weight-only panel kernel swapped:
+// the dequantized weight rows (48 per work item, fp32, permuted k order) are its broadcast operand and
+// the permuted activation, packed in panels of 32 tokens [Kt][32], is its vector operand; accumulators
+// ct[rows][Mp] (tokens contiguous) are transposed into out at the end. Each n-tile is dequantized once.
+void prefill(const Int4Args& p, const at::Tensor& x2, at::Tensor& out) {
+  const int64_t M = x2.size(0), Kt = p.NC * 16 * p.T, Mp = (M + 31) / 32 * 32;
+  const int64_t ldw = Kt + 16;  // not a multiple of 4 KiB: the 6 rows a micro-tile reads don't alias in L1
+  at::Tensor xt = at::zeros({Mp, Kt}, x2.options());
+  xt.narrow(0, 0, M).copy_(permute_columns(x2, p.T, p.NC));
+  xt = xt.view({Mp / 32, 32, Kt}).transpose(1, 2).contiguous();  // (Mp / 32, Kt, 32)
+  const float* xtp = xt.data_ptr<float>();
+  const int64_t tiles = kPrefillTiles, nblocks = (p.NT + tiles - 1) / tiles;
+  at::parallel_for(0, nblocks, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> wf(tiles * 8 * ldw), ct(tiles * 8 * Mp);
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t i0 = blk * tiles, i1 = std::min(p.NT, i0 + tiles), rows = 8 * (i1 - i0);
+      avx512::dequant_tiles(p, i0, i1, wf.data(), ldw);
+      for (int64_t k0 = 0; k0 < Kt; k0 += kPrefillKc) {
+        const int64_t kc = std::min(kPrefillKc, Kt - k0);
+        for (int64_t mp = 0; mp < Mp / 32; ++mp) {
+          const float* panel = xtp + (mp * Kt + k0) * 32;
+          for (int64_t r = 0; r < rows; r += 6)
+            gemm_f32_6x32((int)std::min<int64_t>(6, rows - r), wf.data() + r * ldw + k0, ldw, panel, kc,
+                          ct.data() + r * Mp + 32 * mp, Mp, 32, k0 == 0);
+        }
+      }
+      for (int64_t r = 0; r < rows && 8 * i0 + r < p.N; ++r) {
+        const int64_t n = 8 * i0 + r;
+        const float bn = p.bias ? p.bias[n] : 0.f;
+        for (int64_t m = 0; m < M; ++m) p.out[m * p.ldo + n] = ct[r * Mp + m] + bn;
+      }
+    }
+  });
+}
+
+at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale_and_zero,
+                               int64_t group_size, int64_t out_features, const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "torchqkit::linear_int4wo_tiled";
+  TORCH_CHECK(qdata.dim() == 4 && qdata.scalar_type() == at::kInt && qdata.size(2) == 32, op,
+              ": qdata must be int32 tiles [N8/8][Kt/(16T)][32][T/2], got ", qdata.scalar_type(), " ", qdata.sizes());
+  const int64_t NT = qdata.size(0), NC = qdata.size(1), T = 2 * qdata.size(3);
+  TORCH_CHECK(T == 2 || T == 4 || T == 8, op, ": inner_k_tiles = 2 * qdata.size(3) must be 2, 4 or 8, got ", T);
+  const int64_t g = group_size, Kt = NC * 16 * T, K = x.size(-1), N = out_features;
+  TORCH_CHECK(g == 32 || g == 64 || g == 128 || g == 256, op, ": group_size must be 32, 64, 128 or 256, got ", g);
+  TORCH_CHECK(Kt % g == 0, op, ": padded K = ", Kt, " is not a multiple of group_size ", g);
+  TORCH_CHECK(K <= Kt && K > Kt - std::max(g, 16 * T), op, ": x has ", K, " features but the tiles hold ", Kt,
+              " (padded) columns");
+  TORCH_CHECK(N >= 1 && N <= 8 * NT, op, ": out_features ", N, " does not fit ", NT, " n-tiles of 8");
+  TORCH_CHECK(scale_and_zero.dim() == 3 && scale_and_zero.size(0) == Kt / g && scale_and_zero.size(1) == 8 * NT &&
+                  scale_and_zero.size(2) == 2, op, ": scale_and_zero must be [Kt/g][N8][2] = [", Kt / g, "][", 8 * NT,
+              "][2], got ", scale_and_zero.sizes());
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op,
+              ": activations must be float32, bfloat16 or float16, got ", dt);
+  // Tiles: chunk blocks contiguous inside an n-tile (a slice along n-tiles keeps that); else a copy.
+  const at::Tensor q = (qdata.stride(3) == 1 && qdata.stride(2) == T / 2 && qdata.stride(1) == 16 * T)
+                           ? qdata : qdata.contiguous();
+  const at::Tensor sz = (scale_and_zero.stride(2) == 1 && scale_and_zero.stride(1) == 2)
+                            ? scale_and_zero : scale_and_zero.contiguous();
+  const at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  at::Tensor b;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, op, ": bias must have shape (", N, "), got ", bias->sizes());
+    b = bias->to(at::kFloat).contiguous();
+  }
+  const int64_t M = x2.size(0), G = Kt / g;
+  at::Tensor out = at::empty({M, N}, x2.options());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  if (M == 0) return out.to(dt).reshape(shape);
+  Int4Args p{q.data_ptr<int32_t>(), NT, NC, T, q.stride(0), sz.data_ptr(), sz_type(sz.scalar_type(), op),
+             sz.stride(0), g, G, K, N, nullptr, nullptr, M, b.defined() ? b.data_ptr<float>() : nullptr,
+             out.data_ptr<float>(), N};
+  const Isa isa = selected_isa_for_ops();
+  if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM) {
+    prefill(p, x2, out);
+    return out.to(dt).reshape(shape);
+  }
+  at::Tensor xp = at::empty({M, NC, 8, 16}, x2.options());
+  at::Tensor sx = at::empty({M, G}, x2.options());
+  permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, xp.data_ptr<float>(), sx.data_ptr<float>());
+  p.xp = xp.data_ptr<float>();
+  p.sx = sx.data_ptr<float>();
+  at::parallel_for(0, NT, 4, [&](int64_t i0, int64_t i1) {
+    switch (isa) {
+      case Isa::kAvx512Vnni: return avx512::dot_tiles(p, i0, i1);
+      case Isa::kAvx2: return avx2::dot_tiles(p, i0, i1);
+      default: return scalar::dot_tiles(p, i0, i1);
+    }
+  });
+  return out.to(dt).reshape(shape);
+}
+
+}  // namespace
+}  // namespace torchqkit_cpu
+
+TORCH_LIBRARY_IMPL(torchqkit, CPU, m) { m.impl("linear_int4wo_tiled", &torchqkit_cpu::linear_int4wo_tiled); }

@@ -1,0 +1,232 @@
+"""torchqkit::linear_int4wo_tiled on CPU (csrc/cpu/linear_int4.cpp): opcheck, the C++ kernel against the
+pure-torch reference and against F.linear(x, w.dequantize()) under every ISA level this CPU runs, padded
+and sliced tiles, unaligned data, routing from TensorCoreTiledLayout, torch.compile."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._inductor.utils import run_and_get_code
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torchqkit as qk
+from torchqkit import kernels
+from torchqkit.kernels.reference import linear_int4wo_tiled_ref
+
+OP = torch.ops.torchqkit.linear_int4wo_tiled
+_LEVELS = ["scalar", "avx2", "avx512_vnni"]
+
+
+def _cpu_levels() -> list[str]:
+    if not kernels.CPU_EXTENSION_LOADED or not torch._C._dispatch_has_kernel_for_dispatch_key(
+            "torchqkit::linear_int4wo_tiled", "CPU"):
+        return []
+    env = os.environ.pop("TORCHQKIT_CPU_ISA", None)
+    try:
+        best = torch.ops.torchqkit_cpu.isa()
+    finally:
+        if env is not None:
+            os.environ["TORCHQKIT_CPU_ISA"] = env
+    return _LEVELS[: _LEVELS.index(best) + 1]
+
+
+LEVELS = _cpu_levels()
+needs_ext = pytest.mark.skipif(not LEVELS, reason=f"no C++ CPU int4 kernel: {kernels.CPU_EXTENSION_REASON}")
+isa_param = pytest.mark.parametrize("isa", LEVELS or ["none"])
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _tiled(n, k, g, t, dtype=torch.float32, seed=0, pref="auto"):
+    """A quantized (n, k) weight in TensorCoreTiledLayout(inner_k_tiles=t), group size g."""
+    w = torch.randn(n, k, generator=_gen(seed)).to(dtype)
+    return qk.quantize_weight(w, qk.qdtypes.uint4, qk.PerGroup(g), qk.TensorCoreTiledLayout(inner_k_tiles=t),
+                              mapping="asymmetric", zero_point_domain="float", kernel_preference=pref)
+
+
+def _act(m, k, dtype, seed=1):
+    return (torch.randn(m, k, generator=_gen(seed)) * 2).to(dtype)
+
+
+def _args(w, x, bias=None):
+    return (x, w.qdata, w.scale_and_zero, w.block_size[1], w.logical_shape[0], bias)
+
+
+def _assert_rel(out, ref, tol, what=""):
+    """max |out - ref| <= tol * max |ref|: one error budget relative to the output's magnitude."""
+    assert out.dtype == ref.dtype and out.shape == ref.shape, (out.dtype, ref.dtype, out.shape, ref.shape)
+    err = (out.float() - ref.float()).abs().max().item()
+    bound = tol * max(ref.float().abs().max().item(), 1e-30)
+    assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g} (tol {tol:g} x max |ref|)"
+
+
+# Kernel vs reference on the same bytes, both in fp32: they differ by summation order and by the kernel's
+# factorization s * sum(x u) + (z - 8 s) * sum(x) (Note [int4 tiled math]), whose terms can be a few times
+# the output: budget 2e-5 of max |out| (measured <= 1e-6 at K <= 1024). Half outputs: one rounding of
+# nearly equal fp32 values, one ulp of the output dtype (2^-8 bf16, 2^-11 fp16) with a factor 2 margin.
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+# (M, N, K, group, inner_k_tiles). M = 1, 3, 17 (dot kernel; 17 = 4 blocks of 4 + 1), 40 (AVX-512 prefill
+# path from M = 32, 40 % 6 != 0 and 40 % 32 != 0); K = 32 with T = 2 is the smallest legal K (one chunk of
+# 32 = one group); K = 320, 96, 192 are padded (Kt = 384, 128, 256); N = 1, 37 (padded n-tile), 65; groups
+# per chunk 1, 2 and 4 (g = 32 with T = 8) and chunks per group > 1 (g = 256 with T = 2).
+CASES = [
+    (1, 1, 32, 32, 2), (3, 37, 320, 32, 8), (17, 65, 96, 32, 4), (1, 37, 192, 64, 8), (3, 8, 512, 256, 2),
+    (17, 24, 384, 128, 8), (40, 37, 320, 64, 8), (40, 65, 256, 256, 4), (33, 9, 64, 32, 2),
+]
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_kernel_matches_reference(monkeypatch, isa, dtype, case):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    m, n, k, g, t = case
+    w = _tiled(n, k, g, t, dtype)
+    x, b = _act(m, k, dtype), torch.randn(n, generator=_gen(2)).to(dtype)
+    _assert_rel(OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b)), TOL[dtype], f"{isa} {case}")
+    _assert_rel(OP(*_args(w, x)), linear_int4wo_tiled_ref(*_args(w, x)), TOL[dtype], f"{isa} {case} no bias")
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("m", [1, 3, 40])
+def test_kernel_matches_dequantized_linear(monkeypatch, isa, m):
+    # DESIGN.md's check: F.linear(x, w.dequantize()). A float32 weight dequantizes in fp32, so only the
+    # summation order differs (budget as TOL[float32]).
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = _tiled(37, 320, 64, 8)
+    x = _act(m, 320, torch.float32)
+    _assert_rel(OP(*_args(w, x)), F.linear(x, w.dequantize()), 2e-5, f"{isa} m={m}")
+
+
+def _unaligned(t: torch.Tensor, offset_bytes: int) -> torch.Tensor:
+    """A copy of t whose data starts `offset_bytes` past a 64-byte boundary (as safetensors can return)."""
+    nbytes = t.numel() * t.element_size()
+    buf = torch.empty(nbytes + 64 + offset_bytes, dtype=torch.uint8)
+    start = (-buf.data_ptr()) % 64 + offset_bytes
+    out = buf[start:start + nbytes].view(t.dtype).view(t.shape)
+    out.copy_(t)
+    return out
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("m", [1, 40])
+def test_unaligned_inputs(monkeypatch, isa, m):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = _tiled(37, 320, 32, 8, torch.bfloat16)
+    x = _act(m, 320, torch.bfloat16)
+    qu, su, xu = _unaligned(w.qdata, 4), _unaligned(w.scale_and_zero, 2), _unaligned(x, 2)
+    assert qu.data_ptr() % 16 == 4 and su.data_ptr() % 16 == 2 and xu.data_ptr() % 16 == 2
+    out = OP(xu, qu, su, 32, 37, None)
+    _assert_rel(out, linear_int4wo_tiled_ref(*_args(w, x)), TOL[torch.bfloat16], isa)
+
+
+@needs_ext
+@pytest.mark.parametrize("m", [2, 40])
+def test_sliced_tiles_are_read_in_place(m):
+    # Slicing along out_features keeps whole n-tiles, along in_features whole chunks: both are strided
+    # views of the tiles and of scale_and_zero, which the kernel reads without a copy.
+    w = _tiled(48, 512, 64, 4)
+    rows, cols = w[8:40], w[:, 128:384]
+    assert rows.scale_and_zero.stride(0) == 2 * 48 and cols.qdata.stride(0) == w.qdata.stride(0)
+    for part in (rows, cols):
+        x = _act(m, part.shape[1], torch.float32)
+        _assert_rel(F.linear(x, part), F.linear(x, part.dequantize()), 2e-5, str(part.shape))
+
+
+def test_empty_batch_and_bad_arguments():
+    w = _tiled(8, 64, 32, 2)
+    assert OP(*_args(w, torch.empty(0, 64))).shape == (0, 8)
+    if LEVELS:
+        with pytest.raises(RuntimeError, match="features but the tiles hold"):
+            OP(*_args(w, torch.randn(2, 128)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_opcheck(dtype):
+    w = _tiled(24, 96, 32, 4, dtype)
+    x = _act(3, 96, dtype).reshape(1, 3, 96)
+    torch.library.opcheck(OP, _args(w, x, torch.randn(24).to(dtype)))
+    torch.library.opcheck(OP, _args(w, x.requires_grad_()))
+
+
+@needs_ext
+def test_cpu_kernel_registered_and_reported():
+    op = "torchqkit::linear_int4wo_tiled"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")
+    assert kernels.cpu_backend(op)[0] == f"cpp {LEVELS[-1]}"
+    row = next(r for r in kernels.status() if r["layout"] == "tensor_core_tiled")
+    assert row["path"] == f"{op} (cpp {LEVELS[-1]})"
+
+
+# ------------------------------------------------------------------------------------------------
+# Through TensorCoreTiledLayout
+# ------------------------------------------------------------------------------------------------
+
+class _OpLog(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_layout_linear_uses_the_op(dtype):
+    lin = torch.nn.Linear(256, 40).to(dtype)
+    qk.quantize_(lin, qk.Int4WeightOnlyConfig(group_size=64))
+    x = _act(3, 256, dtype)
+    log = _OpLog()
+    with log, torch.no_grad():
+        out = lin(x)
+    assert log.ops == ["linear_int4wo_tiled"]
+    # Half weights: the reference rounds the dequantized weight to bf16 / fp16 before its matmul, the op
+    # keeps (q - 8) * s + z in fp32: a few ulps of the weight dtype, relative to the output's magnitude.
+    tol = {torch.float32: 2e-5, torch.bfloat16: 2.0 ** -5, torch.float16: 2.0 ** -8}[dtype]
+    _assert_rel(out, F.linear(x, lin.weight.dequantize(), lin.bias), tol, str(dtype))
+
+
+def test_reference_preference_and_float64_keep_the_reference():
+    w = _tiled(16, 64, 32, 2, pref="reference")
+    log = _OpLog()
+    with log:
+        F.linear(_act(2, 64, torch.float32), w)
+    assert "linear_int4wo_tiled" not in log.ops
+    w64 = _tiled(16, 64, 32, 2, torch.float64)
+    x = _act(2, 64, torch.float64)
+    log = _OpLog()
+    with log:
+        out = F.linear(x, w64)
+    assert "linear_int4wo_tiled" not in log.ops
+    torch.testing.assert_close(out, F.linear(x, w64.dequantize()))
+
+
+def test_compile_fullgraph_calls_the_custom_op():
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(128, 24)
+    qk.quantize_(lin, qk.Int4WeightOnlyConfig(group_size=32))
+    x = _act(4, 128, torch.float32)
+    with torch.no_grad():
+        out, code = run_and_get_code(torch.compile(lin, fullgraph=True), x)
+        eager = lin(x)
+    assert "torch.ops.torchqkit.linear_int4wo_tiled.default" in "\n".join(code)
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)
+
+
+def test_input_gradient_flows_through_the_dequantized_weight():
+    w = _tiled(24, 128, 32, 4)
+    x = _act(3, 128, torch.float32).requires_grad_()
+    b = torch.zeros(24, requires_grad=True)
+    F.linear(x, w, b).sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones(3, 24) @ w.dequantize(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(b.grad, torch.full((24,), 3.0))
