@@ -166,6 +166,32 @@ def triton_backend():
     return _TRITON[0], _TRITON[1]
 
 
+def register_triton_for_cuda_key(module, lib: torch.library.Library) -> list[str]:
+    """Give each torchqkit op that has a Triton kernel but no C++ CUDA kernel its Triton kernel as the CUDA
+    dispatch key's implementation (in ``lib``), so ``torch.ops.torchqkit.<op>`` on CUDA tensors runs what
+    KernelPreference.AUTO promises (_AUTO_ORDER: C++ CUDA, then Triton). Returns the ops it registered."""
+    done = []
+    for op, triton_name in module.TRITON_OPS.items():
+        if op in CUDA_OPS and torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA"):
+            continue  # the C++ CUDA kernel comes first
+        lib.impl(op.split("::")[1], getattr(torch.ops.torchqkit_triton, triton_name.split("::")[1]), "CUDA")
+        done.append(op)
+    return done
+
+
+_TRITON_LIB: list = []  # the torch.library.Library holding those registrations, while they live
+
+
+def _register_triton_on_gpu() -> None:
+    """On a machine with a GPU, import the Triton backend now and put it behind the CUDA key (see above)."""
+    if not torch.cuda.is_available():
+        return
+    module, _ = triton_backend()
+    if module is not None:
+        _TRITON_LIB.append(torch.library.Library("torchqkit", "IMPL"))
+        register_triton_for_cuda_key(module, _TRITON_LIB[0])
+
+
 def _why_not(backend: str, op: str, device: str) -> str | None:
     """None if ``backend`` can serve ``op`` on ``device`` (a device type), else the reason it can't."""
     if backend == "reference":
@@ -181,6 +207,8 @@ def _why_not(backend: str, op: str, device: str) -> str | None:
         return None
     if backend != device:
         return f"the C++ {backend} kernels don't run on {device} tensors"
+    if device == "cuda" and op not in CUDA_OPS:
+        return f"csrc/cuda has no kernel for {op}"
     loaded, why = (CUDA_EXTENSION_LOADED, CUDA_EXTENSION_REASON) if device == "cuda" else (CPU_EXTENSION_LOADED,
                                                                                           CPU_EXTENSION_REASON)
     if not loaded:
@@ -233,3 +261,6 @@ def backend_status(devices=("cpu", "cuda")) -> list[dict]:
             rows.append({"layout": "(backend)", "linear": f"{op} on {dev}", "path": backend,
                          "why": f"usable: {', '.join(can)}; {why}"})
     return rows
+
+
+_register_triton_on_gpu()

@@ -72,3 +72,19 @@ def test_every_triton_op_mirrors_a_torchqkit_op_schema():
         want = str(getattr(torch.ops.torchqkit, op.split("::")[1]).default._schema).split("(", 1)[1]
         got = str(getattr(torch.ops.torchqkit_triton, op.split("::")[1]).default._schema).split("(", 1)[1]
         assert got.replace("SymInt", "int") == want, op
+
+
+def test_triton_kernels_go_behind_the_cuda_key_of_ops_without_a_cpp_cuda_kernel():
+    """What a GPU machine does at import (kernels._register_triton_on_gpu), done here into a scratch library."""
+    module, _ = kernels.triton_backend()
+    lib = torch.library.Library("torchqkit", "IMPL")
+    try:
+        done = kernels.register_triton_for_cuda_key(module, lib)
+        cpp_cuda = {op for op in kernels.CUDA_OPS if kernels.CUDA_EXTENSION_LOADED}
+        assert sorted(done) == sorted(set(module.TRITON_OPS) - cpp_cuda)
+        assert all(torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA") for op in done)
+        # choose_backend still names the C++ CUDA backend only for ops csrc/cuda implements
+        assert "csrc/cuda has no kernel" in kernels._why_not("cuda", "torchqkit::linear_mxwo", "cuda")
+    finally:
+        lib._destroy()
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("torchqkit::linear_mxwo", "CUDA")
