@@ -17,6 +17,7 @@ from .core import (MappingType, PerAxis, PerBlock, PerGroup, PerRow, PerTensor, 
                    choose_qparams_affine, dequantize_affine, qdtypes, quantize_affine)
 from .layouts import Float8Layout, Layout, MXLayout, NF4Layout, PlainLayout
 from .layouts import PackedIntxLayout, TensorCoreTiledLayout
+from .hf import from_pretrained, save_pretrained
 from .serialization import (CheckpointError, load_quantized, quantize_checkpoint, register_safe_globals,
                             save_quantized)
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError

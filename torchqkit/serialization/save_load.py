@@ -46,11 +46,12 @@ class SaveSummary:
     plain: list[str] = field(default_factory=list)       # stored as they are
     tied: dict[str, str] = field(default_factory=dict)   # alias -> the name it is stored under
     nbytes: int = 0
+    notes: list[str] = field(default_factory=list)       # anything else worth telling (save_pretrained)
 
     def __str__(self) -> str:
-        ties = "".join(f"\n  {a} is tied to {t}: stored once" for a, t in self.tied.items())
+        lines = [f"{a} is tied to {t}: stored once" for a, t in self.tied.items()] + self.notes
         return (f"saved {len(self.quantized)} quantized + {len(self.plain)} plain tensors, {self.nbytes:,} bytes, "
-                f"to {', '.join(str(f) for f in self.files)}{ties}")
+                f"to {', '.join(str(f) for f in self.files)}" + "".join(f"\n  {line}" for line in lines))
 
 
 # ---------------------------------------------------------------------------------------------- save

@@ -1,0 +1,117 @@
+"""Hugging Face transformers models: save_pretrained / from_pretrained for quantized models.
+
+    qk.quantize_(model, configs)                       # any transformers PreTrainedModel
+    qk.save_pretrained(model, "out/", config=configs)  # out/config.json + out/model.safetensors
+    model = qk.from_pretrained("out/")                 # one call: skeleton on meta, packed weights, ready to run
+
+config.json is the model's own, plus ``"quantization_config"``: {"quant_method": "torchqkit", "format_version",
+"torchqkit_version", "config" (the producing config, as in the checkpoint header), "quantized" (module
+names), "modules_not_to_convert" (Linear modules left in float), "tied" (aliases stored once),
+"untied_by_quantization" (ties that quantizing one side broke)}. transformers' own from_pretrained does not
+know "torchqkit" as a quant_method and says so; use torchqkit.from_pretrained.
+
+Tied embeddings: if lm_head stays float, it stays tied to the input embedding (stored once). If lm_head is
+quantized, it no longer shares the embedding's float weight: both are stored, ``tie_word_embeddings`` is
+written as false so the rebuilt model doesn't re-tie them, and the save report says so.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .serialization.save_load import FORMAT_VERSION, SaveSummary, _encode_config, _version, load_quantized, save_quantized
+from .tensor.affine_quantized_tensor import AffineQuantizedTensor
+
+__all__ = ["save_pretrained", "from_pretrained"]
+
+QUANT_METHOD = "torchqkit"
+
+
+def save_pretrained(model: nn.Module, directory, config=None, *, max_shard_bytes: int | None = None) -> SaveSummary:
+    """Write a (quantized) transformers model to ``directory``: config.json recording the quantization, and
+    model.safetensors (shards + index past ``max_shard_bytes``). Returns the SaveSummary, whose notes say which
+    Linear modules stayed in float and which ties quantization broke."""
+    model = getattr(model, "_orig_mod", model)
+    if not hasattr(model, "config") or not hasattr(model.config, "save_pretrained"):
+        raise TypeError(f"save_pretrained takes a transformers PreTrainedModel, got {type(model).__name__}; "
+                        f"use torchqkit.save_quantized for other modules")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    summary = save_quantized(model, directory / "model.safetensors", max_shard_bytes=max_shard_bytes, config=config)
+    kept = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not isinstance(m.weight, AffineQuantizedTensor)]
+    untied = _untied_by_quantization(model)
+    hf_config = copy.deepcopy(model.config)
+    hf_config.architectures = [type(model).__name__]  # what from_pretrained rebuilds (transformers does the same)
+    if untied and getattr(hf_config, "tie_word_embeddings", False):
+        hf_config.tie_word_embeddings = False
+    hf_config.quantization_config = {
+        "quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION, "torchqkit_version": _version(),
+        "config": _encode_config(config), "quantized": [n.removesuffix(".weight") for n in summary.quantized],
+        "modules_not_to_convert": kept, "tied": summary.tied, "untied_by_quantization": untied}
+    hf_config.save_pretrained(directory)
+    summary.files.insert(0, directory / "config.json")
+    summary.notes += [f"Linear {n} left in float (modules_not_to_convert)" for n in kept]
+    summary.notes += [f"{alias} was tied to {target}; quantizing one side untied them: both are stored and "
+                      f"tie_word_embeddings is false in config.json" for alias, target in untied]
+    return summary
+
+
+def from_pretrained(directory) -> nn.Module:
+    """Rebuild a model saved by torchqkit.save_pretrained: the class named in config.json's ``architectures``
+    is built on the meta device, its non-persistent buffers (rotary frequencies, position ids) are computed by
+    the model's own initializer, and load_quantized fills every saved tensor. Returns the model in eval mode."""
+    import transformers
+    directory = Path(directory)
+    hf_config = transformers.AutoConfig.from_pretrained(directory)
+    qc = getattr(hf_config, "quantization_config", None)
+    if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
+        raise ValueError(f"{directory}/config.json has no torchqkit quantization_config: it was not written by "
+                         f"torchqkit.save_pretrained (float models load with transformers' from_pretrained)")
+    archs = getattr(hf_config, "architectures", None) or []
+    cls = getattr(transformers, archs[0], None) if archs else None
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        raise ValueError(f"{directory}/config.json: architectures {archs} names no transformers model class")
+    with torch.device("meta"):
+        model = cls(hf_config)
+    _materialize_non_persistent_buffers(model)
+    load_quantized(model, directory)
+    return model.eval()
+
+
+def read_quantization_config(directory) -> dict:
+    """config.json's quantization_config, as save_pretrained wrote it."""
+    return json.loads((Path(directory) / "config.json").read_text())["quantization_config"]
+
+
+def _untied_by_quantization(model: nn.Module) -> list[tuple[str, str]]:
+    """Ties the model declares (transformers' all_tied_weights_keys) whose two sides are now different tensors."""
+    declared = getattr(model, "all_tied_weights_keys", None) or {}
+    out = []
+    for alias, target in declared.items():
+        a, t = model.get_parameter(alias), model.get_parameter(target)
+        if a is not t and (isinstance(a, AffineQuantizedTensor) or isinstance(t, AffineQuantizedTensor)):
+            out.append((alias, target))
+    return out
+
+
+def _materialize_non_persistent_buffers(model: nn.Module) -> None:
+    """Non-persistent buffers are not in any checkpoint: allocate them on CPU and let the model's own
+    ``_init_weights`` compute them, only for modules without parameters of their own (so nothing loaded later
+    is touched, and no float weight is ever built)."""
+    modules = {}
+    for name, buf in model.named_non_persistent_buffers():
+        if not buf.is_meta:
+            continue
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        if any(True for _ in module.parameters(recurse=False)):
+            raise ValueError(f"non-persistent buffer {name} lives in a module with parameters; torchqkit can't "
+                             f"recompute it without initializing those parameters")
+        module._buffers[attr] = torch.empty_like(buf, device="cpu")
+        modules[module_name] = module
+    for module in modules.values():
+        model._init_weights(module)
