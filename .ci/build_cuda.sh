@@ -47,9 +47,11 @@ echo "build_cuda: built $SO after $(( $(date +%s) - start )) s"
 # Code for every architecture, and tensor-core instructions (HMMA, from mma.sync) in each. The toolkit here
 # has no cuobjdump; triton (a dependency of torch's CUDA build) ships one.
 CUOBJDUMP=$(command -v cuobjdump || "$VENV/bin/python" -c "import os, triton; print(os.path.join(os.path.dirname(triton.__file__), 'backends/nvidia/bin/cuobjdump'))")
+ELVES=$("$CUOBJDUMP" --list-elf "$SO")  # captured first: `| grep -q` would SIGPIPE it under pipefail
 for arch in sm_80 sm_89 sm_90a; do
-  "$CUOBJDUMP" --list-elf "$SO" | grep -q "\.$arch\.cubin" || { echo "build_cuda: FAILED, no $arch code in $SO"; exit 1; }
-  "$CUOBJDUMP" -sass -arch "$arch" "$SO" | grep -q HMMA || { echo "build_cuda: FAILED, no HMMA (mma.sync) for $arch"; exit 1; }
+  grep -q "\.$arch\.cubin" <<<"$ELVES" || { echo "build_cuda: FAILED, no $arch code in $SO"; exit 1; }
+  HMMA=$("$CUOBJDUMP" -sass -arch "$arch" "$SO" | grep -c HMMA || true)
+  [ "$HMMA" -gt 0 ] || { echo "build_cuda: FAILED, no HMMA (mma.sync) for $arch"; exit 1; }
 done
 echo "build_cuda: $SO holds sm_80 / sm_89 / sm_90a code, each with HMMA (tensor-core) instructions"
 

@@ -132,6 +132,27 @@ TQK_HD int int4_tiled_code(const int32_t* q, int64_t n, int64_t k, int64_t num_c
 // s = 2 / 3 those of tile 2w + 1.
 TQK_HD uint32_t int4_tiled_pair(uint32_t word, int s) { return (word >> (4 * s)) & 0x000F000Fu; }
 
+// Index of the int32 word that holds lane `lane`'s B fragment of k16-tile t (0 .. 2 words - 1) of k-chunk j in
+// n-tile i: the one 32-bit load per lane and k16-tile of the mma kernel (csrc/cuda/int4_tiled_mma.cu).
+TQK_HD int64_t int4_tiled_lane_word(int64_t i, int64_t j, int lane, int t, int64_t num_chunks, int words) {
+  return ((i * num_chunks + j) * 32 + lane) * words + t / 2;
+}
+
+// ---- mma.sync.m16n8k16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16" with .f16 / .bf16) ----
+// groupID g = lane / 4, threadID_in_group c = lane % 4. Element i of a lane's fragment sits at:
+//   A (16 x 16, row-major), i = 0..7 (register i / 2, half i % 2): row g (+8 if i & 2), col 2c + (i & 1) (+8 if i & 4)
+//   B (16 x 8, "col": k x n),  i = 0..3:                            k 2c + (i & 1) (+8 if i & 2),  n g
+//   C (16 x 8, fp32),          i = 0..3:                            row g (+8 if i & 2),           col 2c + (i & 1)
+struct MmaCoord {
+  int row;  // A, C: row (m); B: k
+  int col;  // A: k; B, C: column (n)
+};
+TQK_HD MmaCoord mma_a_coord(int lane, int i) {
+  return {lane / 4 + ((i & 2) ? 8 : 0), 2 * (lane % 4) + (i & 1) + ((i & 4) ? 8 : 0)};
+}
+TQK_HD MmaCoord mma_b_coord(int lane, int i) { return {2 * (lane % 4) + (i & 1) + ((i & 2) ? 8 : 0), lane / 4}; }
+TQK_HD MmaCoord mma_c_coord(int lane, int i) { return {lane / 4 + ((i & 2) ? 8 : 0), 2 * (lane % 4) + (i & 1)}; }
+
 // w = (q - 8) * scale + zero (uint4 with a float-domain zero point).
 TQK_HD float int4_dequant(int code, float scale, float zero) {
   return static_cast<float>(code - 8) * scale + zero;

@@ -3,6 +3,9 @@
 //   dequant_selftest tables                      every element decoder over its whole code range
 //   dequant_selftest tiled FILE N8 CHUNKS WORDS  codes of a tiled int4 qdata (raw little-endian int32)
 //   dequant_selftest pairs FILE N8 CHUNKS WORDS  the same codes through the mma fragment view
+//   dequant_selftest fragments FILE N8 CHUNKS WORDS  "n k code" for every B-fragment element every lane of
+//                                                the mma kernel loads (its word index and pair extraction)
+//   dequant_selftest coords                      the A / B / C fragment coordinates of every lane
 // Floats are printed as their bit patterns (exact comparison); codes as integers.
 #include <cstdio>
 #include <cstdlib>
@@ -65,6 +68,34 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  std::fprintf(stderr, "usage: %s tables | tiled|pairs FILE N8 CHUNKS WORDS\n", argv[0]);
+  if (argc == 6 && std::strcmp(argv[1], "fragments") == 0) {
+    const long n8 = std::atol(argv[3]), chunks = std::atol(argv[4]);
+    const int words = std::atoi(argv[5]);
+    const std::vector<int32_t> q = read_words(argv[2], static_cast<size_t>(n8 / 8 * chunks * 32 * words));
+    for (long i = 0; i < n8 / 8; ++i)
+      for (long j = 0; j < chunks; ++j)
+        for (int t = 0; t < 2 * words; ++t)
+          for (int lane = 0; lane < 32; ++lane) {
+            const uint32_t word = static_cast<uint32_t>(q[tc::int4_tiled_lane_word(i, j, lane, t, chunks, words)]);
+            for (int reg = 0; reg < 2; ++reg) {  // as int4_tiled_mma.cu: pair s = 2 (t % 2) + reg
+              const uint32_t pair = tc::int4_tiled_pair(word, 2 * (t % 2) + reg);
+              for (int e = 0; e < 2; ++e) {
+                const tc::MmaCoord b = tc::mma_b_coord(lane, 2 * reg + e);
+                std::printf("%ld %ld %u\n", 8 * i + b.col, 32 * words * j + 16 * t + b.row,
+                            e ? pair >> 16 : pair & 0xFFFF);
+              }
+            }
+          }
+    return 0;
+  }
+  if (argc == 2 && std::strcmp(argv[1], "coords") == 0) {
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int i = 0; i < 8; ++i) std::printf("A %d %d\n", tc::mma_a_coord(lane, i).row, tc::mma_a_coord(lane, i).col);
+      for (int i = 0; i < 4; ++i) std::printf("B %d %d\n", tc::mma_b_coord(lane, i).row, tc::mma_b_coord(lane, i).col);
+      for (int i = 0; i < 4; ++i) std::printf("C %d %d\n", tc::mma_c_coord(lane, i).row, tc::mma_c_coord(lane, i).col);
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "usage: %s tables | coords | tiled|pairs|fragments FILE N8 CHUNKS WORDS\n", argv[0]);
   return 2;
 }

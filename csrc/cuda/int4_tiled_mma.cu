@@ -2,11 +2,12 @@
 //
 // Each warp owns one n-tile (8 output columns) and 16 activation rows; it walks its share of the K range
 // one k16-tile at a time:
-//   A fragment  straight from global memory: lane (g = lane / 4, c = lane % 4) loads x[m0 + g (+8)][k0 + 2c
-//               (+8) + {0, 1}], the mma row-major A layout.
-//   B fragment  ONE int32 word per lane and k16-tile: TensorCoreTiledLayout stores exactly the lane's
-//               b0..b3 codes there (Note [Tensor-core tiled int4]); int4_tiled_pair (csrc/common/dequant.h)
+//   A fragment  straight from global memory at mma_a_coord (csrc/common/dequant.h): lane (g = lane / 4,
+//               c = lane % 4) loads x[m0 + g (+8)][k0 + 2c (+8) + {0, 1}], the mma row-major A layout.
+//   B fragment  ONE int32 word per lane and k16-tile (int4_tiled_lane_word): TensorCoreTiledLayout stores
+//               exactly the lane's b0..b3 codes there (Note [Tensor-core tiled int4]); int4_tiled_pair
 //               extracts the two (k, k + 1) code pairs, dequantized with the group's scale and zero.
+//               test/kernels/cuda/test_common_helpers.py checks this path on the host against the layout.
 //   C fragment  fp32 accumulators, written to part[split][m][n] (the glue sums the K splits, adds bias).
 // Prefill: split_k = 1 and the grid covers M in 16-row tiles. Decode (M <= 16): one row tile and split_k
 // slices of K so that enough warps stream the weight (the GEMV use of the same kernel).
@@ -57,7 +58,7 @@ __global__ void __launch_bounds__(32 * kWarps) int4_tiled_mma_kernel(const Int4T
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t tile_n = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (tile_n * 8 >= a.N) return;  // the whole warp leaves together (mma.sync needs all 32 lanes)
-  const int g = lane / 4, c = lane % 4;
+  const int g = lane / 4;  // groupID: this lane's n within the tile (mma_b_coord(lane, i).col)
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * 16;
   const int64_t k16_tiles = a.K / 16;
   const int64_t per_split = (k16_tiles + a.split_k - 1) / a.split_k;
@@ -71,16 +72,17 @@ __global__ void __launch_bounds__(32 * kWarps) int4_tiled_mma_kernel(const Int4T
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   for (int64_t tt = t_begin; tt < t_end; ++tt) {
     const int64_t k0 = tt * 16;
-    // ---- A: rows g and g + 8, columns 2c, 2c + 1 and 2c + 8, 2c + 9 ----
+    // ---- A: register r holds elements 2r, 2r + 1 (rows g / g + 8, columns 2c (+8) + {0, 1}) ----
     uint32_t af[4];
-    af[0] = load_pair(x, a.ldx, a.M, m0 + g, k0 + 2 * c);
-    af[1] = load_pair(x, a.ldx, a.M, m0 + g + 8, k0 + 2 * c);
-    af[2] = load_pair(x, a.ldx, a.M, m0 + g, k0 + 2 * c + 8);
-    af[3] = load_pair(x, a.ldx, a.M, m0 + g + 8, k0 + 2 * c + 8);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const tc::MmaCoord at = tc::mma_a_coord(lane, 2 * r);
+      af[r] = load_pair(x, a.ldx, a.M, m0 + at.row, k0 + at.col);
+    }
     // ---- B: the lane's word of k16-tile t in chunk j, dequantized pair by pair ----
     const int64_t j = tt / tiles_per_chunk;
     const int t = static_cast<int>(tt % tiles_per_chunk);
-    const uint32_t word = static_cast<uint32_t>(a.q[((tile_n * a.num_chunks + j) * 32 + lane) * a.words + t / 2]);
+    const uint32_t word = static_cast<uint32_t>(a.q[tc::int4_tiled_lane_word(tile_n, j, lane, t, a.num_chunks, a.words)]);
     const int64_t s_idx = ((k0 / a.group) * a.N8 + n) * 2;
     const float scale = to_float(sz[s_idx]), zero = to_float(sz[s_idx + 1]);
     const uint32_t p0 = tc::int4_tiled_pair(word, 2 * (t % 2)), p1 = tc::int4_tiled_pair(word, 2 * (t % 2) + 1);
@@ -89,14 +91,13 @@ __global__ void __launch_bounds__(32 * kWarps) int4_tiled_mma_kernel(const Int4T
     bf[1] = pack2<T>(tc::int4_dequant(p1 & 0xFFFF, scale, zero), tc::int4_dequant(p1 >> 16, scale, zero));
     mma_16816<T>(acc, af, bf);
   }
-  // ---- C: rows g and g + 8, columns 2c and 2c + 1 of the n-tile ----
+  // ---- C: element i at (m0 + row, 8 tile_n + col) of the fragment layout ----
   float* part = a.part + static_cast<int64_t>(blockIdx.z) * a.M * a.N;
-  const int64_t col = tile_n * 8 + 2 * c;
-  for (int half = 0; half < 2; ++half) {
-    const int64_t row = m0 + g + 8 * half;
-    if (row >= a.M) continue;
-    if (col < a.N) part[row * a.N + col] = acc[2 * half];
-    if (col + 1 < a.N) part[row * a.N + col + 1] = acc[2 * half + 1];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const tc::MmaCoord ct = tc::mma_c_coord(lane, i);
+    const int64_t row = m0 + ct.row, col = tile_n * 8 + ct.col;
+    if (row < a.M && col < a.N) part[row * a.N + col] = acc[i];
   }
 }
 

@@ -72,3 +72,28 @@ def test_int4_tiled_positions_match_the_layout(selftest, tmp_path, mode, tiles):
     want = int4_tiled_codes(q)
     assert torch.tensor(got).equal(want)
     assert want[:19, :lin.in_features].equal(lin.weight.qlayout.unpack(lin.weight).qdata.long())
+
+
+@pytest.mark.parametrize("tiles", [2, 8])
+def test_mma_kernel_b_fragments_hold_the_right_codes(selftest, tmp_path, tiles):
+    """The int4 mma kernel's B path (int4_tiled_lane_word + int4_tiled_pair + mma_b_coord, as in
+    csrc/cuda/int4_tiled_mma.cu): every element a lane feeds mma.sync is the code of the (n, k) the PTX
+    fragment layout puts there, and together the lanes cover every code exactly once."""
+    lin = torch.nn.Linear(2 * 16 * tiles, 19, bias=False)
+    qk.quantize_(lin, qk.Int4WeightOnlyConfig(group_size=32, layout=qk.TensorCoreTiledLayout(inner_k_tiles=tiles)))
+    q = lin.weight.qdata
+    path = tmp_path / "q.bin"
+    path.write_bytes(q.contiguous().numpy().tobytes())
+    rows = torch.tensor([[int(v) for v in line.split()] for line in
+                         _run(selftest, "fragments", path, q.shape[0] * 8, q.shape[1], q.shape[3]).splitlines()])
+    codes = int4_tiled_codes(q)
+    assert len(rows) == codes.numel() and len(set(map(tuple, rows[:, :2].tolist()))) == codes.numel()
+    assert rows[:, 2].equal(codes[rows[:, 0], rows[:, 1]])
+
+
+def test_mma_fragment_coordinates_tile_each_matrix_once(selftest):
+    """Across the 32 lanes, A covers the 16 x 16 tile, B the 16 x 8 (k x n) and C the 16 x 8 tile exactly once."""
+    out = [line.split() for line in _run(selftest, "coords").splitlines()]
+    for name, shape in (("A", (16, 16)), ("B", (16, 8)), ("C", (16, 8))):
+        cells = [(int(r), int(c)) for kind, r, c in out if kind == name]
+        assert sorted(cells) == [(r, c) for r in range(shape[0]) for c in range(shape[1])], name
