@@ -39,13 +39,14 @@ def test_auto_on_cuda_explains_every_skipped_backend():
     assert backend == "triton" or (backend == "reference" and "cuda: torch is a CPU build" in why)
 
 
-@pytest.mark.parametrize("pref,device,match", [
-    ("cuda", "cpu", "C\\+\\+ cuda kernels don't run on cpu"),
-    ("triton", "cpu", "no Triton kernel for torchqkit::linear_fp8wo"),  # CUDA C++ only (a GEMV)
+@pytest.mark.parametrize("op,pref,device,match", [
+    ("torchqkit::linear_fp8wo", "cuda", "cpu", "C\\+\\+ cuda kernels don't run on cpu"),
+    ("torchqkit::linear_int8da_int8_plain", "triton", "cpu", "no Triton kernel for torchqkit::linear_int8da_int8_plain"),
+    ("torchqkit::linear_mxwo", "cuda", "cuda", "no kernel for torchqkit::linear_mxwo|CPU build"),
 ])
-def test_named_backend_that_cannot_serve_is_an_error_not_a_fallback(pref, device, match):
+def test_named_backend_that_cannot_serve_is_an_error_not_a_fallback(op, pref, device, match):
     with pytest.raises(RuntimeError, match=match):
-        kernels.linear_op("torchqkit::linear_fp8wo", device, pref)
+        kernels.linear_op(op, device, pref)
 
 
 def test_reference_preference_returns_the_pure_torch_twin():

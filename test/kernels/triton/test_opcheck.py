@@ -22,11 +22,13 @@ def _samples():
     nf = _weight(qk.NF4WeightOnlyConfig(block_size=64, double_quant=True), 37, 64)
     mx = _weight(qk.MXFP4WeightOnlyConfig(), 37, 64)
     i8 = _weight(qk.Int8WeightOnlyConfig(), 37, 64)
+    f8 = _weight(qk.Float8WeightOnlyConfig(), 37, 64)
     a, b = torch.randn(3, 64).to(torch.float8_e4m3fn), torch.randn(37, 64).to(torch.float8_e5m2)
     return {
         "linear_int4wo_tiled": (x, i4.qdata, i4.scale_and_zero, 32, 37, bias),
         "linear_nf4wo": (x, nf.qdata, None, nf.scale_codes, nf.scale_block_scale, nf.scale_offset, 64, bias),
         "linear_mxwo": (x, mx.qdata, mx.scale, bias),
+        "linear_fp8wo": (x, f8.qdata, f8.scale, bias),
         "linear_int8wo_plain": (x, i8.qdata, i8.scale, bias),
         "scaled_mm_fp8_rowwise": (a, b, torch.rand(3, 1), torch.rand(37, 1), bias, torch.float32),
     }
@@ -38,7 +40,7 @@ _NO_SCHEMA_CHECK = ("test_autograd_registration", "test_faketensor", "test_aot_d
 
 
 def _opcheck(op, name):
-    utils = _NO_SCHEMA_CHECK if name == "scaled_mm_fp8_rowwise" else torch.library._OPCHECK_DEFAULT_UTILS
+    utils = _NO_SCHEMA_CHECK if name in ("scaled_mm_fp8_rowwise", "linear_fp8wo") else torch.library._OPCHECK_DEFAULT_UTILS
     torch.library.opcheck(op, _samples()[name], test_utils=utils)
 
 
@@ -53,6 +55,7 @@ def test_reference_only_op(name):
 
 
 def test_the_interpreter_registers_every_triton_kernel():
-    assert sorted(TRITON_OPS) == ["torchqkit::linear_int4wo_tiled", "torchqkit::linear_int8wo_plain",
+    assert sorted(TRITON_OPS) == ["torchqkit::linear_fp8wo", "torchqkit::linear_int4wo_tiled",
+                                  "torchqkit::linear_int8wo_plain",
                                   "torchqkit::linear_mxwo", "torchqkit::linear_nf4wo",
                                   "torchqkit::scaled_mm_fp8_rowwise"]

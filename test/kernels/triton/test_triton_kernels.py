@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import torchqkit as qk
+from torchqkit.core.qdtype import float8_e5m2
 from torchqkit.kernels import reference
 from torchqkit.kernels.triton import (INTERPRET, float8_rowwise, int4_tiled_gemm, int4_tiled_gemv, int8_weight_only,
                                       mx_weight_only, nf4_weight_only)
@@ -130,6 +131,21 @@ def test_mx(config, m, dtype):
     w = _weight(config, n, k, dtype)
     x, bias = _x(m, k, dtype, n)
     out = torch.ops.torchqkit_triton.linear_mxwo(x, w.qdata, w.scale, bias)
+    torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
+
+
+@pytest.mark.parametrize("config", [
+    pytest.param(qk.Float8WeightOnlyConfig(), id="e4m3fn-per-row"),
+    pytest.param(qk.Float8WeightOnlyConfig(weight_dtype=float8_e5m2, granularity=qk.PerTensor()), id="e5m2-tensor"),
+    pytest.param(qk.Float8WeightOnlyConfig(granularity=qk.PerBlock((8, 16))), id="e4m3fn-block8x16"),
+])
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_float8_weight_only(config, m, dtype):
+    n, k = 40, 32  # K: two 16-wide scale blocks; N = 5 blocks of 8, not a multiple of the 64-column tile
+    w = _weight(config, n, k, dtype)
+    x, bias = _x(m, k, dtype, n)
+    out = torch.ops.torchqkit_triton.linear_fp8wo(x, w.qdata, w.scale, bias)
     torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
 
 
