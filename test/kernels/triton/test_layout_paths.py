@@ -1,0 +1,47 @@
+"""A quantized weight whose KernelPreference is TRITON runs its layout's linear on the Triton kernel (here
+under TRITON_INTERPRET=1), eagerly and under torch.compile(fullgraph=True), and agrees with the reference.
+float16 activations: see test_triton_kernels.py for why never bfloat16 under the interpreter."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torchqkit as qk
+from torchqkit.tensor.activation import KernelPreference
+
+
+class _OpLog(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+def _model(pref):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 37).half()
+    qk.quantize_(lin, qk.Int4WeightOnlyConfig(group_size=32, kernel_preference=pref))
+    return lin
+
+
+def test_int4_linear_with_triton_preference_runs_the_triton_kernel():
+    lin = _model(KernelPreference.TRITON)
+    x = torch.randn(3, 64, dtype=torch.float16)
+    with _OpLog() as log:
+        out = lin(x)
+    assert "torchqkit_triton.linear_int4wo_tiled" in log.ops and "torchqkit.linear_int4wo_tiled" not in log.ops
+    ref = F.linear(x.float(), lin.weight.dequantize().float(), lin.bias.float())
+    torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)  # fp16 weights in tl.dot, fp16 output
+
+
+def test_triton_preference_compiles_fullgraph():
+    lin = _model(KernelPreference.TRITON)
+    x = torch.randn(5, 64, dtype=torch.float16)
+    with torch.no_grad():
+        eager = lin(x)
+        compiled = torch.compile(lin, fullgraph=True)(x)
+    torch.testing.assert_close(compiled, eager, atol=0, rtol=0)
