@@ -69,7 +69,7 @@ def check_int4_tiled(x, qdata, scale_and_zero, group_size, out_features):
 
 def linear_int4wo_tiled(x: torch.Tensor, qdata: torch.Tensor, scale_and_zero: torch.Tensor, group_size: int,
                         out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-    k, n8 = check_int4_tiled(x, qdata, scale_and_zero, group_size, out_features)
+    k, _ = check_int4_tiled(x, qdata, scale_and_zero, group_size, out_features)
     x2 = x.reshape(-1, k).contiguous()
     m, n = x2.shape[0], out_features
     launch = int4_tiled_gemv.launch if m <= GEMV_MAX_M else launch_gemm

@@ -16,7 +16,10 @@ from .decode import int4_tiled_tile
 from .registration import gemv_configs, gpu_family
 
 
-@triton.autotune(configs=gemv_configs(gpu_family(), k_multiple=32), key=["M", "N", "K"])
+_CONFIGS = gemv_configs(gpu_family(), k_multiple=32)
+
+
+@triton.autotune(configs=_CONFIGS, key=["M", "N", "K"])
 @triton.jit
 def _int4_tiled_gemv_kernel(
     # pointers
@@ -48,7 +51,7 @@ def _int4_tiled_gemv_kernel(
         tl.store(part_ptr + (pid_k * M + m) * N + rn, acc, mask=rn < N)
 
 
-MAX_SPLIT = 16  # largest SPLIT_K any config uses; the partial buffer is sized for it
+MAX_SPLIT = max(c.kwargs["SPLIT_K"] for c in _CONFIGS)  # the partial buffer fits whichever config autotuning picks
 
 
 def launch(x2, qdata, scale_and_zero, group_size, out_features, bias=None):
