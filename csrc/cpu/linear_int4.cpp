@@ -334,16 +334,16 @@ void dot_tiles(const Int4Args& p, int64_t i0, int64_t i1) {
   }
 }
 
-// Prefill: n-tiles [i0, i1) -> fp32 rows dst[8 (i - i0) + r][kk], kk = 16 T j + 2 T q + (b % 2T): the
-// permuted k order of Note [int4 tiled math]'s prefill path (the activation is permuted the same way).
+// Prefill: n-tiles [i0, i1) x chunks [j0, j1) -> fp32 rows dst[8 (i - i0) + r][kk], kk = 16 T (j - j0) +
+// 2 T q + (b % 2T): the permuted k order of Note [int4 prefill] (the activation is permuted the same way).
 template <int T>
-void dequant_tiles_t(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int64_t ldd) {
+void dequant_tiles_t(const Int4Args& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1, float* dst, int64_t ldd) {
   const LaneMap lm = lane_map(T, p.g);
   const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   constexpr int64_t chunk = 16 * T;
   for (int64_t i = i0; i < i1; ++i) {
     float* rows = dst + 8 * (i - i0) * ldd;
-    for (int64_t j = 0; j < p.NC; ++j) {
+    for (int64_t j = j0; j < j1; ++j) {
       __m512 sz[4];
       const int64_t g0 = chunk * j / p.g;
       for (int q = 0; q < lm.groups; ++q) sz[q] = load_sz(p, g0 + q, i);
@@ -353,7 +353,7 @@ void dequant_tiles_t(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int6
         const __m512 s = lane_pick(lm, sz, v, 0), z = lane_pick(lm, sz, v, 1);
         for (int q = 0; q < 8; ++q) {
           const __m512 val = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 4 * q), table), s, z);
-          const int64_t col = chunk * j + 2 * T * q;
+          const int64_t col = chunk * (j - j0) + 2 * T * q;
           if (T == 8) {
             _mm512_storeu_ps(rows + v * ldd + col, val);
           } else if (T == 4) {
@@ -371,11 +371,11 @@ void dequant_tiles_t(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int6
   }
 }
 
-void dequant_tiles(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int64_t ldd) {
+void dequant_tiles(const Int4Args& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1, float* dst, int64_t ldd) {
   switch (p.T) {
-    case 8: return dequant_tiles_t<8>(p, i0, i1, dst, ldd);
-    case 4: return dequant_tiles_t<4>(p, i0, i1, dst, ldd);
-    default: return dequant_tiles_t<2>(p, i0, i1, dst, ldd);
+    case 8: return dequant_tiles_t<8>(p, i0, i1, j0, j1, dst, ldd);
+    case 4: return dequant_tiles_t<4>(p, i0, i1, j0, j1, dst, ldd);
+    default: return dequant_tiles_t<2>(p, i0, i1, j0, j1, dst, ldd);
   }
 }
 
@@ -439,12 +439,14 @@ at::Tensor permute_columns(const at::Tensor& x2, int64_t T, int64_t NC) {
 }
 
 // Note [int4 prefill]: out^T = W' @ x'^T with the roles of the int8 weight-only panel kernel swapped:
-// the dequantized weight rows (48 per work item, fp32, permuted k order) are its broadcast operand and
-// the permuted activation, packed in panels of 32 tokens [Kt][32], is its vector operand; accumulators
-// ct[rows][Mp] (tokens contiguous) are transposed into out at the end. Each n-tile is dequantized once.
+// the dequantized weight rows (192 per work item, 256 k at a time, fp32, permuted k order; the slab
+// stays in L2) are its broadcast operand and the permuted activation, packed in panels of 32 tokens
+// [Kt][32], its vector operand; accumulators ct[rows][Mp] (tokens contiguous) are transposed into out
+// at the end. Each weight is dequantized once per call.
 void prefill(const Int4Args& p, const at::Tensor& x2, at::Tensor& out) {
   const int64_t M = x2.size(0), Kt = p.NC * 16 * p.T, Mp = (M + 31) / 32 * 32;
-  const int64_t ldw = Kt + 16;  // not a multiple of 4 KiB: the 6 rows a micro-tile reads don't alias in L1
+  const int64_t ldw = kPrefillKc + 16;  // not a multiple of 4 KiB: a micro-tile's 6 rows don't alias in L1
+  const int64_t chunk = 16 * p.T;
   at::Tensor xt = at::zeros({Mp, Kt}, x2.options());
   xt.narrow(0, 0, M).copy_(permute_columns(x2, p.T, p.NC));
   xt = xt.view({Mp / 32, 32, Kt}).transpose(1, 2).contiguous();  // (Mp / 32, Kt, 32)
@@ -454,13 +456,13 @@ void prefill(const Int4Args& p, const at::Tensor& x2, at::Tensor& out) {
     std::vector<float> wf(tiles * 8 * ldw), ct(tiles * 8 * Mp);
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t i0 = blk * tiles, i1 = std::min(p.NT, i0 + tiles), rows = 8 * (i1 - i0);
-      avx512::dequant_tiles(p, i0, i1, wf.data(), ldw);
       for (int64_t k0 = 0; k0 < Kt; k0 += kPrefillKc) {
-        const int64_t kc = std::min(kPrefillKc, Kt - k0);
+        const int64_t kc = std::min(kPrefillKc, Kt - k0);  // whole chunks: 256 is a multiple of 16 T
+        avx512::dequant_tiles(p, i0, i1, k0 / chunk, (k0 + kc) / chunk, wf.data(), ldw);
         for (int64_t mp = 0; mp < Mp / 32; ++mp) {
           const float* panel = xtp + (mp * Kt + k0) * 32;
           for (int64_t r = 0; r < rows; r += 6)
-            gemm_f32_6x32((int)std::min<int64_t>(6, rows - r), wf.data() + r * ldw + k0, ldw, panel, kc,
+            gemm_f32_6x32((int)std::min<int64_t>(6, rows - r), wf.data() + r * ldw, ldw, panel, kc,
                           ct.data() + r * Mp + 32 * mp, Mp, 32, k0 == 0);
         }
       }
