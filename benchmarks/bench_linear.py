@@ -98,6 +98,9 @@ def main():
     p.add_argument("--reps", type=int, default=5, help="minimum timed calls per cell")
     p.add_argument("--budget", type=float, default=1.0, help="seconds per cell beyond the minimum reps")
     p.add_argument("--no-native", action="store_true", help="skip torch._weight_int8pack_mm")
+    p.add_argument("--formats", default="int8",
+                   help="tables to print: int8 (the columns above) and/or low-bit weight-only formats of "
+                        "bench_lowbit.py (nf4, nf4dq, fp8, e5m2, int2..int6), e.g. int8,nf4,fp8,int3")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: the GPU table of bench_linear_cuda.py (refuses to run without a GPU)")
     p.add_argument("--peak-gbs", type=float, default=None, help="--device cuda: the GPU's peak DRAM GB/s")
@@ -123,12 +126,21 @@ def main():
         print(f"  {op}: {path} ({why})")
     bw = read_bandwidth()
     print(f"read bandwidth (128 MiB sum, same run): {bw:.1f} GB/s; decode rows (M <= 8) flush caches first")
-    head = ["    K     N    M"] + [f"{c:>9}" for c in ("f32", "bf16", "i8pack", "wo f32", "wo bf16", "da8")]
-    head += ["wo GB/s (bw%)", " da8 xf32", " wo xf32"]
-    print("  ".join(head) + "    [ms, median]")
-    for k, n in shapes:
-        for m in ms:
-            print(row(k, n, m, bw, args), flush=True)
+    formats = args.formats.split(",")
+    if "int8" in formats:
+        head = ["    K     N    M"] + [f"{c:>9}" for c in ("f32", "bf16", "i8pack", "wo f32", "wo bf16", "da8")]
+        head += ["wo GB/s (bw%)", " da8 xf32", " wo xf32"]
+        print("  ".join(head) + "    [ms, median]")
+        for k, n in shapes:
+            for m in ms:
+                print(row(k, n, m, bw, args), flush=True)
+    lowbit = [f for f in formats if f != "int8"]
+    if lowbit:  # a sibling file: benchmarks/ is sys.path[0] when run as a script
+        from bench_lowbit import FORMATS, lowbit_table
+        unknown = sorted(set(lowbit) - set(FORMATS))
+        if unknown:
+            raise SystemExit(f"--formats: unknown {unknown}; known: int8, {', '.join(FORMATS)}")
+        lowbit_table(shapes, ms, bw, lowbit, bench, args)
     print(f"read bandwidth at the end: {read_bandwidth():.1f} GB/s")
 
 

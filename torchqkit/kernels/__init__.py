@@ -58,7 +58,7 @@ _CPU_KERNEL_NOTES = {
 
 _LOWBIT_NOTES = {  # see Note [Low-bit decode] in csrc/cpu/linear_lowbit.cpp
     "avx512_vnni": "M <= 4: 16 weights per zmm decoded in registers (4 rows x 4 tokens); larger M: rows decoded "
-                   "to fp32 blocks (64 x 1024) fed to ATen's sgemm",
+                   "to fp32 blocks (1024 x 1024) fed to ATen's sgemm",
     "avx2": "as avx512_vnni with 8-lane decoders (AVX2 + FMA + F16C)",
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
 }
