@@ -5,7 +5,7 @@
 writes a float32 checkpoint of ``layers`` Linear(dim, dim) (tensor by tensor), then in fresh processes
 (1) quantize_checkpoint it to int8 weight-only and (2) load_quantized the result into a meta-device model.
 Each child resets its peak RSS (``/proc/self/clear_refs``), reports its resident memory just before the call
-and its peak (ru_maxrss) after: the difference is what the call itself needed at most. Both children first
+and its peak (VmHWM, see ``_peak``) after: the difference is what the call itself needed at most. Both children first
 build one tiny quantized Parameter, see the warm-up comment in ``_child``.
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,14 @@ def _rss_now() -> int:
 
 
 def _peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    """VmHWM, the peak RSS of this process's memory map. ru_maxrss is the same number except that it also keeps
+    the peak of the process image exec replaced: with vfork-based spawning that is the *parent's* peak (a whole
+    pytest session), which /proc/self/clear_refs can't reset."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _skeleton(layers: int, dim: int):
@@ -50,7 +56,7 @@ def _child(mode: str, src: str, dst: str, layers: int, dim: int) -> None:
                        requires_grad=False)
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak RSS (Linux >= 4.0): ru_maxrss now covers only what follows
+        f.write("5")  # reset the peak RSS (Linux >= 4.0): VmHWM now covers only what follows
     before = _rss_now()
     if mode == "quantize":
         qk.quantize_checkpoint(src, dst, qk.Int8WeightOnlyConfig(), progress=False)

@@ -55,6 +55,12 @@ def test_round_trip_into_meta_model_is_exact(model, saved):
     assert "PlainLayout()" in repr(fresh.blocks["int8_row"])
 
 
+def test_load_inside_a_meta_device_context(model, saved):
+    with torch.device("meta"):
+        fresh = qk.load_quantized(meta_model(), saved)  # allocations are explicit CPU ones
+    _assert_same_weights(model, fresh)
+
+
 def test_round_trip_into_float_model(model, saved):
     torch.manual_seed(5)
     from .models import AllLayouts

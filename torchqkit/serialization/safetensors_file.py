@@ -93,7 +93,7 @@ class SafetensorsReader:
     def read(self, name: str) -> torch.Tensor:
         entry = self.entries[name]
         begin, end = entry["data_offsets"]
-        buf = torch.empty(end - begin, dtype=torch.uint8)
+        buf = torch.empty(end - begin, dtype=torch.uint8, device="cpu")  # also under a `with torch.device("meta")`
         self._file.seek(self._data_start + begin)
         got = self._file.readinto(memoryview(buf.numpy())) if end > begin else 0
         if got != end - begin:
