@@ -1,5 +1,6 @@
-"""Peak memory (fresh processes, VmHWM after resetting it) of quantize_checkpoint and load_quantized on a 100 MB float32
-checkpoint of 24 Linear(1024, 1024): loading stays at the quantized size, quantizing at a few float tensors.
+"""Peak memory (fresh processes, VmHWM after resetting it) of quantize_checkpoint and load_quantized on a
+100 MB float32 checkpoint of 24 Linear(1024, 1024): loading stays at the quantized size, quantizing at a few
+float tensors.
 See test/serialization/peak_memory.py for the method."""
 from __future__ import annotations
 
