@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .serialization.save_load import FORMAT_VERSION, SaveSummary, _encode_config, _version, load_quantized, save_quantized
+from .serialization.save_load import (FORMAT_VERSION, SaveSummary, encode_config, load_quantized, save_quantized,
+                                      torchqkit_version)
 from .tensor.affine_quantized_tensor import AffineQuantizedTensor
 
 __all__ = ["save_pretrained", "from_pretrained"]
@@ -42,15 +43,16 @@ def save_pretrained(model: nn.Module, directory, config=None, *, max_shard_bytes
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     summary = save_quantized(model, directory / "model.safetensors", max_shard_bytes=max_shard_bytes, config=config)
-    kept = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and not isinstance(m.weight, AffineQuantizedTensor)]
+    kept = [n for n, m in model.named_modules()
+            if isinstance(m, nn.Linear) and not isinstance(m.weight, AffineQuantizedTensor)]
     untied = _untied_by_quantization(model)
     hf_config = copy.deepcopy(model.config)
     hf_config.architectures = [type(model).__name__]  # what from_pretrained rebuilds (transformers does the same)
     if untied and getattr(hf_config, "tie_word_embeddings", False):
         hf_config.tie_word_embeddings = False
     hf_config.quantization_config = {
-        "quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION, "torchqkit_version": _version(),
-        "config": _encode_config(config), "quantized": [n.removesuffix(".weight") for n in summary.quantized],
+        "quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION, "torchqkit_version": torchqkit_version(),
+        "config": encode_config(config), "quantized": [n.removesuffix(".weight") for n in summary.quantized],
         "modules_not_to_convert": kept, "tied": summary.tied, "untied_by_quantization": untied}
     hf_config.save_pretrained(directory)
     summary.files.insert(0, directory / "config.json")

@@ -86,7 +86,8 @@ def _convert_one(reader: SafetensorsReader, name: str, configs, linear, out: "_S
     nbytes = tensor.numel() * tensor.element_size()
     key, config = configs.lookup(fqn)
     if config is None:
-        reason = "no config matched (no exact name, pattern or _default)" if key is None else f"ModuleConfigs[{key!r}] is None"
+        reason = ("no config matched (no exact name, pattern or _default)" if key is None
+                  else f"ModuleConfigs[{key!r}] is None")
         out.add(name, [(name, tensor)], None)
         return [LayerReport(fqn, "kept", "-", reason, nbytes, nbytes)]
     try:

@@ -22,7 +22,8 @@ def _quantize_config(text: str):
     if text in demo.DEMO_CONFIGS:
         return demo.DEMO_CONFIGS[text]()
     if not Path(text).is_file():
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a config name ({', '.join(demo.DEMO_CONFIGS)}) nor a JSON file")
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a config name ({', '.join(demo.DEMO_CONFIGS)}) "
+                                         f"nor a JSON file")
     try:
         data = json.loads(Path(text).read_text())
         if isinstance(data, dict) and "type" in data:
@@ -48,9 +49,11 @@ def add_quantize_parser(commands) -> None:
     parser.add_argument("src", help="float checkpoint: .safetensors file, its .index.json, or a directory")
     parser.add_argument("dst", help="output .safetensors path (shards and an .index.json next to it if sharded)")
     parser.add_argument("--config", type=_quantize_config, required=True, metavar="NAME|JSON",
-                        help=f"config name ({', '.join(demo.DEMO_CONFIGS)}) or a JSON file (a config dict or ModuleConfigs)")
+                        help=f"config name ({', '.join(demo.DEMO_CONFIGS)}) or a JSON file (a config dict or "
+                             f"ModuleConfigs)")
     parser.add_argument("--max-shard-bytes", type=_positive_int, default=None, metavar="N",
                         help="shard the output past N bytes")
-    parser.add_argument("--strict", action="store_true", help="fail instead of keeping a weight that can't be quantized")
+    parser.add_argument("--strict", action="store_true",
+                        help="fail instead of keeping a weight that can't be quantized")
     parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     parser.set_defaults(run=_run_quantize)

@@ -89,7 +89,8 @@ def decode_entry(entry) -> dict:
 def check_tensors(attrs: dict, stored: list[str], shapes: dict[str, tuple], dtypes: dict[str, torch.dtype]) -> None:
     """The stored inner tensors are exactly the ones the layout packs, with the shapes and dtypes it packs."""
     layout = attrs["qlayout"]
-    specs = layout.packed_specs(attrs["qdtype"], attrs["block_size"], attrs["logical_shape"], attrs["zero_point_domain"])
+    specs = layout.packed_specs(attrs["qdtype"], attrs["block_size"], attrs["logical_shape"],
+                                attrs["zero_point_domain"])
     if sorted(stored) != sorted(specs):
         raise ValueError(f"{layout!r} stores {sorted(specs)} for this weight, the entry lists {sorted(stored)}")
     for inner, spec in specs.items():
@@ -124,7 +125,8 @@ def _decode_act(d) -> ActivationQuantSpec | None:
     if not isinstance(d, dict) or set(d) != {"qdtype", "granularity", "mapping", "static_scale"}:
         raise ValueError(f"act_quant must be null or have qdtype, granularity, mapping, static_scale; got {d!r:.100}")
     g = d["granularity"]
-    if not isinstance(g, dict) or set(g) != {"type"} or not isinstance(g["type"], str) or g["type"] not in _GRANULARITIES:
+    kind = g.get("type") if isinstance(g, dict) and set(g) == {"type"} else None
+    if not isinstance(kind, str) or kind not in _GRANULARITIES:
         raise ValueError(f"act_quant granularity must be one of {sorted(_GRANULARITIES)}, got {g!r:.100}")
     static = d["static_scale"]
     if static is not None and (type(static) not in (int, float) or not static > 0):

@@ -118,7 +118,8 @@ def _check_metadata(meta) -> dict[str, str]:
 
 def _check_entry(name: str, e) -> dict:
     if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
-        raise CheckpointError(f"tensor {name!r}: header entry must have exactly dtype, shape, data_offsets; got {e!r:.200}")
+        raise CheckpointError(f"tensor {name!r}: header entry must have exactly dtype, shape, data_offsets; "
+                              f"got {e!r:.200}")
     if not isinstance(e["dtype"], str) or e["dtype"] not in DTYPES:
         raise CheckpointError(f"tensor {name!r}: unknown dtype {e['dtype']!r}; known: {sorted(DTYPES)}")
     shape, offsets = e["shape"], e["data_offsets"]
@@ -126,7 +127,8 @@ def _check_entry(name: str, e) -> dict:
         raise CheckpointError(f"tensor {name!r}: shape must be a list of non-negative ints, got {shape!r:.200}")
     if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int and o >= 0 for o in offsets)
             or offsets[1] < offsets[0]):
-        raise CheckpointError(f"tensor {name!r}: data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r:.200}")
+        raise CheckpointError(f"tensor {name!r}: data_offsets must be [begin, end] with 0 <= begin <= end, "
+                              f"got {offsets!r:.200}")
     need = math.prod(shape) * DTYPES[e["dtype"]].itemsize
     if offsets[1] - offsets[0] != need:
         raise CheckpointError(f"tensor {name!r}: header says shape {shape} {e['dtype']} ({need} bytes) but its data "
@@ -145,7 +147,8 @@ def _check_offsets(entries: dict, data_size: int) -> None:
             raise CheckpointError(f"tensor {name!r}: data starts at {begin}, expected {pos} (overlapping or holes)")
         pos = end
     if pos != data_size:
-        raise CheckpointError(f"{data_size - pos} bytes of data after the last tensor: the header doesn't describe the file")
+        raise CheckpointError(f"{data_size - pos} bytes of data after the last tensor: the header doesn't describe "
+                              f"the file")
 
 
 class SafetensorsWriter:

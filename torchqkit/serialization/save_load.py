@@ -7,7 +7,8 @@ stored as its layout's packed tensors, each under ``"w:<inner>"`` (e.g. ``lm_hea
 exactly as the layout packs them (device-independent, see DESIGN.md). ``__metadata__`` holds
   "format": "pt", "torchqkit_format": "1", and
   "torchqkit": JSON {"format_version": 1, "torchqkit_version": "0.1.0",
-                     "config": null | {"config": <QuantConfig.to_dict()>} | {"module_configs": <ModuleConfigs.to_dict()>},
+                     "config": null | {"config": <QuantConfig.to_dict()>}
+                               | {"module_configs": <ModuleConfigs.to_dict()>},
                      "weights": {"w": <entry, see entries.py>, ...},   # the quantized weights of this file
                      "tied": {"lm_head.weight": "embed.weight", ...}}  # aliases stored once
 Past ``max_shard_bytes`` the tensors go to ``<stem>-00001-of-0000N.safetensors`` (a quantized weight's
@@ -118,8 +119,8 @@ def write_index(path: Path, header: dict, weight_map: dict[str, str], total_size
 
 def file_header(config, tied: dict[str, str]) -> dict:
     """The torchqkit header shared by every shard (each adds its own "weights")."""
-    return {"format_version": FORMAT_VERSION, "torchqkit_version": _version(), "config": _encode_config(config),
-            "tied": tied}
+    return {"format_version": FORMAT_VERSION, "torchqkit_version": torchqkit_version(),
+            "config": encode_config(config), "tied": tied}
 
 
 def _named_tensors(obj) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -167,7 +168,7 @@ def file_metadata(header: dict) -> dict[str, str]:
     return {"format": "pt", "torchqkit_format": str(FORMAT_VERSION), "torchqkit": json.dumps(header)}
 
 
-def _encode_config(config):
+def encode_config(config):
     from ..api.configs.base import QuantConfig
     from ..api.module_configs import ModuleConfigs
     if config is None:
@@ -179,7 +180,7 @@ def _encode_config(config):
     raise TypeError(f"config must be a QuantConfig or ModuleConfigs, got {type(config).__name__}")
 
 
-def _version() -> str:
+def torchqkit_version() -> str:
     from .. import __version__
     return __version__
 
@@ -300,7 +301,8 @@ def _build_checkpoint(path: Path, readers: dict[str, SafetensorsReader], where) 
     plain = []
     for stored, fname in stored_in.items():
         if INNER_SEP in stored and stored not in owned:
-            raise CheckpointError(f"{readers[fname].path}: extra tensor {stored!r}: no quantized weight entry claims it")
+            raise CheckpointError(f"{readers[fname].path}: extra tensor {stored!r}: no quantized weight entry "
+                                  f"claims it")
         if INNER_SEP not in stored:
             plain.append(stored)
     tied = _check_tied(path, shared["tied"], set(plain) | set(weights))
@@ -324,8 +326,8 @@ def _torchqkit_header(reader: SafetensorsReader) -> dict:
         raise CheckpointError(f"{reader.path}: format_version must be a positive int, got {version!r:.50}")
     if version > FORMAT_VERSION:
         raise CheckpointError(f"{reader.path}: written in torchqkit format {version} by torchqkit "
-                              f"{header.get('torchqkit_version')!r:.30}; this torchqkit ({_version()}) reads formats up "
-                              f"to {FORMAT_VERSION}: upgrade torchqkit")
+                              f"{header.get('torchqkit_version')!r:.30}; this torchqkit ({torchqkit_version()}) "
+                              f"reads formats up to {FORMAT_VERSION}: upgrade torchqkit")
     if meta.get("torchqkit_format") != str(version):
         raise CheckpointError(f"{reader.path}: __metadata__ torchqkit_format {meta.get('torchqkit_format')!r:.30} "
                               f"disagrees with the header's format_version {version}")
@@ -401,7 +403,8 @@ def _check_model_shapes(ckpt: _Checkpoint, expected: dict) -> None:
             reader = ckpt.readers[ckpt.where[name]]
             shape, dtype = reader.shape(name), reader.dtype(name)
         if tuple(cur.shape) != tuple(shape):
-            raise CheckpointError(f"{ckpt.path}: tensor {name!r} has shape {list(shape)}, the model's is {list(cur.shape)}")
+            raise CheckpointError(f"{ckpt.path}: tensor {name!r} has shape {list(shape)}, "
+                                  f"the model's is {list(cur.shape)}")
         if dtype.is_floating_point != cur.dtype.is_floating_point:
             raise CheckpointError(f"{ckpt.path}: tensor {name!r} has dtype {dtype}, the model's is {cur.dtype}")
 
@@ -444,4 +447,5 @@ def _check_no_meta(model: nn.Module) -> None:
     if left:
         raise ValueError(f"after loading, {left[:5]} are still on the meta device: they are not in the checkpoint "
                          f"(non-persistent buffers are not saved). Build the model with only its parameters on the "
-                         f"meta device, or fill these before use (torchqkit.from_pretrained does for transformers models)")
+                         f"meta device, or fill these before use (torchqkit.from_pretrained does for transformers "
+                         f"models)")
