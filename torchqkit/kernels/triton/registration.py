@@ -73,6 +73,7 @@ def gemv_configs(family: str, k_multiple: int = 32) -> list[triton.Config]:
             for bn, f, s, w in ((32, 2, 4, 4), (64, 1, 8, 4), (16, 4, 16, 2), (64, 2, 2, 4))]
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """float32 activations: exact IEEE products (the GPU default would be TF32, looser than the reference)."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+def dot_precision(dtype: torch.dtype) -> str | None:
+    """float32 activations: exact IEEE products (the GPU default would be TF32, looser than the reference).
+    Other dtypes: None, the backend's default (naming "tf32" would be refused on AMD targets without it)."""
+    return "ieee" if dtype == torch.float32 else None
