@@ -200,3 +200,13 @@ def test_launchers_raise_on_wrong_inputs():
     with pytest.raises(ValueError, match="scale_codes"):
         nf4_weight_only.linear_nf4wo(torch.randn(2, 64), torch.zeros(3, 32, dtype=torch.uint8), None, None, None,
                                      None, 64)
+
+
+def test_nf4_level_select_tree_is_the_oracle_table():
+    """One weight row holding every code once, absmax 1: the kernel's output is the level table itself."""
+    from torchqkit.core.qdtype import nf4
+    codes = torch.arange(16, dtype=torch.uint8)
+    qdata = ((codes[0::2] << 4) | codes[1::2]).reshape(1, 8)   # high nibble = even k
+    eye = torch.eye(16)
+    out = nf4_weight_only.linear_nf4wo(eye, qdata, torch.ones(1, 1), None, None, None, 16)  # (16, 1)
+    torch.testing.assert_close(out.reshape(16), torch.tensor(nf4.levels), atol=0, rtol=0)

@@ -35,6 +35,26 @@ def e2m1_to_f32(c):
 
 
 @triton.jit
+def nf4_level(code):
+    """NF4 code (0..15) -> its level (core/qdtype.py; float32-exact constants) by a select tree on the bits:
+    no table tensor to pass or to cache (a cached device tensor would be a constant under torch.compile)."""
+    b0 = (code & 1) != 0
+    b1 = (code & 2) != 0
+    b2 = (code & 4) != 0
+    p0 = tl.where(b0, -0.6961928009986877, -1.0)
+    p1 = tl.where(b0, -0.39491748809814453, -0.5250730514526367)
+    p2 = tl.where(b0, -0.18477343022823334, -0.28444138169288635)
+    p3 = tl.where(b0, 0.0, -0.09105003625154495)
+    p4 = tl.where(b0, 0.16093020141124725, 0.07958029955625534)
+    p5 = tl.where(b0, 0.33791524171829224, 0.24611230194568634)
+    p6 = tl.where(b0, 0.5626170039176941, 0.44070982933044434)
+    p7 = tl.where(b0, 1.0, 0.7229568362236023)
+    r0 = tl.where(b2, tl.where(b1, p3, p2), tl.where(b1, p1, p0))
+    r1 = tl.where(b2, tl.where(b1, p7, p6), tl.where(b1, p5, p4))
+    return tl.where((code & 8) != 0, r1, r0)
+
+
+@triton.jit
 def e8m0_to_f32(e):
     """E8M0 scale byte: 2^(e - 127); e = 0 is the float32 subnormal 2^-127."""
     return tl.where(e == 0, 0x00400000, e << 23).to(tl.float32, bitcast=True)

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from ...core.qdtype import nf4
+from .decode import nf4_level
 from .registration import dot_precision, gpu_family, matmul_configs, register
 
 
@@ -22,7 +22,6 @@ def _nf4_kernel(
     # pointers
     x_ptr,        # (M, K) activations, row stride stride_xm
     q_ptr,        # (N, K / 2) uint8, two codes per byte, contiguous
-    levels_ptr,   # (16) float32 NF4 levels
     absmax_ptr,   # (N, K / B) float32 absmax, or (N, K / B) int8 codes when DOUBLE_QUANT
     dq_scale_ptr, # DOUBLE_QUANT: (ceil(N * K / B / 256)) float32 scales; else a dummy
     dq_offset_ptr,# DOUBLE_QUANT: (1) float32 offset; else a dummy
@@ -48,7 +47,7 @@ def _nf4_kernel(
         # ---- codes: high nibble for even k ----
         byte = tl.load(q_ptr + rn[None, :] * (K // 2) + (kk // 2)[:, None], mask=wmask, other=0).to(tl.int32)
         code = tl.where((kk % 2 == 0)[:, None], byte >> 4, byte & 0xF)
-        level = tl.load(levels_ptr + code)
+        level = nf4_level(code)
         # ---- absmax per (n, k // B) ----
         blk = rn[None, :] * blocks_per_row + (kk // BLOCK_SIZE_Q)[:, None]
         if DOUBLE_QUANT:
@@ -62,15 +61,6 @@ def _nf4_kernel(
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=(rm < M)[:, None] & (rn < N)[None, :])
-
-
-_LEVELS: dict[torch.device, torch.Tensor] = {}
-
-
-def _levels(device):
-    if device not in _LEVELS:
-        _LEVELS[device] = torch.tensor(nf4.levels, dtype=torch.float32, device=device)
-    return _LEVELS[device]
 
 
 def linear_nf4wo(x: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor | None, scale_codes: torch.Tensor | None,
@@ -92,7 +82,7 @@ def linear_nf4wo(x: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor | Non
     if m and n:
         grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
         wrap_triton(_nf4_kernel)[grid](
-            x2, qdata.contiguous(), _levels(x.device), absmax, dq_scale, dq_offset,
+            x2, qdata.contiguous(), absmax, dq_scale, dq_offset,
             bias if bias is not None else absmax, out,
             m, n, k, block_size, x2.stride(0), out.stride(0),
             DOUBLE_QUANT=double_quant, HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x.dtype))
