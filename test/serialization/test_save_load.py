@@ -55,6 +55,16 @@ def test_round_trip_into_meta_model_is_exact(model, saved):
     assert "PlainLayout()" in repr(fresh.blocks["int8_row"])
 
 
+def test_loading_never_unpickles(model, saved, monkeypatch):
+    import pickle
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("load_quantized must not unpickle")
+    for obj, name in ((pickle, "load"), (pickle, "loads"), (pickle, "Unpickler"), (torch, "load")):
+        monkeypatch.setattr(obj, name, refuse)
+    _assert_same_weights(model, qk.load_quantized(meta_model(), saved))
+
+
 def test_load_inside_a_meta_device_context(model, saved):
     with torch.device("meta"):
         fresh = qk.load_quantized(meta_model(), saved)  # allocations are explicit CPU ones
@@ -233,3 +243,17 @@ def test_save_refuses_meta_and_non_tensors(tmp_path):
         qk.save_quantized(meta_model(), tmp_path / "x.safetensors")
     with pytest.raises(TypeError, match="'a' is a int"):
         qk.save_quantized({"a": 1}, tmp_path / "x.safetensors")
+
+
+def test_transposed_weight_and_kernel_preference_round_trip(tmp_path):
+    w = qk.quantize_weight(torch.randn(48, 64), qk.qdtypes.int4, qk.PerGroup(32), qk.PackedIntxLayout(),
+                           kernel_preference=qk.KernelPreference.REFERENCE)
+    holder = torch.nn.Module()
+    holder.w = torch.nn.Parameter(w.t(), requires_grad=False)  # outer shape (64, 48)
+    qk.save_quantized(holder, tmp_path / "t.safetensors")
+    fresh = torch.nn.Module()
+    fresh.w = torch.nn.Parameter(torch.empty(64, 48, device="meta"))
+    qk.load_quantized(fresh, tmp_path / "t.safetensors")
+    assert fresh.w.transposed and fresh.w.kernel_preference is qk.KernelPreference.REFERENCE
+    assert fresh.w.attributes() == holder.w.attributes()
+    assert torch.equal(fresh.w.dequantize(), holder.w.dequantize())

@@ -2,7 +2,8 @@
 
 A layout is one file with a frozen dataclass (its knobs), ``supports`` (why it can't take a tensor,
 or None), ``pack`` / ``unpack`` to and from the plain form (unpacked codes of the logical shape,
-scale and zero point of the oracle's shapes), its op entries, and ``@register_layout``.
+scale and zero point of the oracle's shapes), ``packed_specs`` (the shapes and dtypes ``pack`` stores, which
+checkpoint loaders check files against), its op entries, and ``@register_layout``.
 Its packed bytes are device-independent: the same on CPU and CUDA.
 """
 from __future__ import annotations
