@@ -86,11 +86,14 @@ struct LowbitArgs {
   const float* bias;      // (N) or nullptr
   float* out;             // (M, N), row stride ldo
   int64_t ldo;
+  bool accumulate;        // out += result (prefill k blocks); false: out = result
 };
 
 // Decode (small M): rows [n0, n1), weights decoded in registers, each byte read once per 4 tokens.
 void linear_lowbit_dot(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1);
-// Prefill: rows [n0, n1) x columns [k0, k1) (k0 % 16 == 0) decoded to fp32 dst[(n - n0) * ldd + k - k0],
+// Prefill (larger M): rows [n0, n1), decoded once per block of rows and k into an fp32 L2 buffer.
+void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1);
+// Rows [n0, n1) x columns [k0, k1) (k0 % 16 == 0) decoded to fp32 dst[(n - n0) * ldd + k - k0],
 // scales applied; columns up to k1 rounded to 16 are written (finite values, the glue multiplies them by 0).
 void lowbit_decode_rows(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1,
                         float* dst, int64_t ldd);

@@ -15,8 +15,8 @@
 //
 //   * dot kernel (decode, small M): 4 weight rows x up to 4 tokens per tile; the weights are decoded in
 //     registers and each byte is read from memory once per tile of tokens (bandwidth-bound at M = 1).
-//   * decode_rows (prefill): a block of rows x columns decoded to fp32 in a per-thread buffer that the
-//     glue hands to ATen's sgemm, so prefill runs at fp32 GEMM speed plus one decode per weight.
+//   * prefill (larger M): a block of rows x columns decoded to fp32 once into a per-thread L2 buffer, then
+//     the same dot tiles (4 tokens x 4 rows, x tile in L1) over it: one decode per weight, FMA-bound.
 #include "kernels.h"
 
 #include <immintrin.h>
@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace torchqkit_cpu {
 namespace {
@@ -52,19 +53,30 @@ int64_t row_bytes(const LowbitArgs& p) {
   }
 }
 
-// Scale and offset of group gi of row n (double-quantized NF4 absmax decoded here, per group).
-inline float row_scale(const LowbitArgs& p, int64_t n, int64_t gi) {
-  const int64_t i = (n / p.bn) * p.G + gi;
+// Scale and offset of group gi of the row whose scale row starts at base = (n / bn) * G (double-quantized
+// NF4 absmax decoded here, per group). The loops compute base once per row: no division per group.
+inline int64_t scale_base(const LowbitArgs& p, int64_t n) { return (n / p.bn) * p.G; }
+inline float scale_at(const LowbitArgs& p, int64_t base, int64_t gi) {
+  const int64_t i = base + gi;
   if (p.scale) return p.scale[i];
   return (float)p.dq_codes[i] * p.dq_scale[i >> 8] + p.dq_offset;
 }
-inline float row_offset(const LowbitArgs& p, int64_t n, int64_t gi) {
-  return p.offset ? p.offset[(n / p.bn) * p.G + gi] : 0.f;
-}
+inline float offset_at(const LowbitArgs& p, int64_t base, int64_t gi) { return p.offset ? p.offset[base + gi] : 0.f; }
+inline float row_scale(const LowbitArgs& p, int64_t n, int64_t gi) { return scale_at(p, scale_base(p, n), gi); }
+inline float row_offset(const LowbitArgs& p, int64_t n, int64_t gi) { return offset_at(p, scale_base(p, n), gi); }
 
 // Chunks may share one scale when groups are whole chunks (or one group spans the row); otherwise each
 // lane gets its group's scale (slow, for unusual group sizes only).
 inline bool chunk_aligned(const LowbitArgs& p) { return p.G == 1 || p.g % 16 == 0; }
+
+// Row bytes of a decoded fp32 block (prefill): whole chunks of 16 floats, never a tail copy.
+inline int64_t nch64(const LowbitArgs& p) { return (p.K + 15) / 16 * 64; }
+
+// out[m, n] = v (+ out[m, n] when accumulating k blocks) (+ bias[n]).
+inline void store(const LowbitArgs& p, int64_t m, int64_t n, float v) {
+  float* o = p.out + m * p.ldo + n;
+  *o = (p.accumulate ? *o : 0.f) + v + (p.bias ? p.bias[n] : 0.f);
+}
 
 // Chunk c of a row: a pointer into the row, or (last partial chunk) to a zero-padded copy in tmp.
 inline const uint8_t* chunk_ptr(const uint8_t* row, int64_t c, int64_t cb, int64_t rb, uint8_t* tmp) {
@@ -73,6 +85,30 @@ inline const uint8_t* chunk_ptr(const uint8_t* row, int64_t c, int64_t cb, int64
   std::memset(tmp, 0, 32);
   std::memcpy(tmp, row + b0, rb - b0);
   return tmp;
+}
+
+constexpr int64_t kPrefillRows = 32;   // 32 rows x 1024 k of fp32 = 128 KiB: the decoded block stays in L2
+constexpr int64_t kPrefillK = 1024;
+
+// The dot kernels' view of a decoded fp32 block: rows b0..b0+nb of the output, columns k0..k0+kc of x,
+// scale 1, no offset; accumulates after the first k block, adds the bias on the last.
+LowbitArgs block_args(const LowbitArgs& p, const float* buf, const float* one, int64_t b0, int64_t nb, int64_t k0,
+                      int64_t kc) {
+  LowbitArgs q = p;
+  q.x = p.x + k0;
+  q.K = kc;
+  q.w = reinterpret_cast<const uint8_t*>(buf);
+  q.ldw = kPrefillK * sizeof(float);
+  q.N = nb;
+  q.scale = one;
+  q.offset = nullptr;
+  q.G = 1;
+  q.g = kc;
+  q.bn = nb;
+  q.out = p.out + b0;
+  q.bias = k0 + kc == p.K && p.bias ? p.bias + b0 : nullptr;
+  q.accumulate = k0 > 0;
+  return q;
 }
 
 // ================================================================================================
@@ -228,14 +264,15 @@ inline void lane_scales(const LowbitArgs& p, int64_t n, int64_t c, __m512* s, __
 // ---------------------------------------------------------------- dot kernel
 constexpr int NB = 4;
 
-template <class D, int MB>
+template <class D, int MB, bool OFF = false>
 void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr) {
-  const int64_t cb = D::kBytes, rb = row_bytes(p), nch = (p.K + 15) / 16;
+  const int64_t cb = D::kBytes, rb = D::kBytes == 64 ? nch64(p) : row_bytes(p), nch = (p.K + 15) / 16;
   const uint8_t* wr[NB];
-  int64_t rn[NB];
+  int64_t rn[NB], base[NB];
   for (int i = 0; i < NB; ++i) {
     rn[i] = n0 + std::min(i, nr - 1);
     wr[i] = p.w + rn[i] * p.ldw;
+    base[i] = scale_base(p, rn[i]);
   }
   const float* xr[MB];
   for (int m = 0; m < MB; ++m) xr[m] = p.x + (m0 + m) * p.ldx;
@@ -243,36 +280,37 @@ void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr)
   for (int m = 0; m < MB; ++m)
     for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_setzero_ps();
   alignas(64) uint8_t tmp[NB][32];
-  const bool aligned = chunk_aligned(p), has_off = p.offset != nullptr;
-  const int64_t per_group = aligned ? (p.G == 1 ? nch : p.g / 16) : 1;
+  const bool aligned = chunk_aligned(p);
+  const int64_t per_group = aligned ? (p.G == 1 ? nch : p.g / 16) : 1, nfull = rb / cb;
   __m512 sv[NB], ov[NB];
-  for (int64_t c0 = 0; c0 < nch; c0 += per_group) {
+  for (int64_t c0 = 0, gi = 0; c0 < nch; c0 += per_group, ++gi) {
     for (int i = 0; i < NB; ++i) {
       if (aligned) {
-        const int64_t gi = p.G == 1 ? 0 : c0 * 16 / p.g;
-        sv[i] = _mm512_set1_ps(row_scale(p, rn[i], gi));
-        ov[i] = _mm512_set1_ps(row_offset(p, rn[i], gi));
+        sv[i] = _mm512_set1_ps(scale_at(p, base[i], gi));
+        ov[i] = _mm512_set1_ps(offset_at(p, base[i], gi));
       } else {
         lane_scales(p, rn[i], c0, &sv[i], &ov[i]);
       }
     }
     const int64_t c1 = std::min(nch, c0 + per_group);
-    for (int64_t c = c0; c < c1; ++c) {
+    auto step = [&](int64_t c, bool tail) __attribute__((always_inline)) {
       __m512 wv[NB];
-      const bool tail = (c + 1) * cb > rb;
       for (int i = 0; i < NB; ++i) {
         const __m512 lv = dec(tail ? chunk_ptr(wr[i], c, cb, rb, tmp[i]) : wr[i] + c * cb);
-        wv[i] = has_off ? _mm512_fmadd_ps(lv, sv[i], ov[i]) : _mm512_mul_ps(lv, sv[i]);
+        wv[i] = OFF ? _mm512_fmadd_ps(lv, sv[i], ov[i]) : _mm512_mul_ps(lv, sv[i]);
       }
       for (int m = 0; m < MB; ++m) {
         const __m512 xv = _mm512_loadu_ps(xr[m] + 16 * c);
         for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_fmadd_ps(xv, wv[i], acc[m][i]);
       }
-    }
+    };
+    int64_t c = c0;
+    for (const int64_t cf = std::min(c1, nfull); c < cf; ++c) step(c, false);
+    for (; c < c1; ++c) step(c, true);
   }
   for (int m = 0; m < MB; ++m)
     for (int i = 0; i < nr; ++i)
-      p.out[(m0 + m) * p.ldo + n0 + i] = _mm512_reduce_add_ps(acc[m][i]) + (p.bias ? p.bias[n0 + i] : 0.f);
+      store(p, m0 + m, n0 + i, _mm512_reduce_add_ps(acc[m][i]));
 }
 
 template <class D>
@@ -281,11 +319,16 @@ void dot(const LowbitArgs& p, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; n += NB) {
     const int nr = (int)std::min<int64_t>(NB, n1 - n);
     for (int64_t m = 0; m < p.M; m += 4) {
-      switch (std::min<int64_t>(4, p.M - m)) {
+      const bool off = p.offset != nullptr;
+      switch (std::min<int64_t>(4, p.M - m) + (off ? 4 : 0)) {
         case 4: dot_tile<D, 4>(p, dec, m, n, nr); break;
         case 3: dot_tile<D, 3>(p, dec, m, n, nr); break;
         case 2: dot_tile<D, 2>(p, dec, m, n, nr); break;
-        default: dot_tile<D, 1>(p, dec, m, n, nr); break;
+        case 1: dot_tile<D, 1>(p, dec, m, n, nr); break;
+        case 8: dot_tile<D, 4, true>(p, dec, m, n, nr); break;
+        case 7: dot_tile<D, 3, true>(p, dec, m, n, nr); break;
+        case 6: dot_tile<D, 2, true>(p, dec, m, n, nr); break;
+        default: dot_tile<D, 1, true>(p, dec, m, n, nr); break;
       }
     }
   }
@@ -296,25 +339,63 @@ void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_
   const D dec;
   const int64_t cb = D::kBytes, rb = row_bytes(p), c0 = k0 / 16, c1 = (k1 + 15) / 16;
   const bool aligned = chunk_aligned(p), has_off = p.offset != nullptr;
+  const int64_t per_group = p.G == 1 ? INT64_MAX : std::max<int64_t>(1, p.g / 16);
   alignas(64) uint8_t tmp[32];
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = p.w + n * p.ldw;
     float* d = dst + (n - n0) * ldd - k0;
     __m512 sv, ov;
-    int64_t gcur = -1;
+    const int64_t base = scale_base(p, n);
+    int64_t gi = c0 / per_group, left = 0;  // chunks left in group gi
     for (int64_t c = c0; c < c1; ++c) {
       if (!aligned) {
         lane_scales(p, n, c, &sv, &ov);
-      } else if (const int64_t gi = p.G == 1 ? 0 : c * 16 / p.g; gi != gcur) {
-        gcur = gi;
-        sv = _mm512_set1_ps(row_scale(p, n, gi));
-        ov = _mm512_set1_ps(row_offset(p, n, gi));
+      } else if (left-- == 0) {
+        left = (c == c0 ? per_group - c0 % per_group : per_group) - 1;
+        gi += c == c0 ? 0 : 1;
+        sv = _mm512_set1_ps(scale_at(p, base, gi));
+        ov = _mm512_set1_ps(offset_at(p, base, gi));
       }
       const __m512 lv = dec((c + 1) * cb > rb ? chunk_ptr(row, c, cb, rb, tmp) : row + c * cb);
       _mm512_storeu_ps(d + 16 * c, has_off ? _mm512_fmadd_ps(lv, sv, ov) : _mm512_mul_ps(lv, sv));
     }
   }
 }
+
+// ---------------------------------------------------------------- prefill
+// A block of kPrefillRows rows x kPrefillK columns decoded to fp32 (L2), then the dot tiles run over it with
+// 4 tokens x 4 rows per tile (the x tile stays in L1), accumulating k blocks into the output.
+struct F32 {  // 16 decoded fp32 weights
+  static constexpr int kBytes = 64;
+  __m512 operator()(const uint8_t* b) const { return _mm512_loadu_ps(reinterpret_cast<const float*>(b)); }
+};
+
+template <class D>
+void prefill(const LowbitArgs& p, int64_t n0, int64_t n1) {
+  std::vector<float> buf(kPrefillRows * kPrefillK);
+  const float one = 1.f;
+  const F32 f32;
+  for (int64_t b0 = n0; b0 < n1; b0 += kPrefillRows) {
+    const int64_t nb = std::min<int64_t>(kPrefillRows, n1 - b0);
+    for (int64_t k0 = 0; k0 < p.K; k0 += kPrefillK) {
+      const int64_t kc = std::min<int64_t>(kPrefillK, p.K - k0);
+      decode_rows<D>(p, b0, b0 + nb, k0, k0 + kc, buf.data(), kPrefillK);
+      const LowbitArgs q = block_args(p, buf.data(), &one, b0, nb, k0, kc);
+      for (int64_t m = 0; m < p.M; m += 4)
+        for (int64_t n = 0; n < nb; n += NB) {
+          const int nr = (int)std::min<int64_t>(NB, nb - n);
+          switch (std::min<int64_t>(4, p.M - m)) {
+            case 4: dot_tile<F32, 4>(q, f32, m, n, nr); break;
+            case 3: dot_tile<F32, 3>(q, f32, m, n, nr); break;
+            case 2: dot_tile<F32, 2>(q, f32, m, n, nr); break;
+            default: dot_tile<F32, 1>(q, f32, m, n, nr); break;
+          }
+        }
+    }
+  }
+}
+
+template <class D> struct PrefillFn { static void run(const LowbitArgs& p, int64_t n0, int64_t n1) { prefill<D>(p, n0, n1); } };
 
 template <template <class> class Fn, class... A>
 void by_format(const LowbitArgs& p, A... a) {
@@ -441,14 +522,15 @@ inline float hsum(__m256 v) {
 
 constexpr int NB = 4;
 
-template <class D, int MB>
+template <class D, int MB, bool OFF = false>
 void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr) {
-  const int64_t cb = D::kBytes, rb = row_bytes(p), nch = (p.K + 15) / 16;
+  const int64_t cb = D::kBytes, rb = D::kBytes == 64 ? nch64(p) : row_bytes(p), nch = (p.K + 15) / 16;
   const uint8_t* wr[NB];
-  int64_t rn[NB];
+  int64_t rn[NB], base[NB];
   for (int i = 0; i < NB; ++i) {
     rn[i] = n0 + std::min(i, nr - 1);
     wr[i] = p.w + rn[i] * p.ldw;
+    base[i] = scale_base(p, rn[i]);
   }
   const float* xr[MB];
   for (int m = 0; m < MB; ++m) xr[m] = p.x + (m0 + m) * p.ldx;
@@ -456,14 +538,13 @@ void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr)
   for (int m = 0; m < MB; ++m)
     for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_setzero_ps();
   alignas(32) uint8_t tmp[NB][32];
-  const bool aligned = chunk_aligned(p), has_off = p.offset != nullptr;
-  const int64_t per_group = aligned ? (p.G == 1 ? nch : p.g / 16) : 1;
+  const bool aligned = chunk_aligned(p);
+  const int64_t per_group = aligned ? (p.G == 1 ? nch : p.g / 16) : 1, nfull = rb / cb;
   Half sv[NB], ov[NB];
-  for (int64_t c0 = 0; c0 < nch; c0 += per_group) {
+  for (int64_t c0 = 0, gi = 0; c0 < nch; c0 += per_group, ++gi) {
     for (int i = 0; i < NB; ++i) {
       if (aligned) {
-        const int64_t gi = p.G == 1 ? 0 : c0 * 16 / p.g;
-        const __m256 s = _mm256_set1_ps(row_scale(p, rn[i], gi)), o = _mm256_set1_ps(row_offset(p, rn[i], gi));
+        const __m256 s = _mm256_set1_ps(scale_at(p, base[i], gi)), o = _mm256_set1_ps(offset_at(p, base[i], gi));
         sv[i] = {{s, s}};
         ov[i] = {{o, o}};
       } else {
@@ -472,13 +553,13 @@ void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr)
     }
     const int64_t c1 = std::min(nch, c0 + per_group);
     for (int64_t c = c0; c < c1; ++c) {
-      const bool tail = (c + 1) * cb > rb;
+      const bool tail = c >= nfull;
       for (int h = 0; h < 2; ++h) {
         __m256 wv[NB];
         for (int i = 0; i < NB; ++i) {
           const uint8_t* src = tail ? chunk_ptr(wr[i], c, cb, rb, tmp[i]) : wr[i] + c * cb;
           const __m256 lv = dec.half(src + h * (cb / 2));
-          wv[i] = has_off ? _mm256_fmadd_ps(lv, sv[i].v[h], ov[i].v[h]) : _mm256_mul_ps(lv, sv[i].v[h]);
+          wv[i] = OFF ? _mm256_fmadd_ps(lv, sv[i].v[h], ov[i].v[h]) : _mm256_mul_ps(lv, sv[i].v[h]);
         }
         for (int m = 0; m < MB; ++m) {
           const __m256 xv = _mm256_loadu_ps(xr[m] + 16 * c + 8 * h);
@@ -489,7 +570,7 @@ void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr)
   }
   for (int m = 0; m < MB; ++m)
     for (int i = 0; i < nr; ++i)
-      p.out[(m0 + m) * p.ldo + n0 + i] = hsum(acc[m][i]) + (p.bias ? p.bias[n0 + i] : 0.f);
+      store(p, m0 + m, n0 + i, hsum(acc[m][i]));
 }
 
 template <class D>
@@ -498,8 +579,13 @@ void dot(const LowbitArgs& p, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; n += NB) {
     const int nr = (int)std::min<int64_t>(NB, n1 - n);
     int64_t m = 0;
-    for (; m + 2 <= p.M; m += 2) dot_tile<D, 2>(p, dec, m, n, nr);
-    if (m < p.M) dot_tile<D, 1>(p, dec, m, n, nr);
+    if (p.offset) {
+      for (; m + 2 <= p.M; m += 2) dot_tile<D, 2, true>(p, dec, m, n, nr);
+      if (m < p.M) dot_tile<D, 1, true>(p, dec, m, n, nr);
+    } else {
+      for (; m + 2 <= p.M; m += 2) dot_tile<D, 2>(p, dec, m, n, nr);
+      if (m < p.M) dot_tile<D, 1>(p, dec, m, n, nr);
+    }
   }
 }
 
@@ -508,18 +594,21 @@ void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_
   const D dec;
   const int64_t cb = D::kBytes, rb = row_bytes(p), c0 = k0 / 16, c1 = (k1 + 15) / 16;
   const bool aligned = chunk_aligned(p), has_off = p.offset != nullptr;
+  const int64_t per_group = p.G == 1 ? INT64_MAX : std::max<int64_t>(1, p.g / 16);
   alignas(32) uint8_t tmp[32];
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = p.w + n * p.ldw;
     float* d = dst + (n - n0) * ldd - k0;
     Half sv, ov;
-    int64_t gcur = -1;
+    const int64_t base = scale_base(p, n);
+    int64_t gi = c0 / per_group, left = 0;  // chunks left in group gi
     for (int64_t c = c0; c < c1; ++c) {
       if (!aligned) {
         lane_scales(p, n, c, &sv, &ov);
-      } else if (const int64_t gi = p.G == 1 ? 0 : c * 16 / p.g; gi != gcur) {
-        gcur = gi;
-        const __m256 s = _mm256_set1_ps(row_scale(p, n, gi)), o = _mm256_set1_ps(row_offset(p, n, gi));
+      } else if (left-- == 0) {
+        left = (c == c0 ? per_group - c0 % per_group : per_group) - 1;
+        gi += c == c0 ? 0 : 1;
+        const __m256 s = _mm256_set1_ps(scale_at(p, base, gi)), o = _mm256_set1_ps(offset_at(p, base, gi));
         sv = {{s, s}};
         ov = {{o, o}};
       }
@@ -530,6 +619,34 @@ void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_
     }
   }
 }
+
+struct F32 {  // see avx512::prefill
+  static constexpr int kBytes = 64;
+  __m256 half(const uint8_t* b) const { return _mm256_loadu_ps(reinterpret_cast<const float*>(b)); }
+};
+
+template <class D>
+void prefill(const LowbitArgs& p, int64_t n0, int64_t n1) {
+  std::vector<float> buf(kPrefillRows * kPrefillK);
+  const float one = 1.f;
+  const F32 f32;
+  for (int64_t b0 = n0; b0 < n1; b0 += kPrefillRows) {
+    const int64_t nb = std::min<int64_t>(kPrefillRows, n1 - b0);
+    for (int64_t k0 = 0; k0 < p.K; k0 += kPrefillK) {
+      const int64_t kc = std::min<int64_t>(kPrefillK, p.K - k0);
+      decode_rows<D>(p, b0, b0 + nb, k0, k0 + kc, buf.data(), kPrefillK);
+      const LowbitArgs q = block_args(p, buf.data(), &one, b0, nb, k0, kc);
+      for (int64_t m = 0; m < p.M; m += 2)
+        for (int64_t n = 0; n < nb; n += NB) {
+          const int nr = (int)std::min<int64_t>(NB, nb - n);
+          if (m + 2 <= p.M) dot_tile<F32, 2>(q, f32, m, n, nr);
+          else dot_tile<F32, 1>(q, f32, m, n, nr);
+        }
+    }
+  }
+}
+
+template <class D> struct PrefillFn { static void run(const LowbitArgs& p, int64_t n0, int64_t n1) { prefill<D>(p, n0, n1); } };
 
 template <template <class> class Fn, class... A>
 void by_format(const LowbitArgs& p, A... a) {
@@ -572,6 +689,14 @@ void linear_lowbit_dot(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1) {
   switch (lowbit_isa(isa)) {
     case Isa::kAvx512Vnni: return avx512::by_format<avx512::DotFn>(p, n0, n1);
     case Isa::kAvx2: return avx2::by_format<avx2::DotFn>(p, n0, n1);
+    default: return scalar::dot(p, n0, n1);
+  }
+}
+
+void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1) {
+  switch (lowbit_isa(isa)) {
+    case Isa::kAvx512Vnni: return avx512::by_format<avx512::PrefillFn>(p, n0, n1);
+    case Isa::kAvx2: return avx2::by_format<avx2::PrefillFn>(p, n0, n1);
     default: return scalar::dot(p, n0, n1);
   }
 }

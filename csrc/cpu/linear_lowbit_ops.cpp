@@ -5,8 +5,9 @@
 //
 // Two paths (see Note [Low-bit decode] in linear_lowbit.cpp):
 //   M <= kDotMaxM: the dot kernel, weights decoded in registers, at::parallel_for over blocks of rows.
-//   larger M:      blocks of kBlockRows rows x kBlockK columns decoded to fp32 (at::parallel_for over rows),
-//                  then ATen's multi-threaded sgemm accumulates x[:, k-block] @ block.T into the output.
+//   larger M:      the prefill kernel, at::parallel_for over blocks of rows: each block decoded once to fp32
+//                  (L2), then register-tiled FMA. (ATen's sgemm called inside at::parallel_for ran 250x
+//                  slower here: nested OpenMP; so this op calls no BLAS.)
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -22,8 +23,7 @@ namespace {
 
 constexpr int64_t kDotMaxM = 4;       // measured with benchmarks/bench_linear.py --formats
 constexpr int64_t kDotBlockRows = 16;
-constexpr int64_t kBlockRows = 1024;  // prefill: 1024 rows x 1024 k of fp32 = 4 MiB (L3), one sgemm each
-constexpr int64_t kBlockK = 1024;
+constexpr int64_t kPrefillBlockRows = 64;  // rows per parallel task (decoded 32 at a time, linear_lowbit.cpp)
 
 void check_x(const at::Tensor& x, int64_t k, const char* op) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == k, op, ": x has ", x.size(-1), " features but the weight has K = ", k);
@@ -70,22 +70,9 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
         linear_lowbit_dot(isa, p, b0 * kDotBlockRows, std::min(b1 * kDotBlockRows, N));
       });
     } else {
-      // Decode in parallel, then one multi-threaded sgemm per block: ATen's GEMM called inside
-      // at::parallel_for ran 250x slower here (nested OpenMP), so the two phases alternate.
-      at::Tensor buf = at::empty({std::min(kBlockRows, N), kBlockK}, x2.options());
-      float* bp = buf.data_ptr<float>();
-      for (int64_t n0 = 0; n0 < N; n0 += kBlockRows) {
-        const int64_t nb = std::min(kBlockRows, N - n0);
-        at::Tensor o = out.narrow(1, n0, nb);
-        for (int64_t k0 = 0; k0 < K; k0 += kBlockK) {
-          const int64_t kc = std::min(kBlockK, K - k0);
-          at::parallel_for(0, nb, 16, [&](int64_t r0, int64_t r1) {
-            lowbit_decode_rows(isa, p, n0 + r0, n0 + r1, k0, k0 + kc, bp + r0 * kBlockK, kBlockK);
-          });
-          o.addmm_(xp.narrow(1, k0, kc), buf.narrow(0, 0, nb).narrow(1, 0, kc).t(), k0 == 0 ? 0.0 : 1.0, 1.0);
-        }
-      }
-      if (b.defined()) out.add_(b);
+      at::parallel_for(0, (N + kPrefillBlockRows - 1) / kPrefillBlockRows, 1, [&](int64_t b0, int64_t b1) {
+        linear_lowbit_prefill(isa, p, b0 * kPrefillBlockRows, std::min(b1 * kPrefillBlockRows, N));
+      });
     }
   }
   return out.to(x.scalar_type()).reshape(out_shape(x, N));
