@@ -1,4 +1,4 @@
-"""Quantized linear on CPU: torchqkit's int8 kernels next to fp32 / bf16 F.linear and torch's native int8 op.
+"""Quantized linear on CPU: torchqkit's int8 / int4 kernels next to fp32 / bf16 F.linear and torch's native int8 op.
 
     python benchmarks/bench_linear.py            # (K,N) in (4096,4096),(4096,11008),(11008,4096); M in 1,8,32,256
     python benchmarks/bench_linear.py --quick    # one small shape, CI-sized (seconds)
@@ -11,6 +11,9 @@ bandwidth drifts). GB/s counts the weight bytes (codes + scales) only.
 Columns: f32 / bf16 = F.linear with a float weight; i8pack = torch._weight_int8pack_mm (bf16 activations);
 wo = torchqkit::linear_int8wo_plain (per-channel) with f32 / bf16 activations; da8 = torchqkit::
 linear_int8da_int8_plain (per-token symmetric activations, f32 in/out); xf32 = f32 time / da8 time.
+int4 table (--formats int4): i4pack = torch._weight_int4pack_mm_for_cpu with bf16 activations (torch's
+ISA-dependent packing), i4 f32 / i4 bf16 = torchqkit::linear_int4wo_tiled on TensorCoreTiledLayout bytes,
+da4 = torchqkit::linear_int8da_int4_packed (int8 dynamic activations x PackedIntxLayout int4, VNNI).
 """
 from __future__ import annotations
 
@@ -90,6 +93,55 @@ def row(k, n, m, bw, args):
     return "  ".join(cells)
 
 
+def int4_row(k, n, m, bw, args, group=128):
+    """int4 g128 weight-only: torch's native _weight_int4pack_mm_for_cpu (bf16 activations; its own packing)
+    next to torchqkit::linear_int4wo_tiled on TensorCoreTiledLayout(8) bytes with f32 / bf16 activations."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    aqt = torchqkit.quantize_weight(w, torchqkit.qdtypes.uint4, torchqkit.PerGroup(group),
+                                    torchqkit.TensorCoreTiledLayout(inner_k_tiles=8), mapping="asymmetric",
+                                    zero_point_domain="float")
+    x = torch.randn(m, k, generator=g)
+    wf, xb = aqt.dequantize().float(), x.bfloat16()
+    opts = dict(flush=m <= 8, min_reps=args.reps, budget_s=args.budget)
+    op = torch.ops.torchqkit.linear_int4wo_tiled
+    t = {
+        "f32": bench(lambda: F.linear(x, wf), **opts),
+        "bf16": bench(lambda: F.linear(xb, wf.bfloat16()), **opts),
+        "i4pack": float("nan"),
+        "i4 f32": bench(lambda: op(x, aqt.qdata, aqt.scale_and_zero, group, n, None), **opts),
+        "i4 bf16": bench(lambda: op(xb, aqt.qdata, aqt.scale_and_zero, group, n, None), **opts),
+    }
+    act = torchqkit.ActivationQuantSpec(torchqkit.qdtypes.int8, torchqkit.PerToken(), "asymmetric")
+    da = torchqkit.quantize_weight(w, torchqkit.qdtypes.int4, torchqkit.PerGroup(group), torchqkit.PackedIntxLayout(),
+                                   mapping="symmetric", act_quant=act)
+    da4 = torch.ops.torchqkit.linear_int8da_int4_packed
+    t["da4"] = bench(lambda: da4(x, da.qdata, da.scale, None, None, False), **opts)
+    if not args.no_native:
+        codes = aqt.qlayout.unpack(aqt).qdata.to(torch.int32)
+        packed = torch._convert_weight_to_int4pack_for_cpu(codes, 8)
+        sz = aqt.scale_and_zero[: k // group, :n].contiguous()
+        t["i4pack"] = bench(lambda: torch._weight_int4pack_mm_for_cpu(xb, packed, group, sz), **opts)
+    nbytes = aqt.qdata.numel() * 4 + aqt.scale_and_zero.numel() * aqt.scale_and_zero.element_size()
+    gbs = [nbytes / t[c] / 1e9 for c in ("i4 f32", "i4 bf16")]
+    cells = [f"{k:>5} {n:>5} {m:>4}"] + [f"{v * 1e3:9.2f}" for v in t.values()]
+    cells += [f"{v:6.1f} ({v / bw:4.0%})" for v in gbs]
+    cells += [f"{t['f32'] / t['i4 f32']:5.1f}x", f"{t['i4pack'] / t['i4 bf16']:6.1f}x", f"{t['f32'] / t['da4']:5.1f}x"]
+    return "  ".join(cells)
+
+
+def int4_table(shapes, ms, bw, args):
+    print("int4 g128 (bf16 weights): i4pack = torch._weight_int4pack_mm_for_cpu (bf16 x); i4 = torchqkit::"
+          "linear_int4wo_tiled (TensorCoreTiledLayout(8)); da4 = torchqkit::linear_int8da_int4_packed (f32 x, "
+          "asymmetric per-token int8, PackedIntxLayout int4 symmetric); GB/s counts codes + scale/zero bytes")
+    head = ["    K     N    M"] + [f"{c:>9}" for c in ("f32", "bf16", "i4pack", "i4 f32", "i4 bf16", "da4")]
+    head += ["i4 f32 GB/s (bw%)", "i4 bf16 GB/s (bw%)", " i4 xf32", " i4pack/i4", " da4 xf32"]
+    print("  ".join(head) + "    [ms, median]")
+    for k, n in shapes:
+        for m in ms:
+            print(int4_row(k, n, m, bw, args), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="one small shape and M in (1, 32): runs in seconds")
@@ -98,8 +150,8 @@ def main():
     p.add_argument("--reps", type=int, default=5, help="minimum timed calls per cell")
     p.add_argument("--budget", type=float, default=1.0, help="seconds per cell beyond the minimum reps")
     p.add_argument("--no-native", action="store_true", help="skip torch._weight_int8pack_mm")
-    p.add_argument("--formats", default="int8",
-                   help="tables to print: int8 (the columns above) and/or low-bit weight-only formats of "
+    p.add_argument("--formats", default="int8,int4",
+                   help="tables to print: int8 (the columns above), int4 (int4_table) and/or low-bit weight-only formats of "
                         "bench_lowbit.py (nf4, nf4dq, fp8, e5m2, int2..int6), e.g. int8,nf4,fp8,int3")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: the GPU table of bench_linear_cuda.py (refuses to run without a GPU)")
@@ -134,7 +186,9 @@ def main():
         for k, n in shapes:
             for m in ms:
                 print(row(k, n, m, bw, args), flush=True)
-    lowbit = [f for f in formats if f != "int8"]
+    if "int4" in formats:
+        int4_table(shapes, ms, bw, args)
+    lowbit = [f for f in formats if f not in ("int8", "int4")]
     if lowbit:  # a sibling file: benchmarks/ is sys.path[0] when run as a script
         from bench_lowbit import FORMATS, lowbit_table
         unknown = sorted(set(lowbit) - set(FORMATS))

@@ -533,7 +533,228 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   return out.to(dt).reshape(shape);
 }
 
+// ================================================================================================
+// int8 dynamic activation x int4 PackedIntxLayout weights (torchqkit::linear_int8da_int4_packed).
+//
+// Note [int8 x int4 VNNI]: activations are quantized per token inside the op (quantize_rows, the
+// oracle's numerics) to shifted codes a = qa + 128 with z = 128 + zero point, so x = (a - z) sa. A weight
+// byte holds codes k = 2 i (low nibble) and 2 i + 1 (high nibble) as u = q + 8; with c = 8 + weight zero
+// point (8 when symmetric), w = (u - c) s per group, and
+//   y = sa * sum_groups s * [ sum_k (a - z) u  -  c * sum_k (a - z) ]   + bias
+// The first sum is exact int32 per lane: 64 weight bytes (128 k) give two u8 x s8 vpdpbusd operands
+// (low / high nibbles, 0..15) against the activation block permuted once per call to [even k | odd k];
+// lane l covers k in [8 l, 8 l + 8), so it lies in one group when g % 8 == 0 and g divides 128 or 128
+// divides g. The z * sum u part uses the weight's own lane sums (vpdpbusd with ones). The second sum is
+// per (token, group): B[m][g] = sum_k a - z g, dotted with s * c per row.
+// ================================================================================================
+struct DaInt4Args {
+  const uint8_t* ap;      // (M, lda) shifted codes, each 128-k block permuted to [even k | odd k]; 0 past K
+  int64_t M, K, lda;
+  const float* a_scale;   // (M)
+  const int32_t* zp128;   // (M) 128 + activation zero point
+  const float* bsum;      // (M, G) sum_k a - zp128 * g per group
+  const uint8_t* w;       // (N, ceil(K / 2)) packed nibbles, row stride ldw
+  int64_t N, ldw;
+  const void* scale;      // (N, G) contiguous, of type st
+  SzType st;
+  const int8_t* zp;       // (N, G) weight zero points or nullptr (symmetric)
+  int64_t G, g;
+  const float* bias;
+  float* out;
+  int64_t ldo;
+};
+
+// Row n's scales s and s * c (c = 8 + zero point) as fp32 into srow[G], scrow[G].
+void row_scales(const DaInt4Args& p, int64_t n, float* srow, float* scrow) {
+  for (int64_t gi = 0; gi < p.G; ++gi) {
+    const int64_t off = n * p.G + gi;
+    float s;
+    if (p.st == SzType::kF32) {
+      s = static_cast<const float*>(p.scale)[off];
+    } else if (p.st == SzType::kBF16) {
+      const uint32_t bits = (uint32_t) static_cast<const uint16_t*>(p.scale)[off] << 16;
+      std::memcpy(&s, &bits, 4);
+    } else {
+      s = half_to_float(static_cast<const uint16_t*>(p.scale)[off]);
+    }
+    srow[gi] = s;
+    scrow[gi] = s * (8.f + (p.zp ? (float)p.zp[off] : 0.f));
+  }
+}
+
+namespace scalar {
+void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
+  std::vector<float> srow(p.G), scrow(p.G);
+  for (int64_t n = n0; n < n1; ++n) {
+    row_scales(p, n, srow.data(), scrow.data());
+    const uint8_t* wr = p.w + n * p.ldw;
+    for (int64_t m = 0; m < p.M; ++m) {
+      const uint8_t* ar = p.ap + m * p.lda;
+      float acc = 0.f;
+      for (int64_t gi = 0; gi < p.G; ++gi) {
+        int32_t e = 0;  // sum (a - z) u over the group, exact
+        for (int64_t k = gi * p.g; k < (gi + 1) * p.g; ++k) {
+          const int32_t u = (wr[k / 2] >> (4 * (k & 1))) & 0xF;
+          const int64_t blk = k / 128, r = k % 128;
+          const int32_t a = ar[blk * 128 + (r & 1) * 64 + r / 2];
+          e += (a - p.zp128[m]) * u;
+        }
+        acc += srow[gi] * (float)e - scrow[gi] * p.bsum[m * p.G + gi];
+      }
+      p.out[m * p.ldo + n] = p.a_scale[m] * acc + (p.bias ? p.bias[n] : 0.f);
+    }
+  }
+}
+}  // namespace scalar
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+namespace avx512 {
+
+inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {  // in place, see linear_int8.cpp
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+// Lane scales of the 128-k block starting at k0 for row n (see Note [int8 x int4 VNNI]).
+inline __m512 block_scales(const DaInt4Args& p, const float* sr, int64_t k0, const __m512i& lane_group) {
+  if (p.G == 1 || p.g >= 128) return _mm512_set1_ps(sr[p.G == 1 ? 0 : k0 / p.g]);
+  const int64_t g0 = k0 / p.g, ng = std::min<int64_t>(128 / p.g, p.G - g0);
+  return _mm512_permutexvar_ps(lane_group, _mm512_maskz_loadu_ps((__mmask16)((1u << ng) - 1), sr + g0));
+}
+
+template <int MB>
+void da_int4_rows(const DaInt4Args& p, int64_t m0, int64_t n, const __m512i& lane_group, const float* srow,
+                  const float* scrow) {
+  const uint8_t* wr = p.w + n * p.ldw;
+  const int64_t row_bytes = (p.K + 1) / 2;
+  const __m512i lo4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+  __m512 acc[MB];
+  __m512i zp[MB];
+  for (int m = 0; m < MB; ++m) {
+    acc[m] = _mm512_setzero_ps();
+    zp[m] = _mm512_set1_epi32(p.zp128[m0 + m]);
+  }
+  for (int64_t k0 = 0; k0 < p.K; k0 += 128) {
+    const int64_t b0 = k0 / 2;
+    const __mmask64 mk = row_bytes - b0 >= 64 ? ~0ULL : ((1ULL << (row_bytes - b0)) - 1);
+    const __m512i wv = _mm512_maskz_loadu_epi8(mk, wr + b0);
+    const __m512i lo = _mm512_and_si512(wv, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), lo4);
+    const __m512i usum = dpbusd(dpbusd(_mm512_setzero_si512(), ones, lo), ones, hi);
+    const __m512 sv = block_scales(p, srow, k0, lane_group);
+    for (int m = 0; m < MB; ++m) {
+      const uint8_t* ar = p.ap + (m0 + m) * p.lda + k0;
+      __m512i d = dpbusd(_mm512_setzero_si512(), _mm512_loadu_si512(ar), lo);
+      d = dpbusd(d, _mm512_loadu_si512(ar + 64), hi);
+      d = _mm512_sub_epi32(d, _mm512_mullo_epi32(zp[m], usum));  // sum (a - z) u, exact
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sv, acc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) {
+    const float* sc = scrow;
+    const float* bs = p.bsum + (m0 + m) * p.G;
+    __m512 corr = _mm512_setzero_ps();
+    for (int64_t gi = 0; gi < p.G; gi += 16) {
+      const __mmask16 gm = p.G - gi >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (p.G - gi)) - 1);
+      corr = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(gm, sc + gi), _mm512_maskz_loadu_ps(gm, bs + gi), corr);
+    }
+    const float v = _mm512_reduce_add_ps(acc[m]) - _mm512_reduce_add_ps(corr);
+    p.out[(m0 + m) * p.ldo + n] = p.a_scale[m0 + m] * v + (p.bias ? p.bias[n] : 0.f);
+  }
+}
+
+void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
+  alignas(64) int32_t lg[16];
+  for (int l = 0; l < 16; ++l) lg[l] = (p.G > 1 && p.g < 128) ? (int32_t)(8 * l / p.g) : 0;
+  const __m512i lane_group = _mm512_load_si512(lg);
+  std::vector<float> srow(p.G + 16), scrow(p.G + 16);
+  for (int64_t n = n0; n < n1; ++n) {
+    row_scales(p, n, srow.data(), scrow.data());
+    const float *sr = srow.data(), *scr = scrow.data();
+    int64_t m = 0;
+    for (; m + 4 <= p.M; m += 4) da_int4_rows<4>(p, m, n, lane_group, sr, scr);
+    switch (p.M - m) {
+      case 3: da_int4_rows<3>(p, m, n, lane_group, sr, scr); break;
+      case 2: da_int4_rows<2>(p, m, n, lane_group, sr, scr); break;
+      case 1: da_int4_rows<1>(p, m, n, lane_group, sr, scr); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace avx512
+#pragma GCC pop_options
+
+at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
+                                     const std::optional<at::Tensor>& zero_point,
+                                     const std::optional<at::Tensor>& bias, bool act_symmetric) {
+  constexpr const char* op = "torchqkit::linear_int8da_int4_packed";
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op,
+              ": activations must be float32, bfloat16 or float16, got ", dt);
+  const int64_t K = x.size(-1);
+  TORCH_CHECK(qdata.dim() == 2 && qdata.scalar_type() == at::kByte && qdata.size(1) == (K + 1) / 2 &&
+                  qdata.stride(1) == 1, op, ": qdata must be uint8 (N, ceil(K / 2)) = (N, ", (K + 1) / 2,
+              ") with unit column stride, got ", qdata.scalar_type(), " ", qdata.sizes());
+  const int64_t N = qdata.size(0);
+  TORCH_CHECK(scale.dim() == 2 && scale.size(0) == N && scale.size(1) >= 1 && K % scale.size(1) == 0, op,
+              ": scale must be (N, K / group_size) with the group size dividing K = ", K, ", got ", scale.sizes());
+  const int64_t G = scale.size(1), g = K / G;
+  TORCH_CHECK(G == 1 || (g % 8 == 0 && (128 % g == 0 || g % 128 == 0)), op, ": group size ", g,
+              " is not supported (per channel, or a multiple of 8 that divides 128 or that 128 divides)");
+  TORCH_CHECK(K < (1 << 16), op, ": K = ", K, " could overflow the int32 accumulator (limit 65535)");
+  at::Tensor zw;
+  if (zero_point.has_value()) {
+    TORCH_CHECK(zero_point->sizes() == scale.sizes() && !at::isFloatingType(zero_point->scalar_type()), op,
+                ": zero_point must be integer codes shaped like scale, got ", zero_point->scalar_type(), " ",
+                zero_point->sizes());
+    zw = zero_point->to(at::kChar).contiguous();  // int4 zero points: no copy when stored as int8
+  }
+  const at::Tensor s = scale.contiguous();
+  const at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  at::Tensor b;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, op, ": bias must have shape (", N, "), got ", bias->sizes());
+    b = bias->to(at::kFloat).contiguous();
+  }
+  const int64_t M = x2.size(0), lda = (K + 127) / 128 * 128;
+  at::Tensor out = at::empty({M, N}, x2.options());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  if (M == 0 || N == 0) return out.to(dt).reshape(shape);
+  const Isa isa = selected_isa_for_ops();
+  at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte)), ap = at::empty({M, lda}, a.options());
+  at::Tensor a_scale = at::empty({M}, x2.options()), zp = at::empty({M}, x2.options().dtype(at::kInt));
+  at::Tensor bsum = at::empty({M, G}, x2.options());
+  at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
+    quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a.data_ptr<uint8_t>(), lda,
+                  a_scale.data_ptr<float>(), zp.data_ptr<int32_t>(), m0, m1);
+    for (int64_t m = m0; m < m1; ++m) {
+      const uint8_t* ar = a.data_ptr<uint8_t>() + m * lda;
+      uint8_t* pr = ap.data_ptr<uint8_t>() + m * lda;
+      for (int64_t k = 0; k < lda; ++k) pr[(k / 128) * 128 + (k & 1) * 64 + (k % 128) / 2] = ar[k];
+      const int32_t z = zp.data_ptr<int32_t>()[m];
+      for (int64_t gi = 0; gi < G; ++gi) {
+        int32_t t = 0;
+        for (int64_t k = gi * g; k < (gi + 1) * g; ++k) t += ar[k];
+        bsum.data_ptr<float>()[m * G + gi] = (float)(t - z * (int32_t)g);
+      }
+    }
+  });
+  const DaInt4Args p{ap.data_ptr<uint8_t>(), M, K, lda, a_scale.data_ptr<float>(), zp.data_ptr<int32_t>(),
+                     bsum.data_ptr<float>(), qdata.data_ptr<uint8_t>(), N, qdata.stride(0), s.data_ptr(),
+                     sz_type(s.scalar_type(), op), zw.defined() ? zw.data_ptr<int8_t>() : nullptr, G, g, b.defined() ? b.data_ptr<float>() : nullptr,
+                     out.data_ptr<float>(), N};
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    isa == Isa::kAvx512Vnni ? avx512::da_int4(p, n0, n1) : scalar::da_int4(p, n0, n1);
+  });
+  return out.to(dt).reshape(shape);
+}
+
 }  // namespace
 }  // namespace torchqkit_cpu
 
-TORCH_LIBRARY_IMPL(torchqkit, CPU, m) { m.impl("linear_int4wo_tiled", &torchqkit_cpu::linear_int4wo_tiled); }
+TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
+  m.impl("linear_int4wo_tiled", &torchqkit_cpu::linear_int4wo_tiled);
+  m.impl("linear_int8da_int4_packed", &torchqkit_cpu::linear_int8da_int4_packed);
+}

@@ -230,3 +230,96 @@ def test_input_gradient_flows_through_the_dequantized_weight():
     F.linear(x, w, b).sum().backward()
     torch.testing.assert_close(x.grad, torch.ones(3, 24) @ w.dequantize(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(b.grad, torch.full((24,), 3.0))
+
+
+# ------------------------------------------------------------------------------------------------
+# int8 dynamic activation x int4 PackedIntxLayout weights: torchqkit::linear_int8da_int4_packed
+# ------------------------------------------------------------------------------------------------
+
+DA4 = torch.ops.torchqkit.linear_int8da_int4_packed
+DA4_LEVELS = [lv for lv in LEVELS if lv != "avx2"]  # avx2 runs the scalar code (status() says so)
+
+
+def _int4_packed(n, k, group, weight_mapping="symmetric", dtype=torch.float32, seed=0, pref="auto"):
+    w = torch.randn(n, k, generator=_gen(seed)).to(dtype)
+    act = qk.ActivationQuantSpec(qk.qdtypes.int8, qk.PerToken(), "asymmetric")
+    return qk.quantize_weight(w, qk.qdtypes.int4, qk.PerGroup(group), qk.PackedIntxLayout(), mapping=weight_mapping,
+                              act_quant=act, kernel_preference=pref)
+
+
+# (M, N, K, group, weight mapping): M = 1, 3, 17 (4-token passes + a tail), 40; K = 8 (smallest: one lane),
+# K not a multiple of the 128-k block (200, 96, 77 odd: half a byte), groups of 8 / 32 / 64 / 128 / 256
+# and per channel (group = K); asymmetric weights carry int zero points.
+DA4_CASES = [(1, 1, 8, 8, "symmetric"), (3, 37, 96, 32, "asymmetric"), (17, 19, 256, 64, "symmetric"),
+             (40, 40, 512, 128, "asymmetric"), (2, 9, 512, 256, "asymmetric"), (4, 11, 200, 8, "symmetric"),
+             (1, 5, 77, 77, "asymmetric"), (3, 33, 1030, 1030, "symmetric")]
+
+
+@needs_ext
+@pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["act_sym", "act_asym"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", DA4_CASES, ids=str)
+def test_int8da_int4_matches_reference(monkeypatch, isa, symmetric, dtype, case):
+    # Same activation codes (the oracle's numerics, as in linear_int8da_int8_plain); the kernel's sums are
+    # exact int32 per group, scaled in fp32: budget TOL (summation order), measured <= 2e-6 in fp32.
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    m, n, k, group, wmap = case
+    w = _int4_packed(n, k, group, wmap)
+    x = (_act(m, k, torch.float32) + (0 if symmetric else 1.5)).to(dtype)
+    b = torch.randn(n, generator=_gen(2)).to(dtype)
+    args = (x, w.qdata, w.scale, w.zero_point, b, symmetric)
+    from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
+    _assert_rel(DA4(*args), linear_int8da_int4_packed_ref(*args), TOL[dtype], f"{isa} {case}")
+
+
+@needs_ext
+@pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
+def test_int8da_int4_unaligned(monkeypatch, isa):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = _int4_packed(37, 96, 32, "asymmetric", torch.bfloat16)
+    x = _act(3, 96, torch.bfloat16)
+    qu, su, zu, xu = _unaligned(w.qdata, 1), _unaligned(w.scale, 2), _unaligned(w.zero_point, 3), _unaligned(x, 2)
+    assert qu.data_ptr() % 16 == 1 and xu.data_ptr() % 16 == 2
+    from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
+    _assert_rel(DA4(xu, qu, su, zu, None, False), linear_int8da_int4_packed_ref(x, w.qdata, w.scale, w.zero_point, None, False),
+                TOL[torch.bfloat16], isa)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_int8da_int4_opcheck(dtype):
+    w = _int4_packed(24, 96, 32, "asymmetric", dtype)
+    x = _act(3, 96, dtype).reshape(1, 3, 96)
+    torch.library.opcheck(DA4, (x, w.qdata, w.scale, w.zero_point, torch.randn(24).to(dtype), False))
+    torch.library.opcheck(DA4, (x.requires_grad_(), w.qdata, w.scale, None, None, True))
+
+
+def test_int8da_int4_config_routes_to_the_op_and_matches_fake_quant():
+    config = qk.Int8DynamicActivationIntxWeightConfig(weight_bits=4)
+    assert config.resolved_layout() == qk.PackedIntxLayout()
+    assert qk.Int8DynamicActivationIntxWeightConfig(weight_bits=3).resolved_layout() == qk.PlainLayout()
+    lin = torch.nn.Linear(256, 40)
+    qk.quantize_(lin, config)
+    x = _act(5, 256, torch.float32)
+    log = _OpLog()
+    with log, torch.no_grad():
+        out = lin(x)
+    assert log.ops == ["linear_int8da_int4_packed"]
+    w = lin.weight
+    ref = F.linear(w.act_quant.fake_quantize(x), w.dequantize(), lin.bias)  # fp32: summation order only
+    _assert_rel(out, ref, 2e-5, "layout")
+    if LEVELS:
+        row = next(r for r in kernels.status() if r["linear"].startswith("int8 dynamic act (per token) x int4"))
+        assert row["path"] == f"torchqkit::linear_int8da_int4_packed (cpp {LEVELS[-1]})"
+
+
+def test_int8da_int4_compile_fullgraph_calls_the_op():
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(128, 24)
+    qk.quantize_(lin, qk.Int8DynamicActivationIntxWeightConfig(weight_bits=4))
+    x = _act(4, 128, torch.float32)
+    with torch.no_grad():
+        out, code = run_and_get_code(torch.compile(lin, fullgraph=True), x)
+        eager = lin(x)
+    assert "torch.ops.torchqkit.linear_int8da_int4_packed.default" in "\n".join(code)
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)

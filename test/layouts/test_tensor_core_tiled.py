@@ -120,7 +120,10 @@ def test_padding_never_leaks():
     x = _weight((5, 96), seed=1)
     out = F.linear(x, aqt)
     assert out.shape == (5, 44)
-    torch.testing.assert_close(out, F.linear(x, aqt.dequantize()), rtol=0, atol=0)
+    ref = F.linear(x, aqt.dequantize())
+    # The int4 kernel sums in another order than the float matmul (see test/kernels/test_linear_int4.py):
+    # 2e-5 of the output's magnitude, far below what a leaked padded row or column would add.
+    torch.testing.assert_close(out, ref, rtol=0, atol=2e-5 * ref.abs().max().item())
     lin = torch.nn.Linear(96, 44, bias=False)
     lin.weight = torch.nn.Parameter(aqt, requires_grad=False)
     assert lin.state_dict()["weight"].shape == shape
@@ -140,7 +143,8 @@ def test_slices_at_tile_boundaries_are_views():
     assert part.scale_and_zero.data_ptr() == aqt.scale_and_zero[4:, 8:].data_ptr()
     torch.testing.assert_close(part.dequantize(), aqt.dequantize()[8:24, 128:256], rtol=0, atol=0)
     x = _weight((3, 128), seed=1)
-    torch.testing.assert_close(F.linear(x, part), F.linear(x, part.dequantize()), rtol=0, atol=0)
+    ref = F.linear(x, part.dequantize())  # kernel vs float matmul: summation order only (see above)
+    torch.testing.assert_close(F.linear(x, part), ref, rtol=0, atol=2e-5 * ref.abs().max().item())
 
 
 def test_slices_off_tile_boundaries_raise():

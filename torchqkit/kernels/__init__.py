@@ -71,6 +71,13 @@ _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_i
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
 }
 _CPU_OPS += ("torchqkit::linear_int4wo_tiled",)
+_CPU_KERNEL_NOTES[schemas.INT8DA_INT4_OP] = {  # see Note [int8 x int4 VNNI] in csrc/cpu/linear_int4.cpp
+    "avx512_vnni": "vpdpbusd on low / high nibbles (128 k per zmm, exact int32 per lane, per-lane group scales) "
+                   "against the per-call quantized, permuted activation; 4 tokens per pass, every M",
+    "avx2": "plain loops (no AVX2 kernel for this op: the scalar code serves it)",
+    "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
+}
+_CPU_OPS += (schemas.INT8DA_INT4_OP,)
 KERNEL_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the C++ kernels take
 
 

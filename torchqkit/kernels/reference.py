@@ -251,3 +251,55 @@ def _int4_tiled_backward(ctx, grad):
 
 torch.library.register_autograd("torchqkit::linear_int4wo_tiled", _int4_tiled_backward,
                                 setup_context=_int4_tiled_setup_context)
+
+
+# ------------------------------------------------------------------------------------------------
+# linear_int8da_int4_packed (issue 4): per-token int8 activation (the oracle, as linear_int8da_int8_plain)
+# times the dequantized int4 PackedIntxLayout weight; autograd d/dx straight through the rounding.
+# ------------------------------------------------------------------------------------------------
+
+def _int4_packed_weight(qdata, scale, zero_point, k):
+    n = qdata.shape[0]
+    u = torch.stack([qdata & 0xF, qdata >> 4], dim=-1).reshape(n, -1)[:, :k].float()
+    g = k // scale.shape[1]
+    c = 8.0 if zero_point is None else 8.0 + zero_point.float().repeat_interleave(g, 1)
+    return (u - c) * scale.float().repeat_interleave(g, 1)
+
+
+def linear_int8da_int4_packed_ref(x, qdata, scale, zero_point, bias=None, act_symmetric=True):
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k).float()
+    mapping = MappingType.SYMMETRIC if act_symmetric else MappingType.ASYMMETRIC
+    zpd = ZeroPointDomain.NONE if act_symmetric else ZeroPointDomain.INT
+    a_scale, a_zp = choose_qparams_affine(x2, int8, (1, k), mapping=mapping, zero_point_domain=zpd,
+                                          scale_dtype=torch.float32, check_finite=False, name="activation")
+    qa = quantize_affine(x2, int8, (1, k), a_scale, a_zp, check_finite=False, name="activation").float()
+    if a_zp is not None:
+        qa = qa - a_zp.float()
+    out = (qa @ _int4_packed_weight(qdata, scale, zero_point, k).t()) * a_scale
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype).reshape(*x.shape[:-1], qdata.shape[0])
+
+
+def _int8da_int4_setup_context(ctx, inputs, output):
+    x, qdata, scale, zero_point, bias = inputs[:5]
+    ctx.save_for_backward(qdata, scale, zero_point)
+    ctx.meta = (x.shape[-1], x.dtype, None if bias is None else bias.dtype)
+
+
+def _int8da_int4_backward(ctx, grad):
+    qdata, scale, zero_point = ctx.saved_tensors
+    k, x_dtype, bias_dtype = ctx.meta
+    grad_x = None
+    if ctx.needs_input_grad[0]:
+        grad_x = (grad.float() @ _int4_packed_weight(qdata, scale, zero_point, k)).to(x_dtype)
+    grad_bias = None
+    if bias_dtype is not None and ctx.needs_input_grad[4]:
+        grad_bias = grad.reshape(-1, qdata.shape[0]).float().sum(0).to(bias_dtype)
+    return grad_x, None, None, None, grad_bias, None
+
+
+torch.library.impl("torchqkit::linear_int8da_int4_packed", "CompositeExplicitAutograd", linear_int8da_int4_packed_ref)
+torch.library.register_autograd("torchqkit::linear_int8da_int4_packed", _int8da_int4_backward,
+                                setup_context=_int8da_int4_setup_context)

@@ -150,3 +150,22 @@ def _linear_intxwo_fake(x, qdata, scale, zero_point, bits, signed, zero_point_do
                  lambda: f"linear_intxwo: qdata must be (N, ceil(K * bits / 8)) for K = {x.shape[-1]}, bits = {bits}, "
                          f"got {tuple(qdata.shape)}")
     return x.new_empty(*x.shape[:-1], qdata.shape[0])
+
+
+# linear_int8da_int4_packed(x, qdata, scale, zero_point, bias, act_symmetric)  (CPU kernel: issue 4)
+#     int8 dynamic activation (per token, quantized inside the op like linear_int8da_int8_plain) x int4
+#     PackedIntxLayout bytes: qdata (N, ceil(K / 2)) uint8, code k in byte k // 2, low nibble first, stored
+#     as u = q + 8; scale (N, G) group-wise (G = K / group_size) or per channel (G = 1); zero_point None or
+#     integer codes shaped like scale: w = (q - zero_point) * scale. Returns (..., N) in x.dtype.
+INT8DA_INT4_OP = "torchqkit::linear_int8da_int4_packed"
+torch.library.define(
+    INT8DA_INT4_OP,
+    "(Tensor x, Tensor qdata, Tensor scale, Tensor? zero_point, Tensor? bias=None, bool act_symmetric=True) -> Tensor")
+
+
+@torch.library.register_fake(INT8DA_INT4_OP)
+def _linear_int8da_int4_packed_fake(x, qdata, scale, zero_point, bias=None, act_symmetric=True):
+    torch._check(qdata.dim() == 2 and qdata.shape[1] == (x.shape[-1] + 1) // 2,
+                 lambda: f"linear_int8da_int4_packed: qdata must be (N, ceil(K / 2)) for K = {x.shape[-1]}, "
+                         f"got {tuple(qdata.shape)}")
+    return x.new_empty(*x.shape[:-1], qdata.shape[0])

@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from ..core.primitives import ZeroPointDomain
-from ..core.qdtype import QKind, int2
+from ..core.primitives import MappingType, ZeroPointDomain
+from ..core.qdtype import QKind, int2, int4
 from ..kernels import KERNEL_ACT_DTYPES, cpu_backend
 from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
@@ -121,9 +121,13 @@ class PackedIntxLayout(Layout):
     def linear_paths() -> list[dict]:
         """What serves F.linear for a packed intx weight (read by torchqkit.kernels.status())."""
         path, why = cpu_backend(_INTX_OP)
+        da_path, da_why = cpu_backend(_INT8DA_INT4_OP)
         return [{"linear": "1..7-bit int weight-only (any zero point domain, per-group / per-row)",
                  "path": f"{_INTX_OP} ({path})", "why": why},
-                {"linear": "ternary bit planes, int8 dynamic act, KernelPreference.REFERENCE, other act dtypes",
+                {"linear": "int8 dynamic act (per token) x int4 (symmetric / int zero point), per group of 8..128 "
+                           "(dividing 128) or multiples of 128, or per channel",
+                 "path": f"{_INT8DA_INT4_OP} ({da_path})", "why": da_why},
+                {"linear": "ternary bit planes, other int8 dynamic act, KernelPreference.REFERENCE, other act dtypes",
                  "path": "reference", "why": "dequantize + F.linear: no kernel reads ternary planes yet"}]
 
 
@@ -176,10 +180,28 @@ def _unpack_ternary(packed: torch.Tensor, k: int) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------
 
 _INTX_OP = "torchqkit::linear_intxwo"
+_INT8DA_INT4_OP = "torchqkit::linear_int8da_int4_packed"
+
+
+def _int8_int4_applies(w, x) -> bool:
+    """int8 dynamic per-token act x int4 (symmetric or integer zero point), per group of 8 k dividing 128
+    (or a multiple of 128) or per channel: the torchqkit::linear_int8da_int4_packed kernel takes it."""
+    spec = w.act_quant
+    if (spec is None or w.qlayout.ternary or w.kernel_preference is not KernelPreference.AUTO
+            or x.dtype not in KERNEL_ACT_DTYPES or w.qdtype != int4 or spec.qdtype.kind is not QKind.INT
+            or spec.mapping not in (MappingType.SYMMETRIC, MappingType.ASYMMETRIC)
+            or ZeroPointDomain(w.zero_point_domain) not in (ZeroPointDomain.NONE, ZeroPointDomain.INT)
+            or w.block_size[0] != 1):
+        return False
+    g, k = w.block_size[1], w.logical_shape[1]
+    return g == k or (g % 8 == 0 and (128 % g == 0 or g % 128 == 0))
 
 
 @PackedIntxLayout.ops.implements(F.linear)
 def _linear(w, x, bias):
+    if _int8_int4_applies(w, x):
+        return torch.ops.torchqkit.linear_int8da_int4_packed(x, w.qdata, w.scale, w.zero_point, bias,
+                                                             w.act_quant.mapping is MappingType.SYMMETRIC)
     if (w.qlayout.ternary or w.act_quant is not None or w.kernel_preference is not KernelPreference.AUTO
             or x.dtype not in KERNEL_ACT_DTYPES):
         return reference_linear(w, x, bias)

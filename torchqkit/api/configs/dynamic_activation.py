@@ -10,6 +10,7 @@ from ...core.granularity import Granularity, PerGroup, PerRow, PerToken
 from ...core.primitives import MappingType
 from ...core.qdtype import INT, int8
 from ...layouts.base import Layout
+from ...layouts.packed_intx import PackedIntxLayout
 from ...layouts.plain import PlainLayout
 from ...tensor.activation import ActivationQuantSpec
 from ..quantize_weight import quantize_weight
@@ -42,7 +43,7 @@ class Int8DynamicActivationInt8WeightConfig(QuantConfig):
 
 def _int8_dynamic_activation_intx_weight_transform(config, weight, name):
     act = ActivationQuantSpec(int8, PerToken(), config.act_mapping)
-    return quantize_weight(weight, INT[config.weight_bits], config.weight_granularity, config.layout,
+    return quantize_weight(weight, INT[config.weight_bits], config.weight_granularity, config.resolved_layout(),
                            mapping=config.weight_mapping, act_quant=act,
                            kernel_preference=config.kernel_preference, name=name)
 
@@ -50,12 +51,15 @@ def _int8_dynamic_activation_intx_weight_transform(config, weight, name):
 @register_config(_int8_dynamic_activation_intx_weight_transform)
 @dataclass(frozen=True, kw_only=True)
 class Int8DynamicActivationIntxWeightConfig(QuantConfig):
-    """int8 per-token activations x 1..8-bit weights (per group or per channel)."""
+    """int8 per-token activations x 1..8-bit weights (per group or per channel).
+
+    layout=None (default): PackedIntxLayout for 4-bit weights (two codes per byte, served by the VNNI kernel
+    torchqkit::linear_int8da_int4_packed), PlainLayout otherwise."""
     weight_bits: int = 4
     weight_granularity: Granularity = PerGroup(32)
     weight_mapping: MappingType = MappingType.SYMMETRIC
     act_mapping: MappingType = MappingType.ASYMMETRIC
-    layout: Layout = field(default_factory=PlainLayout)
+    layout: Layout | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -63,6 +67,12 @@ class Int8DynamicActivationIntxWeightConfig(QuantConfig):
         object.__setattr__(self, "act_mapping", MappingType(self.act_mapping))
         check_intx("Int8DynamicActivationIntxWeightConfig", self.weight_bits, self.weight_granularity,
                    self.weight_mapping)
+
+    def resolved_layout(self) -> Layout:
+        """The layout the weights get: ``layout``, or by default packed nibbles at 4 bits, plain otherwise."""
+        if self.layout is not None:
+            return self.layout
+        return PackedIntxLayout() if self.weight_bits == 4 else PlainLayout()
 
     def describe(self):
         return (f"int8 dynamic act x int{self.weight_bits} weight "
