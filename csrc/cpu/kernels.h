@@ -93,10 +93,6 @@ struct LowbitArgs {
 void linear_lowbit_dot(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1);
 // Prefill (larger M): rows [n0, n1), decoded once per block of rows and k into an fp32 L2 buffer.
 void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1);
-// Rows [n0, n1) x columns [k0, k1) (k0 % 16 == 0) decoded to fp32 dst[(n - n0) * ldd + k - k0],
-// scales applied; columns up to k1 rounded to 16 are written (finite values, the glue multiplies them by 0).
-void lowbit_decode_rows(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1,
-                        float* dst, int64_t ldd);
 // The level TORCHQKIT_CPU_ISA allows (defined in registration.cpp, shared by every op family's glue).
 Isa selected_isa_for_ops();
 

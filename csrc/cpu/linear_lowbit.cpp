@@ -166,15 +166,6 @@ void dot(const LowbitArgs& p, int64_t n0, int64_t n1) {
   }
 }
 
-void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* dst, int64_t ldd) {
-  const int64_t kend = (k1 + 15) / 16 * 16;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = p.w + n * p.ldw;
-    float* d = dst + (n - n0) * ldd;
-    for (int64_t k = k0; k < kend; ++k) d[k - k0] = k < p.K ? weight(p, row, n, k) : 0.f;
-  }
-}
-
 }  // namespace scalar
 
 // ================================================================================================
@@ -416,11 +407,6 @@ void by_format(const LowbitArgs& p, A... a) {
   }
 }
 template <class D> struct DotFn { static void run(const LowbitArgs& p, int64_t n0, int64_t n1) { dot<D>(p, n0, n1); } };
-template <class D> struct DecodeFn {
-  static void run(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* d, int64_t ldd) {
-    decode_rows<D>(p, n0, n1, k0, k1, d, ldd);
-  }
-};
 
 }  // namespace avx512
 #pragma GCC pop_options
@@ -667,11 +653,6 @@ void by_format(const LowbitArgs& p, A... a) {
   }
 }
 template <class D> struct DotFn { static void run(const LowbitArgs& p, int64_t n0, int64_t n1) { dot<D>(p, n0, n1); } };
-template <class D> struct DecodeFn {
-  static void run(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* d, int64_t ldd) {
-    decode_rows<D>(p, n0, n1, k0, k1, d, ldd);
-  }
-};
 
 }  // namespace avx2
 #pragma GCC pop_options
@@ -698,15 +679,6 @@ void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1)
     case Isa::kAvx512Vnni: return avx512::by_format<avx512::PrefillFn>(p, n0, n1);
     case Isa::kAvx2: return avx2::by_format<avx2::PrefillFn>(p, n0, n1);
     default: return scalar::dot(p, n0, n1);
-  }
-}
-
-void lowbit_decode_rows(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* dst,
-                        int64_t ldd) {
-  switch (lowbit_isa(isa)) {
-    case Isa::kAvx512Vnni: return avx512::by_format<avx512::DecodeFn>(p, n0, n1, k0, k1, dst, ldd);
-    case Isa::kAvx2: return avx2::by_format<avx2::DecodeFn>(p, n0, n1, k0, k1, dst, ldd);
-    default: return scalar::decode_rows(p, n0, n1, k0, k1, dst, ldd);
   }
 }
 
