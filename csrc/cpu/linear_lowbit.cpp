@@ -386,7 +386,44 @@ void prefill(const LowbitArgs& p, int64_t n0, int64_t n1) {
   }
 }
 
-template <class D> struct PrefillFn { static void run(const LowbitArgs& p, int64_t n0, int64_t n1) { prefill<D>(p, n0, n1); } };
+// M >= kPanelMinM: 32 decoded rows transposed into a k-major panel [kc][32] for the 6x32 FMA micro-kernel
+// shared with the int8 / int4 kernels (gemm_f32_6x32, linear_int8.cpp): activations broadcast, weights
+// streamed from L1, the register-blocked GEMM shape.
+constexpr int64_t kPanelMinM = 64;  // below: the dot-tile prefill (bench_linear.py --formats, M = 32)
+constexpr int64_t kPanelK = 256;  // 256 x 32 fp32 = 32 KiB panel
+
+template <class D>
+void prefill_panel(const LowbitArgs& p, int64_t n0, int64_t n1) {
+  std::vector<float> rows(32 * kPanelK), panel(kPanelK * 32);
+  for (int64_t b0 = n0; b0 < n1; b0 += 32) {
+    const int nb = (int)std::min<int64_t>(32, n1 - b0);
+    for (int64_t k0 = 0; k0 < p.K; k0 += kPanelK) {
+      const int64_t kc = std::min<int64_t>(kPanelK, p.K - k0);
+      decode_rows<D>(p, b0, b0 + nb, k0, k0 + kc, rows.data(), kPanelK);
+      for (int64_t k = 0; k < kc; ++k)
+        for (int j = 0; j < 32; ++j) panel[k * 32 + j] = j < nb ? rows[j * kPanelK + k] : 0.f;
+      for (int64_t m = 0; m < p.M; m += 6)
+        gemm_f32_6x32((int)std::min<int64_t>(6, p.M - m), p.x + m * p.ldx + k0, p.ldx, panel.data(), kc,
+                      p.out + m * p.ldo + b0, p.ldo, nb, k0 == 0);
+    }
+    if (p.bias) {
+      const __mmask16 m0 = nb >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nb) - 1);
+      const __mmask16 m1 = nb >= 32 ? (__mmask16)0xFFFF : nb <= 16 ? (__mmask16)0 : (__mmask16)((1u << (nb - 16)) - 1);
+      const __m512 bv0 = _mm512_maskz_loadu_ps(m0, p.bias + b0), bv1 = _mm512_maskz_loadu_ps(m1, p.bias + b0 + 16);
+      for (int64_t m = 0; m < p.M; ++m) {
+        float* o = p.out + m * p.ldo + b0;
+        _mm512_mask_storeu_ps(o, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, o), bv0));
+        _mm512_mask_storeu_ps(o + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), bv1));
+      }
+    }
+  }
+}
+
+template <class D> struct PrefillFn {
+  static void run(const LowbitArgs& p, int64_t n0, int64_t n1) {
+    p.M >= kPanelMinM ? prefill_panel<D>(p, n0, n1) : prefill<D>(p, n0, n1);
+  }
+};
 
 template <template <class> class Fn, class... A>
 void by_format(const LowbitArgs& p, A... a) {
