@@ -14,51 +14,29 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchqkit as qk
 from torchqkit import kernels
+
+from cpu_kernel_testing import assert_rel, cpu_levels, gen, needs_kernel
+from cpu_kernel_testing import isa_param as isa_param_for
 from torchqkit.core import qdtypes as Q
 from torchqkit.kernels.reference import linear_int8da_int8_plain_ref, linear_int8wo_plain_ref
 
 WO = torch.ops.torchqkit.linear_int8wo_plain
 DA = torch.ops.torchqkit.linear_int8da_int8_plain
-_LEVELS = ["scalar", "avx2", "avx512_vnni"]
+LEVELS = cpu_levels("torchqkit::linear_int8wo_plain")
+needs_ext = needs_kernel(LEVELS)
+isa_param = isa_param_for(LEVELS)
 
-
-def _cpu_levels() -> list[str]:
-    if not kernels.CPU_EXTENSION_LOADED:
-        return []
-    env = os.environ.pop("TORCHQKIT_CPU_ISA", None)
-    try:
-        best = torch.ops.torchqkit_cpu.isa()
-    finally:
-        if env is not None:
-            os.environ["TORCHQKIT_CPU_ISA"] = env
-    return _LEVELS[: _LEVELS.index(best) + 1]
-
-
-LEVELS = _cpu_levels()
-needs_ext = pytest.mark.skipif(not LEVELS, reason=f"no C++ CPU kernels: {kernels.CPU_EXTENSION_REASON}")
-isa_param = pytest.mark.parametrize("isa", LEVELS or ["none"])
-
-
-def _gen(seed=0):
-    return torch.Generator().manual_seed(seed)
 
 
 def _weight(n, k, groups, seed=0):
-    g = _gen(seed)
+    g = gen(seed)
     q = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
     return q, torch.rand(n, groups, generator=g) * 0.02 + 0.001, torch.randn(n, generator=g)
 
 
 def _act(m, k, dtype, seed=1):
-    return (torch.randn(m, k, generator=_gen(seed)) * 3).to(dtype)
+    return (torch.randn(m, k, generator=gen(seed)) * 3).to(dtype)
 
-
-def _assert_rel(out, ref, tol, what=""):
-    """max |out - ref| <= tol * max |ref|: one error budget relative to the output's magnitude."""
-    assert out.dtype == ref.dtype and out.shape == ref.shape
-    err = (out.float() - ref.float()).abs().max().item()
-    bound = tol * max(ref.float().abs().max().item(), 1e-30)
-    assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g} (tol {tol:g} x max |ref|)"
 
 
 # Kernel vs reference on the same codes: both accumulate in float32 (the dynamic op in exact int32), so
@@ -87,8 +65,8 @@ def test_weight_only_matches_reference(monkeypatch, isa, dtype, case):
     m, k, n, groups = case
     q, s, b = _weight(n, k, groups)
     x = _act(m, k, dtype)
-    _assert_rel(WO(x, q, s, b.to(dtype)), linear_int8wo_plain_ref(x, q, s, b.to(dtype)), TOL[dtype], f"{isa} {case}")
-    _assert_rel(WO(x, q, s, None), linear_int8wo_plain_ref(x, q, s, None), TOL[dtype], f"{isa} {case} no bias")
+    assert_rel(WO(x, q, s, b.to(dtype)), linear_int8wo_plain_ref(x, q, s, b.to(dtype)), TOL[dtype], f"{isa} {case}")
+    assert_rel(WO(x, q, s, None), linear_int8wo_plain_ref(x, q, s, None), TOL[dtype], f"{isa} {case} no bias")
 
 
 @needs_ext
@@ -105,7 +83,7 @@ def test_dynamic_int8_matches_reference(monkeypatch, isa, symmetric, dtype, case
     if not symmetric:
         x = x + 1.5  # a skewed range, so the zero point is far from the middle
     out, ref = DA(x, q, s, b, symmetric), linear_int8da_int8_plain_ref(x, q, s, b, symmetric)
-    _assert_rel(out, ref, TOL[dtype], f"{isa} {case}")
+    assert_rel(out, ref, TOL[dtype], f"{isa} {case}")
 
 
 @needs_ext
@@ -116,7 +94,7 @@ def test_constant_and_zero_rows(monkeypatch, isa):
     q, s, b = _weight(19, 70, 1)
     x = torch.stack([torch.zeros(70), torch.full((70,), 2.5), torch.full((70,), -1.0), torch.randn(70)])
     for sym in (True, False):
-        _assert_rel(DA(x, q, s, b, sym), linear_int8da_int8_plain_ref(x, q, s, b, sym), 1e-5, f"sym={sym}")
+        assert_rel(DA(x, q, s, b, sym), linear_int8da_int8_plain_ref(x, q, s, b, sym), 1e-5, f"sym={sym}")
 
 
 def _unaligned(t: torch.Tensor, offset_bytes: int) -> torch.Tensor:
@@ -138,8 +116,8 @@ def test_unaligned_inputs(monkeypatch, isa, m):
     x = _act(m, 300, torch.float32)
     qu, xu, su = _unaligned(q, 1), _unaligned(x, 4), _unaligned(s, 4)
     assert qu.data_ptr() % 16 == 1 and xu.data_ptr() % 16 == 4
-    _assert_rel(WO(xu, qu, su, b), linear_int8wo_plain_ref(x, q, s, b), 1e-5, "weight-only")
-    _assert_rel(DA(xu, qu, su, b, True), linear_int8da_int8_plain_ref(x, q, s, b, True), 1e-5, "dynamic int8")
+    assert_rel(WO(xu, qu, su, b), linear_int8wo_plain_ref(x, q, s, b), 1e-5, "weight-only")
+    assert_rel(DA(xu, qu, su, b, True), linear_int8da_int8_plain_ref(x, q, s, b, True), 1e-5, "dynamic int8")
 
 
 @needs_ext
@@ -148,8 +126,8 @@ def test_row_strided_weight_view():
     q, s, b = _weight(40, 128, 1)
     view = q[:, 32:96]
     x = _act(5, 64, torch.float32)
-    _assert_rel(WO(x, view, s, b), linear_int8wo_plain_ref(x, view.contiguous(), s, b), 1e-5)
-    _assert_rel(DA(x, view, s, b, False), linear_int8da_int8_plain_ref(x, view.contiguous(), s, b, False), 1e-5)
+    assert_rel(WO(x, view, s, b), linear_int8wo_plain_ref(x, view.contiguous(), s, b), 1e-5)
+    assert_rel(DA(x, view, s, b, False), linear_int8da_int8_plain_ref(x, view.contiguous(), s, b, False), 1e-5)
 
 
 def test_empty_batch():
@@ -216,7 +194,7 @@ class _OpLog(TorchDispatchMode):
 
 
 def _int8_weight(dtype=torch.float32, granularity=None, act=None, pref="auto"):
-    w = torch.randn(37, 96, generator=_gen(3)).to(dtype)
+    w = torch.randn(37, 96, generator=gen(3)).to(dtype)
     return qk.quantize_weight(w, Q.int8, granularity or qk.PerRow(), qk.PlainLayout(), act_quant=act,
                               kernel_preference=pref)
 
@@ -242,7 +220,7 @@ def test_layout_linear_uses_op_and_matches_dequantized(granularity, act, op, dty
     # fp32: summation order only. bf16: the reference rounds the dequantized weight (and, with dynamic
     # activations, its own activation scale and fake-quantized values) to bf16 before its matmul; the op
     # computes in fp32 and rounds once, so the budget is a few bf16 ulps of the output's magnitude.
-    _assert_rel(out, ref, 1e-5 if dtype == torch.float32 else 2.0 ** -5, op)
+    assert_rel(out, ref, 1e-5 if dtype == torch.float32 else 2.0 ** -5, op)
 
 
 def test_reference_preference_keeps_the_reference():

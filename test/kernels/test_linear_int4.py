@@ -3,7 +3,6 @@ pure-torch reference and against F.linear(x, w.dequantize()) under every ISA lev
 and sliced tiles, unaligned data, routing from TensorCoreTiledLayout, torch.compile."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -13,55 +12,32 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchqkit as qk
 from torchqkit import kernels
+
+from cpu_kernel_testing import assert_rel, cpu_levels, gen, needs_kernel
+from cpu_kernel_testing import isa_param as isa_param_for
 from torchqkit.kernels.reference import linear_int4wo_tiled_ref
 
 OP = torch.ops.torchqkit.linear_int4wo_tiled
-_LEVELS = ["scalar", "avx2", "avx512_vnni"]
+LEVELS = cpu_levels("torchqkit::linear_int4wo_tiled")
+needs_ext = needs_kernel(LEVELS)
+isa_param = isa_param_for(LEVELS)
 
-
-def _cpu_levels() -> list[str]:
-    if not kernels.CPU_EXTENSION_LOADED or not torch._C._dispatch_has_kernel_for_dispatch_key(
-            "torchqkit::linear_int4wo_tiled", "CPU"):
-        return []
-    env = os.environ.pop("TORCHQKIT_CPU_ISA", None)
-    try:
-        best = torch.ops.torchqkit_cpu.isa()
-    finally:
-        if env is not None:
-            os.environ["TORCHQKIT_CPU_ISA"] = env
-    return _LEVELS[: _LEVELS.index(best) + 1]
-
-
-LEVELS = _cpu_levels()
-needs_ext = pytest.mark.skipif(not LEVELS, reason=f"no C++ CPU int4 kernel: {kernels.CPU_EXTENSION_REASON}")
-isa_param = pytest.mark.parametrize("isa", LEVELS or ["none"])
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 def _tiled(n, k, g, t, dtype=torch.float32, seed=0, pref="auto"):
     """A quantized (n, k) weight in TensorCoreTiledLayout(inner_k_tiles=t), group size g."""
-    w = torch.randn(n, k, generator=_gen(seed)).to(dtype)
+    w = torch.randn(n, k, generator=gen(seed)).to(dtype)
     return qk.quantize_weight(w, qk.qdtypes.uint4, qk.PerGroup(g), qk.TensorCoreTiledLayout(inner_k_tiles=t),
                               mapping="asymmetric", zero_point_domain="float", kernel_preference=pref)
 
 
 def _act(m, k, dtype, seed=1):
-    return (torch.randn(m, k, generator=_gen(seed)) * 2).to(dtype)
+    return (torch.randn(m, k, generator=gen(seed)) * 2).to(dtype)
 
 
 def _args(w, x, bias=None):
     return (x, w.qdata, w.scale_and_zero, w.block_size[1], w.logical_shape[0], bias)
 
-
-def _assert_rel(out, ref, tol, what=""):
-    """max |out - ref| <= tol * max |ref|: one error budget relative to the output's magnitude."""
-    assert out.dtype == ref.dtype and out.shape == ref.shape, (out.dtype, ref.dtype, out.shape, ref.shape)
-    err = (out.float() - ref.float()).abs().max().item()
-    bound = tol * max(ref.float().abs().max().item(), 1e-30)
-    assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g} (tol {tol:g} x max |ref|)"
 
 
 # Kernel vs reference on the same bytes, both in fp32: they differ by summation order and by the kernel's
@@ -89,9 +65,9 @@ def test_kernel_matches_reference(monkeypatch, isa, dtype, case):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     m, n, k, g, t = case
     w = _tiled(n, k, g, t, dtype)
-    x, b = _act(m, k, dtype), torch.randn(n, generator=_gen(2)).to(dtype)
-    _assert_rel(OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b)), TOL[dtype], f"{isa} {case}")
-    _assert_rel(OP(*_args(w, x)), linear_int4wo_tiled_ref(*_args(w, x)), TOL[dtype], f"{isa} {case} no bias")
+    x, b = _act(m, k, dtype), torch.randn(n, generator=gen(2)).to(dtype)
+    assert_rel(OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b)), TOL[dtype], f"{isa} {case}")
+    assert_rel(OP(*_args(w, x)), linear_int4wo_tiled_ref(*_args(w, x)), TOL[dtype], f"{isa} {case} no bias")
 
 
 @needs_ext
@@ -103,7 +79,7 @@ def test_kernel_matches_dequantized_linear(monkeypatch, isa, m):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     w = _tiled(37, 320, 64, 8)
     x = _act(m, 320, torch.float32)
-    _assert_rel(OP(*_args(w, x)), F.linear(x, w.dequantize()), 2e-5, f"{isa} m={m}")
+    assert_rel(OP(*_args(w, x)), F.linear(x, w.dequantize()), 2e-5, f"{isa} m={m}")
 
 
 def _unaligned(t: torch.Tensor, offset_bytes: int) -> torch.Tensor:
@@ -126,7 +102,7 @@ def test_unaligned_inputs(monkeypatch, isa, m):
     qu, su, xu = _unaligned(w.qdata, 4), _unaligned(w.scale_and_zero, 2), _unaligned(x, 2)
     assert qu.data_ptr() % 16 == 4 and su.data_ptr() % 16 == 2 and xu.data_ptr() % 16 == 2
     out = OP(xu, qu, su, 32, 37, None)
-    _assert_rel(out, linear_int4wo_tiled_ref(*_args(w, x)), TOL[torch.bfloat16], isa)
+    assert_rel(out, linear_int4wo_tiled_ref(*_args(w, x)), TOL[torch.bfloat16], isa)
 
 
 @needs_ext
@@ -139,7 +115,7 @@ def test_sliced_tiles_are_read_in_place(m):
     assert rows.scale_and_zero.stride(0) == 2 * 48 and cols.qdata.stride(0) == w.qdata.stride(0)
     for part in (rows, cols):
         x = _act(m, part.shape[1], torch.float32)
-        _assert_rel(F.linear(x, part), F.linear(x, part.dequantize()), 2e-5, str(part.shape))
+        assert_rel(F.linear(x, part), F.linear(x, part.dequantize()), 2e-5, str(part.shape))
 
 
 def test_empty_batch_and_bad_arguments():
@@ -193,7 +169,7 @@ def test_layout_linear_uses_the_op(dtype):
     # Half weights: the reference rounds the dequantized weight to bf16 / fp16 before its matmul, the op
     # keeps (q - 8) * s + z in fp32: a few ulps of the weight dtype, relative to the output's magnitude.
     tol = {torch.float32: 2e-5, torch.bfloat16: 2.0 ** -5, torch.float16: 2.0 ** -8}[dtype]
-    _assert_rel(out, F.linear(x, lin.weight.dequantize(), lin.bias), tol, str(dtype))
+    assert_rel(out, F.linear(x, lin.weight.dequantize(), lin.bias), tol, str(dtype))
 
 
 def test_reference_preference_and_float64_keep_the_reference():
@@ -241,7 +217,7 @@ DA4_LEVELS = [lv for lv in LEVELS if lv != "avx2"]  # avx2 runs the scalar code 
 
 
 def _int4_packed(n, k, group, weight_mapping="symmetric", dtype=torch.float32, seed=0, pref="auto"):
-    w = torch.randn(n, k, generator=_gen(seed)).to(dtype)
+    w = torch.randn(n, k, generator=gen(seed)).to(dtype)
     act = qk.ActivationQuantSpec(qk.qdtypes.int8, qk.PerToken(), "asymmetric")
     return qk.quantize_weight(w, qk.qdtypes.int4, qk.PerGroup(group), qk.PackedIntxLayout(), mapping=weight_mapping,
                               act_quant=act, kernel_preference=pref)
@@ -267,10 +243,10 @@ def test_int8da_int4_matches_reference(monkeypatch, isa, symmetric, dtype, case)
     m, n, k, group, wmap = case
     w = _int4_packed(n, k, group, wmap)
     x = (_act(m, k, torch.float32) + (0 if symmetric else 1.5)).to(dtype)
-    b = torch.randn(n, generator=_gen(2)).to(dtype)
+    b = torch.randn(n, generator=gen(2)).to(dtype)
     args = (x, w.qdata, w.scale, w.zero_point, b, symmetric)
     from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
-    _assert_rel(DA4(*args), linear_int8da_int4_packed_ref(*args), TOL[dtype], f"{isa} {case}")
+    assert_rel(DA4(*args), linear_int8da_int4_packed_ref(*args), TOL[dtype], f"{isa} {case}")
 
 
 @needs_ext
@@ -282,7 +258,7 @@ def test_int8da_int4_unaligned(monkeypatch, isa):
     qu, su, zu, xu = _unaligned(w.qdata, 1), _unaligned(w.scale, 2), _unaligned(w.zero_point, 3), _unaligned(x, 2)
     assert qu.data_ptr() % 16 == 1 and xu.data_ptr() % 16 == 2
     from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
-    _assert_rel(DA4(xu, qu, su, zu, None, False), linear_int8da_int4_packed_ref(x, w.qdata, w.scale, w.zero_point, None, False),
+    assert_rel(DA4(xu, qu, su, zu, None, False), linear_int8da_int4_packed_ref(x, w.qdata, w.scale, w.zero_point, None, False),
                 TOL[torch.bfloat16], isa)
 
 
@@ -307,7 +283,7 @@ def test_int8da_int4_config_routes_to_the_op_and_matches_fake_quant():
     assert log.ops == ["linear_int8da_int4_packed"]
     w = lin.weight
     ref = F.linear(w.act_quant.fake_quantize(x), w.dequantize(), lin.bias)  # fp32: summation order only
-    _assert_rel(out, ref, 2e-5, "layout")
+    assert_rel(out, ref, 2e-5, "layout")
     if LEVELS:
         row = next(r for r in kernels.status() if r["linear"].startswith("int8 dynamic act (per token) x int4"))
         assert row["path"] == f"torchqkit::linear_int8da_int4_packed (cpp {LEVELS[-1]})"

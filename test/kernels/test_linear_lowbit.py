@@ -3,7 +3,6 @@ on the layouts' own bytes against F.linear(x, w.dequantize()), under every ISA l
 unaligned data, routing from the layouts, autograd (QLoRA), torch.compile."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -13,29 +12,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchqkit as qk
 from torchqkit import kernels
+
+from cpu_kernel_testing import assert_rel, cpu_levels, gen, needs_kernel
+from cpu_kernel_testing import isa_param as isa_param_for
 from torchqkit.core import qdtypes as Q
 
 NF4 = torch.ops.torchqkit.linear_nf4wo
 FP8 = torch.ops.torchqkit.linear_fp8wo
 INTX = torch.ops.torchqkit.linear_intxwo
-_LEVELS = ["scalar", "avx2", "avx512_vnni"]
-
-
-def _cpu_levels() -> list[str]:
-    if not kernels.CPU_EXTENSION_LOADED:
-        return []
-    env = os.environ.pop("TORCHQKIT_CPU_ISA", None)
-    try:
-        best = torch.ops.torchqkit_cpu.isa()
-    finally:
-        if env is not None:
-            os.environ["TORCHQKIT_CPU_ISA"] = env
-    return _LEVELS[: _LEVELS.index(best) + 1]
-
-
-LEVELS = _cpu_levels()
-needs_ext = pytest.mark.skipif(not LEVELS, reason=f"no C++ CPU kernels: {kernels.CPU_EXTENSION_REASON}")
-isa_param = pytest.mark.parametrize("isa", LEVELS or ["none"])
+LEVELS = cpu_levels("torchqkit::linear_nf4wo")
+needs_ext = needs_kernel(LEVELS)
+isa_param = isa_param_for(LEVELS)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 # Kernel vs reference on the same stored bytes: both decode to the same float32 weights (the kernel's
@@ -45,24 +32,14 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}
 
 
-def _gen(seed=0):
-    return torch.Generator().manual_seed(seed)
-
-
-def _assert_rel(out, ref, tol, what=""):
-    """max |out - ref| <= tol * max |ref|: one error budget relative to the output's magnitude."""
-    assert out.dtype == ref.dtype and out.shape == ref.shape, (out.dtype, ref.dtype, out.shape, ref.shape)
-    err = (out.float() - ref.float()).abs().max().item()
-    bound = tol * max(ref.float().abs().max().item(), 1e-30)
-    assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g} (tol {tol:g} x max |ref|)"
 
 
 def _act(m, k, dtype, seed=1):
-    return (torch.randn(m, k, generator=_gen(seed)) * 3).to(dtype)
+    return (torch.randn(m, k, generator=gen(seed)) * 3).to(dtype)
 
 
 def _float_weight(n, k, seed=0):
-    return torch.randn(n, k, generator=_gen(seed)) * 0.05
+    return torch.randn(n, k, generator=gen(seed)) * 0.05
 
 
 # ------------------------------------------------------------------------------------------------
@@ -135,11 +112,11 @@ def test_kernel_matches_dequantized_reference(monkeypatch, weights, isa, m, name
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     w = weights[name]
     n, k = w.shape
-    bias = torch.randn(n, generator=_gen(2))
+    bias = torch.randn(n, generator=gen(2))
     for dtype in DTYPES:
         x = _act(m, k, dtype)
         b = bias.to(dtype) if dtype != torch.float16 else None
-        _assert_rel(_call(w, x, b), _reference(w, x, b), TOL[dtype], f"{isa} {name} M={m} {dtype}")
+        assert_rel(_call(w, x, b), _reference(w, x, b), TOL[dtype], f"{isa} {name} M={m} {dtype}")
 
 
 @needs_ext
@@ -151,11 +128,11 @@ def test_unaligned_inputs(monkeypatch, weights, isa, m):
     for name in ("nf4_b64_dq", "e4m3_row", "int5_g32"):
         w = weights[name]
         n, k = w.shape
-        x, bias = _act(m, k, torch.float32), torch.randn(n, generator=_gen(3))
+        x, bias = _act(m, k, torch.float32), torch.randn(n, generator=gen(3))
         uw = w.with_changes({t: None if v is None else _unaligned(v, 1 if v.element_size() == 1 else 4)
                              for t, v in w.inner_tensors().items()})
         assert uw.qdata.data_ptr() % 16 == 1
-        _assert_rel(_call(uw, _unaligned(x, 4), _unaligned(bias, 4)), _reference(w, x, bias), TOL[torch.float32], name)
+        assert_rel(_call(uw, _unaligned(x, 4), _unaligned(bias, 4)), _reference(w, x, bias), TOL[torch.float32], name)
 
 
 def _unaligned(t: torch.Tensor, offset_bytes: int) -> torch.Tensor:
@@ -180,7 +157,7 @@ def test_opcheck(weights, name, dtype):
     w = weights[name]
     n, k = w.shape
     x = _act(3, k, dtype).reshape(1, 3, k)
-    bias = torch.randn(n, generator=_gen(2)).to(dtype)
+    bias = torch.randn(n, generator=gen(2)).to(dtype)
     args = {"nf4": lambda x, b: (x, w.qdata, w.scale, w.scale_codes, w.scale_block_scale, w.scale_offset,
                                  w.qlayout.block_size, b),
             "fp8": lambda x, b: (x, w.qdata, w.scale, b),
@@ -268,7 +245,7 @@ def test_layout_linear_uses_op_and_matches_dequantized(case, dtype):
     ref = F.linear(x, lin.weight.dequantize(), lin.bias)
     # fp32: summation order only. bf16: the reference rounds the dequantized weight to bf16 and
     # accumulates in bf16 matmul; the op computes in fp32 and rounds once: a few bf16 ulps of the output.
-    _assert_rel(out, ref, 2e-5 if dtype == torch.float32 else 2.0 ** -5, case)
+    assert_rel(out, ref, 2e-5 if dtype == torch.float32 else 2.0 ** -5, case)
 
 
 @pytest.mark.parametrize("case", ["nf4", "int3_g32"])
@@ -286,7 +263,7 @@ def test_qlora_gradients_reach_input_bias_and_adapter(double_quant):
     # Frozen NF4 base + trainable low-rank adapter: gradients equal those of the dequantized float weight.
     lin = _linear(qk.NF4WeightOnlyConfig(block_size=32, double_quant=double_quant))
     w = lin.weight.dequantize()
-    a = torch.randn(4, 96, generator=_gen(5), requires_grad=True)
+    a = torch.randn(4, 96, generator=gen(5), requires_grad=True)
     x = _act(3, 96, torch.float32).requires_grad_()
     out = lin(x) + (x @ a.t()).sum(-1, keepdim=True)
     out.square().sum().backward()

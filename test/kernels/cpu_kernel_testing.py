@@ -1,0 +1,44 @@
+"""Helpers shared by the C++ CPU kernel tests: which ISA levels this CPU can run, and one error budget."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from torchqkit import kernels
+
+ISA_LEVELS = ["scalar", "avx2", "avx512_vnni"]
+
+
+def cpu_levels(op: str) -> list[str]:
+    """ISA levels (lowest first) the C++ kernel of ``op`` can be forced to here; [] without the kernel."""
+    if not kernels.CPU_EXTENSION_LOADED or not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"):
+        return []
+    env = os.environ.pop("TORCHQKIT_CPU_ISA", None)  # ask for the best level, not a forced one
+    try:
+        best = torch.ops.torchqkit_cpu.isa()
+    finally:
+        if env is not None:
+            os.environ["TORCHQKIT_CPU_ISA"] = env
+    return ISA_LEVELS[: ISA_LEVELS.index(best) + 1]
+
+
+def needs_kernel(levels: list[str]):
+    return pytest.mark.skipif(not levels, reason=f"no C++ CPU kernel: {kernels.CPU_EXTENSION_REASON}")
+
+
+def isa_param(levels: list[str]):
+    return pytest.mark.parametrize("isa", levels or ["none"])
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def assert_rel(out, ref, tol, what=""):
+    """max |out - ref| <= tol * max |ref|: one error budget relative to the output's magnitude."""
+    assert out.dtype == ref.dtype and out.shape == ref.shape, (out.dtype, ref.dtype, out.shape, ref.shape)
+    err = (out.float() - ref.float()).abs().max().item()
+    bound = tol * max(ref.float().abs().max().item(), 1e-30)
+    assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g} (tol {tol:g} x max |ref|)"
