@@ -26,16 +26,21 @@ def linear_int8wo_plain_ref(x, qdata, scale, bias=None):
     return F.linear(x.float(), w, _bias32(bias)).to(x.dtype)
 
 
-def linear_int8da_int8_plain_ref(x, qdata, scale, bias=None, act_symmetric=True):
-    k = qdata.shape[1]
-    x2 = x.reshape(-1, k).float()
+def _int8_activation_rows(x2: torch.Tensor, act_symmetric: bool):
+    """Per-token int8 quantization as the ops do it: (codes minus zero point, as float32; scale (M, 1))."""
+    k = x2.shape[1]
     mapping = MappingType.SYMMETRIC if act_symmetric else MappingType.ASYMMETRIC
     zpd = ZeroPointDomain.NONE if act_symmetric else ZeroPointDomain.INT
     a_scale, a_zp = choose_qparams_affine(x2, int8, (1, k), mapping=mapping, zero_point_domain=zpd,
                                           scale_dtype=torch.float32, check_finite=False, name="activation")
     qa = quantize_affine(x2, int8, (1, k), a_scale, a_zp, check_finite=False, name="activation").float()
-    if a_zp is not None:
-        qa = qa - a_zp.float()
+    return (qa if a_zp is None else qa - a_zp.float()), a_scale
+
+
+def linear_int8da_int8_plain_ref(x, qdata, scale, bias=None, act_symmetric=True):
+    k = qdata.shape[1]
+    x2 = x.reshape(-1, k).float()
+    qa, a_scale = _int8_activation_rows(x2, act_symmetric)
     # Integer products summed in float32: exact while partial sums stay below 2**24, then ~1e-7 relative.
     acc = qa @ qdata.float().t()
     out = acc * (a_scale * scale.reshape(1, -1).float())
@@ -269,13 +274,7 @@ def _int4_packed_weight(qdata, scale, zero_point, k):
 def linear_int8da_int4_packed_ref(x, qdata, scale, zero_point, bias=None, act_symmetric=True):
     k = x.shape[-1]
     x2 = x.reshape(-1, k).float()
-    mapping = MappingType.SYMMETRIC if act_symmetric else MappingType.ASYMMETRIC
-    zpd = ZeroPointDomain.NONE if act_symmetric else ZeroPointDomain.INT
-    a_scale, a_zp = choose_qparams_affine(x2, int8, (1, k), mapping=mapping, zero_point_domain=zpd,
-                                          scale_dtype=torch.float32, check_finite=False, name="activation")
-    qa = quantize_affine(x2, int8, (1, k), a_scale, a_zp, check_finite=False, name="activation").float()
-    if a_zp is not None:
-        qa = qa - a_zp.float()
+    qa, a_scale = _int8_activation_rows(x2, act_symmetric)
     out = (qa @ _int4_packed_weight(qdata, scale, zero_point, k).t()) * a_scale
     if bias is not None:
         out = out + bias.float()
