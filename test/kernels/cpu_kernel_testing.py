@@ -42,3 +42,13 @@ def assert_rel(out, ref, tol, what=""):
     err = (out.float() - ref.float()).abs().max().item()
     bound = tol * max(ref.float().abs().max().item(), 1e-30)
     assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g} (tol {tol:g} x max |ref|)"
+
+
+def unaligned(t: torch.Tensor, offset_bytes: int) -> torch.Tensor:
+    """A copy of t whose data starts `offset_bytes` past a 64-byte boundary (as safetensors can return)."""
+    nbytes = t.numel() * t.element_size()
+    buf = torch.empty(nbytes + 64 + offset_bytes, dtype=torch.uint8)
+    start = (-buf.data_ptr()) % 64 + offset_bytes
+    out = buf[start:start + nbytes].view(t.dtype).view(t.shape)
+    out.copy_(t)
+    return out

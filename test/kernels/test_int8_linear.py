@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torchqkit as qk
 from torchqkit import kernels
 
-from cpu_kernel_testing import assert_rel, cpu_levels, gen, needs_kernel
+from cpu_kernel_testing import assert_rel, cpu_levels, gen, needs_kernel, unaligned
 from cpu_kernel_testing import isa_param as isa_param_for
 from torchqkit.core import qdtypes as Q
 from torchqkit.kernels.reference import linear_int8da_int8_plain_ref, linear_int8wo_plain_ref
@@ -97,15 +97,6 @@ def test_constant_and_zero_rows(monkeypatch, isa):
         assert_rel(DA(x, q, s, b, sym), linear_int8da_int8_plain_ref(x, q, s, b, sym), 1e-5, f"sym={sym}")
 
 
-def _unaligned(t: torch.Tensor, offset_bytes: int) -> torch.Tensor:
-    """A copy of t whose data starts `offset_bytes` past a 64-byte boundary (as safetensors can return)."""
-    nbytes = t.numel() * t.element_size()
-    buf = torch.empty(nbytes + 64 + offset_bytes, dtype=torch.uint8)
-    start = (-buf.data_ptr()) % 64 + offset_bytes
-    out = buf[start:start + nbytes].view(t.dtype).view(t.shape)
-    out.copy_(t)
-    return out
-
 
 @needs_ext
 @isa_param
@@ -114,7 +105,7 @@ def test_unaligned_inputs(monkeypatch, isa, m):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     q, s, b = _weight(37, 300, 1)
     x = _act(m, 300, torch.float32)
-    qu, xu, su = _unaligned(q, 1), _unaligned(x, 4), _unaligned(s, 4)
+    qu, xu, su = unaligned(q, 1), unaligned(x, 4), unaligned(s, 4)
     assert qu.data_ptr() % 16 == 1 and xu.data_ptr() % 16 == 4
     assert_rel(WO(xu, qu, su, b), linear_int8wo_plain_ref(x, q, s, b), 1e-5, "weight-only")
     assert_rel(DA(xu, qu, su, b, True), linear_int8da_int8_plain_ref(x, q, s, b, True), 1e-5, "dynamic int8")

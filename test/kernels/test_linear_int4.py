@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torchqkit as qk
 from torchqkit import kernels
 
-from cpu_kernel_testing import assert_rel, cpu_levels, gen, needs_kernel
+from cpu_kernel_testing import assert_rel, cpu_levels, gen, needs_kernel, unaligned
 from cpu_kernel_testing import isa_param as isa_param_for
 from torchqkit.kernels.reference import linear_int4wo_tiled_ref
 
@@ -82,15 +82,6 @@ def test_kernel_matches_dequantized_linear(monkeypatch, isa, m):
     assert_rel(OP(*_args(w, x)), F.linear(x, w.dequantize()), 2e-5, f"{isa} m={m}")
 
 
-def _unaligned(t: torch.Tensor, offset_bytes: int) -> torch.Tensor:
-    """A copy of t whose data starts `offset_bytes` past a 64-byte boundary (as safetensors can return)."""
-    nbytes = t.numel() * t.element_size()
-    buf = torch.empty(nbytes + 64 + offset_bytes, dtype=torch.uint8)
-    start = (-buf.data_ptr()) % 64 + offset_bytes
-    out = buf[start:start + nbytes].view(t.dtype).view(t.shape)
-    out.copy_(t)
-    return out
-
 
 @needs_ext
 @isa_param
@@ -99,7 +90,7 @@ def test_unaligned_inputs(monkeypatch, isa, m):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     w = _tiled(37, 320, 32, 8, torch.bfloat16)
     x = _act(m, 320, torch.bfloat16)
-    qu, su, xu = _unaligned(w.qdata, 4), _unaligned(w.scale_and_zero, 2), _unaligned(x, 2)
+    qu, su, xu = unaligned(w.qdata, 4), unaligned(w.scale_and_zero, 2), unaligned(x, 2)
     assert qu.data_ptr() % 16 == 4 and su.data_ptr() % 16 == 2 and xu.data_ptr() % 16 == 2
     out = OP(xu, qu, su, 32, 37, None)
     assert_rel(out, linear_int4wo_tiled_ref(*_args(w, x)), TOL[torch.bfloat16], isa)
@@ -251,11 +242,11 @@ def test_int8da_int4_matches_reference(monkeypatch, isa, symmetric, dtype, case)
 
 @needs_ext
 @pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
-def test_int8da_int4_unaligned(monkeypatch, isa):
+def test_int8da_int4unaligned(monkeypatch, isa):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     w = _int4_packed(37, 96, 32, "asymmetric", torch.bfloat16)
     x = _act(3, 96, torch.bfloat16)
-    qu, su, zu, xu = _unaligned(w.qdata, 1), _unaligned(w.scale, 2), _unaligned(w.zero_point, 3), _unaligned(x, 2)
+    qu, su, zu, xu = unaligned(w.qdata, 1), unaligned(w.scale, 2), unaligned(w.zero_point, 3), unaligned(x, 2)
     assert qu.data_ptr() % 16 == 1 and xu.data_ptr() % 16 == 2
     from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
     assert_rel(DA4(xu, qu, su, zu, None, False), linear_int8da_int4_packed_ref(x, w.qdata, w.scale, w.zero_point, None, False),

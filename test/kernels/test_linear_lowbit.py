@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torchqkit as qk
 from torchqkit import kernels
 
-from cpu_kernel_testing import assert_rel, cpu_levels, gen, needs_kernel
+from cpu_kernel_testing import assert_rel, cpu_levels, gen, needs_kernel, unaligned
 from cpu_kernel_testing import isa_param as isa_param_for
 from torchqkit.core import qdtypes as Q
 
@@ -129,20 +129,11 @@ def test_unaligned_inputs(monkeypatch, weights, isa, m):
         w = weights[name]
         n, k = w.shape
         x, bias = _act(m, k, torch.float32), torch.randn(n, generator=gen(3))
-        uw = w.with_changes({t: None if v is None else _unaligned(v, 1 if v.element_size() == 1 else 4)
+        uw = w.with_changes({t: None if v is None else unaligned(v, 1 if v.element_size() == 1 else 4)
                              for t, v in w.inner_tensors().items()})
         assert uw.qdata.data_ptr() % 16 == 1
-        assert_rel(_call(uw, _unaligned(x, 4), _unaligned(bias, 4)), _reference(w, x, bias), TOL[torch.float32], name)
+        assert_rel(_call(uw, unaligned(x, 4), unaligned(bias, 4)), _reference(w, x, bias), TOL[torch.float32], name)
 
-
-def _unaligned(t: torch.Tensor, offset_bytes: int) -> torch.Tensor:
-    """A copy of t whose data starts `offset_bytes` past a 64-byte boundary."""
-    nbytes = t.numel() * t.element_size()
-    buf = torch.empty(nbytes + 64 + offset_bytes, dtype=torch.uint8)
-    start = (-buf.data_ptr()) % 64 + offset_bytes
-    out = buf[start:start + nbytes].view(t.dtype).view(t.shape)
-    out.copy_(t)
-    return out
 
 
 def test_empty_batch(weights):
