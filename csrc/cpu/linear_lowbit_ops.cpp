@@ -17,9 +17,13 @@
 #include <vector>
 
 #include "kernels.h"
+#include "../common/aten_glue.h"
 
 namespace torchqkit_cpu {
 namespace {
+
+using torchqkit_glue::rows;
+using torchqkit_glue::out_shape;
 
 constexpr int64_t kDotMaxM = 4;       // measured with benchmarks/bench_linear.py --formats
 constexpr int64_t kDotBlockRows = 16;
@@ -37,12 +41,6 @@ at::Tensor block_scales(const at::Tensor& s, int64_t n, int64_t k, const char* w
   TORCH_CHECK(s.dim() == 2 && s.size(0) >= 1 && s.size(1) >= 1 && n % s.size(0) == 0 && k % s.size(1) == 0, op,
               ": ", what, " must be 2-d (N / bn, K / bk) dividing (N, K) = (", n, ", ", k, "), got ", s.sizes());
   return s.to(at::kFloat).contiguous();
-}
-
-std::vector<int64_t> out_shape(const at::Tensor& x, int64_t n) {
-  std::vector<int64_t> s(x.sizes().begin(), x.sizes().end());
-  s.back() = n;
-  return s;
 }
 
 // Fills the activation / output / bias fields of p, runs the kernels, returns (..., N) in x.dtype.
@@ -87,9 +85,6 @@ LowbitArgs weight_args(const at::Tensor& w, LowbitFormat fmt, int64_t N, int64_t
   p.ldw = w.stride(0);
   return p;
 }
-
-// Row-major with unit column stride (a narrowed view is fine); otherwise a contiguous copy.
-at::Tensor rows(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
 
 at::Tensor linear_nf4wo(const at::Tensor& x, const at::Tensor& qdata, const std::optional<at::Tensor>& scale,
                         const std::optional<at::Tensor>& scale_codes, const std::optional<at::Tensor>& scale_block_scale,

@@ -13,9 +13,14 @@
 #include <string>
 
 #include "kernels.h"
+#include "../common/aten_glue.h"
 
 namespace torchqkit_cpu {
 namespace {
+
+using torchqkit_glue::rows;
+using torchqkit_glue::float_bias;
+using torchqkit_glue::out_shape;
 
 // The level the CPU runs, lowered by TORCHQKIT_CPU_ISA=avx512_vnni|avx2|scalar (read on every call so
 // tests can switch levels in-process). Asking for a level the CPU lacks is an error, never a crash.
@@ -43,21 +48,6 @@ void check_weight(const at::Tensor& x, const at::Tensor& qdata, const char* op) 
   const auto dt = x.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op,
               ": activations must be float32, bfloat16 or float16, got ", dt);
-}
-
-// Row-major with unit column stride (a narrowed view is fine); otherwise a contiguous copy.
-at::Tensor rows(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
-
-at::Tensor float_bias(const std::optional<at::Tensor>& bias, int64_t n, const char* op) {
-  if (!bias.has_value()) return at::Tensor();
-  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, op, ": bias must have shape (", n, "), got ", bias->sizes());
-  return bias->to(at::kFloat).contiguous();
-}
-
-std::vector<int64_t> out_shape(const at::Tensor& x, int64_t n) {
-  std::vector<int64_t> s(x.sizes().begin(), x.sizes().end());
-  s.back() = n;
-  return s;
 }
 
 at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,

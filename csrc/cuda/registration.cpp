@@ -6,6 +6,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "../common/aten_glue.h"
+
 #include <optional>
 #include <vector>
 
@@ -13,6 +15,9 @@
 
 namespace torchqkit_cuda {
 namespace {
+
+using torchqkit_glue::float_bias;
+using torchqkit_glue::out_shape;
 
 ActType act_type(const at::Tensor& x, const char* op, bool allow_float) {
   switch (x.scalar_type()) {
@@ -28,18 +33,6 @@ ActType act_type(const at::Tensor& x, const char* op, bool allow_float) {
 
 void check_cuda(const at::Tensor& t, const at::Tensor& x, const char* op, const char* name) {
   TORCH_CHECK(t.device() == x.device(), op, ": ", name, " is on ", t.device(), " but x is on ", x.device());
-}
-
-at::Tensor float_bias(const std::optional<at::Tensor>& bias, int64_t n, const char* op) {
-  if (!bias.has_value()) return at::Tensor();
-  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, op, ": bias must have shape (", n, "), got ", bias->sizes());
-  return bias->to(at::kFloat).contiguous();
-}
-
-std::vector<int64_t> out_shape(const at::Tensor& x, int64_t n) {
-  std::vector<int64_t> s(x.sizes().begin(), x.sizes().end());
-  s.back() = n;
-  return s;
 }
 
 at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale_and_zero,
