@@ -24,7 +24,11 @@ def _cpu_extension():
         ["csrc/cpu/registration.cpp", "csrc/cpu/linear_int8.cpp", "csrc/cpu/linear_lowbit.cpp",
          "csrc/cpu/linear_lowbit_ops.cpp", "csrc/cpu/linear_int4.cpp"],
         # No -m<isa> flags: the SIMD code opts in per function (see csrc/cpu/linear_int8.cpp).
-        extra_compile_args=["-O3"],
+        # -fopenmp: at::parallel_for is an inline template that only forks threads when _OPENMP is
+        # defined; without it every kernel silently runs on one thread (csrc/cpu/parallel.h refuses that).
+        # The libgomp.so.1 it links against is torch's own at run time (same SONAME, loaded by torch first).
+        extra_compile_args=["-O3", "-fopenmp"],
+        extra_link_args=["-fopenmp"],
         py_limited_api=True,  # loaded with torch.ops.load_library: no Python bindings
         optional=True,        # a compiler error skips the extension instead of failing the install
     )

@@ -19,7 +19,7 @@
 // k order and run through the fp32 panel micro-kernel of linear_int8.cpp against the equally permuted
 // activation, see Note [int4 prefill].
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "parallel.h"
 #include <torch/library.h>
 
 #include <immintrin.h>

@@ -9,7 +9,7 @@
 //                  (L2), then register-tiled FMA. (ATen's sgemm called inside at::parallel_for ran 250x
 //                  slower here: nested OpenMP; so this op calls no BLAS.)
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "parallel.h"
 #include <torch/library.h>
 
 #include <optional>

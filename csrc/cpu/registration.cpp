@@ -4,7 +4,7 @@
 // file only registers the CPU kernels for them. It also defines torchqkit_cpu::isa() so Python can
 // report which ISA level serves the ops.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include "parallel.h"
 #include <torch/library.h>
 
 #include <cstdlib>
