@@ -254,6 +254,7 @@ inline void lane_scales(const LowbitArgs& p, int64_t n, int64_t c, __m512* s, __
 
 // ---------------------------------------------------------------- dot kernel
 constexpr int NB = 4;
+constexpr int64_t kPfBytes = 4096;  // Note [decode prefetch] in linear_int4.cpp
 
 template <class D, int MB, bool OFF = false>
 void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr) {
@@ -286,6 +287,8 @@ void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr)
     const int64_t c1 = std::min(nch, c0 + per_group);
     auto step = [&](int64_t c, bool tail) __attribute__((always_inline)) {
       __m512 wv[NB];
+      if (((c * cb) & 63) < cb)  // a new cache line: Note [decode prefetch] in linear_int4.cpp
+        for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + c * cb + kPfBytes), _MM_HINT_T1);
       for (int i = 0; i < NB; ++i) {
         const __m512 lv = dec(tail ? chunk_ptr(wr[i], c, cb, rb, tmp[i]) : wr[i] + c * cb);
         wv[i] = OFF ? _mm512_fmadd_ps(lv, sv[i], ov[i]) : _mm512_mul_ps(lv, sv[i]);
@@ -544,6 +547,7 @@ inline float hsum(__m256 v) {
 }
 
 constexpr int NB = 4;
+constexpr int64_t kPfBytes = 4096;  // Note [decode prefetch] in linear_int4.cpp
 
 template <class D, int MB, bool OFF = false>
 void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr) {
@@ -577,6 +581,8 @@ void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr)
     const int64_t c1 = std::min(nch, c0 + per_group);
     for (int64_t c = c0; c < c1; ++c) {
       const bool tail = c >= nfull;
+      if (((c * cb) & 63) < cb)  // a new cache line: Note [decode prefetch] in linear_int4.cpp
+        for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + c * cb + kPfBytes), _MM_HINT_T1);
       for (int h = 0; h < 2; ++h) {
         __m256 wv[NB];
         for (int i = 0; i < NB; ++i) {
