@@ -3,10 +3,13 @@
     python benchmarks/bench_linear.py            # (K,N) in (4096,4096),(4096,11008),(11008,4096); M in 1,8,32,256
     python benchmarks/bench_linear.py --quick    # one small shape, CI-sized (seconds)
 
-One run prints one table. Times are medians in ms. Decode rows (M <= 8) flush the caches before every
-timed call by streaming a 128 MiB buffer, so the weight really comes from memory; the read bandwidth
-that the "GB/s" column is compared with is measured by the same run (these hosts are shared, and their
-bandwidth drifts). GB/s counts the weight bytes (codes + scales) only.
+One run prints one table. Times are medians in ms. Decode rows (M <= 8) time each call on its own copy
+of the weight, taken in turn from a ring of copies that together exceed 3x the L3 cache, so the weight
+comes from memory while the code, the activation and the threads stay warm, as for the layers of a
+decoder step. (Flushing the caches before each call instead also charges every call 0.1-0.2 ms of
+cold Python / dispatcher / thread wake-up that no model sees.) The read bandwidth the "GB/s" column is
+compared with is measured by the same run, as a 128 MiB sum after a flush (these hosts are shared, and
+their bandwidth drifts). GB/s counts the weight bytes (codes + scales) only.
 
 Columns: f32 / bf16 = F.linear with a float weight; i8pack = torch._weight_int8pack_mm (bf16 activations);
 wo = torchqkit::linear_int8wo_plain (per-channel) with f32 / bf16 activations; da8 = torchqkit::
@@ -18,6 +21,7 @@ da4 = torchqkit::linear_int8da_int4_packed (int8 dynamic activations x PackedInt
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import platform
 import statistics
@@ -32,31 +36,50 @@ from torchqkit import kernels
 FULL_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]
 FULL_MS = [1, 8, 32, 256]
 FLUSH = torch.empty(32 * 2**20)  # 128 MiB of float32
+RING_BYTES = 96 * 2**20  # > 3x this machine's 32 MiB L3
 
 
 def _flush():
     FLUSH.add_(1.0)
 
 
-def bench(fn, *, flush: bool, min_reps: int, budget_s: float) -> float:
-    """Median seconds of fn() over at least min_reps calls (more while under budget_s)."""
-    fn()  # warm-up: allocations, lazy init
+def _nbytes(t) -> int:
+    if isinstance(t, torchqkit.AffineQuantizedTensor):
+        return sum(v.numel() * v.element_size() for v in t.inner_tensors().values() if v is not None)
+    return t.numel() * t.element_size()
+
+
+def bench(fn, *weights, cold: bool, min_reps: int, budget_s: float) -> float:
+    """Median seconds of fn(*weights) over at least min_reps calls (more while under budget_s).
+
+    cold: each call gets the next copy of `weights` from a ring of copies of RING_BYTES or more, so the
+    weights come from memory (see the module docstring); else every call reuses the same (cached) weights."""
+    fn(*weights)  # warm-up: allocations, lazy init (before the copies: the ring starts with the oldest)
+    ring = [weights]
+    if cold:
+        per_copy = max(1, sum(_nbytes(w) for w in weights))
+        ring += [tuple(copy.deepcopy(w) for w in weights) for _ in range(-(-RING_BYTES // per_copy) - 1)]
     times = []
     start = time.perf_counter()
     while len(times) < min_reps or (time.perf_counter() - start < budget_s and len(times) < 50):
-        if flush:
-            _flush()
+        args = ring[len(times) % len(ring)]
         t0 = time.perf_counter()
-        fn()
+        fn(*args)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
 def read_bandwidth(reps: int = 7) -> float:
-    """GB/s of a parallel read-only pass over a fresh 128 MiB buffer (not FLUSH: it must not be cached)."""
+    """GB/s of a parallel read-only pass over a fresh 128 MiB buffer after a flush (not FLUSH: it must not
+    be cached)."""
     buf = torch.ones(32 * 2**20)
-    t = bench(lambda: buf.sum(), flush=True, min_reps=reps, budget_s=0.0)
-    return buf.numel() * 4 / t / 1e9
+    times = []
+    for _ in range(reps):
+        _flush()
+        t0 = time.perf_counter()
+        buf.sum()
+        times.append(time.perf_counter() - t0)
+    return buf.numel() * 4 / statistics.median(times) / 1e9
 
 
 def cpu_model() -> str:
@@ -75,16 +98,16 @@ def row(k, n, m, bw, args):
     scale = torch.rand(n, 1, generator=g) * 0.01 + 1e-3
     x = torch.randn(m, k, generator=g)
     wb, xb, sb = w.bfloat16(), x.bfloat16(), scale.reshape(n).bfloat16()
-    decode = m <= 8
-    opts = dict(flush=decode, min_reps=args.reps, budget_s=args.budget)
+    opts = dict(cold=m <= 8, min_reps=args.reps, budget_s=args.budget)
     wo, da = torch.ops.torchqkit.linear_int8wo_plain, torch.ops.torchqkit.linear_int8da_int8_plain
     t = {
-        "f32": bench(lambda: F.linear(x, w), **opts),
-        "bf16": bench(lambda: F.linear(xb, wb), **opts),
-        "i8pack": bench(lambda: torch._weight_int8pack_mm(xb, q, sb), **opts) if not args.no_native else float("nan"),
-        "wo f32": bench(lambda: wo(x, q, scale, None), **opts),
-        "wo bf16": bench(lambda: wo(xb, q, scale, None), **opts),
-        "da8": bench(lambda: da(x, q, scale, None, True), **opts),
+        "f32": bench(lambda w: F.linear(x, w), w, **opts),
+        "bf16": bench(lambda w: F.linear(xb, w), wb, **opts),
+        "i8pack": (bench(lambda q: torch._weight_int8pack_mm(xb, q, sb), q, **opts) if not args.no_native
+                   else float("nan")),
+        "wo f32": bench(lambda q: wo(x, q, scale, None), q, **opts),
+        "wo bf16": bench(lambda q: wo(xb, q, scale, None), q, **opts),
+        "da8": bench(lambda q: da(x, q, scale, None, True), q, **opts),
     }
     weight_bytes = n * k + n * 4
     gbs = weight_bytes / t["wo f32"] / 1e9
@@ -103,25 +126,25 @@ def int4_row(k, n, m, bw, args, group=128):
                                     zero_point_domain="float")
     x = torch.randn(m, k, generator=g)
     wf, xb = aqt.dequantize().float(), x.bfloat16()
-    opts = dict(flush=m <= 8, min_reps=args.reps, budget_s=args.budget)
+    opts = dict(cold=m <= 8, min_reps=args.reps, budget_s=args.budget)
     op = torch.ops.torchqkit.linear_int4wo_tiled
     t = {
-        "f32": bench(lambda: F.linear(x, wf), **opts),
-        "bf16": bench(lambda: F.linear(xb, wf.bfloat16()), **opts),
+        "f32": bench(lambda w: F.linear(x, w), wf, **opts),
+        "bf16": bench(lambda w: F.linear(xb, w), wf.bfloat16(), **opts),
         "i4pack": float("nan"),
-        "i4 f32": bench(lambda: op(x, aqt.qdata, aqt.scale_and_zero, group, n, None), **opts),
-        "i4 bf16": bench(lambda: op(xb, aqt.qdata, aqt.scale_and_zero, group, n, None), **opts),
+        "i4 f32": bench(lambda q, sz: op(x, q, sz, group, n, None), aqt.qdata, aqt.scale_and_zero, **opts),
+        "i4 bf16": bench(lambda q, sz: op(xb, q, sz, group, n, None), aqt.qdata, aqt.scale_and_zero, **opts),
     }
     act = torchqkit.ActivationQuantSpec(torchqkit.qdtypes.int8, torchqkit.PerToken(), "asymmetric")
     da = torchqkit.quantize_weight(w, torchqkit.qdtypes.int4, torchqkit.PerGroup(group), torchqkit.PackedIntxLayout(),
                                    mapping="symmetric", act_quant=act)
     da4 = torch.ops.torchqkit.linear_int8da_int4_packed
-    t["da4"] = bench(lambda: da4(x, da.qdata, da.scale, None, None, False), **opts)
+    t["da4"] = bench(lambda q, s: da4(x, q, s, None, None, False), da.qdata, da.scale, **opts)
     if not args.no_native:
         codes = aqt.qlayout.unpack(aqt).qdata.to(torch.int32)
         packed = torch._convert_weight_to_int4pack_for_cpu(codes, 8)
         sz = aqt.scale_and_zero[: k // group, :n].contiguous()
-        t["i4pack"] = bench(lambda: torch._weight_int4pack_mm_for_cpu(xb, packed, group, sz), **opts)
+        t["i4pack"] = bench(lambda pk, sz: torch._weight_int4pack_mm_for_cpu(xb, pk, group, sz), packed, sz, **opts)
     nbytes = aqt.qdata.numel() * 4 + aqt.scale_and_zero.numel() * aqt.scale_and_zero.element_size()
     gbs = [nbytes / t[c] / 1e9 for c in ("i4 f32", "i4 bf16")]
     cells = [f"{k:>5} {n:>5} {m:>4}"] + [f"{v * 1e3:9.2f}" for v in t.values()]
@@ -177,7 +200,8 @@ def main():
         path, why = kernels.cpu_backend(op)
         print(f"  {op}: {path} ({why})")
     bw = read_bandwidth()
-    print(f"read bandwidth (128 MiB sum, same run): {bw:.1f} GB/s; decode rows (M <= 8) flush caches first")
+    print(f"read bandwidth (128 MiB sum, same run): {bw:.1f} GB/s; decode rows (M <= 8) read their weight from memory "
+          f"(a ring of copies > {RING_BYTES >> 20} MiB)")
     formats = args.formats.split(",")
     if "int8" in formats:
         head = ["    K     N    M"] + [f"{c:>9}" for c in ("f32", "bf16", "i8pack", "wo f32", "wo bf16", "da8")]

@@ -64,11 +64,11 @@ def lowbit_table(shapes, ms, bw, names, bench, args):
         weights = {name: FORMATS[name][0](w32) for name in names}
         for m in ms:
             x = torch.randn(m, k, generator=g)
-            opts = dict(flush=m <= 8, min_reps=args.reps, budget_s=args.budget)
-            t32 = bench(lambda: F.linear(x, w32), **opts)
+            opts = dict(cold=m <= 8, min_reps=args.reps, budget_s=args.budget)
+            t32 = bench(lambda w: F.linear(x, w), w32, **opts)
             cells = [f"{k:>5} {n:>5} {m:>4}", f"{t32 * 1e3:8.2f}"]
             for name in names:
-                t = bench(call(weights[name], x), **opts)
+                t = bench(lambda w: call(w, x)(), weights[name], **opts)
                 gbs = stored_bytes(weights[name]) / t / 1e9
                 cells.append(f"{t * 1e3:10.2f}  {gbs:5.1f} ({gbs / bw:4.0%})  {t32 / t:4.1f}x")
             print("  ".join(cells), flush=True)

@@ -446,21 +446,25 @@ void wo_micro(const float* a, int64_t lda, const float* panel, int64_t kc, float
 
 template <bool GROUPED>
 void wo_panel(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
+  // Note [panel loop order]: each panel is packed right before every token uses it, so it is read from L1
+  // (32 KiB) while the activation block (M x kc) sits in L2. Packing all panels of a k block first and
+  // then sweeping tokens x panels streamed the whole packed block (MBs) from L3 once per 6 tokens: M = 256
+  // ran at half speed.
   const int64_t npanels = (n1 - n0 + NR - 1) / NR;
-  std::vector<float> buf(npanels * WO_KC * NR);
+  std::vector<float> buf(WO_KC * NR);
   for (int64_t k0 = 0; k0 < p.K; k0 += WO_KC) {
     const int64_t kc = std::min(WO_KC, p.K - k0);
-    for (int64_t j = 0; j < npanels; ++j) wo_pack<GROUPED>(p, n0 + j * NR, n1, k0, kc, buf.data() + j * WO_KC * NR);
     const bool first = k0 == 0, last = k0 + kc == p.K;
-    for (int64_t m = 0; m < p.M; m += MR) {
-      const float* a = p.x + m * p.ldx + k0;
-      for (int64_t j = 0; j < npanels; ++j) {
-        const int64_t col = n0 + j * NR;
-        const __mmask16 cm0 = tail16(n1 - col), cm1 = tail16(n1 - col - 16);
-        const float* cs = (last && !GROUPED) ? p.scale + col : nullptr;  // G == 1: scale is (N, 1)
-        const float* bs = (last && p.bias) ? p.bias + col : nullptr;
+    for (int64_t j = 0; j < npanels; ++j) {
+      const int64_t col = n0 + j * NR;
+      wo_pack<GROUPED>(p, col, n1, k0, kc, buf.data());
+      const __mmask16 cm0 = tail16(n1 - col), cm1 = tail16(n1 - col - 16);
+      const float* cs = (last && !GROUPED) ? p.scale + col : nullptr;  // G == 1: scale is (N, 1)
+      const float* bs = (last && p.bias) ? p.bias + col : nullptr;
+      const float* panel = buf.data();
+      for (int64_t m = 0; m < p.M; m += MR) {
+        const float* a = p.x + m * p.ldx + k0;
         float* c = p.out + m * p.ldo + col;
-        const float* panel = buf.data() + j * WO_KC * NR;
         switch (std::min<int64_t>(MR, p.M - m)) {
           case 6: wo_micro<6>(a, p.ldx, panel, kc, c, p.ldo, cm0, cm1, first, cs, bs); break;
           case 5: wo_micro<5>(a, p.ldx, panel, kc, c, p.ldo, cm0, cm1, first, cs, bs); break;
@@ -612,18 +616,18 @@ void da_micro(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t k4n, f
 
 void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
   const int64_t npanels = (n1 - n0 + NR - 1) / NR;
-  std::vector<int8_t> buf(npanels * DA_KC * NR);
+  std::vector<int8_t> buf(DA_KC * NR);  // one panel at a time: Note [panel loop order]
   std::vector<int32_t> rowsum(npanels * NR, 0);
   for (int64_t k0 = 0; k0 < p.K; k0 += DA_KC) {
     const int64_t kc = std::min(DA_KC, p.K - k0), k4n = (kc + 3) / 4;
-    for (int64_t j = 0; j < npanels; ++j)
-      da_pack(p, n0 + j * NR, n1, k0, kc, buf.data() + j * DA_KC * NR, rowsum.data() + j * NR);
     const bool first = k0 == 0, last = k0 + kc == p.K;
-    for (int64_t m = 0; m < p.M; m += MR) {
-      const uint8_t* a = p.a + m * p.lda + k0;
-      for (int64_t j = 0; j < npanels; ++j) {
-        const int64_t col = n0 + j * NR;
-        const __mmask16 cm0 = tail16(n1 - col), cm1 = tail16(n1 - col - 16);
+    for (int64_t j = 0; j < npanels; ++j) {
+      const int64_t col = n0 + j * NR;
+      da_pack(p, col, n1, k0, kc, buf.data(), rowsum.data() + j * NR);
+      const __mmask16 cm0 = tail16(n1 - col), cm1 = tail16(n1 - col - 16);
+      const int8_t* panel = buf.data();
+      for (int64_t m = 0; m < p.M; m += MR) {
+        const uint8_t* a = p.a + m * p.lda + k0;
         DaEpilogue ep{nullptr, nullptr, nullptr, nullptr, rowsum.data() + j * NR};
         if (last) {
           ep.a_scale = p.a_scale + m;
@@ -632,7 +636,6 @@ void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
           ep.bias = p.bias ? p.bias + col : nullptr;
         }
         float* c = p.out + m * p.ldo + col;
-        const int8_t* panel = buf.data() + j * DA_KC * NR;
         switch (std::min<int64_t>(MR, p.M - m)) {
           case 6: da_micro<6>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
           case 5: da_micro<5>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
