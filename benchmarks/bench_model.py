@@ -5,7 +5,7 @@ eager and torch.compile; then all-MiniLM-L6-v2 encode throughput per config (tor
     python benchmarks/bench_model.py --quick    # a ~40M-param model, 8 decode steps, no compile, 1 MiniLM repeat
 
 Each decoder row: a short prompt (prefill, not timed), then --steps decode steps of one token; tokens/s is
-steps / (median-free) wall time of the whole decode loop after one warm-up loop. Activations are float32
+steps / the median wall time of --repeats decode loops (prefill excluded) after one warm-up loop. Activations are float32
 for fp32 and the weight-only configs (torchqkit's kernels take float32 activations), bfloat16 for bf16.
 The model code is deliberately small: RMSNorm, rotary embeddings, grouped-query attention over a static
 KV cache (so compiled decode sees one shape), SwiGLU MLP, untied lm_head.
@@ -16,6 +16,7 @@ import argparse
 import copy
 import os
 import platform
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -119,22 +120,22 @@ def build(shape: Shape) -> Decoder:
     return model.eval()
 
 
-def decode_tokens_per_s(model, steps: int, prompt: int, compile_: bool) -> float:
+def decode_tokens_per_s(model, steps: int, prompt: int, compile_: bool, repeats: int) -> float:
+    """steps / median wall time of `repeats` decode loops (each after its own untimed prefill)."""
     step = torch.compile(model, fullgraph=True) if compile_ else model
     tokens = torch.randint(0, model.shape.vocab, (1, prompt), generator=torch.Generator().manual_seed(1))
 
-    def run():
+    def run() -> float:
         model(tokens, torch.arange(prompt))  # prefill (eager: its shape would need another compile)
         tok = tokens[:, -1:]
+        start = time.perf_counter()
         for i in range(steps):
             logits = step(tok, torch.tensor([prompt + i]))
             tok = logits.argmax(-1, keepdim=True)
+        return time.perf_counter() - start
     with torch.no_grad():
         run()  # warm-up (and compilation)
-        start = time.perf_counter()
-        run()
-        elapsed = time.perf_counter() - start
-    return steps / elapsed
+        return steps / statistics.median(run() for _ in range(repeats))
 
 
 CONFIGS = {  # name -> (dtype of the float model, config or None)
@@ -181,6 +182,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="small model, 8 steps, eager only, 1 MiniLM repeat")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
     p.add_argument("--steps", type=int, default=None, help="decode steps per measurement (default 32; quick 8)")
+    p.add_argument("--repeats", type=int, default=3, help="timed decode loops per cell (median; quick 1)")
     p.add_argument("--prompt", type=int, default=8, help="prompt tokens (prefill before decoding)")
     p.add_argument("--no-compile", action="store_true", help="eager only")
     p.add_argument("--no-minilm", action="store_true", help="skip the MiniLM encode throughput")
@@ -196,7 +198,8 @@ def main():
     print(f"machine: {machine()}")
     base = build(shape)
     n_params = sum(p.numel() for p in base.parameters())
-    print(f"decoder: {n_params / 1e6:.0f}M params {shape}, batch 1, prompt {args.prompt}, {steps} decode steps")
+    print(f"decoder: {n_params / 1e6:.0f}M params {shape}, batch 1, prompt {args.prompt}, {steps} decode steps, "
+          f"median of {1 if args.quick else args.repeats} loops")
     results = {}
     for name in names:
         dtype, make = CONFIGS[name]
@@ -206,7 +209,8 @@ def main():
         for compiled in modes:
             print(f"  {name} {'compiled' if compiled else 'eager'} ...", file=sys.stderr, flush=True)
             torch._dynamo.reset()
-            results[name, compiled] = decode_tokens_per_s(model, steps, args.prompt, compiled)
+            results[name, compiled] = decode_tokens_per_s(model, steps, args.prompt, compiled,
+                                                          1 if args.quick else args.repeats)
         results[name, "mb"] = weight_mb(model)
         del model
     minilm = {} if args.no_minilm else minilm_rows(names, 1 if args.quick else 3)
