@@ -63,6 +63,17 @@ void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1
 void gemm_f32_6x32(int R, const float* a, int64_t lda, const float* panel, int64_t kc, float* c, int64_t ldc,
                    int ncols, bool first);
 
+// AVX-512 VNNI pieces of the int8 dynamic-activation panel path (linear_int8.cpp), shared with linear_int4.cpp.
+// pack_s8_panel: rows [0, rows) x k [0, kc) of an int8 matrix (row stride ldw; rows up to 32, kc <= 1024)
+// -> panel [ceil(kc/4)][32][4] (missing rows and k zero); rowsum[0:32] += each row's sum of codes.
+void pack_s8_panel(const int8_t* w, int64_t ldw, int64_t rows, int64_t kc, int8_t* dst, int32_t* rowsum);
+// gemm_u8s8_6x32: for rows m < R (<= 6), columns n < ncols (<= 32), with exact int32 d = sum_k a[m][k] * panel[k][n]
+// (a: shifted u8 codes, row stride lda, zero past kc), C[m][n] = (add_to_c ? C[m][n] : 0)
+//   + (d - a_zp128[m] * rowsum[n]) * a_scale[m] * w_scale[n] + (bias ? bias[n] : 0).
+void gemm_u8s8_6x32(int R, const uint8_t* a, int64_t lda, const int8_t* panel, int64_t kc, float* c, int64_t ldc,
+                    int ncols, const float* a_scale, const int32_t* a_zp128, const float* w_scale,
+                    const float* bias, const int32_t* rowsum, bool add_to_c);
+
 // ---------------------------------------------------------------- low-bit weight-only (linear_lowbit.cpp)
 // The layouts' bytes as stored (see the docstrings of torchqkit/layouts/nf4.py, float8.py, packed_intx.py):
 //   y[m, n] = sum_k x[m, k] * (level(n, k) * s(n, k / g) + o(n, k / g)) + bias[n]

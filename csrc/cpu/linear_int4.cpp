@@ -692,6 +692,65 @@ void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
   }
 }
 
+// Note [int8 x int4 prefill]: from kDaInt4PanelMinM tokens the nibbles of 32 rows x one block of k (a
+// group, or 128 k of a larger group / a per-channel row) are expanded once to int8 q = u - c, packed into
+// the VNNI panel of the int8 x int8 path (pack_s8_panel) and multiplied with every token's shifted codes
+// by its 6x32 micro-kernel (gemm_u8s8_6x32), whose epilogue applies that block's scales and adds into the
+// fp32 output. The activation stays in natural k order (no [even | odd] permutation).
+constexpr int64_t kDaInt4PanelMinM = 16;  // below: da_int4 above (measured with benchmarks/bench_linear.py)
+
+// tmp[r][0:kc] = q of rows col + r (r < rows), k in [k0, k0 + kc): 64 codes per step from 32 bytes.
+void expand_block(const DaInt4Args& p, int64_t col, int64_t rows, int64_t k0, int64_t kc, int8_t* tmp, int64_t ldt) {
+  const int64_t gi = k0 / p.g, row_bytes = (p.K + 1) / 2;
+  const __m512i lo4 = _mm512_set1_epi16(0x000F), hi4 = _mm512_set1_epi16(0x0F00);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = col + r;
+    const uint8_t* wr = p.w + n * p.ldw + k0 / 2;
+    const __m512i c = _mm512_set1_epi8((char)(8 + (p.zp ? p.zp[n * p.G + gi] : 0)));
+    for (int64_t kk = 0; kk < kc; kk += 64) {
+      const int64_t nb = std::min<int64_t>(32, std::min((kc - kk + 1) / 2, row_bytes - (k0 + kk) / 2));
+      const __m256i b = _mm256_maskz_loadu_epi8(nb >= 32 ? ~0u : ((1u << nb) - 1), wr + kk / 2);
+      const __m512i w16 = _mm512_cvtepu8_epi16(b);
+      const __m512i u = _mm512_or_si512(_mm512_and_si512(w16, lo4), _mm512_and_si512(_mm512_slli_epi16(w16, 4), hi4));
+      const __mmask64 mk = kc - kk >= 64 ? ~0ULL : ((1ULL << (kc - kk)) - 1);
+      _mm512_mask_storeu_epi8(tmp + r * ldt + kk, mk, _mm512_sub_epi8(u, c));
+    }
+  }
+}
+
+void da_int4_prefill(const DaInt4Args& p, const uint8_t* a, int64_t j0, int64_t j1) {
+  const int64_t kb = (p.G > 1 && p.g < 128) ? p.g : 128;  // a block never straddles two groups
+  alignas(64) int8_t tmp[32 * 128];
+  alignas(64) int8_t panel[32 * 128];
+  alignas(64) float ws[32];
+  alignas(64) int32_t rowsum[32];
+  for (int64_t j = j0; j < j1; ++j) {
+    const int64_t col = 32 * j, rows = std::min<int64_t>(32, p.N - col);
+    for (int64_t k0 = 0; k0 < p.K; k0 += kb) {
+      const int64_t kc = std::min(kb, p.K - k0), gi = p.G == 1 ? 0 : k0 / p.g;
+      expand_block(p, col, rows, k0, kc, tmp, 128);
+      std::memset(rowsum, 0, sizeof(rowsum));
+      pack_s8_panel(tmp, 128, rows, kc, panel, rowsum);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t off = (col + r) * p.G + gi;
+        if (p.st == SzType::kF32) {
+          ws[r] = static_cast<const float*>(p.scale)[off];
+        } else if (p.st == SzType::kBF16) {
+          const uint32_t bits = (uint32_t) static_cast<const uint16_t*>(p.scale)[off] << 16;
+          std::memcpy(&ws[r], &bits, 4);
+        } else {
+          ws[r] = half_to_float(static_cast<const uint16_t*>(p.scale)[off]);
+        }
+      }
+      const bool last = k0 + kc >= p.K;
+      for (int64_t m = 0; m < p.M; m += 6)
+        gemm_u8s8_6x32((int)std::min<int64_t>(6, p.M - m), a + m * p.lda + k0, p.lda, panel, kc,
+                       p.out + m * p.ldo + col, p.ldo, (int)rows, p.a_scale + m, p.zp128 + m, ws,
+                       last && p.bias ? p.bias + col : nullptr, rowsum, k0 > 0);
+    }
+  }
+}
+
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -736,9 +795,11 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte)), ap = at::empty({M, lda}, a.options());
   at::Tensor a_scale = at::empty({M}, x2.options()), zp = at::empty({M}, x2.options().dtype(at::kInt));
   at::Tensor bsum = at::empty({M, G}, x2.options());
+  const bool panel = isa == Isa::kAvx512Vnni && M >= avx512::kDaInt4PanelMinM;
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
     quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a.data_ptr<uint8_t>(), lda,
                   a_scale.data_ptr<float>(), zp.data_ptr<int32_t>(), m0, m1);
+    if (panel) return;  // natural k order; the group sums are not needed (Note [int8 x int4 prefill])
     for (int64_t m = m0; m < m1; ++m) {
       const uint8_t* ar = a.data_ptr<uint8_t>() + m * lda;
       uint8_t* pr = ap.data_ptr<uint8_t>() + m * lda;
@@ -755,6 +816,12 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
                      bsum.data_ptr<float>(), qdata.data_ptr<uint8_t>(), N, qdata.stride(0), s.data_ptr(),
                      sz_type(s.scalar_type(), op), zw.defined() ? zw.data_ptr<int8_t>() : nullptr, G, g, b.defined() ? b.data_ptr<float>() : nullptr,
                      out.data_ptr<float>(), N};
+  if (panel) {
+    at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t j0, int64_t j1) {
+      avx512::da_int4_prefill(p, a.data_ptr<uint8_t>(), j0, j1);
+    });
+    return out.to(dt).reshape(shape);
+  }
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     isa == Isa::kAvx512Vnni ? avx512::da_int4(p, n0, n1) : scalar::da_int4(p, n0, n1);
   });

@@ -573,6 +573,7 @@ struct DaEpilogue {
   const float* w_scale;  // (32), masked
   const float* bias;     // (32) or nullptr
   const int32_t* rowsum; // (32)
+  bool add_to_c = false; // the float result is added to C (group-wise scales: one call per group block)
 };
 
 template <int R>
@@ -609,8 +610,10 @@ void da_micro(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t k4n, f
     const __m512 sa = _mm512_set1_ps(ep.a_scale[m]);
     const __m512i d0 = _mm512_sub_epi32(acc[m][0], _mm512_mullo_epi32(zp, rs0));
     const __m512i d1 = _mm512_sub_epi32(acc[m][1], _mm512_mullo_epi32(zp, rs1));
-    _mm512_mask_storeu_ps(c + m * ldc, cm0, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(sa, sw0), b0));
-    _mm512_mask_storeu_ps(c + m * ldc + 16, cm1, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(sa, sw1), b1));
+    const __m512 c0 = ep.add_to_c ? _mm512_add_ps(b0, _mm512_maskz_loadu_ps(cm0, c + m * ldc)) : b0;
+    const __m512 c1 = ep.add_to_c ? _mm512_add_ps(b1, _mm512_maskz_loadu_ps(cm1, c + m * ldc + 16)) : b1;
+    _mm512_mask_storeu_ps(c + m * ldc, cm0, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_mul_ps(sa, sw0), c0));
+    _mm512_mask_storeu_ps(c + m * ldc + 16, cm1, _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_mul_ps(sa, sw1), c1));
   }
 }
 
@@ -675,6 +678,31 @@ void gemm_f32_6x32(int R, const float* a, int64_t lda, const float* panel, int64
     case 3: return avx512::wo_micro<3>(a, lda, panel, kc, c, ldc, cm0, cm1, first, nullptr, nullptr);
     case 2: return avx512::wo_micro<2>(a, lda, panel, kc, c, ldc, cm0, cm1, first, nullptr, nullptr);
     default: return avx512::wo_micro<1>(a, lda, panel, kc, c, ldc, cm0, cm1, first, nullptr, nullptr);
+  }
+}
+
+// The VNNI panel pieces of the int8 dynamic-activation path, shared with linear_int4.cpp (see kernels.h).
+void pack_s8_panel(const int8_t* w, int64_t ldw, int64_t rows, int64_t kc, int8_t* dst, int32_t* rowsum) {
+  DynamicActArgs p{};
+  p.w = w;
+  p.ldw = ldw;
+  avx512::da_pack(p, 0, rows, 0, kc, dst, rowsum);
+}
+
+void gemm_u8s8_6x32(int R, const uint8_t* a, int64_t lda, const int8_t* panel, int64_t kc, float* c, int64_t ldc,
+                    int ncols, const float* a_scale, const int32_t* a_zp128, const float* w_scale,
+                    const float* bias, const int32_t* rowsum, bool add_to_c) {
+  const __mmask16 cm0 = ncols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
+  const __mmask16 cm1 = ncols >= 32 ? (__mmask16)0xFFFF : ncols <= 16 ? (__mmask16)0 : (__mmask16)((1u << (ncols - 16)) - 1);
+  const avx512::DaEpilogue ep{a_scale, a_zp128, w_scale, bias, rowsum, add_to_c};
+  const int64_t k4n = (kc + 3) / 4;
+  switch (R) {
+    case 6: return avx512::da_micro<6>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
+    case 5: return avx512::da_micro<5>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
+    case 4: return avx512::da_micro<4>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
+    case 3: return avx512::da_micro<3>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
+    case 2: return avx512::da_micro<2>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
+    default: return avx512::da_micro<1>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
   }
 }
 

@@ -214,12 +214,15 @@ def _int4_packed(n, k, group, weight_mapping="symmetric", dtype=torch.float32, s
                               act_quant=act, kernel_preference=pref)
 
 
-# (M, N, K, group, weight mapping): M = 1, 3, 17 (4-token passes + a tail), 40; K = 8 (smallest: one lane),
-# K not a multiple of the 128-k block (200, 96, 77 odd: half a byte), groups of 8 / 32 / 64 / 128 / 256
-# and per channel (group = K); asymmetric weights carry int zero points.
+# (M, N, K, group, weight mapping): M = 1, 3, 4 (4-token passes + a tail) and, from M = 16, the VNNI panel
+# path (Note [int8 x int4 prefill]: 6-token micro-tiles + a tail, 32-column panels + a tail); K = 8
+# (smallest: one lane), K not a multiple of the 128-k block (200, 96, 77 odd: half a byte), groups of 8 / 32 /
+# 64 / 128 / 256 and per channel (group = K); asymmetric weights carry int zero points.
 DA4_CASES = [(1, 1, 8, 8, "symmetric"), (3, 37, 96, 32, "asymmetric"), (17, 19, 256, 64, "symmetric"),
              (40, 40, 512, 128, "asymmetric"), (2, 9, 512, 256, "asymmetric"), (4, 11, 200, 8, "symmetric"),
-             (1, 5, 77, 77, "asymmetric"), (3, 33, 1030, 1030, "symmetric")]
+             (1, 5, 77, 77, "asymmetric"), (3, 33, 1030, 1030, "symmetric"), (16, 70, 200, 8, "asymmetric"),
+             (20, 33, 77, 77, "symmetric"), (23, 65, 1030, 1030, "asymmetric"), (18, 9, 512, 256, "symmetric"),
+             (33, 5, 8, 8, "asymmetric")]
 
 
 @needs_ext
@@ -242,10 +245,11 @@ def test_int8da_int4_matches_reference(monkeypatch, isa, symmetric, dtype, case)
 
 @needs_ext
 @pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
-def test_int8da_int4unaligned(monkeypatch, isa):
+@pytest.mark.parametrize("m", [3, 20])
+def test_int8da_int4unaligned(monkeypatch, isa, m):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     w = _int4_packed(37, 96, 32, "asymmetric", torch.bfloat16)
-    x = _act(3, 96, torch.bfloat16)
+    x = _act(m, 96, torch.bfloat16)
     qu, su, zu, xu = unaligned(w.qdata, 1), unaligned(w.scale, 2), unaligned(w.zero_point, 3), unaligned(x, 2)
     assert qu.data_ptr() % 16 == 1 and xu.data_ptr() % 16 == 2
     from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
