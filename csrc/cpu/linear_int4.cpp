@@ -435,51 +435,70 @@ void permute_activation(const float* x, int64_t M, int64_t K, int64_t T, int64_t
   });
 }
 
-// x'[m][16 T j + 2 T q + l] = x[m][k_of(T, j, l, q)], the order dequant_tiles writes.
-at::Tensor permute_columns(const at::Tensor& x2, int64_t T, int64_t NC) {
-  const int64_t K = x2.size(1), chunk = 16 * T;
-  std::vector<int64_t> src(NC * chunk);
-  for (int64_t j = 0; j < NC; ++j)
-    for (int q = 0; q < 8; ++q)
-      for (int64_t l = 0; l < 2 * T; ++l) src[chunk * j + 2 * T * q + l] = k_of(T, j, l, q);
-  at::Tensor idx = at::from_blob(src.data(), {NC * chunk}, at::kLong).clone();
-  // Columns past K read a zero column appended to x.
-  at::Tensor xz = at::cat({x2, at::zeros({x2.size(0), 1}, x2.options())}, 1);
-  return xz.index_select(1, idx.clamp_max(K));
-}
-
 // Note [int4 prefill]: out^T = W' @ x'^T with the roles of the int8 weight-only panel kernel swapped:
 // the dequantized weight rows (192 per work item, 256 k at a time, fp32, permuted k order; the slab
 // stays in L2) are its broadcast operand and the permuted activation, packed in panels of 32 tokens
-// [Kt][32], its vector operand; accumulators ct[rows][Mp] (tokens contiguous) are transposed into out
-// at the end. Each weight is dequantized once per call.
+// [Kt][32], its vector operand. Tokens go kPrefillMc at a time so that the accumulators ct[rows][Mc]
+// (tokens contiguous, transposed into out at the end) stay in L2: with all M tokens at once they spilled
+// to L3 from M ~ 1000 and MiniLM's batches ran at 0.4-0.7x fp32. A weight is dequantized once per chunk
+// of tokens (about 1% of the chunk's FMAs).
+constexpr int64_t kPrefillMc = 256;
+
+// xt[mp][kk][t] = x[32 mp + t][k] with kk = 16 T j + 2 T q + l for k = k_of(T, j, l, q) (the order
+// dequant_tiles writes); zero for tokens >= M and k >= K.
+at::Tensor pack_activation_panels(const at::Tensor& x2, int64_t T, int64_t NC) {
+  const int64_t M = x2.size(0), K = x2.size(1), chunk = 16 * T, Kt = NC * chunk, Mp = (M + 31) / 32 * 32;
+  std::vector<int64_t> src(Kt);
+  for (int64_t j = 0; j < NC; ++j)
+    for (int q = 0; q < 8; ++q)
+      for (int64_t l = 0; l < 2 * T; ++l) {
+        const int64_t k = k_of(T, j, l, q);
+        src[chunk * j + 2 * T * q + l] = k < K ? k : -1;
+      }
+  at::Tensor xt = at::empty({Mp / 32, Kt, 32}, x2.options());
+  const float* x = x2.data_ptr<float>();
+  float* dst = xt.data_ptr<float>();
+  at::parallel_for(0, Mp / 32, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t mp = p0; mp < p1; ++mp) {
+      float* d = dst + mp * Kt * 32;
+      for (int64_t t = 0; t < 32; ++t) {
+        const int64_t m = 32 * mp + t;
+        const float* xr = x + m * K;
+        for (int64_t kk = 0; kk < Kt; ++kk) d[kk * 32 + t] = (m < M && src[kk] >= 0) ? xr[src[kk]] : 0.f;
+      }
+    }
+  });
+  return xt;
+}
+
 void prefill(const Int4Args& p, const at::Tensor& x2, at::Tensor& out) {
   const int64_t M = x2.size(0), Kt = p.NC * 16 * p.T, Mp = (M + 31) / 32 * 32;
   const int64_t ldw = kPrefillKc + 16;  // not a multiple of 4 KiB: a micro-tile's 6 rows don't alias in L1
   const int64_t chunk = 16 * p.T;
-  at::Tensor xt = at::zeros({Mp, Kt}, x2.options());
-  xt.narrow(0, 0, M).copy_(permute_columns(x2, p.T, p.NC));
-  xt = xt.view({Mp / 32, 32, Kt}).transpose(1, 2).contiguous();  // (Mp / 32, Kt, 32)
+  const at::Tensor xt = pack_activation_panels(x2, p.T, p.NC);  // (Mp / 32, Kt, 32)
   const float* xtp = xt.data_ptr<float>();
-  const int64_t tiles = kPrefillTiles, nblocks = (p.NT + tiles - 1) / tiles;
+  const int64_t tiles = kPrefillTiles, nblocks = (p.NT + tiles - 1) / tiles, mc = std::min(kPrefillMc, Mp);
   at::parallel_for(0, nblocks, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> wf(tiles * 8 * ldw), ct(tiles * 8 * Mp);
+    std::vector<float> wf(tiles * 8 * ldw), ct(tiles * 8 * mc);
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t i0 = blk * tiles, i1 = std::min(p.NT, i0 + tiles), rows = 8 * (i1 - i0);
-      for (int64_t k0 = 0; k0 < Kt; k0 += kPrefillKc) {
-        const int64_t kc = std::min(kPrefillKc, Kt - k0);  // whole chunks: 256 is a multiple of 16 T
-        avx512::dequant_tiles(p, i0, i1, k0 / chunk, (k0 + kc) / chunk, wf.data(), ldw);
-        for (int64_t mp = 0; mp < Mp / 32; ++mp) {
-          const float* panel = xtp + (mp * Kt + k0) * 32;
-          for (int64_t r = 0; r < rows; r += 6)
-            gemm_f32_6x32((int)std::min<int64_t>(6, rows - r), wf.data() + r * ldw, ldw, panel, kc,
-                          ct.data() + r * Mp + 32 * mp, Mp, 32, k0 == 0);
+      for (int64_t m0 = 0; m0 < Mp; m0 += mc) {
+        const int64_t mn = std::min(mc, Mp - m0);
+        for (int64_t k0 = 0; k0 < Kt; k0 += kPrefillKc) {
+          const int64_t kc = std::min(kPrefillKc, Kt - k0);  // whole chunks: 256 is a multiple of 16 T
+          avx512::dequant_tiles(p, i0, i1, k0 / chunk, (k0 + kc) / chunk, wf.data(), ldw);
+          for (int64_t mp = m0 / 32; mp < (m0 + mn) / 32; ++mp) {
+            const float* panel = xtp + (mp * Kt + k0) * 32;
+            for (int64_t r = 0; r < rows; r += 6)
+              gemm_f32_6x32((int)std::min<int64_t>(6, rows - r), wf.data() + r * ldw, ldw, panel, kc,
+                            ct.data() + r * mc + (32 * mp - m0), mc, 32, k0 == 0);
+          }
         }
-      }
-      for (int64_t r = 0; r < rows && 8 * i0 + r < p.N; ++r) {
-        const int64_t n = 8 * i0 + r;
-        const float bn = p.bias ? p.bias[n] : 0.f;
-        for (int64_t m = 0; m < M; ++m) p.out[m * p.ldo + n] = ct[r * Mp + m] + bn;
+        for (int64_t r = 0; r < rows && 8 * i0 + r < p.N; ++r) {
+          const int64_t n = 8 * i0 + r;
+          const float bn = p.bias ? p.bias[n] : 0.f;
+          for (int64_t m = m0; m < std::min(M, m0 + mn); ++m) p.out[m * p.ldo + n] = ct[r * mc + (m - m0)] + bn;
+        }
       }
     }
   });
