@@ -317,6 +317,23 @@ constexpr int NB = 4;
 // to about 70% of a plain streaming sum's bandwidth (swept 1-4 KiB).
 constexpr int64_t kPfBytes = 4096;
 
+// 16 k of NB weight rows x MB tokens (mk: the valid k). A function, not a lambda: Note [accumulators in
+// registers] in kernels.h.
+template <int MB, bool GROUPED>
+__attribute__((always_inline)) inline void wo_step(__m512 (&acc)[MB][NB], const int8_t* const (&wr)[NB],
+                                                   const float* const (&xr)[MB], const __m512 (&sv)[NB], int64_t k,
+                                                   __mmask16 mk) {
+  __m512 wv[NB];
+  for (int i = 0; i < NB; ++i) {
+    wv[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, wr[i] + k)));
+    if (GROUPED) wv[i] = _mm512_mul_ps(wv[i], sv[i]);
+  }
+  for (int m = 0; m < MB; ++m) {
+    const __m512 xv = _mm512_maskz_loadu_ps(mk, xr[m] + k);
+    for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_fmadd_ps(xv, wv[i], acc[m][i]);
+  }
+}
+
 template <int MB, bool GROUPED>
 void wo_dot_tile(const WeightOnlyArgs& p, int64_t m0, int64_t n0, int nr) {
   const int8_t* wr[NB];
@@ -331,35 +348,29 @@ void wo_dot_tile(const WeightOnlyArgs& p, int64_t m0, int64_t n0, int nr) {
   __m512 acc[MB][NB];
   for (int m = 0; m < MB; ++m)
     for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_setzero_ps();
-  // One pass over [kb, ke) with the group's scale folded into the weights (GROUPED) or applied at the end.
-  auto run = [&](int64_t kb, int64_t ke, const __m512* sv) __attribute__((always_inline)) {
-    for (int64_t k = kb; k < ke; k += 16) {
-      const __mmask16 mk = tail16(ke - k);
-      __m512 wv[NB];
-      if ((k & 63) == 0)
-        for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + kPfBytes), _MM_HINT_T1);
-      for (int i = 0; i < NB; ++i) {
-        wv[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, wr[i] + k)));
-        if (GROUPED) wv[i] = _mm512_mul_ps(wv[i], sv[i]);
-      }
-      for (int m = 0; m < MB; ++m) {
-        const __m512 xv = _mm512_maskz_loadu_ps(mk, xr[m] + k);
-        for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_fmadd_ps(xv, wv[i], acc[m][i]);
-      }
+  // One segment per group with its scale folded into the weights (GROUPED), or one segment [0, K) with the
+  // scale applied at the end. Full 64-k steps without masks (one prefetch per row each), then a masked tail.
+  const int64_t nseg = GROUPED ? p.G : 1, seg = GROUPED ? p.g : p.K;
+  for (int64_t gi = 0; gi < nseg; ++gi) {
+    __m512 sv[NB];
+    for (int i = 0; i < NB; ++i) sv[i] = GROUPED ? _mm512_set1_ps(sr[i][gi]) : _mm512_setzero_ps();
+    const int64_t ke = (gi + 1) * seg;
+    int64_t k = gi * seg;
+    for (; k + 64 <= ke; k += 64) {
+      for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + kPfBytes), _MM_HINT_T1);
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) wo_step<MB, GROUPED>(acc, wr, xr, sv, k + 16 * u, (__mmask16)0xFFFF);
     }
-  };
-  if (GROUPED) {
-    for (int64_t gi = 0; gi < p.G; ++gi) {
-      __m512 sv[NB];
-      for (int i = 0; i < NB; ++i) sv[i] = _mm512_set1_ps(sr[i][gi]);
-      run(gi * p.g, (gi + 1) * p.g, sv);
-    }
-  } else {
-    run(0, p.K, nullptr);
+    for (; k < ke; k += 16) wo_step<MB, GROUPED>(acc, wr, xr, sv, k, tail16(ke - k));
   }
+  float red[MB][NB];  // every acc index a compile-time constant: Note [accumulators in registers]
+#pragma GCC unroll 16
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 16
+    for (int i = 0; i < NB; ++i) red[m][i] = _mm512_reduce_add_ps(acc[m][i]);
   for (int m = 0; m < MB; ++m)
     for (int i = 0; i < nr; ++i) {
-      float v = _mm512_reduce_add_ps(acc[m][i]);
+      float v = red[m][i];
       if (!GROUPED) v *= sr[i][0];
       p.out[(m0 + m) * p.ldo + n0 + i] = v + (p.bias ? p.bias[n0 + i] : 0.f);
     }
@@ -516,11 +527,18 @@ void da_dot_tile(const DynamicActArgs& p, int64_t m0, int64_t n0, int nr) {
       for (int i = 0; i < NB; ++i) acc[m][i] = dpbusd(acc[m][i], av, wv[i]);
     }
   }
+  int32_t red[MB][NB], red_rs[NB];  // every index a compile-time constant: Note [accumulators in registers]
+#pragma GCC unroll 16
+  for (int i = 0; i < NB; ++i) {
+    red_rs[i] = _mm512_reduce_add_epi32(rs[i]);
+#pragma GCC unroll 16
+    for (int m = 0; m < MB; ++m) red[m][i] = _mm512_reduce_add_epi32(acc[m][i]);
+  }
   for (int i = 0; i < nr; ++i) {
-    const int32_t rowsum = _mm512_reduce_add_epi32(rs[i]);
+    const int32_t rowsum = red_rs[i];
     const int64_t n = n0 + i;
     for (int m = 0; m < MB; ++m) {
-      const int32_t dot = _mm512_reduce_add_epi32(acc[m][i]) - p.a_zp128[m0 + m] * rowsum;
+      const int32_t dot = red[m][i] - p.a_zp128[m0 + m] * rowsum;
       p.out[(m0 + m) * p.ldo + n] = (float)dot * (p.a_scale[m0 + m] * p.w_scale[n]) + (p.bias ? p.bias[n] : 0.f);
     }
   }

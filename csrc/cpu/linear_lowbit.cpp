@@ -256,6 +256,23 @@ inline void lane_scales(const LowbitArgs& p, int64_t n, int64_t c, __m512* s, __
 constexpr int NB = 4;
 constexpr int64_t kPfBytes = 4096;  // Note [decode prefetch] in linear_int4.cpp
 
+// Chunk c (16 k) of NB rows (decoded from src[i]) x MB tokens. A function, not a lambda: Note [accumulators
+// in registers] in kernels.h.
+template <class D, int MB, bool OFF>
+__attribute__((always_inline)) inline void dot_step(__m512 (&acc)[MB][NB], const D& dec, const uint8_t* const (&src)[NB],
+                                                    const float* const (&xr)[MB], const __m512 (&sv)[NB],
+                                                    const __m512 (&ov)[NB], int64_t c) {
+  __m512 wv[NB];
+  for (int i = 0; i < NB; ++i) {
+    const __m512 lv = dec(src[i]);
+    wv[i] = OFF ? _mm512_fmadd_ps(lv, sv[i], ov[i]) : _mm512_mul_ps(lv, sv[i]);
+  }
+  for (int m = 0; m < MB; ++m) {
+    const __m512 xv = _mm512_loadu_ps(xr[m] + 16 * c);
+    for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_fmadd_ps(xv, wv[i], acc[m][i]);
+  }
+}
+
 template <class D, int MB, bool OFF = false>
 void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr) {
   const int64_t cb = D::kBytes, rb = D::kBytes == 64 ? nch64(p) : row_bytes(p), nch = (p.K + 15) / 16;
@@ -285,26 +302,27 @@ void dot_tile(const LowbitArgs& p, const D& dec, int64_t m0, int64_t n0, int nr)
       }
     }
     const int64_t c1 = std::min(nch, c0 + per_group);
-    auto step = [&](int64_t c, bool tail) __attribute__((always_inline)) {
-      __m512 wv[NB];
+    int64_t c = c0;
+    for (const int64_t cf = std::min(c1, nfull); c < cf; ++c) {
       if (((c * cb) & 63) < cb)  // a new cache line: Note [decode prefetch] in linear_int4.cpp
         for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + c * cb + kPfBytes), _MM_HINT_T1);
-      for (int i = 0; i < NB; ++i) {
-        const __m512 lv = dec(tail ? chunk_ptr(wr[i], c, cb, rb, tmp[i]) : wr[i] + c * cb);
-        wv[i] = OFF ? _mm512_fmadd_ps(lv, sv[i], ov[i]) : _mm512_mul_ps(lv, sv[i]);
-      }
-      for (int m = 0; m < MB; ++m) {
-        const __m512 xv = _mm512_loadu_ps(xr[m] + 16 * c);
-        for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_fmadd_ps(xv, wv[i], acc[m][i]);
-      }
-    };
-    int64_t c = c0;
-    for (const int64_t cf = std::min(c1, nfull); c < cf; ++c) step(c, false);
-    for (; c < c1; ++c) step(c, true);
+      const uint8_t* src[NB];
+      for (int i = 0; i < NB; ++i) src[i] = wr[i] + c * cb;
+      dot_step<D, MB, OFF>(acc, dec, src, xr, sv, ov, c);
+    }
+    for (; c < c1; ++c) {
+      const uint8_t* src[NB];
+      for (int i = 0; i < NB; ++i) src[i] = chunk_ptr(wr[i], c, cb, rb, tmp[i]);
+      dot_step<D, MB, OFF>(acc, dec, src, xr, sv, ov, c);
+    }
   }
+  float red[MB][NB];  // every acc index a compile-time constant: Note [accumulators in registers]
+#pragma GCC unroll 16
   for (int m = 0; m < MB; ++m)
-    for (int i = 0; i < nr; ++i)
-      store(p, m0 + m, n0 + i, _mm512_reduce_add_ps(acc[m][i]));
+#pragma GCC unroll 16
+    for (int i = 0; i < NB; ++i) red[m][i] = _mm512_reduce_add_ps(acc[m][i]);
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < nr; ++i) store(p, m0 + m, n0 + i, red[m][i]);
 }
 
 template <class D>

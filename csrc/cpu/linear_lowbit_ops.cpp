@@ -4,7 +4,7 @@
 // reference) in torchqkit/kernels/schemas.py; the kernels are in linear_lowbit.cpp.
 //
 // Two paths (see Note [Low-bit decode] in linear_lowbit.cpp):
-//   M <= kDotMaxM: the dot kernel, weights decoded in registers, at::parallel_for over blocks of rows.
+//   M <= dot_max_m: the dot kernel, weights decoded in registers, at::parallel_for over blocks of rows.
 //   larger M:      the prefill kernel, at::parallel_for over blocks of rows: each block decoded once to fp32
 //                  (L2), then register-tiled FMA. (ATen's sgemm called inside at::parallel_for ran 250x
 //                  slower here: nested OpenMP; so this op calls no BLAS.)
@@ -25,7 +25,10 @@ namespace {
 using torchqkit_glue::rows;
 using torchqkit_glue::out_shape;
 
-constexpr int64_t kDotMaxM = 4;       // measured with benchmarks/bench_linear.py --formats
+// Tokens up to which the dot kernel (4 per pass over the weights) beats decoding to fp32 first: nf4 and
+// float8 decode cheaply, packed intx doesn't (measured with benchmarks/bench_linear.py --formats, M = 8:
+// nf4 2.5 vs 4.6 ms, int3 6.3 vs 4.7 ms at 4096 x 4096).
+int64_t dot_max_m(LowbitFormat fmt) { return fmt == LowbitFormat::kIntx ? 4 : 8; }
 constexpr int64_t kDotBlockRows = 16;
 constexpr int64_t kPrefillBlockRows = 64;  // rows per parallel task (decoded 32 at a time, linear_lowbit.cpp)
 
@@ -63,7 +66,7 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
     p.out = out.data_ptr<float>();
     p.ldo = N;
     const Isa isa = selected_isa_for_ops();
-    if (M <= kDotMaxM) {
+    if (M <= dot_max_m(p.fmt)) {
       at::parallel_for(0, (N + kDotBlockRows - 1) / kDotBlockRows, 1, [&](int64_t b0, int64_t b1) {
         linear_lowbit_dot(isa, p, b0 * kDotBlockRows, std::min(b1 * kDotBlockRows, N));
       });

@@ -73,7 +73,8 @@ def _reference(w, x, bias):
     return F.linear(x.float(), w.dequantize().float(), None if bias is None else bias.float()).to(x.dtype)
 
 
-# (M, K, N): M = 1 (decode), 3 (odd, dot kernel), 17 (prefill path, odd); N not a multiple of 4 / 16;
+# (M, K, N): M = 1 (decode), 3 (odd, dot kernel), 7 (nf4 / float8: dot kernel, a pass of 4 tokens + 3; intx: fp32
+# blocks), 17 (prefill path, odd); N not a multiple of 4 / 16;
 # K at the smallest legal size for each format, K not a multiple of 16 (tail chunk), K > one prefill block.
 WEIGHTS = {
     "nf4_b2_minK": lambda: _nf4(5, 2, 2, False),
@@ -106,7 +107,7 @@ def weights():
 
 @needs_ext
 @isa_param
-@pytest.mark.parametrize("m", [1, 3, 17])
+@pytest.mark.parametrize("m", [1, 3, 7, 17])
 @pytest.mark.parametrize("name", list(WEIGHTS))
 def test_kernel_matches_dequantized_reference(monkeypatch, weights, isa, m, name):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
