@@ -70,19 +70,23 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
-// Element e (0 = scale, 1 = zero) of row n, group gi, as float.
-inline float sz_at(const Int4Args& p, int64_t gi, int64_t n, int e) {
-  const int64_t off = gi * p.lds + 2 * n + e;
-  switch (p.szt) {
-    case SzType::kF32: return static_cast<const float*>(p.sz)[off];
+// Element off of a float32 / bfloat16 / float16 array, as float.
+inline float load_float(const void* base, SzType t, int64_t off) {
+  switch (t) {
+    case SzType::kF32: return static_cast<const float*>(base)[off];
     case SzType::kBF16: {
-      const uint32_t bits = (uint32_t) static_cast<const uint16_t*>(p.sz)[off] << 16;
+      const uint32_t bits = (uint32_t) static_cast<const uint16_t*>(base)[off] << 16;
       float f;
       std::memcpy(&f, &bits, 4);
       return f;
     }
-    default: return half_to_float(static_cast<const uint16_t*>(p.sz)[off]);
+    default: return half_to_float(static_cast<const uint16_t*>(base)[off]);
   }
+}
+
+// Element e (0 = scale, 1 = zero) of row n, group gi, as float.
+inline float sz_at(const Int4Args& p, int64_t gi, int64_t n, int e) {
+  return load_float(p.sz, p.szt, gi * p.lds + 2 * n + e);
 }
 
 // k of (block word lane l % 2T, nibble p) within chunk j, Note [Tensor-core tiled int4].
@@ -597,15 +601,7 @@ struct DaInt4Args {
 void row_scales(const DaInt4Args& p, int64_t n, float* srow, float* scrow) {
   for (int64_t gi = 0; gi < p.G; ++gi) {
     const int64_t off = n * p.G + gi;
-    float s;
-    if (p.st == SzType::kF32) {
-      s = static_cast<const float*>(p.scale)[off];
-    } else if (p.st == SzType::kBF16) {
-      const uint32_t bits = (uint32_t) static_cast<const uint16_t*>(p.scale)[off] << 16;
-      std::memcpy(&s, &bits, 4);
-    } else {
-      s = half_to_float(static_cast<const uint16_t*>(p.scale)[off]);
-    }
+    const float s = load_float(p.scale, p.st, off);
     srow[gi] = s;
     scrow[gi] = s * (8.f + (p.zp ? (float)p.zp[off] : 0.f));
   }
@@ -750,17 +746,7 @@ void da_int4_prefill(const DaInt4Args& p, const uint8_t* a, int64_t j0, int64_t 
       expand_block(p, col, rows, k0, kc, tmp, 128);
       std::memset(rowsum, 0, sizeof(rowsum));
       pack_s8_panel(tmp, 128, rows, kc, panel, rowsum);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t off = (col + r) * p.G + gi;
-        if (p.st == SzType::kF32) {
-          ws[r] = static_cast<const float*>(p.scale)[off];
-        } else if (p.st == SzType::kBF16) {
-          const uint32_t bits = (uint32_t) static_cast<const uint16_t*>(p.scale)[off] << 16;
-          std::memcpy(&ws[r], &bits, 4);
-        } else {
-          ws[r] = half_to_float(static_cast<const uint16_t*>(p.scale)[off]);
-        }
-      }
+      for (int64_t r = 0; r < rows; ++r) ws[r] = load_float(p.scale, p.st, (col + r) * p.G + gi);
       const bool last = k0 + kc >= p.K;
       for (int64_t m = 0; m < p.M; m += 6)
         gemm_u8s8_6x32((int)std::min<int64_t>(6, p.M - m), a + m * p.lda + k0, p.lda, panel, kc,

@@ -458,9 +458,8 @@ void wo_micro(const float* a, int64_t lda, const float* panel, int64_t kc, float
 template <bool GROUPED>
 void wo_panel(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
   // Note [panel loop order]: each panel is packed right before every token uses it, so it is read from L1
-  // (32 KiB) while the activation block (M x kc) sits in L2. Packing all panels of a k block first and
-  // then sweeping tokens x panels streamed the whole packed block (MBs) from L3 once per 6 tokens: M = 256
-  // ran at half speed.
+  // (32 KiB) while the activation block (M x kc) sits in L2, and a thread holds one panel instead of all
+  // of its k block's (MBs). Speed at M = 256 was the same either way (the micro-kernel is compute-bound).
   const int64_t npanels = (n1 - n0 + NR - 1) / NR;
   std::vector<float> buf(WO_KC * NR);
   for (int64_t k0 = 0; k0 < p.K; k0 += WO_KC) {
