@@ -204,7 +204,6 @@ def test_input_gradient_flows_through_the_dequantized_weight():
 # ------------------------------------------------------------------------------------------------
 
 DA4 = torch.ops.torchqkit.linear_int8da_int4_packed
-DA4_LEVELS = [lv for lv in LEVELS if lv != "avx2"]  # avx2 runs the scalar code (status() says so)
 
 
 def _int4_packed(n, k, group, weight_mapping="symmetric", dtype=torch.float32, seed=0, pref="auto"):
@@ -226,7 +225,7 @@ DA4_CASES = [(1, 1, 8, 8, "symmetric"), (3, 37, 96, 32, "asymmetric"), (17, 19, 
 
 
 @needs_ext
-@pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
+@pytest.mark.parametrize("isa", LEVELS or ["none"])
 @pytest.mark.parametrize("symmetric", [True, False], ids=["act_sym", "act_asym"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", DA4_CASES, ids=str)
@@ -244,7 +243,7 @@ def test_int8da_int4_matches_reference(monkeypatch, isa, symmetric, dtype, case)
 
 
 @needs_ext
-@pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
+@pytest.mark.parametrize("isa", LEVELS or ["none"])
 @pytest.mark.parametrize("m", [3, 20])
 def test_int8da_int4unaligned(monkeypatch, isa, m):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)

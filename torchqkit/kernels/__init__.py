@@ -76,7 +76,8 @@ _CPU_OPS += ("torchqkit::linear_int4wo_tiled",)
 _CPU_KERNEL_NOTES[schemas.INT8DA_INT4_OP] = {  # see Note [int8 x int4 VNNI] in csrc/cpu/linear_int4.cpp
     "avx512_vnni": "vpdpbusd on low / high nibbles (128 k per zmm, exact int32 per lane, per-lane group scales) "
                    "against the per-call quantized, permuted activation; 4 tokens per pass, every M",
-    "avx2": "plain loops (no AVX2 kernel for this op: the scalar code serves it)",
+    "avx2": "vpmaddubsw + vpmaddwd on low / high nibbles (64 k per ymm, exact int32 per lane) against the "
+            "permuted activation; 2 tokens per pass, every M",
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
 }
 _CPU_OPS += (schemas.INT8DA_INT4_OP,)
