@@ -13,7 +13,10 @@ their bandwidth drifts). GB/s counts the weight bytes (codes + scales) only.
 
 Columns: f32 / bf16 = F.linear with a float weight; i8pack = torch._weight_int8pack_mm (bf16 activations);
 wo = torchqkit::linear_int8wo_plain (per-channel) with f32 / bf16 activations; da8 = torchqkit::
-linear_int8da_int8_plain (per-token symmetric activations, f32 in/out); xf32 = f32 time / da8 time.
+linear_int8da_int8_plain (per-token symmetric activations, f32 in/out); xf32 = f32 time / da8 time;
+ao8 = torchao's Int8WeightOnlyConfig on an nn.Linear with f32 activations, when torchao is installed
+(`pip install --no-deps torchao`, 0.18 here; nan otherwise). torchao's int4 configs are tried once and
+their refusal on CPU is printed.
 int4 table (--formats int4): i4pack = torch._weight_int4pack_mm_for_cpu with bf16 activations (torch's
 ISA-dependent packing), i4 f32 / i4 bf16 = torchqkit::linear_int4wo_tiled on TensorCoreTiledLayout bytes,
 da4 = torchqkit::linear_int8da_int4_packed (int8 dynamic activations x PackedIntxLayout int4, VNNI).
@@ -49,15 +52,16 @@ def _nbytes(t) -> int:
     return t.numel() * t.element_size()
 
 
-def bench(fn, *weights, cold: bool, min_reps: int, budget_s: float) -> float:
+def bench(fn, *weights, cold: bool, min_reps: int, budget_s: float, nbytes: int | None = None) -> float:
     """Median seconds of fn(*weights) over at least min_reps calls (more while under budget_s).
 
     cold: each call gets the next copy of `weights` from a ring of copies of RING_BYTES or more, so the
-    weights come from memory (see the module docstring); else every call reuses the same (cached) weights."""
+    weights come from memory (see the module docstring); else every call reuses the same (cached) weights.
+    nbytes: the stored bytes of one copy when `weights` aren't tensors (e.g. another library's module)."""
     fn(*weights)  # warm-up: allocations, lazy init (before the copies: the ring starts with the oldest)
     ring = [weights]
     if cold:
-        per_copy = max(1, sum(_nbytes(w) for w in weights))
+        per_copy = max(1, nbytes or sum(_nbytes(w) for w in weights))
         ring += [tuple(copy.deepcopy(w) for w in weights) for _ in range(-(-RING_BYTES // per_copy) - 1)]
     times = []
     start = time.perf_counter()
@@ -91,6 +95,35 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _torchao():
+    """torchao.quantization, or None when torchao isn't installed (it is an optional baseline)."""
+    try:
+        import torchao.quantization as aoq
+    except ImportError:
+        return None
+    return aoq
+
+
+def torchao_linear(w: torch.Tensor, config):
+    """An nn.Linear holding w, quantized in place by torchao's quantize_ with `config`."""
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=w.dtype)
+    lin.weight = torch.nn.Parameter(w.clone(), requires_grad=False)
+    _torchao().quantize_(lin, config)
+    return lin
+
+
+def torchao_int4_status() -> str:
+    """Whether torchao's int4 weight-only config quantizes on this CPU (a one-line reason if not)."""
+    aoq = _torchao()
+    if aoq is None:
+        return "torchao not installed"
+    try:
+        torchao_linear(torch.randn(256, 256).bfloat16(), aoq.Int4WeightOnlyConfig(group_size=128))
+    except Exception as e:  # noqa: BLE001 - any refusal is the finding being reported
+        return f"torchao int4 refuses on CPU: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return "torchao int4 quantizes on CPU (not timed by this script)"
+
+
 def row(k, n, m, bw, args):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=g) * 0.02
@@ -108,7 +141,12 @@ def row(k, n, m, bw, args):
         "wo f32": bench(lambda q: wo(x, q, scale, None), q, **opts),
         "wo bf16": bench(lambda q: wo(xb, q, scale, None), q, **opts),
         "da8": bench(lambda q: da(x, q, scale, None, True), q, **opts),
+        "ao8": float("nan"),
     }
+    if _torchao() is not None:
+        lin = torchao_linear(w, _torchao().Int8WeightOnlyConfig())
+        with torch.no_grad():
+            t["ao8"] = bench(lambda mod: mod(x), lin, **opts, nbytes=n * k + n * 4)
     weight_bytes = n * k + n * 4
     gbs = weight_bytes / t["wo f32"] / 1e9
     cells = [f"{k:>5} {n:>5} {m:>4}"] + [f"{v * 1e3:9.2f}" for v in t.values()]
@@ -154,6 +192,7 @@ def int4_row(k, n, m, bw, args, group=128):
 
 
 def int4_table(shapes, ms, bw, args):
+    print(torchao_int4_status())
     print("int4 g128 (bf16 weights): i4pack = torch._weight_int4pack_mm_for_cpu (bf16 x); i4 = torchqkit::"
           "linear_int4wo_tiled (TensorCoreTiledLayout(8)); da4 = torchqkit::linear_int8da_int4_packed (f32 x, "
           "asymmetric per-token int8, PackedIntxLayout int4 symmetric); GB/s counts codes + scale/zero bytes")
@@ -204,7 +243,7 @@ def main():
           f"(a ring of copies > {RING_BYTES >> 20} MiB)")
     formats = args.formats.split(",")
     if "int8" in formats:
-        head = ["    K     N    M"] + [f"{c:>9}" for c in ("f32", "bf16", "i8pack", "wo f32", "wo bf16", "da8")]
+        head = ["    K     N    M"] + [f"{c:>9}" for c in ("f32", "bf16", "i8pack", "wo f32", "wo bf16", "da8", "ao8")]
         head += ["wo GB/s (bw%)", " da8 xf32", " wo xf32"]
         print("  ".join(head) + "    [ms, median]")
         for k, n in shapes:
