@@ -214,7 +214,7 @@ def main():
     p.add_argument("--no-native", action="store_true", help="skip torch._weight_int8pack_mm")
     p.add_argument("--formats", default="int8,int4",
                    help="tables to print: int8 (the columns above), int4 (int4_table) and/or low-bit weight-only formats of "
-                        "bench_lowbit.py (nf4, nf4dq, fp8, e5m2, int2..int6), e.g. int8,nf4,fp8,int3")
+                        "bench_lowbit.py (nf4, nf4dq, fp8, e5m2, int2..int6, mxfp4, mxfp8), e.g. int8,nf4,fp8,int3")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: the GPU table of bench_linear_cuda.py (refuses to run without a GPU)")
     p.add_argument("--peak-gbs", type=float, default=None, help="--device cuda: the GPU's peak DRAM GB/s")

@@ -1,5 +1,5 @@
 """The low-bit weight-only columns of bench_linear.py (``--formats``): NF4, float8 and packed intx kernels
-(torchqkit::linear_nf4wo / linear_fp8wo / linear_intxwo) next to fp32 F.linear, on the layouts' own bytes.
+(torchqkit::linear_nf4wo / linear_fp8wo / linear_intxwo / linear_mxwo) next to fp32 F.linear, on the layouts' own bytes.
 
     python benchmarks/bench_linear.py --formats nf4,nf4dq,fp8,int3            # the lowbit table only
     python benchmarks/bench_linear.py --formats int8,nf4 --quick              # the int8 table, then nf4
@@ -16,6 +16,7 @@ import torchqkit as qk
 from torchqkit.core import qdtypes as Q
 
 NF4, FP8, INTX = torch.ops.torchqkit.linear_nf4wo, torch.ops.torchqkit.linear_fp8wo, torch.ops.torchqkit.linear_intxwo
+MX = torch.ops.torchqkit.linear_mxwo
 
 
 def _intx(bits):
@@ -33,6 +34,10 @@ FORMATS = {
     "e5m2": (lambda w: qk.quantize_weight(w, Q.float8_e5m2, qk.PerRow(), qk.Float8Layout(), scale_dtype=torch.float32),
              "float8 e5m2 per row"),
     **{f"int{b}": (_intx(b), f"int{b} g32 symmetric, packed") for b in (2, 3, 4, 5, 6)},
+    "mxfp4": (lambda w: qk.quantize_weight(w, Q.fp4_e2m1, qk.PerGroup(32), qk.MXLayout(), scale_rounding="power_of_two"),
+              "MXFP4 (e2m1, E8M0 scale per 32)"),
+    "mxfp8": (lambda w: qk.quantize_weight(w, Q.float8_e4m3fn, qk.PerGroup(32), qk.MXLayout(),
+                                           scale_rounding="power_of_two"), "MXFP8 (e4m3, E8M0 scale per 32)"),
 }
 
 
@@ -43,6 +48,8 @@ def call(w, x):
                            w.qlayout.block_size, None)
     if isinstance(w.qlayout, qk.Float8Layout):
         return lambda: FP8(x, w.qdata, w.scale, None)
+    if isinstance(w.qlayout, qk.MXLayout):
+        return lambda: MX(x, w.qdata, w.scale, None)
     return lambda: INTX(x, w.qdata, w.scale, w.zero_point, w.qdtype.bits, w.qdtype.signed, w.zero_point_domain.value,
                         None)
 

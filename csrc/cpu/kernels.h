@@ -84,9 +84,10 @@ void gemm_u8s8_6x32(int R, const uint8_t* a, int64_t lda, const int8_t* panel, i
 // ---------------------------------------------------------------- low-bit weight-only (linear_lowbit.cpp)
 // The layouts' bytes as stored (see the docstrings of torchqkit/layouts/nf4.py, float8.py, packed_intx.py):
 //   y[m, n] = sum_k x[m, k] * (level(n, k) * s(n, k / g) + o(n, k / g)) + bias[n]
-// level: nf4 codebook value; float8 e4m3fn value / 256 (the glue folds 256 into s), e5m2 value;
+// level: nf4 codebook value; fp4 e2m1 value (MXFP4: low nibble first, unlike nf4); float8 e4m3fn value / 256
+// (the glue folds 256 into s), e5m2 value;
 // intx: the unsigned field u (offset binary; the glue folds qmin and the zero point into o).
-enum class LowbitFormat : int { kNf4 = 0, kFloat8E4m3 = 1, kFloat8E5m2 = 2, kIntx = 3 };
+enum class LowbitFormat : int { kNf4 = 0, kFloat8E4m3 = 1, kFloat8E5m2 = 2, kIntx = 3, kFp4E2m1 = 4 };
 
 struct LowbitArgs {
   LowbitFormat fmt;

@@ -37,9 +37,14 @@ alignas(64) constexpr float kNf4[16] = {
     0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
     0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
 
+// OCP fp4 e2m1 values (MXFP4 elements, torchqkit/core/qdtype.py): sign bit 3, code i -> kFp4[i].
+alignas(64) constexpr float kFp4[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                        -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
 int64_t chunk_bytes(const LowbitArgs& p) {
   switch (p.fmt) {
-    case LowbitFormat::kNf4: return 8;
+    case LowbitFormat::kNf4:
+    case LowbitFormat::kFp4E2m1: return 8;
     case LowbitFormat::kIntx: return 2 * p.bits;
     default: return 16;
   }
@@ -47,7 +52,8 @@ int64_t chunk_bytes(const LowbitArgs& p) {
 
 int64_t row_bytes(const LowbitArgs& p) {
   switch (p.fmt) {
-    case LowbitFormat::kNf4: return p.K / 2;
+    case LowbitFormat::kNf4:
+    case LowbitFormat::kFp4E2m1: return p.K / 2;
     case LowbitFormat::kIntx: return (p.K * p.bits + 7) / 8;
     default: return p.K;
   }
@@ -138,6 +144,7 @@ float fp8_e5m2(uint8_t b) {
 float level(const LowbitArgs& p, const uint8_t* row, int64_t k) {
   switch (p.fmt) {
     case LowbitFormat::kNf4: return kNf4[(k & 1) ? row[k >> 1] & 0xF : row[k >> 1] >> 4];
+    case LowbitFormat::kFp4E2m1: return kFp4[(k & 1) ? row[k >> 1] >> 4 : row[k >> 1] & 0xF];
     case LowbitFormat::kFloat8E4m3: return fp8_e4m3(row[k]);
     case LowbitFormat::kFloat8E5m2: return fp8_e5m2(row[k]);
     default: {
@@ -176,11 +183,16 @@ void dot(const LowbitArgs& p, int64_t n0, int64_t n1) {
 namespace avx512 {
 
 // ---------------------------------------------------------------- decoders: chunk bytes -> 16 levels
-struct Nf4 {
+// 4-bit codes through a 16-entry table: nf4 (element 2j = byte j's high nibble) and fp4 e2m1 (low nibble).
+template <const float* kTable, bool kHighFirst>
+struct Lut4 {
   static constexpr int kBytes = 8;
   __m512 lut;
-  __m512i shifts;  // element 2j is byte j's high nibble
-  Nf4() : lut(_mm512_load_ps(kNf4)), shifts(_mm512_set_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4)) {}
+  __m512i shifts;  // per element: 4 for the high nibble
+  Lut4()
+      : lut(_mm512_load_ps(kTable)),
+        shifts(kHighFirst ? _mm512_set_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4)
+                          : _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0)) {}
   __m512 operator()(const uint8_t* b) const {
     __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b));
     v = _mm_unpacklo_epi8(v, v);  // b0 b0 b1 b1 ...
@@ -188,6 +200,8 @@ struct Nf4 {
     return _mm512_permutexvar_ps(i, lut);  // uses the index's low 4 bits only
   }
 };
+using Nf4 = Lut4<kNf4, true>;
+using Fp4 = Lut4<kFp4, false>;
 
 // e4m3fn byte -> the fp16 with the same sign, exponent field (4 of fp16's 5 bits) and mantissa: its value
 // is the e4m3 value / 256, subnormals included, converted exactly by vcvtph2ps. 0x7F / 0xFF are NaN.
@@ -450,6 +464,7 @@ template <template <class> class Fn, class... A>
 void by_format(const LowbitArgs& p, A... a) {
   switch (p.fmt) {
     case LowbitFormat::kNf4: return Fn<Nf4>::run(p, a...);
+    case LowbitFormat::kFp4E2m1: return Fn<Fp4>::run(p, a...);
     case LowbitFormat::kFloat8E4m3: return Fn<F8E4m3>::run(p, a...);
     case LowbitFormat::kFloat8E5m2: return Fn<F8E5m2>::run(p, a...);
     default: break;
@@ -478,11 +493,15 @@ namespace avx2 {
 
 struct Half { __m256 v[2]; };
 
-struct Nf4 {
+template <const float* kTable, bool kHighFirst>  // see avx512::Lut4
+struct Lut4 {
   static constexpr int kBytes = 8;
   __m256 lo, hi;
   __m256i shifts;
-  Nf4() : lo(_mm256_load_ps(kNf4)), hi(_mm256_load_ps(kNf4 + 8)), shifts(_mm256_set_epi32(0, 4, 0, 4, 0, 4, 0, 4)) {}
+  Lut4()
+      : lo(_mm256_load_ps(kTable)),
+        hi(_mm256_load_ps(kTable + 8)),
+        shifts(kHighFirst ? _mm256_set_epi32(0, 4, 0, 4, 0, 4, 0, 4) : _mm256_set_epi32(4, 0, 4, 0, 4, 0, 4, 0)) {}
   __m256 half(const uint8_t* b) const {  // 4 bytes -> 8 levels
     int32_t raw;
     std::memcpy(&raw, b, 4);
@@ -494,6 +513,8 @@ struct Nf4 {
   }
   Half operator()(const uint8_t* b) const { return {{half(b), half(b + 4)}}; }
 };
+using Nf4 = Lut4<kNf4, true>;
+using Fp4 = Lut4<kFp4, false>;
 
 inline __m128i load8(const uint8_t* b) {
   int64_t raw;
@@ -699,6 +720,7 @@ template <template <class> class Fn, class... A>
 void by_format(const LowbitArgs& p, A... a) {
   switch (p.fmt) {
     case LowbitFormat::kNf4: return Fn<Nf4>::run(p, a...);
+    case LowbitFormat::kFp4E2m1: return Fn<Fp4>::run(p, a...);
     case LowbitFormat::kFloat8E4m3: return Fn<F8E4m3>::run(p, a...);
     case LowbitFormat::kFloat8E5m2: return Fn<F8E5m2>::run(p, a...);
     default: break;

@@ -20,6 +20,7 @@ from torchqkit.core import qdtypes as Q
 NF4 = torch.ops.torchqkit.linear_nf4wo
 FP8 = torch.ops.torchqkit.linear_fp8wo
 INTX = torch.ops.torchqkit.linear_intxwo
+MX = torch.ops.torchqkit.linear_mxwo
 LEVELS = cpu_levels("torchqkit::linear_nf4wo")
 needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
@@ -60,8 +61,14 @@ def _intx(n, k, bits, granularity, mapping="symmetric", signed=True):
     return qk.quantize_weight(_float_weight(n, k), qdtype, granularity, qk.PackedIntxLayout(), mapping=mapping)
 
 
+def _mx(n, k, qdtype):
+    return qk.quantize_weight(_float_weight(n, k), qdtype, qk.PerGroup(32), qk.MXLayout(), scale_rounding="power_of_two")
+
+
 def _call(w, x, bias):
     """The op a layout routes to, on the weight's stored tensors."""
+    if isinstance(w.qlayout, qk.MXLayout):
+        return MX(x, w.qdata, w.scale, bias)
     if isinstance(w.qlayout, qk.NF4Layout):
         return NF4(x, w.qdata, w.scale, w.scale_codes, w.scale_block_scale, w.scale_offset, w.qlayout.block_size, bias)
     if isinstance(w.qlayout, qk.Float8Layout):
@@ -97,6 +104,10 @@ WEIGHTS = {
     "int4_row_odd_K": lambda: _intx(35, 37, 4, qk.PerRow()),
     "int7_g64": lambda: _intx(18, 128, 7, qk.PerGroup(64)),
     "int1_row": lambda: _intx(18, 40, 1, qk.PerRow(), "asymmetric", signed=False),
+    "mxfp4_minK": lambda: _mx(5, 32, Q.fp4_e2m1),
+    "mxfp4": lambda: _mx(37, 1088, Q.fp4_e2m1),
+    "mxfp8_e4m3": lambda: _mx(21, 96, Q.float8_e4m3fn),
+    "mxfp8_e5m2": lambda: _mx(19, 160, Q.float8_e5m2),
 }
 
 
@@ -143,7 +154,8 @@ def test_empty_batch(weights):
         assert _call(w, torch.empty(0, w.shape[1]), None).shape == (0, w.shape[0])
 
 
-@pytest.mark.parametrize("name", ["nf4_b64", "nf4_b64_dq", "e4m3_row", "e5m2_tensor", "int3_g16_asym", "uint6_g32"])
+@pytest.mark.parametrize("name", ["nf4_b64", "nf4_b64_dq", "e4m3_row", "e5m2_tensor", "int3_g16_asym", "uint6_g32",
+                                  "mxfp4", "mxfp8_e4m3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_opcheck(weights, name, dtype):
     w = weights[name]
@@ -154,13 +166,15 @@ def test_opcheck(weights, name, dtype):
                                  w.qlayout.block_size, b),
             "fp8": lambda x, b: (x, w.qdata, w.scale, b),
             "intx": lambda x, b: (x, w.qdata, w.scale, w.zero_point, w.qdtype.bits, w.qdtype.signed,
-                                  w.zero_point_domain.value, b)}
-    kind = "nf4" if name.startswith("nf4") else "fp8" if name.startswith("e") else "intx"
-    op = {"nf4": NF4, "fp8": FP8, "intx": INTX}[kind]
+                                  w.zero_point_domain.value, b),
+            "mx": lambda x, b: (x, w.qdata, w.scale, b)}
+    kind = ("nf4" if name.startswith("nf4") else "fp8" if name.startswith("e") else "mx" if name.startswith("mx")
+            else "intx")
+    op = {"nf4": NF4, "fp8": FP8, "intx": INTX, "mx": MX}[kind]
     # torch's SchemaCheckMode compares inputs before / after with allclose, which float8 tensors lack
     # ("mul_cpu_reduced_float" not implemented): the fp8 op skips that one check, no other.
     utils = [u for u in ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-             if not (kind == "fp8" and u == "test_schema")]
+             if not (w.qdata.dtype.is_floating_point and u == "test_schema")]
     torch.library.opcheck(op, args[kind](x, bias), test_utils=utils)
     torch.library.opcheck(op, args[kind](x.clone().requires_grad_(), None), test_utils=utils)
 
@@ -180,6 +194,18 @@ def test_nf4_levels_in_the_kernel_are_the_oracles(weights):
     eye = torch.eye(16)
     out = NF4(eye, qdata, torch.ones(1, 1), None, None, None, 16, None)
     assert out.reshape(16).tolist() == list(Q.nf4.levels)
+
+
+def test_fp4_codes_in_the_kernel_are_the_oracles():
+    # MXFP4: one row whose 16 codes are 0..15 (low nibble first), scale 2^0 (E8M0 127): the e2m1 values.
+    qdata = torch.tensor([[0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE] + [0] * 8], dtype=torch.uint8)
+    out = MX(torch.eye(32)[:16], qdata, torch.full((1, 1), 127, dtype=torch.uint8), None)
+    assert out.reshape(16).tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+    # E8M0 extremes: e = 0 is 2^-127 (subnormal), e = 254 is 2^127. Codes 0 (0.0) and 2 (1.0), the rest 0.
+    zero_one = torch.tensor([[0x20] + [0] * 15], dtype=torch.uint8)
+    for e, value in ((0, 2.0 ** -127), (1, 2.0 ** -126), (254, 2.0 ** 127)):
+        out = MX(torch.eye(32)[:2], zero_one, torch.full((1, 1), e, dtype=torch.uint8), None)
+        assert out.reshape(2).tolist() == [0.0, value]
 
 
 def test_float8_special_codes():
@@ -213,6 +239,8 @@ LAYOUT_CASES = {
     "int3_g32": (lambda: qk.IntxWeightOnlyConfig(bits=3, granularity=qk.PerGroup(32)), "linear_intxwo"),
     "int6_asym": (lambda: qk.IntxWeightOnlyConfig(bits=6, granularity=qk.PerRow(), mapping="asymmetric"),
                   "linear_intxwo"),
+    "mxfp4": (lambda: qk.MXFP4WeightOnlyConfig(), "linear_mxwo"),
+    "mxfp8": (lambda: qk.MXFP8WeightOnlyConfig(), "linear_mxwo"),
 }
 
 
@@ -240,7 +268,7 @@ def test_layout_linear_uses_op_and_matches_dequantized(case, dtype):
     assert_rel(out, ref, 2e-5 if dtype == torch.float32 else 2.0 ** -5, case)
 
 
-@pytest.mark.parametrize("case", ["nf4", "int3_g32"])
+@pytest.mark.parametrize("case", ["nf4", "int3_g32", "mxfp4"])
 def test_reference_preference_keeps_the_reference(case):
     make, op = LAYOUT_CASES[case]
     lin = _linear(type(make())(**{**make().__dict__, "kernel_preference": qk.KernelPreference.REFERENCE}))

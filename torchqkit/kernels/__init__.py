@@ -57,10 +57,10 @@ _CPU_KERNEL_NOTES = {
 
 
 _LOWBIT_NOTES = {  # see Note [Low-bit decode] in csrc/cpu/linear_lowbit.cpp
-    "avx512_vnni": "M <= 8 (nf4, float8) / 4 (intx): 16 weights per zmm decoded in registers (4 rows x 4 tokens); "
+    "avx512_vnni": "M <= 8 (nf4, mxfp4, float8) / 4 (intx): 16 weights per zmm decoded in registers (4 rows x 4 tokens); "
                    "up to M = 63: 32 x 1024 blocks decoded to fp32 (L2), then 4x4 dot tiles; M >= 64: 32-row k-major "
                    "panels + 6x32 FMA tiles",
-    "avx2": "8-lane decoders (AVX2 + FMA + F16C): in registers for M <= 8 (nf4, float8) / 4 (intx), else fp32 "
+    "avx2": "8-lane decoders (AVX2 + FMA + F16C): in registers for M <= 8 (nf4, mxfp4, float8) / 4 (intx), else fp32 "
             "blocks + dot tiles",
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
 }

@@ -140,7 +140,8 @@ def linear_fp8wo_ref(x, qdata, scale, bias=None):
     return _linear_f32(x, qdata.float() * _expand_blocks(scale, qdata.shape), bias)
 
 
-def linear_mxwo_ref(x, qdata, scale, bias=None):
+def mx_weight(qdata, scale):
+    """MXLayout bytes -> (N, K) float32 weight."""
     if qdata.dtype == torch.uint8:  # MXFP4, low nibble first
         codes = torch.stack([qdata & 0xF, qdata >> 4], dim=-1).reshape(qdata.shape[0], -1).long()
         elems = torch.tensor(_FP4_E2M1, dtype=torch.float32, device=qdata.device)[codes]
@@ -148,7 +149,11 @@ def linear_mxwo_ref(x, qdata, scale, bias=None):
         elems = qdata.float()
     e = scale.to(torch.int32)
     x_scale = torch.where(e == 0, 0x00400000, e << 23).view(torch.float32)  # E8M0: 2^(e - 127)
-    return _linear_f32(x, elems * x_scale.repeat_interleave(32, 1), bias)
+    return elems * x_scale.repeat_interleave(32, 1)
+
+
+def linear_mxwo_ref(x, qdata, scale, bias=None):
+    return _linear_f32(x, mx_weight(qdata, scale), bias)
 
 
 def scaled_mm_fp8_rowwise_ref(a, b, scale_a, scale_b, bias=None, out_dtype=torch.float32):
@@ -166,7 +171,7 @@ for _name, _fn in (("torchqkit::linear_int4wo_tiled", linear_int4wo_tiled_ref),
 
 # ------------------------------------------------------------------------------------------------
 # Low-bit weight-only ops served by C++ CPU kernels (issue 4, schemas.LOWBIT_CPU_OPS): linear_intxwo's
-# reference, and d/dx for all three (QLoRA trains adapters through a frozen NF4 weight): grad @ W, W
+# reference, and d/dx for all four (QLoRA trains adapters through a frozen NF4 weight): grad @ W, W
 # decoded from the stored bytes. No weight gradient; the bias gets one.
 # ------------------------------------------------------------------------------------------------
 
@@ -205,6 +210,7 @@ _LOWBIT_WEIGHTS = {  # op -> (weight args..., k) -> (N, K) float32
     "torchqkit::linear_nf4wo": lambda *a, k: nf4_weight(*a),
     "torchqkit::linear_fp8wo": lambda qdata, scale, k: qdata.float() * _expand_blocks(scale, qdata.shape),
     "torchqkit::linear_intxwo": lambda *a, k: intx_weight(*a, k),
+    "torchqkit::linear_mxwo": lambda qdata, scale, k: mx_weight(qdata, scale),
 }
 
 

@@ -30,7 +30,8 @@ GPU_OPS = ("torchqkit::linear_int4wo_tiled", "torchqkit::linear_nf4wo", "torchqk
            "torchqkit::linear_mxwo", "torchqkit::scaled_mm_fp8_rowwise")
 # Weight-only ops whose CPU kernels read the packed layouts' bytes (issue 4; csrc/cpu/linear_lowbit*.cpp).
 # linear_nf4wo and linear_fp8wo are GPU_OPS too; linear_intxwo is defined below.
-LOWBIT_CPU_OPS = ("torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo", "torchqkit::linear_intxwo")
+LOWBIT_CPU_OPS = ("torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo", "torchqkit::linear_intxwo",
+                  "torchqkit::linear_mxwo")
 ALL_OPS = OPS + GPU_OPS + ("torchqkit::linear_intxwo",)
 
 

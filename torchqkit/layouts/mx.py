@@ -16,7 +16,9 @@ MXFP4: byte j of row n holds element 2j in its LOW nibble and element 2j + 1 in 
 An e2m1 code is sign (bit 3) | exponent (bits 2..1, bias 1) | mantissa (bit 0): 0b0111 = 6.0, 0b1010 = -1.0.
 MXFP8: the element's float8 bits, one byte each. E8M0: exponent bits only, no sign, no mantissa.
 
-Linear runs the reference path (dequantize + F.linear); MX kernels come in the kernel issues.
+Linear runs torchqkit::linear_mxwo on the stored bytes (C++ on CPU: MXFP4 through a 16-entry e2m1 table,
+MXFP8 through the float8 kernel, E8M0 exponents turned into float32 scales per call); the reference
+(dequantize + F.linear) serves KernelPreference.REFERENCE and other activation dtypes.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ..core.primitives import ZeroPointDomain
 from ..core.qdtype import float8_e4m3fn, float8_e5m2, fp4_e2m1
+from ..kernels import KERNEL_ACT_DTYPES, cpu_backend
+from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
 from .base import Layout, PackedSpec, PlainParts, register_layout
@@ -81,8 +85,10 @@ class MXLayout(Layout):
 
     @staticmethod
     def linear_paths() -> list[dict]:
-        return [{"linear": "MXFP8 / MXFP4 weight-only", "path": "reference",
-                 "why": "dequantize + F.linear: no MX kernel yet (kernel issues #4, #5)"}]
+        path, why = cpu_backend(_MX_OP)
+        return [{"linear": "MXFP8 / MXFP4 weight-only", "path": f"{_MX_OP} ({path})", "why": why},
+                {"linear": "any, KernelPreference.REFERENCE, or activations not float32/bfloat16/float16",
+                 "path": "reference", "why": "chosen explicitly / no kernel for that activation dtype"}]
 
 
 def _to_e8m0(scale: torch.Tensor) -> torch.Tensor:
@@ -105,8 +111,14 @@ def _from_e8m0(e: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
-# No kernel yet: the reference (dequantize + F.linear) serves linear, as linear_paths() reports.
-MXLayout.ops.implements(F.linear)(reference_linear)
+_MX_OP = "torchqkit::linear_mxwo"
+
+
+@MXLayout.ops.implements(F.linear)
+def _linear(w, x, bias):
+    if w.kernel_preference is not KernelPreference.AUTO or x.dtype not in KERNEL_ACT_DTYPES:
+        return reference_linear(w, x, bias)
+    return torch.ops.torchqkit.linear_mxwo(x, w.qdata, w.scale, bias)
 
 
 @MXLayout.ops.implements(aten.slice.Tensor)

@@ -63,7 +63,10 @@ def test_status_lists_every_op_on_every_device():
     rows = [r for r in kernels.status() if r["layout"] == "(backend)"]
     assert sorted(r["linear"] for r in rows) == sorted(f"{op} on {d}" for op in schemas.ALL_OPS for d in ("cpu", "cuda"))
     mx = next(r for r in rows if r["linear"] == "torchqkit::linear_mxwo on cpu")
-    assert mx["path"] == "reference" and "usable: triton, reference" in mx["why"]
+    assert mx["path"] == "cpu" and "usable: cpu, triton, reference" in mx["why"]
+    # An op without a C++ CPU kernel: the reference is the fastest usable one and the row says why.
+    smm = next(r for r in rows if r["linear"] == "torchqkit::scaled_mm_fp8_rowwise on cpu")
+    assert smm["path"] == "reference" and "usable: triton, reference" in smm["why"] and "no kernel" in smm["why"]
 
 
 def test_every_triton_op_mirrors_a_torchqkit_op_schema():
