@@ -172,7 +172,7 @@ def test_opcheck(weights, name, dtype):
             else "intx")
     op = {"nf4": NF4, "fp8": FP8, "intx": INTX, "mx": MX}[kind]
     # torch's SchemaCheckMode compares inputs before / after with allclose, which float8 tensors lack
-    # ("mul_cpu_reduced_float" not implemented): the fp8 op skips that one check, no other.
+    # ("mul_cpu_reduced_float" not implemented): ops on float8 bytes skip that one check, no other.
     utils = [u for u in ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
              if not (w.qdata.dtype.is_floating_point and u == "test_schema")]
     torch.library.opcheck(op, args[kind](x, bias), test_utils=utils)

@@ -116,8 +116,8 @@ _MX_OP = "torchqkit::linear_mxwo"
 
 @MXLayout.ops.implements(F.linear)
 def _linear(w, x, bias):
-    if w.kernel_preference is not KernelPreference.AUTO or x.dtype not in KERNEL_ACT_DTYPES:
-        return reference_linear(w, x, bias)
+    if w.act_quant is not None or w.kernel_preference is not KernelPreference.AUTO or x.dtype not in KERNEL_ACT_DTYPES:
+        return reference_linear(w, x, bias)  # weight-only kernel: fake-quantized activations take the reference
     return torch.ops.torchqkit.linear_mxwo(x, w.qdata, w.scale, bias)
 
 
