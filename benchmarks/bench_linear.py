@@ -48,7 +48,8 @@ def _flush():
 
 def _nbytes(t) -> int:
     if isinstance(t, torchqkit.AffineQuantizedTensor):
-        return sum(v.numel() * v.element_size() for v in t.inner_tensors().values() if v is not None)
+        from bench_lowbit import stored_bytes  # a sibling file: benchmarks/ is sys.path[0] when run as a script
+        return stored_bytes(t)
     return t.numel() * t.element_size()
 
 

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <vector>
 
+#include "avx2_reduce.h"
 #include "kernels.h"
 
 namespace torchqkit_cpu {
@@ -581,11 +582,12 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
 // per (token, group): B[m][g] = sum_k a - z g, dotted with s * c per row.
 // ================================================================================================
 struct DaInt4Args {
-  const uint8_t* ap;      // (M, lda) shifted codes, each 128-k block permuted to [even k | odd k]; 0 past K
+  const uint8_t* ap;      // (M, lda) shifted codes, each 128-k block permuted to [even k | odd k] (the panel
+                          // path: natural k order); 0 past K
   int64_t M, K, lda;
   const float* a_scale;   // (M)
   const int32_t* zp128;   // (M) 128 + activation zero point
-  const float* bsum;      // (M, G) sum_k a - zp128 * g per group
+  const float* bsum;      // (M, G) sum_k a - zp128 * g per group (nullptr on the panel path)
   const uint8_t* w;       // (N, ceil(K / 2)) packed nibbles, row stride ldw
   int64_t N, ldw;
   const void* scale;      // (N, G) contiguous, of type st
@@ -639,13 +641,6 @@ void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // int32 lane sums of 4 adjacent u8 x (u8 <= 15) products.
 inline __m256i dot4(__m256i a, __m256i u) {
@@ -810,7 +805,7 @@ void expand_block(const DaInt4Args& p, int64_t col, int64_t rows, int64_t k0, in
   }
 }
 
-void da_int4_prefill(const DaInt4Args& p, const uint8_t* a, int64_t j0, int64_t j1) {
+void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1) {
   const int64_t kb = (p.G > 1 && p.g < 128) ? p.g : 128;  // a block never straddles two groups
   alignas(64) int8_t tmp[32 * 128];
   alignas(64) int8_t panel[32 * 128];
@@ -826,7 +821,7 @@ void da_int4_prefill(const DaInt4Args& p, const uint8_t* a, int64_t j0, int64_t 
       for (int64_t r = 0; r < rows; ++r) ws[r] = load_float(p.scale, p.st, (col + r) * p.G + gi);
       const bool last = k0 + kc >= p.K;
       for (int64_t m = 0; m < p.M; m += 6)
-        gemm_u8s8_6x32((int)std::min<int64_t>(6, p.M - m), a + m * p.lda + k0, p.lda, panel, kc,
+        gemm_u8s8_6x32((int)std::min<int64_t>(6, p.M - m), p.ap + m * p.lda + k0, p.lda, panel, kc,
                        p.out + m * p.ldo + col, p.ldo, (int)rows, p.a_scale + m, p.zp128 + m, ws,
                        last && p.bias ? p.bias + col : nullptr, rowsum, k0 > 0);
     }
@@ -874,14 +869,15 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   shape.back() = N;
   if (M == 0 || N == 0) return out.to(dt).reshape(shape);
   const Isa isa = selected_isa_for_ops();
-  at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte)), ap = at::empty({M, lda}, a.options());
-  at::Tensor a_scale = at::empty({M}, x2.options()), zp = at::empty({M}, x2.options().dtype(at::kInt));
-  at::Tensor bsum = at::empty({M, G}, x2.options());
   const bool panel = isa == Isa::kAvx512Vnni && M >= avx512::kDaInt4PanelMinM;
+  // The panel path reads the codes in natural k order and needs no group sums (Note [int8 x int4 prefill]).
+  at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte)), ap = panel ? a : at::empty({M, lda}, a.options());
+  at::Tensor a_scale = at::empty({M}, x2.options()), zp = at::empty({M}, x2.options().dtype(at::kInt));
+  at::Tensor bsum = panel ? at::Tensor() : at::empty({M, G}, x2.options());
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
     quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a.data_ptr<uint8_t>(), lda,
                   a_scale.data_ptr<float>(), zp.data_ptr<int32_t>(), m0, m1);
-    if (panel) return;  // natural k order; the group sums are not needed (Note [int8 x int4 prefill])
+    if (panel) return;
     for (int64_t m = m0; m < m1; ++m) {
       const uint8_t* ar = a.data_ptr<uint8_t>() + m * lda;
       uint8_t* pr = ap.data_ptr<uint8_t>() + m * lda;
@@ -895,12 +891,12 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
     }
   });
   const DaInt4Args p{ap.data_ptr<uint8_t>(), M, K, lda, a_scale.data_ptr<float>(), zp.data_ptr<int32_t>(),
-                     bsum.data_ptr<float>(), qdata.data_ptr<uint8_t>(), N, qdata.stride(0), s.data_ptr(),
+                     panel ? nullptr : bsum.data_ptr<float>(), qdata.data_ptr<uint8_t>(), N, qdata.stride(0), s.data_ptr(),
                      sz_type(s.scalar_type(), op), zw.defined() ? zw.data_ptr<int8_t>() : nullptr, G, g, b.defined() ? b.data_ptr<float>() : nullptr,
                      out.data_ptr<float>(), N};
   if (panel) {
     at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t j0, int64_t j1) {
-      avx512::da_int4_prefill(p, a.data_ptr<uint8_t>(), j0, j1);
+      avx512::da_int4_prefill(p, j0, j1);
     });
     return out.to(dt).reshape(shape);
   }

@@ -12,6 +12,7 @@
 //     time, into a k-major panel (fp32 for weight-only, 4 k-bytes per int32 lane for VNNI) that stays in
 //     L2 while every activation row tile (6 rows) streams over it; accumulators are 6 x 2 zmm, each
 //     activation value is broadcast. This is the classic register-blocked GEMM shape.
+#include "avx2_reduce.h"
 #include "kernels.h"
 
 #include <immintrin.h>
@@ -100,20 +101,6 @@ void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline int32_t hsum(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  return _mm_cvtsi128_si32(s);
-}
 
 constexpr int NB = 4;  // weight rows per tile
 
@@ -557,7 +544,7 @@ constexpr int64_t DA_KC = 1024;  // k bytes per panel: 256 int32 rows x 32 colum
 
 // Panel [kc/4][32][4] int8: lane j of row k4 holds w[col0 + j, k0 + 4*k4 .. +3] (rows >= n1 and k >= K
 // are zero). Adds each column's sum of codes to rowsum[0:32].
-void da_pack(const DynamicActArgs& p, int64_t col0, int64_t n1, int64_t k0, int64_t kc, int8_t* dst,
+void da_pack(const int8_t* w, int64_t ldw, int64_t col0, int64_t n1, int64_t k0, int64_t kc, int8_t* dst,
              int32_t* rowsum) {
   const __m512i ones = _mm512_set1_epi8(1);
   for (int h = 0; h < 2; ++h) {
@@ -567,7 +554,7 @@ void da_pack(const DynamicActArgs& p, int64_t col0, int64_t n1, int64_t k0, int6
       __m512 v[16];
       for (int r = 0; r < 16; ++r) {
         const int64_t row = col0 + 16 * h + r;
-        v[r] = row < n1 ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(mk, p.w + row * p.ldw + k0 + kk))
+        v[r] = row < n1 ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(mk, w + row * ldw + k0 + kk))
                         : _mm512_setzero_ps();
       }
       transpose16(v);
@@ -643,7 +630,7 @@ void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
     const bool first = k0 == 0, last = k0 + kc == p.K;
     for (int64_t j = 0; j < npanels; ++j) {
       const int64_t col = n0 + j * NR;
-      da_pack(p, col, n1, k0, kc, buf.data(), rowsum.data() + j * NR);
+      da_pack(p.w, p.ldw, col, n1, k0, kc, buf.data(), rowsum.data() + j * NR);
       const __mmask16 cm0 = tail16(n1 - col), cm1 = tail16(n1 - col - 16);
       const int8_t* panel = buf.data();
       for (int64_t m = 0; m < p.M; m += MR) {
@@ -700,10 +687,7 @@ void gemm_f32_6x32(int R, const float* a, int64_t lda, const float* panel, int64
 
 // The VNNI panel pieces of the int8 dynamic-activation path, shared with linear_int4.cpp (see kernels.h).
 void pack_s8_panel(const int8_t* w, int64_t ldw, int64_t rows, int64_t kc, int8_t* dst, int32_t* rowsum) {
-  DynamicActArgs p{};
-  p.w = w;
-  p.ldw = ldw;
-  avx512::da_pack(p, 0, rows, 0, kc, dst, rowsum);
+  avx512::da_pack(w, ldw, 0, rows, 0, kc, dst, rowsum);
 }
 
 void gemm_u8s8_6x32(int R, const uint8_t* a, int64_t lda, const int8_t* panel, int64_t kc, float* c, int64_t ldc,

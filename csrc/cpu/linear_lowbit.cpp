@@ -17,6 +17,7 @@
 //     registers and each byte is read from memory once per tile of tokens (bandwidth-bound at M = 1).
 //   * prefill (larger M): a block of rows x columns decoded to fp32 once into a per-thread L2 buffer, then
 //     the same dot tiles (4 tokens x 4 rows, x tile in L1) over it: one decode per weight, FMA-bound.
+#include "avx2_reduce.h"
 #include "kernels.h"
 
 #include <immintrin.h>
@@ -40,15 +41,6 @@ alignas(64) constexpr float kNf4[16] = {
 // OCP fp4 e2m1 values (MXFP4 elements, torchqkit/core/qdtype.py): sign bit 3, code i -> kFp4[i].
 alignas(64) constexpr float kFp4[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                         -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-int64_t chunk_bytes(const LowbitArgs& p) {
-  switch (p.fmt) {
-    case LowbitFormat::kNf4:
-    case LowbitFormat::kFp4E2m1: return 8;
-    case LowbitFormat::kIntx: return 2 * p.bits;
-    default: return 16;
-  }
-}
 
 int64_t row_bytes(const LowbitArgs& p) {
   switch (p.fmt) {
@@ -174,6 +166,27 @@ void dot(const LowbitArgs& p, int64_t n0, int64_t n1) {
 }
 
 }  // namespace scalar
+
+// Fn<decoder>::run(p, a...) for the format of p, the decoder types taken from an ISA level's Decoders.
+template <class Dec, template <class> class Fn, class... A>
+void by_format(const LowbitArgs& p, A... a) {
+  switch (p.fmt) {
+    case LowbitFormat::kNf4: return Fn<typename Dec::nf4>::run(p, a...);
+    case LowbitFormat::kFp4E2m1: return Fn<typename Dec::fp4>::run(p, a...);
+    case LowbitFormat::kFloat8E4m3: return Fn<typename Dec::e4m3>::run(p, a...);
+    case LowbitFormat::kFloat8E5m2: return Fn<typename Dec::e5m2>::run(p, a...);
+    default: break;
+  }
+  switch (p.bits) {
+    case 1: return Fn<typename Dec::template intx<1>>::run(p, a...);
+    case 2: return Fn<typename Dec::template intx<2>>::run(p, a...);
+    case 3: return Fn<typename Dec::template intx<3>>::run(p, a...);
+    case 4: return Fn<typename Dec::template intx<4>>::run(p, a...);
+    case 5: return Fn<typename Dec::template intx<5>>::run(p, a...);
+    case 6: return Fn<typename Dec::template intx<6>>::run(p, a...);
+    default: return Fn<typename Dec::template intx<7>>::run(p, a...);
+  }
+}
 
 // ================================================================================================
 // AVX-512 F/BW/VL/DQ: 16 lanes = one chunk
@@ -460,25 +473,14 @@ template <class D> struct PrefillFn {
   }
 };
 
-template <template <class> class Fn, class... A>
-void by_format(const LowbitArgs& p, A... a) {
-  switch (p.fmt) {
-    case LowbitFormat::kNf4: return Fn<Nf4>::run(p, a...);
-    case LowbitFormat::kFp4E2m1: return Fn<Fp4>::run(p, a...);
-    case LowbitFormat::kFloat8E4m3: return Fn<F8E4m3>::run(p, a...);
-    case LowbitFormat::kFloat8E5m2: return Fn<F8E5m2>::run(p, a...);
-    default: break;
-  }
-  switch (p.bits) {
-    case 1: return Fn<Intx<1>>::run(p, a...);
-    case 2: return Fn<Intx<2>>::run(p, a...);
-    case 3: return Fn<Intx<3>>::run(p, a...);
-    case 4: return Fn<Intx<4>>::run(p, a...);
-    case 5: return Fn<Intx<5>>::run(p, a...);
-    case 6: return Fn<Intx<6>>::run(p, a...);
-    default: return Fn<Intx<7>>::run(p, a...);
-  }
-}
+// This level's decoders, for by_format.
+struct Decoders {
+  using nf4 = Nf4;
+  using fp4 = Fp4;
+  using e4m3 = F8E4m3;
+  using e5m2 = F8E5m2;
+  template <int B> using intx = Intx<B>;
+};
 template <class D> struct DotFn { static void run(const LowbitArgs& p, int64_t n0, int64_t n1) { dot<D>(p, n0, n1); } };
 
 }  // namespace avx512
@@ -576,13 +578,6 @@ inline void lane_scales(const LowbitArgs& p, int64_t n, int64_t c, Half* s, Half
   }
   *s = {{_mm256_load_ps(sv), _mm256_load_ps(sv + 8)}};
   *o = {{_mm256_load_ps(ov), _mm256_load_ps(ov + 8)}};
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 constexpr int NB = 4;
@@ -716,25 +711,14 @@ void prefill(const LowbitArgs& p, int64_t n0, int64_t n1) {
 
 template <class D> struct PrefillFn { static void run(const LowbitArgs& p, int64_t n0, int64_t n1) { prefill<D>(p, n0, n1); } };
 
-template <template <class> class Fn, class... A>
-void by_format(const LowbitArgs& p, A... a) {
-  switch (p.fmt) {
-    case LowbitFormat::kNf4: return Fn<Nf4>::run(p, a...);
-    case LowbitFormat::kFp4E2m1: return Fn<Fp4>::run(p, a...);
-    case LowbitFormat::kFloat8E4m3: return Fn<F8E4m3>::run(p, a...);
-    case LowbitFormat::kFloat8E5m2: return Fn<F8E5m2>::run(p, a...);
-    default: break;
-  }
-  switch (p.bits) {
-    case 1: return Fn<Intx<1>>::run(p, a...);
-    case 2: return Fn<Intx<2>>::run(p, a...);
-    case 3: return Fn<Intx<3>>::run(p, a...);
-    case 4: return Fn<Intx<4>>::run(p, a...);
-    case 5: return Fn<Intx<5>>::run(p, a...);
-    case 6: return Fn<Intx<6>>::run(p, a...);
-    default: return Fn<Intx<7>>::run(p, a...);
-  }
-}
+// This level's decoders, for by_format.
+struct Decoders {
+  using nf4 = Nf4;
+  using fp4 = Fp4;
+  using e4m3 = F8E4m3;
+  using e5m2 = F8E5m2;
+  template <int B> using intx = Intx<B>;
+};
 template <class D> struct DotFn { static void run(const LowbitArgs& p, int64_t n0, int64_t n1) { dot<D>(p, n0, n1); } };
 
 }  // namespace avx2
@@ -751,16 +735,16 @@ Isa lowbit_isa(Isa isa) {
 
 void linear_lowbit_dot(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1) {
   switch (lowbit_isa(isa)) {
-    case Isa::kAvx512Vnni: return avx512::by_format<avx512::DotFn>(p, n0, n1);
-    case Isa::kAvx2: return avx2::by_format<avx2::DotFn>(p, n0, n1);
+    case Isa::kAvx512Vnni: return by_format<avx512::Decoders, avx512::DotFn>(p, n0, n1);
+    case Isa::kAvx2: return by_format<avx2::Decoders, avx2::DotFn>(p, n0, n1);
     default: return scalar::dot(p, n0, n1);
   }
 }
 
 void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1) {
   switch (lowbit_isa(isa)) {
-    case Isa::kAvx512Vnni: return avx512::by_format<avx512::PrefillFn>(p, n0, n1);
-    case Isa::kAvx2: return avx2::by_format<avx2::PrefillFn>(p, n0, n1);
+    case Isa::kAvx512Vnni: return by_format<avx512::Decoders, avx512::PrefillFn>(p, n0, n1);
+    case Isa::kAvx2: return by_format<avx2::Decoders, avx2::PrefillFn>(p, n0, n1);
     default: return scalar::dot(p, n0, n1);
   }
 }

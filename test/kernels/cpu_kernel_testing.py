@@ -1,10 +1,13 @@
-"""Helpers shared by the C++ CPU kernel tests: which ISA levels this CPU can run, and one error budget."""
+"""Helpers shared by the C++ CPU kernel tests: which ISA levels this CPU can run, one error budget, the log of
+aten / custom ops a call dispatches, and the check that torch.compile calls an op."""
 from __future__ import annotations
 
 import os
 
 import pytest
 import torch
+from torch._inductor.utils import run_and_get_code
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchqkit import kernels
 
@@ -52,3 +55,26 @@ def unaligned(t: torch.Tensor, offset_bytes: int) -> torch.Tensor:
     out = buf[start:start + nbytes].view(t.dtype).view(t.shape)
     out.copy_(t)
     return out
+
+
+class OpLog(TorchDispatchMode):
+    """Names of the ops (overload packets) dispatched while active, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def assert_compiled_calls_op(module, x, op: str):
+    """torch.compile(fullgraph=True) of ``module`` calls torchqkit::``op`` in its generated code and returns
+    exactly the eager output."""
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out, code = run_and_get_code(torch.compile(module, fullgraph=True), x)
+        eager = module(x)
+    assert f"torch.ops.torchqkit.{op}.default" in "\n".join(code)
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)

@@ -9,13 +9,11 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._inductor.utils import run_and_get_code
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchqkit as qk
 from torchqkit import kernels
 
-from cpu_kernel_testing import assert_rel, cpu_levels, gen, needs_kernel, unaligned
+from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen, needs_kernel, unaligned
 from cpu_kernel_testing import isa_param as isa_param_for
 from torchqkit.core import qdtypes as Q
 from torchqkit.kernels.reference import linear_int8da_int8_plain_ref, linear_int8wo_plain_ref
@@ -174,16 +172,6 @@ def test_without_extension_status_names_reference_and_ops_still_run():
 # Through the plain layout
 # ------------------------------------------------------------------------------------------------
 
-class _OpLog(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def _int8_weight(dtype=torch.float32, granularity=None, act=None, pref="auto"):
     w = torch.randn(37, 96, generator=gen(3)).to(dtype)
     return qk.quantize_weight(w, Q.int8, granularity or qk.PerRow(), qk.PlainLayout(), act_quant=act,
@@ -203,7 +191,7 @@ def test_layout_linear_uses_op_and_matches_dequantized(granularity, act, op, dty
     aqt = _int8_weight(dtype, granularity, act)
     ref_w = _int8_weight(dtype, granularity, act, pref="reference")
     x = _act(5, 96, dtype)
-    log = _OpLog()
+    log = OpLog()
     with log:
         out = F.linear(x, aqt)
     assert log.ops == [op]
@@ -216,7 +204,7 @@ def test_layout_linear_uses_op_and_matches_dequantized(granularity, act, op, dty
 
 def test_reference_preference_keeps_the_reference():
     aqt = _int8_weight(pref="reference")
-    log = _OpLog()
+    log = OpLog()
     with log:
         F.linear(_act(2, 96, torch.float32), aqt)
     assert "linear_int8wo_plain" not in log.ops and ("mm" in log.ops or "addmm" in log.ops)
@@ -225,7 +213,7 @@ def test_reference_preference_keeps_the_reference():
 def test_float64_activations_use_the_reference():
     aqt = _int8_weight(torch.float64)
     x = _act(2, 96, torch.float64)
-    log = _OpLog()
+    log = OpLog()
     with log:
         out = F.linear(x, aqt)
     assert "linear_int8wo_plain" not in log.ops
@@ -235,15 +223,9 @@ def test_float64_activations_use_the_reference():
 @pytest.mark.parametrize("act,op", [(None, "linear_int8wo_plain"), (ACT_ASYM, "linear_int8da_int8_plain")],
                          ids=["wo", "da"])
 def test_compile_fullgraph_calls_the_custom_op(act, op):
-    torch._dynamo.reset()
     lin = torch.nn.Linear(96, 37)
     lin.weight = torch.nn.Parameter(_int8_weight(act=act), requires_grad=False)
-    x = _act(4, 96, torch.float32)
-    with torch.no_grad():
-        out, code = run_and_get_code(torch.compile(lin, fullgraph=True), x)
-        eager = lin(x)
-    assert f"torch.ops.torchqkit.{op}.default" in "\n".join(code)
-    torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    assert_compiled_calls_op(lin, _act(4, 96, torch.float32), op)
 
 
 def test_input_gradient_flows_through_the_dequantized_weight():

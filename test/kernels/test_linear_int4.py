@@ -7,13 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._inductor.utils import run_and_get_code
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchqkit as qk
 from torchqkit import kernels
 
-from cpu_kernel_testing import assert_rel, cpu_levels, gen, needs_kernel, unaligned
+from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen, needs_kernel, unaligned
 from cpu_kernel_testing import isa_param as isa_param_for
 from torchqkit.kernels.reference import linear_int4wo_tiled_ref
 
@@ -138,22 +136,12 @@ def test_cpu_kernel_registered_and_reported():
 # Through TensorCoreTiledLayout
 # ------------------------------------------------------------------------------------------------
 
-class _OpLog(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_layout_linear_uses_the_op(dtype):
     lin = torch.nn.Linear(256, 40).to(dtype)
     qk.quantize_(lin, qk.Int4WeightOnlyConfig(group_size=64))
     x = _act(3, 256, dtype)
-    log = _OpLog()
+    log = OpLog()
     with log, torch.no_grad():
         out = lin(x)
     assert log.ops == ["linear_int4wo_tiled"]
@@ -165,13 +153,13 @@ def test_layout_linear_uses_the_op(dtype):
 
 def test_reference_preference_and_float64_keep_the_reference():
     w = _tiled(16, 64, 32, 2, pref="reference")
-    log = _OpLog()
+    log = OpLog()
     with log:
         F.linear(_act(2, 64, torch.float32), w)
     assert "linear_int4wo_tiled" not in log.ops
     w64 = _tiled(16, 64, 32, 2, torch.float64)
     x = _act(2, 64, torch.float64)
-    log = _OpLog()
+    log = OpLog()
     with log:
         out = F.linear(x, w64)
     assert "linear_int4wo_tiled" not in log.ops
@@ -179,15 +167,9 @@ def test_reference_preference_and_float64_keep_the_reference():
 
 
 def test_compile_fullgraph_calls_the_custom_op():
-    torch._dynamo.reset()
     lin = torch.nn.Linear(128, 24)
     qk.quantize_(lin, qk.Int4WeightOnlyConfig(group_size=32))
-    x = _act(4, 128, torch.float32)
-    with torch.no_grad():
-        out, code = run_and_get_code(torch.compile(lin, fullgraph=True), x)
-        eager = lin(x)
-    assert "torch.ops.torchqkit.linear_int4wo_tiled.default" in "\n".join(code)
-    torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    assert_compiled_calls_op(lin, _act(4, 128, torch.float32), "linear_int4wo_tiled")
 
 
 def test_input_gradient_flows_through_the_dequantized_weight():
@@ -271,7 +253,7 @@ def test_int8da_int4_config_routes_to_the_op_and_matches_fake_quant():
     lin = torch.nn.Linear(256, 40)
     qk.quantize_(lin, config)
     x = _act(5, 256, torch.float32)
-    log = _OpLog()
+    log = OpLog()
     with log, torch.no_grad():
         out = lin(x)
     assert log.ops == ["linear_int8da_int4_packed"]
@@ -284,12 +266,6 @@ def test_int8da_int4_config_routes_to_the_op_and_matches_fake_quant():
 
 
 def test_int8da_int4_compile_fullgraph_calls_the_op():
-    torch._dynamo.reset()
     lin = torch.nn.Linear(128, 24)
     qk.quantize_(lin, qk.Int8DynamicActivationIntxWeightConfig(weight_bits=4))
-    x = _act(4, 128, torch.float32)
-    with torch.no_grad():
-        out, code = run_and_get_code(torch.compile(lin, fullgraph=True), x)
-        eager = lin(x)
-    assert "torch.ops.torchqkit.linear_int8da_int4_packed.default" in "\n".join(code)
-    torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    assert_compiled_calls_op(lin, _act(4, 128, torch.float32), "linear_int8da_int4_packed")

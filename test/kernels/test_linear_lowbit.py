@@ -7,13 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._inductor.utils import run_and_get_code
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchqkit as qk
 from torchqkit import kernels
 
-from cpu_kernel_testing import assert_rel, cpu_levels, gen, needs_kernel, unaligned
+from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen, needs_kernel, unaligned
 from cpu_kernel_testing import isa_param as isa_param_for
 from torchqkit.core import qdtypes as Q
 
@@ -220,16 +218,6 @@ def test_float8_special_codes():
 # through the layouts
 # ------------------------------------------------------------------------------------------------
 
-class _OpLog(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 LAYOUT_CASES = {
     "nf4": (lambda: qk.NF4WeightOnlyConfig(block_size=32), "linear_nf4wo"),
     "nf4_dq": (lambda: qk.NF4WeightOnlyConfig(block_size=32, double_quant=True), "linear_nf4wo"),
@@ -258,7 +246,7 @@ def test_layout_linear_uses_op_and_matches_dequantized(case, dtype):
     make, op = LAYOUT_CASES[case]
     lin = _linear(make(), dtype)
     x = _act(5, 96, dtype)
-    log = _OpLog()
+    log = OpLog()
     with torch.no_grad(), log:
         out = lin(x)
     assert log.ops == [op]
@@ -272,7 +260,7 @@ def test_layout_linear_uses_op_and_matches_dequantized(case, dtype):
 def test_reference_preference_keeps_the_reference(case):
     make, op = LAYOUT_CASES[case]
     lin = _linear(type(make())(**{**make().__dict__, "kernel_preference": qk.KernelPreference.REFERENCE}))
-    log = _OpLog()
+    log = OpLog()
     with torch.no_grad(), log:
         lin(_act(2, 96, torch.float32))
     assert op not in log.ops
@@ -296,12 +284,5 @@ def test_qlora_gradients_reach_input_bias_and_adapter(double_quant):
 
 @pytest.mark.parametrize("case", ["nf4_dq", "fp8_row", "int3_g32"])
 def test_compile_fullgraph_calls_the_custom_op(case):
-    torch._dynamo.reset()
     make, op = LAYOUT_CASES[case]
-    lin = _linear(make())
-    x = _act(4, 96, torch.float32)
-    with torch.no_grad():
-        out, code = run_and_get_code(torch.compile(lin, fullgraph=True), x)
-        eager = lin(x)
-    assert f"torch.ops.torchqkit.{op}.default" in "\n".join(code)
-    torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    assert_compiled_calls_op(_linear(make()), _act(4, 96, torch.float32), op)
