@@ -85,7 +85,7 @@ void gemm_u8s8_6x32(int R, const uint8_t* a, int64_t lda, const int8_t* panel, i
 // The layouts' bytes as stored (see the docstrings of torchqkit/layouts/nf4.py, float8.py, packed_intx.py):
 //   y[m, n] = sum_k x[m, k] * (level(n, k) * s(n, k / g) + o(n, k / g)) + bias[n]
 // level: nf4 codebook value; fp4 e2m1 value (MXFP4: low nibble first, unlike nf4); float8 e4m3fn value / 256
-// (the glue folds 256 into s), e5m2 value;
+// (scale_mul = 256 puts it back), e5m2 value;
 // intx: the unsigned field u (offset binary; the glue folds qmin and the zero point into o).
 enum class LowbitFormat : int { kNf4 = 0, kFloat8E4m3 = 1, kFloat8E5m2 = 2, kIntx = 3, kFp4E2m1 = 4 };
 
@@ -96,7 +96,9 @@ struct LowbitArgs {
   int64_t M, K, ldx;
   const uint8_t* w;       // (N, row bytes), row stride ldw
   int64_t N, ldw;
-  const float* scale;     // (N / bn, G) fp32 contiguous; nullptr: nf4 double quant (dq_* below)
+  const float* scale;     // (N / bn, G) fp32 contiguous; nullptr: E8M0 or nf4 double quant (below)
+  const uint8_t* scale_e8m0;  // MX: (N / bn, G) E8M0 exponents e instead of scale, s = 2^(e - 127)
+  float scale_mul = 1.f;  // every s times this (e4m3: the decoder's 1/256 folded back)
   const float* offset;    // (N / bn, G) or nullptr (no offset)
   int64_t G, g, bn;       // g = K / G weights per group along K; bn rows share a scale row
   const int8_t* dq_codes; // nf4 double quant: absmax[i] = dq_codes[i] * dq_scale[i / 256] + dq_offset,

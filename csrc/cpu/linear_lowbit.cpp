@@ -51,12 +51,19 @@ int64_t row_bytes(const LowbitArgs& p) {
   }
 }
 
-// Scale and offset of group gi of the row whose scale row starts at base = (n / bn) * G (double-quantized
-// NF4 absmax decoded here, per group). The loops compute base once per row: no division per group.
+// Scale and offset of group gi of the row whose scale row starts at base = (n / bn) * G (E8M0 exponents and
+// double-quantized NF4 absmax decoded here, per group: no per-call scale tensor). The loops compute base
+// once per row: no division per group.
 inline int64_t scale_base(const LowbitArgs& p, int64_t n) { return (n / p.bn) * p.G; }
 inline float scale_at(const LowbitArgs& p, int64_t base, int64_t gi) {
   const int64_t i = base + gi;
-  if (p.scale) return p.scale[i];
+  if (p.scale) return p.scale[i] * p.scale_mul;
+  if (p.scale_e8m0) {  // 2^(e - 127): float bits e << 23; e = 0 is the subnormal 2^-127 (bits 0x00400000)
+    const uint32_t e = p.scale_e8m0[i], bits = e ? e << 23 : 0x00400000u;
+    float s;
+    std::memcpy(&s, &bits, 4);
+    return s * p.scale_mul;
+  }
   return (float)p.dq_codes[i] * p.dq_scale[i >> 8] + p.dq_offset;
 }
 inline float offset_at(const LowbitArgs& p, int64_t base, int64_t gi) { return p.offset ? p.offset[base + gi] : 0.f; }
@@ -99,6 +106,7 @@ LowbitArgs block_args(const LowbitArgs& p, const float* buf, const float* one, i
   q.ldw = kPrefillK * sizeof(float);
   q.N = nb;
   q.scale = one;
+  q.scale_mul = 1.f;
   q.offset = nullptr;
   q.G = 1;
   q.g = kc;

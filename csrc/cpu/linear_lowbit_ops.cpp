@@ -129,6 +129,14 @@ at::Tensor linear_nf4wo(const at::Tensor& x, const at::Tensor& qdata, const std:
   return run(x, p, bias, op);
 }
 
+// Float8 bytes: the e4m3 decoder yields value / 256 (exact), scale_mul puts the 256 back.
+LowbitArgs fp8_weight_args(const at::Tensor& w, at::ScalarType qt, int64_t N, int64_t K) {
+  const bool e4m3 = qt == at::kFloat8_e4m3fn;
+  LowbitArgs p = weight_args(w, e4m3 ? LowbitFormat::kFloat8E4m3 : LowbitFormat::kFloat8E5m2, N, K);
+  p.scale_mul = e4m3 ? 256.f : 1.f;
+  return p;
+}
+
 at::Tensor linear_fp8wo(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
                         const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "torchqkit::linear_fp8wo";
@@ -138,9 +146,8 @@ at::Tensor linear_fp8wo(const at::Tensor& x, const at::Tensor& qdata, const at::
   const int64_t N = qdata.size(0), K = qdata.size(1);
   check_x(x, K, op);
   const at::Tensor w = rows(qdata);
-  at::Tensor s = block_scales(scale, N, K, "scale", op);
-  if (qt == at::kFloat8_e4m3fn) s = s * 256.0;  // the e4m3 decoder yields value / 256 (exact power of two)
-  LowbitArgs p = weight_args(w, qt == at::kFloat8_e4m3fn ? LowbitFormat::kFloat8E4m3 : LowbitFormat::kFloat8E5m2, N, K);
+  const at::Tensor s = block_scales(scale, N, K, "scale", op);
+  LowbitArgs p = fp8_weight_args(w, qt, N, K);
   p.scale = s.data_ptr<float>();
   p.G = s.size(1);
   p.g = K / p.G;
@@ -148,8 +155,8 @@ at::Tensor linear_fp8wo(const at::Tensor& x, const at::Tensor& qdata, const at::
   return run(x, p, bias, op);
 }
 
-// MXLayout bytes (torchqkit/layouts/mx.py): MXFP8 runs the float8 kernel and MXFP4 the fp4 e2m1 decoder,
-// both with one float32 scale per 32 k made here from the E8M0 exponents (2^(e - 127), exact).
+// MXLayout bytes (torchqkit/layouts/mx.py): MXFP8 runs the float8 decoders and MXFP4 the fp4 e2m1 one, both
+// reading the E8M0 exponents (one per 32 k) as stored.
 at::Tensor linear_mxwo(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
                        const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "torchqkit::linear_mxwo";
@@ -161,20 +168,10 @@ at::Tensor linear_mxwo(const at::Tensor& x, const at::Tensor& qdata, const at::T
   TORCH_CHECK(scale.dim() == 2 && scale.scalar_type() == at::kByte && scale.size(0) == N && scale.size(1) * 32 == K,
               op, ": scale must be (N, K / 32) = (", N, ", ", K / 32, ") uint8 E8M0 exponents, got ",
               scale.scalar_type(), " ", scale.sizes());
-  // E8M0 e -> float bits e << 23 (2^(e - 127)); e = 0 is the subnormal 2^-127 (bits 0x00400000). One pass
-  // (a chain of ATen ops here took MXFP4 decode at M = 1 from NF4's speed to 1.6x slower).
-  const at::Tensor e = scale.contiguous();
-  at::Tensor sf = at::empty(e.sizes(), e.options().dtype(at::kFloat));
-  const uint8_t* ep = e.data_ptr<uint8_t>();
-  uint32_t* bits = reinterpret_cast<uint32_t*>(sf.data_ptr<float>());
-  at::parallel_for(0, e.numel(), 1 << 14, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) bits[i] = ep[i] ? (uint32_t)ep[i] << 23 : 0x00400000u;
-  });
-  if (qt != at::kByte) return linear_fp8wo(x, qdata, sf, bias);
   check_x(x, K, op);
-  const at::Tensor w = rows(qdata);
-  LowbitArgs p = weight_args(w, LowbitFormat::kFp4E2m1, N, K);
-  p.scale = sf.data_ptr<float>();
+  const at::Tensor w = rows(qdata), e = scale.contiguous();
+  LowbitArgs p = qt == at::kByte ? weight_args(w, LowbitFormat::kFp4E2m1, N, K) : fp8_weight_args(w, qt, N, K);
+  p.scale_e8m0 = e.data_ptr<uint8_t>();  // decoded per group by the kernels (scale_at)
   p.G = K / 32;
   p.g = 32;
   p.bn = 1;
