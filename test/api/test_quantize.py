@@ -154,12 +154,16 @@ def test_nan_weight_is_reported_and_strict_leaves_model_unchanged():
     assert report["down"].status == "skipped" and report["up"].status == "quantized"
 
 
-def test_impossible_group_size_is_reported():
+def test_in_features_no_group_divides_are_quantized():
+    # 96 = 1.5 groups of 64 and 32 = half a group: the layout pads K, the tail group is quantized on its own.
     model = torch.nn.Sequential(torch.nn.Linear(96, 32), torch.nn.Linear(32, 8))
-    with pytest.warns(UserWarning):
-        report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=64))
-    assert report["0"].status == "skipped" and "96 is not divisible by block size 64" in report["0"].reason
-    assert report["1"].status == "skipped"
+    x = torch.randn(3, 96)
+    ref = model(x)
+    report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=64), strict=True)
+    assert [e.status for e in report.entries] == ["quantized", "quantized"]
+    assert model[0].weight.shape == (32, 96) and model[0].weight.scale_and_zero.shape[0] * 64 >= 96
+    with torch.no_grad():
+        assert sqnr(ref, model(x)) > 18
     with pytest.raises(ValueError, match="group_size must be one of"):
         qk.Int4WeightOnlyConfig(group_size=48)
 

@@ -168,7 +168,7 @@ def test_bad_calibration_is_a_clear_error(bad):
 def test_nan_and_inf_raise_unless_opted_out():
     x = torch.randn(4, 32)
     x[2, 5] = float("nan")
-    with pytest.raises(ValueError, match=r"layer\.weight contains 1 NaN/Inf.*check_finite=False"):
+    with pytest.raises(ValueError, match=r"layer\.weight contains 1 NaN/Inf.*ModuleConfigs"):
         choose_qparams_affine(x, Q.int8, (1, 32), name="layer.weight")
     scale, _ = choose_qparams_affine(x, Q.int8, (1, 32), check_finite=False)
     assert bool(torch.isfinite(scale[:2]).all())
@@ -189,9 +189,41 @@ def test_stochastic_rounding_is_seeded_and_unbiased():
         quantize_affine(x, Q.int8, (1, 4096), scale, stochastic=True)
 
 
-def test_block_size_must_divide():
-    with pytest.raises(ValueError, match="not divisible by block size 32"):
-        choose_qparams_affine(torch.randn(4, 48), Q.int4, (1, 32))
+@pytest.mark.parametrize("qdtype,mapping,calibration", [
+    (Q.int4, "symmetric", None), (Q.uint4, "asymmetric", None), (Q.int8, "asymmetric", "rms,2"),
+    (Q.nf4, "symmetric", None), (Q.float8_e4m3fn, "symmetric", None)])
+def test_partial_last_block_uses_its_real_values_only(qdtype, mapping, calibration):
+    # K = 48 in groups of 32: the second group has 16 real values. Its qparams, codes and dequantized values
+    # must equal those of the 16 columns quantized alone as one block, whatever the padding holds.
+    x = torch.randn(4, 48) * 3 + 1
+    kw = dict(mapping=mapping, calibration=calibration)
+    scale, zp = choose_qparams_affine(x, qdtype, (1, 32), **kw)
+    assert scale.shape == (4, 2)
+    tail_scale, tail_zp = choose_qparams_affine(x[:, 32:], qdtype, (1, 16), **kw)
+    assert torch.equal(scale[:, 1:], tail_scale)
+    assert (zp is None and tail_zp is None) or torch.equal(zp[:, 1:], tail_zp)
+    codes = quantize_affine(x, qdtype, (1, 32), scale, zp)
+    assert codes.shape == x.shape
+    tail = quantize_affine(x[:, 32:], qdtype, (1, 16), tail_scale, tail_zp)
+    assert torch.equal(codes[:, 32:].view(torch.uint8), tail.view(torch.uint8))
+    deq = dequantize_affine(codes, qdtype, (1, 32), scale, zp)
+    assert deq.shape == x.shape
+    assert torch.equal(deq[:, 32:], dequantize_affine(tail, qdtype, (1, 16), tail_scale, tail_zp))
+
+
+def test_block_size_must_be_a_positive_int():
+    with pytest.raises(ValueError, match="positive int"):
+        choose_qparams_affine(torch.randn(4, 48), Q.int4, (1, 0))
+    with pytest.raises(ValueError, match="nothing to quantize"):
+        choose_qparams_affine(torch.randn(4, 0), Q.int4, (1, 32))
+
+
+def test_tiny_weights_keep_their_precision():
+    # A float32-eps floor on the scale (1.2e-7) would leave ~8 codes for a block of 1e-6 values.
+    x = torch.randn(4, 64) * 1e-6
+    scale, _ = choose_qparams_affine(x, Q.int8, (1, 64))
+    deq = dequantize_affine(quantize_affine(x, Q.int8, (1, 64), scale), Q.int8, (1, 64), scale)
+    assert (deq - x).abs().max() <= scale.max() / 2 * 1.001 and ((deq - x).norm() / x.norm()) < 0.01
 
 
 @pytest.mark.parametrize("granularity,shape,expected", [

@@ -2,6 +2,10 @@
 
 Every layout in torchqkit.layouts.all_layouts() must have an entry here: test_every_layout_enrolled
 fails otherwise, so a new layout can't escape the suite. A case is (id, shape, quantize_weight kwargs).
+
+Every layout also has cases whose in_features no group divides (96 / 200 / 576 with groups of 64 / 128,
+the widths of real models such as SmolLM2): the layout pads K inside, and every test must still see the
+logical shape (Note [Partial blocks] in core/primitives.py).
 """
 from __future__ import annotations
 
@@ -22,6 +26,16 @@ CASES: dict[str, list[tuple[str, tuple[int, int], dict]]] = {
                                       layout=qk.TensorCoreTiledLayout(inner_k_tiles=4))),
         ("g256-ikt8", (24, 512), dict(qdtype=Q.uint4, granularity=qk.PerGroup(256), mapping=qk.MappingType.ASYMMETRIC,
                                       zero_point_domain=qk.ZeroPointDomain.FLOAT)),
+        ("g128-k576-partial-group", (24, 576), dict(qdtype=Q.uint4, granularity=qk.PerGroup(128),
+                                                    mapping=qk.MappingType.ASYMMETRIC,
+                                                    zero_point_domain=qk.ZeroPointDomain.FLOAT)),
+        ("g64-k200-partial-group", (20, 200), dict(qdtype=Q.uint4, granularity=qk.PerGroup(64),
+                                                   mapping=qk.MappingType.ASYMMETRIC,
+                                                   zero_point_domain=qk.ZeroPointDomain.FLOAT,
+                                                   layout=qk.TensorCoreTiledLayout(inner_k_tiles=2))),
+        ("g128-k96-less-than-a-group", (16, 96), dict(qdtype=Q.uint4, granularity=qk.PerGroup(128),
+                                                      mapping=qk.MappingType.ASYMMETRIC,
+                                                      zero_point_domain=qk.ZeroPointDomain.FLOAT)),
     ],
     "packed_intx": [
         ("int3-g16-asym", (40, 64), dict(qdtype=Q.int3, granularity=qk.PerGroup(16),
@@ -39,6 +53,11 @@ CASES: dict[str, list[tuple[str, tuple[int, int], dict]]] = {
                                             layout=qk.PackedIntxLayout(ternary=True))),
         ("int4-g32-dynact", (48, 64), dict(qdtype=Q.int4, granularity=qk.PerGroup(32),
                                            act_quant=qk.ActivationQuantSpec(Q.int8, qk.PerToken()))),
+        ("int3-g64-k200-partial-group", (24, 200), dict(qdtype=Q.int3, granularity=qk.PerGroup(64),
+                                                        mapping=qk.MappingType.ASYMMETRIC)),
+        ("int4-g128-k576-partial-group", (16, 576), dict(qdtype=Q.int4, granularity=qk.PerGroup(128))),
+        ("int4-g64-k96-dynact-partial-group", (16, 96), dict(qdtype=Q.int4, granularity=qk.PerGroup(64),
+                                                             act_quant=qk.ActivationQuantSpec(Q.int8, qk.PerToken()))),
     ],
     "plain": [
         ("int8-row", (48, 64), dict(qdtype=Q.int8, granularity=qk.PerRow())),
@@ -50,6 +69,10 @@ CASES: dict[str, list[tuple[str, tuple[int, int], dict]]] = {
         ("fp8e4m3-row", (48, 64), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerRow())),
         ("int8-row-dynact", (48, 64), dict(qdtype=Q.int8, granularity=qk.PerRow(),
                                            act_quant=qk.ActivationQuantSpec(Q.int8, qk.PerToken()))),
+        ("int8-g64-k200-partial-group", (24, 200), dict(qdtype=Q.int8, granularity=qk.PerGroup(64))),
+        ("uint4-g128-k96-floatzp-partial-group", (16, 96), dict(qdtype=Q.uint4, granularity=qk.PerGroup(128),
+                                                                mapping=qk.MappingType.ASYMMETRIC,
+                                                                zero_point_domain=qk.ZeroPointDomain.FLOAT)),
     ],
     "nf4": [
         ("b64", (48, 128), dict(qdtype=Q.nf4, granularity=qk.PerGroup(64))),
@@ -58,6 +81,9 @@ CASES: dict[str, list[tuple[str, tuple[int, int], dict]]] = {
         # 768 blocks of 64 -> three second-level groups of 256
         ("b64-double-quant", (48, 1024), dict(qdtype=Q.nf4, granularity=qk.PerGroup(64),
                                               layout=qk.NF4Layout(double_quant=True))),
+        ("b64-k200-partial-block", (24, 200), dict(qdtype=Q.nf4, granularity=qk.PerGroup(64))),
+        ("b64-k576-double-quant-partial-block", (40, 576), dict(qdtype=Q.nf4, granularity=qk.PerGroup(64),
+                                                                layout=qk.NF4Layout(double_quant=True))),
     ],
     "float8": [
         ("e4m3-row", (48, 64), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerRow())),
@@ -70,6 +96,8 @@ CASES: dict[str, list[tuple[str, tuple[int, int], dict]]] = {
                                                                                   static_scale=0.01))),
         ("e4m3-block-dynact", (64, 96), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerBlock((16, 32)),
                                              act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerRow()))),
+        # 100 x 200 in 32 x 64 blocks: a partial last block along both dims
+        ("e4m3-block32x64-partial-both", (100, 200), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerBlock((32, 64)))),
     ],
     "mx": [
         ("mxfp8-e4m3", (48, 128), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerGroup(32),
@@ -79,6 +107,10 @@ CASES: dict[str, list[tuple[str, tuple[int, int], dict]]] = {
         ("mxfp4", (48, 128), dict(qdtype=Q.fp4_e2m1, granularity=qk.PerGroup(32), scale_rounding="power_of_two")),
         ("mxfp4-k-one-block", (40, 32), dict(qdtype=Q.fp4_e2m1, granularity=qk.PerGroup(32),
                                              scale_rounding="power_of_two")),
+        ("mxfp4-k200-partial-block", (24, 200), dict(qdtype=Q.fp4_e2m1, granularity=qk.PerGroup(32),
+                                                     scale_rounding="power_of_two")),
+        ("mxfp8-k100-partial-block", (16, 100), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerGroup(32),
+                                                    scale_rounding="power_of_two")),
     ],
 }
 

@@ -111,11 +111,13 @@ def test_configs_default_to_float8_layout_and_accept_per_block(config, floor_db)
 
 
 def test_unsupported_shapes_and_qdtypes_are_reported():
-    model = nn.Sequential(nn.Linear(128, 100), nn.Linear(128, 128))
-    with pytest.warns(UserWarning, match="left unquantized"):
-        report = qk.quantize_(model, qk.Float8WeightOnlyConfig(granularity=qk.PerBlock((128, 128))))
-    assert report["0"].status == "skipped" and "not divisible by block size 128" in report["0"].reason
-    assert report["1"].status == "quantized"
+    model = nn.Sequential(nn.Linear(128, 100), nn.Linear(100, 128))  # 100 rows / columns: one partial block
+    x = torch.randn(2, 128)
+    ref = model(x)
+    report = qk.quantize_(model, qk.Float8WeightOnlyConfig(granularity=qk.PerBlock((128, 128))), strict=True)
+    assert len(report.quantized) == 2 and model[0].weight.qdata.shape == (128, 128)
+    with torch.no_grad():
+        assert sqnr(ref, model(x)) > 25
     assert "not int8" in qk.Float8Layout().supports(Q.int8, (1, 64), (8, 64), qk.ZeroPointDomain.NONE)
     with pytest.raises(ValueError, match="PerBlock"):
         qk.Float8WeightOnlyConfig(granularity=qk.PerGroup(32))

@@ -89,13 +89,11 @@ def test_configs_quantize_and_quality(config, floor_db):
     assert qk.config_from_dict(config.to_dict()) == config
 
 
-def test_unsupported_shapes_are_reported_with_reason():
-    model = nn.Sequential(nn.Linear(48, 16), nn.Linear(64, 16))
-    with pytest.warns(UserWarning, match="left unquantized"):
-        report = qk.quantize_(model, qk.MXFP4WeightOnlyConfig())
-    entry = report["0"]
-    assert entry.status == "skipped" and "not divisible by block size 32" in entry.reason
-    assert report["1"].status == "quantized"
+def test_partial_last_block_is_padded_inside():
+    model = nn.Sequential(nn.Linear(48, 16), nn.Linear(64, 16))  # 48 = one MX block and a half
+    report = qk.quantize_(model, qk.MXFP4WeightOnlyConfig(), strict=True)
+    assert len(report.quantized) == 2
+    assert model[0].weight.qdata.shape == (16, 32) and model[0].weight.scale.shape == (16, 2)
 
 
 @pytest.mark.parametrize("qdtype,block,zpd,match", [

@@ -131,8 +131,6 @@ def test_config_and_supports_reasons():
     layout = qk.NF4Layout()
     assert "not int4" in layout.supports(Q.int4, (1, 64), (8, 128), qk.ZeroPointDomain.NONE)
     assert "needs blocks of (1, 64)" in layout.supports(Q.nf4, (1, 32), (8, 128), qk.ZeroPointDomain.NONE)
-    model = nn.Sequential(nn.Linear(96, 16), nn.Linear(128, 16))
-    with pytest.warns(UserWarning, match="left unquantized"):
-        report = qk.quantize_(model, qk.NF4WeightOnlyConfig())
-    assert report["0"].status == "skipped" and "not divisible by block size 64" in report["0"].reason
-    assert report["1"].status == "quantized"
+    model = nn.Sequential(nn.Linear(96, 16), nn.Linear(128, 16))  # 96: one block and a half, padded inside
+    report = qk.quantize_(model, qk.NF4WeightOnlyConfig(), strict=True)
+    assert len(report.quantized) == 2 and model[0].weight.qdata.shape == (16, 64)

@@ -95,10 +95,12 @@ def test_embeddings_are_not_taken_for_linears_and_a_skeleton_decides(tmp_path):
 
 
 def test_unquantizable_weight_is_kept_and_reported_or_strict_raises(tmp_path):
-    safetensors.torch.save_file({"a.weight": torch.randn(16, 48), "b.weight": torch.randn(16, 64)}, tmp_path / "f.safetensors")
+    poisoned = torch.randn(16, 48)  # 48: a partial group of 64, fine; the NaN is what can't be quantized
+    poisoned[3, 7] = float("nan")
+    safetensors.torch.save_file({"a.weight": poisoned, "b.weight": torch.randn(16, 64)}, tmp_path / "f.safetensors")
     config = qk.Int4WeightOnlyConfig(group_size=64)
     report = qk.quantize_checkpoint(tmp_path / "f.safetensors", tmp_path / "q.safetensors", config, progress=False)
-    assert report["a"].status == "skipped" and "48" in report["a"].reason and report["b"].status == "quantized"
+    assert report["a"].status == "skipped" and "NaN" in report["a"].reason and report["b"].status == "quantized"
     stored = safetensors.torch.load_file(tmp_path / "q.safetensors")
     assert "a.weight" in stored and "b.weight:qdata" in stored
     with pytest.raises(qk.QuantizationError, match="a: "):

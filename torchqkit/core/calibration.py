@@ -9,6 +9,7 @@ Each takes an optional trailing clipping factor that scales the range: "absmax,0
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -24,24 +25,37 @@ class Calibration:
     args: tuple[float, ...] = ()
     clip: float = 1.0
 
-    def block_range(self, blocks: torch.Tensor, reduce_dims: tuple[int, ...]):
-        """(lo, hi) per block, in float32, reduced over ``reduce_dims`` with keepdim."""
+    def block_range(self, blocks: torch.Tensor, reduce_dims: tuple[int, ...], valid: torch.Tensor | None = None):
+        """(lo, hi) per block, in float32, reduced over ``reduce_dims`` with keepdim. ``valid`` (same shape as
+        ``blocks``, or None for all) marks real elements: padding of a partial block counts in no statistic."""
         x = blocks.float()
+        if valid is not None:
+            x = x.masked_fill(~valid, 0.0)  # 0 leaves absmax and sums alone; min/max mask it below
         if self.method == "absmax":
             hi = x.abs().amax(dim=reduce_dims, keepdim=True)
             lo = -hi
-        elif self.method == "minmax":
-            lo, hi = x.amin(dim=reduce_dims, keepdim=True), x.amax(dim=reduce_dims, keepdim=True)
-        elif self.method == "rms":
-            bound = self.args[0] * x.square().mean(dim=reduce_dims, keepdim=True).sqrt()
-            lo = torch.maximum(x.amin(dim=reduce_dims, keepdim=True), -bound)
-            hi = torch.minimum(x.amax(dim=reduce_dims, keepdim=True), bound)
+        elif self.method in ("minmax", "rms"):
+            lo, hi = self._min_max(x, reduce_dims, valid)
+            if self.method == "rms":
+                sq = x.square().sum(dim=reduce_dims, keepdim=True)
+                count = (math.prod(x.shape[d] for d in reduce_dims) if valid is None
+                         else valid.sum(dim=reduce_dims, keepdim=True))
+                bound = self.args[0] * (sq / count).sqrt()
+                lo, hi = torch.maximum(lo, -bound), torch.minimum(hi, bound)
         else:  # fixed
             shape = [1 if d in reduce_dims else s for d, s in enumerate(x.shape)]
             lo = torch.full(shape, self.args[0], dtype=torch.float32, device=x.device)
             hi = torch.full(shape, self.args[1], dtype=torch.float32, device=x.device)
         if self.clip != 1.0:
             lo, hi = lo * self.clip, hi * self.clip
+        return lo, hi
+
+    @staticmethod
+    def _min_max(x, reduce_dims, valid):
+        if valid is None:
+            return x.amin(dim=reduce_dims, keepdim=True), x.amax(dim=reduce_dims, keepdim=True)
+        lo = x.masked_fill(~valid, float("inf")).amin(dim=reduce_dims, keepdim=True)
+        hi = x.masked_fill(~valid, float("-inf")).amax(dim=reduce_dims, keepdim=True)
         return lo, hi
 
     def __str__(self) -> str:

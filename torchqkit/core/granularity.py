@@ -1,8 +1,9 @@
 """Granularity objects: each one only produces a ``block_size`` tuple for a given shape.
 
 ``block_size[d]`` is how many consecutive elements along dimension ``d`` share one scale, so the
-scale tensor has shape ``[s // b for s, b in zip(shape, block_size)]``. Blocks may tile any axes
-("subchannel" blocks such as 128x128), as long as each block dimension divides its dimension.
+scale tensor has shape ``[ceil(s / b) for s, b in zip(shape, block_size)]``. Blocks may tile any axes
+("subchannel" blocks such as 128x128); a block size that doesn't divide its dimension leaves a partial
+last block (see Note [Partial blocks] in primitives.py).
 """
 from __future__ import annotations
 
@@ -87,11 +88,13 @@ def _normalize_axis(axis: int, ndim: int, who) -> int:
 
 
 def validate_block_size(shape, block_size) -> str | None:
-    """Return why ``block_size`` can't tile ``shape``, or None if it can."""
+    """Return why ``block_size`` can't tile ``shape``, or None if it can (partial last blocks are fine)."""
     shape, block_size = tuple(shape), tuple(block_size)
     if len(shape) != len(block_size):
         return f"block_size {block_size} has {len(block_size)} dims but the tensor shape {shape} has {len(shape)}"
     for d, (s, b) in enumerate(zip(shape, block_size)):
-        if b <= 0 or s % b != 0:
-            return f"dimension {d} of size {s} is not divisible by block size {b}"
+        if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
+            return f"block size {b!r} along dimension {d} must be a positive int"
+        if s < 1:
+            return f"dimension {d} has size {s}: there is nothing to quantize"
     return None

@@ -2,8 +2,10 @@
 
 Every layout's ``dequantize()`` and every kernel is checked against these functions.
 
-Shapes: ``x`` has shape S; ``block_size`` has one entry per dim of S, each dividing its dim; ``scale``
-and ``zero_point`` have shape ``[s // b for s, b in zip(S, block_size)]`` (same rank as ``x``).
+Shapes: ``x`` has shape S; ``block_size`` has one entry per dim of S; ``scale`` and ``zero_point`` have
+shape ``[ceil(s / b) for s, b in zip(S, block_size)]`` (same rank as ``x``). A block size need not divide
+its dim: the last block along that dim is partial (K = 576 in groups of 128: four whole groups and one of
+64), and a partial block's qparams come from its real elements only. See Note [Partial blocks].
 
 Formulas (q = code, s = scale, z = zero point, mid = (qmin + qmax + 1) // 2):
   ZeroPointDomain.NONE   x ~ q * s                   (symmetric, signed codes)
@@ -20,13 +22,14 @@ import math
 from enum import Enum
 
 import torch
+import torch.nn.functional as F
 
 from .calibration import Calibration, parse_calibration
 from .granularity import validate_block_size
 from .qdtype import QDType, QKind
 
 __all__ = ["MappingType", "ZeroPointDomain", "choose_qparams_affine", "quantize_affine",
-           "dequantize_affine", "default_zero_point_domain", "code_midpoint"]
+           "dequantize_affine", "default_zero_point_domain", "code_midpoint", "num_blocks", "padded_shape", "pad_to"]
 
 
 class MappingType(str, Enum):
@@ -67,12 +70,60 @@ def _check_block_size(x: torch.Tensor, block_size, name: str) -> tuple[int, ...]
     return block_size
 
 
-def _blocks(x: torch.Tensor, block_size) -> torch.Tensor:
-    """View x of shape (n0*b0, n1*b1, ...) as (n0, b0, n1, b1, ...)."""
+# Note [Partial blocks]
+# ~~~~~~~~~~~~~~~~~~~~~
+# Real models have widths no group size divides (SmolLM2: K = 576, 1536 with groups of 128 or 256). The
+# oracle pads such a tensor up to whole blocks (``padded_shape``), computes block-wise, and crops back:
+# padded elements take part in no statistic (``Calibration.block_range`` gets a validity mask), their
+# codes are cut off by quantize_affine, and dequantize_affine never sees them. Layouts store whole blocks
+# (their padding is storage, not meaning) and crop to the logical shape in ``unpack``.
+
+def num_blocks(shape, block_size) -> tuple[int, ...]:
+    """Blocks along each dim: ceil(s / b); the shape of scale and zero_point."""
+    return tuple(-(-int(s) // int(b)) for s, b in zip(shape, block_size))
+
+
+def padded_shape(shape, block_size) -> tuple[int, ...]:
+    """``shape`` rounded up to whole blocks along every dim."""
+    return tuple(n * int(b) for n, b in zip(num_blocks(shape, block_size), block_size))
+
+
+def pad_to(x: torch.Tensor, shape, value=0) -> torch.Tensor:
+    """``x`` padded at the end of each dim with ``value`` up to ``shape`` (``x`` itself if nothing to pad)."""
+    pads = []
+    for s, t in zip(reversed(x.shape), reversed(tuple(shape))):
+        pads += [0, int(t) - s]
+    if not any(pads):
+        return x
+    if x.dtype.is_floating_point or x.dtype in (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+                                                torch.bool):
+        return F.pad(x, pads, value=value)
+    out = torch.full(tuple(shape), value, dtype=x.dtype, device=x.device)  # float8: F.pad has no kernel
+    out[tuple(slice(0, s) for s in x.shape)] = x
+    return out
+
+
+def _blocks(x: torch.Tensor, block_size, value=0.0) -> torch.Tensor:
+    """View x of shape S as (n0, b0, n1, b1, ...), padded with ``value`` up to whole blocks."""
+    x = pad_to(x, padded_shape(x.shape, block_size), value)
     shape = []
     for s, b in zip(x.shape, block_size):
         shape += [s // b, b]
     return x.reshape(shape)
+
+
+def _valid_blocks(x: torch.Tensor, block_size) -> torch.Tensor | None:
+    """Mask of real (not padded) elements in ``_blocks`` form, or None when the blocks tile x exactly."""
+    if padded_shape(x.shape, block_size) == tuple(x.shape):
+        return None
+    return _blocks(torch.ones(x.shape, dtype=torch.bool, device=x.device), block_size, False)
+
+
+def _crop(x: torch.Tensor, shape) -> torch.Tensor:
+    """Undo ``_blocks``' padding: the leading ``shape`` of a padded tensor."""
+    if tuple(x.shape) == tuple(shape):
+        return x
+    return x[tuple(slice(0, s) for s in shape)]
 
 
 def _per_block(t: torch.Tensor) -> torch.Tensor:
@@ -88,10 +139,13 @@ def _odd_dims(ndim: int) -> tuple[int, ...]:
 
 
 def _check_finite(x: torch.Tensor, name: str) -> None:
+    if x.is_meta:
+        return  # no values to check (shape-only tracing)
     if not torch.isfinite(x).all():
         bad = (~torch.isfinite(x)).sum().item()
         raise ValueError(f"{name} contains {bad} NaN/Inf value(s); quantization would poison whole blocks. "
-                         f"Fix the tensor, or pass check_finite=False to quantize it anyway.")
+                         f"Replace them in the float weights first, or leave this module out "
+                         f"(ModuleConfigs({{'<module name>': None, ...}}) keeps it in float).")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -118,7 +172,8 @@ def choose_qparams_affine(
     ``calibration`` defaults to "minmax" for asymmetric mappings and "absmax" otherwise.
 
     A block whose range is zero gets scale 1 (never inf/nan); otherwise scales are floored at ``eps``
-    (default: float32 eps, raised to the smallest normal of ``scale_dtype``).
+    (default: the smallest normal number of ``scale_dtype``, so tiny weights keep their precision: a
+    float32-eps floor would turn a block of 1e-6 values into a handful of codes).
 
     ``scale_rounding="power_of_two"``: float8 / codebook qdtypes only, see Note [Power-of-two scales].
     """
@@ -136,9 +191,9 @@ def choose_qparams_affine(
     scale_dtype = scale_dtype or (x.dtype if x.dtype.is_floating_point else torch.float32)
     _check_scale_rounding(scale_rounding, qdtype, eps, scale_dtype, name)
     if eps is None:
-        eps = max(torch.finfo(torch.float32).eps, torch.finfo(scale_dtype).tiny)
+        eps = torch.finfo(scale_dtype).tiny
 
-    lo, hi = calib.block_range(_blocks(x, block_size), _odd_dims(x.ndim))
+    lo, hi = calib.block_range(_blocks(x, block_size), _odd_dims(x.ndim), _valid_blocks(x, block_size))
     lo, hi = lo.reshape(lo.shape[0::2]), hi.reshape(hi.shape[0::2])  # drop the size-1 block dims
 
     zero_point = None
@@ -264,11 +319,12 @@ def quantize_affine(
         _check_finite(x, name)
     xb = _blocks(x.float(), block_size)
     s = _per_block(scale.float())
+    padded = padded_shape(x.shape, block_size)
     if qdtype.kind is QKind.FLOAT8:
         fmax = float(qdtype.qmax)
-        return (xb / s).clamp(-fmax, fmax).to(qdtype.storage_dtype).reshape(x.shape)
+        return _crop((xb / s).clamp(-fmax, fmax).to(qdtype.storage_dtype).reshape(padded), x.shape)
     if qdtype.kind is QKind.CODEBOOK:
-        return _nearest_level(xb / s, qdtype).reshape(x.shape)
+        return _crop(_nearest_level(xb / s, qdtype).reshape(padded), x.shape)
     if stochastic and generator is None:
         raise ValueError(f"{name}: stochastic rounding needs a seeded torch.Generator (generator=...)")
     if zpd is ZeroPointDomain.FLOAT:
@@ -278,7 +334,7 @@ def quantize_affine(
         if zpd is ZeroPointDomain.INT:
             v = v + _per_block(zero_point.float())
     v = _round(v, stochastic, generator)
-    return v.clamp(qdtype.qmin, qdtype.qmax).to(qdtype.storage_dtype).reshape(x.shape)
+    return _crop(v.clamp(qdtype.qmin, qdtype.qmax).to(qdtype.storage_dtype).reshape(padded), x.shape)
 
 
 def dequantize_affine(
@@ -308,7 +364,7 @@ def dequantize_affine(
         out = (vals - code_midpoint(qdtype)) * s + _per_block(zero_point.float())
     else:
         out = vals * s
-    return out.reshape(codes.shape).to(output_dtype)
+    return _crop(out.reshape(padded_shape(codes.shape, block_size)), codes.shape).to(output_dtype)
 
 
 def _resolve_zpd(qdtype, zero_point, zero_point_domain, name) -> ZeroPointDomain:

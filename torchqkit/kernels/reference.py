@@ -109,9 +109,15 @@ def int4_tiled_codes(qdata):
 
 def linear_int4wo_tiled_ref(x, qdata, scale_and_zero, group_size, out_features, bias=None):
     k = x.shape[-1]
-    q = int4_tiled_codes(qdata)[:out_features, :k].float()
-    sz = scale_and_zero[: k // group_size, :out_features].float().repeat_interleave(group_size, 0)  # (K, N, 2)
-    return _linear_f32(x, (q - 8) * sz[..., 0].t() + sz[..., 1].t(), bias)
+    return _linear_f32(x, int4_tiled_weight(qdata, scale_and_zero, group_size, out_features, k), bias)
+
+
+def int4_tiled_weight(qdata, scale_and_zero, group_size, n, k):
+    """The float32 (n, k) weight of TensorCoreTiledLayout bytes: w = (q - 8) * scale + zero."""
+    q = int4_tiled_codes(qdata)[:n, :k].float()
+    groups = -(-k // group_size)  # a partial last group (K not a multiple of g) has its own scale and zero
+    sz = scale_and_zero[:groups, :n].float().repeat_interleave(group_size, 0)[:k]  # (K, N, 2)
+    return (q - 8) * sz[..., 0].t() + sz[..., 1].t()
 
 
 def nf4_absmax(scale, scale_codes, scale_block_scale, scale_offset):
@@ -250,9 +256,7 @@ def _int4_tiled_setup_context(ctx, inputs, output):
 def _int4_tiled_backward(ctx, grad):
     qdata, scale_and_zero = ctx.saved_tensors
     g, n, k, x_dtype, bias_dtype = ctx.meta
-    q = int4_tiled_codes(qdata)[:n, :k].float()
-    sz = scale_and_zero[: k // g, :n].float().repeat_interleave(g, 0)
-    w = (q - 8) * sz[..., 0].t() + sz[..., 1].t()
+    w = int4_tiled_weight(qdata, scale_and_zero, g, n, k)
     grad_x = (grad.float() @ w).to(x_dtype) if ctx.needs_input_grad[0] else None
     grad_bias = None
     if bias_dtype is not None and ctx.needs_input_grad[5]:

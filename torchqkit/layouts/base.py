@@ -13,10 +13,13 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from ..core.primitives import ZeroPointDomain
+import torch.nn.functional as F
+
+from ..core.primitives import ZeroPointDomain, num_blocks
 from ..tensor.dispatch import OpTable
 
-__all__ = ["Layout", "PlainParts", "PackedSpec", "scale_specs", "register_layout", "layout_class", "all_layouts"]
+__all__ = ["Layout", "PlainParts", "PackedSpec", "scale_specs", "register_layout", "layout_class", "all_layouts",
+           "pad_features", "crop_features"]
 
 
 class PlainParts(NamedTuple):
@@ -39,13 +42,29 @@ INT_ZERO_POINT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)
 
 
 def scale_specs(shape, block_size, zero_point_domain, scale_dtypes=FLOAT_DTYPES) -> dict[str, PackedSpec]:
-    """scale (and zero_point unless ZeroPointDomain.NONE) of the oracle's shape: shape // block_size."""
-    blocks = tuple(s // b for s, b in zip(shape, block_size))
+    """scale (and zero_point unless ZeroPointDomain.NONE) of the oracle's shape: ceil(shape / block_size)."""
+    blocks = num_blocks(shape, block_size)
     specs = {"scale": PackedSpec(blocks, scale_dtypes)}
     zpd = ZeroPointDomain(zero_point_domain)
     if zpd is not ZeroPointDomain.NONE:
         specs["zero_point"] = PackedSpec(blocks, INT_ZERO_POINT_DTYPES if zpd is ZeroPointDomain.INT else FLOAT_DTYPES)
     return specs
+
+
+def pad_features(x: torch.Tensor, stored_k: int) -> torch.Tensor:
+    """``x`` (..., K) with zero features appended up to the stored (block-padded) K a kernel reads.
+
+    A layout that pads K to whole groups (Note [Partial blocks], core/primitives.py) hands its kernels the
+    padded codes; zero activations there make the padding contribute exactly nothing (padded codes are finite),
+    so every backend computes the logical product without knowing about the padding. Costs one copy of x,
+    only for weights whose in_features the group size doesn't divide."""
+    k = x.shape[-1]
+    return x if k == stored_k else F.pad(x, (0, stored_k - k))
+
+
+def crop_features(y: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` output features of a kernel that ran on block-padded rows (float8 128 x 128 blocks)."""
+    return y if y.shape[-1] == n else y[..., :n]
 
 
 _LAYOUTS: dict[str, type["Layout"]] = {}

@@ -4,9 +4,9 @@ Bit layout (device-independent): ``qdata`` is the row-major (N, K) weight, one b
 byte being the element's float8 bits (e4m3fn: sign | 4 exponent bits, bias 7 | 3 mantissa bits;
 e5m2: sign | 5 exponent bits, bias 15 | 2 mantissa bits), stored as torch.float8_e4m3fn / float8_e5m2.
 Tensors:
-  qdata: (N, K), torch.float8_e4m3fn or torch.float8_e5m2
-  scale: (N // block_size[0], K // block_size[1]), float32: (1, 1) per tensor, (N, 1) per row,
-         (N // 128, K // 128) for 128x128 blocks
+  qdata: (N, K) rounded up to whole blocks, torch.float8_e4m3fn or torch.float8_e5m2 (padding: 0.0)
+  scale: (ceil(N / block_size[0]), ceil(K / block_size[1])), float32: (1, 1) per tensor, (N, 1) per row,
+         (ceil(N / 128), ceil(K / 128)) for 128x128 blocks
 x = float(q) * scale, elements saturated at the format's max when quantized.
 
 Linear: with float8 dynamic / static activations and per-tensor / per-row weight scales it runs
@@ -22,13 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from ..core.primitives import ZeroPointDomain
+from ..core.primitives import ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind
 from ..kernels import KERNEL_ACT_DTYPES, cpu_backend
 from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
-from .base import Layout, PackedSpec, PlainParts, register_layout, scale_specs
+from .base import Layout, PackedSpec, PlainParts, crop_features, pad_features, register_layout, scale_specs
 from .scaled_mm import scaled_mm_applies, scaled_mm_linear
 from .slicing import block_slice
 
@@ -50,16 +50,18 @@ class Float8Layout(Layout):
         return None
 
     def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
-        return {"qdata": PackedSpec(tuple(shape), (qdtype.storage_dtype,)),
+        return {"qdata": PackedSpec(padded_shape(shape, block_size), (qdtype.storage_dtype,)),
                 **scale_specs(shape, block_size, zero_point_domain)}
 
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
         if parts.qdata.dtype != qdtype.storage_dtype:
             raise ValueError(f"Float8Layout.pack: codes must be {qdtype.storage_dtype}, got {parts.qdata.dtype}")
-        return {"qdata": parts.qdata.contiguous(), "scale": parts.scale}
+        qdata = pad_to(parts.qdata, padded_shape(parts.qdata.shape, block_size))
+        return {"qdata": qdata.contiguous(), "scale": parts.scale}
 
     def unpack(self, aqt) -> PlainParts:
-        return PlainParts(aqt.qdata, aqt.scale, None)
+        n, k = aqt.logical_shape
+        return PlainParts(aqt.qdata[:n, :k], aqt.scale, None)
 
     def __repr__(self) -> str:
         return "Float8Layout()"
@@ -87,7 +89,11 @@ def _linear(w, x, bias):
     if scaled_mm_applies(w):
         return scaled_mm_linear(w, x, bias)
     if w.act_quant is None and w.kernel_preference is KernelPreference.AUTO and x.dtype in KERNEL_ACT_DTYPES:
-        return torch.ops.torchqkit.linear_fp8wo(x, w.qdata, w.scale, bias)
+        n = w.logical_shape[0]
+        padded_bias = None if bias is None or w.qdata.shape[0] == n else pad_features(bias, w.qdata.shape[0])
+        y = torch.ops.torchqkit.linear_fp8wo(pad_features(x, w.qdata.shape[1]), w.qdata, w.scale,
+                                             bias if padded_bias is None else padded_bias)
+        return crop_features(y, n)
     return reference_linear(w, x, bias)
 
 
@@ -96,7 +102,7 @@ def _slice(func, args, kwargs):
     """Whole blocks along either dim; both inner tensors are views of the original storage."""
     self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
     cut = block_slice(self, dim, start, end, step)
-    out = self.with_changes({"qdata": self.qdata.narrow(cut.dim, *cut.codes),
+    out = self.with_changes({"qdata": self.qdata.narrow(cut.dim, *cut.stored),
                              "scale": self.scale.narrow(cut.dim, *cut.blocks)},
                             logical_shape=cut.logical_shape, block_size=cut.block_size)
     return return_and_correct_aliasing(func, args, kwargs, out)

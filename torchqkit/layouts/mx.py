@@ -2,10 +2,11 @@
 
 Element formats: float8_e4m3fn (MXFP8 E4M3), float8_e5m2 (MXFP8 E5M2), fp4_e2m1 (MXFP4). Scales are
 powers of two chosen by the oracle with ``scale_rounding="power_of_two"`` (see Note [Power-of-two scales]
-in core/primitives.py: X = 2^(floor(log2(amax)) - emax_elem), elements saturate). Tensors:
-  qdata: MXFP8: (N, K) torch.float8_e4m3fn / float8_e5m2, one element per byte
-         MXFP4: (N, K // 2) uint8, two e2m1 codes per byte, see Note [MX bit layout]
-  scale: (N, K // 32) uint8, E8M0: the biased exponent e of X = 2^(e - 127); 255 (NaN) is never written
+in core/primitives.py: X = 2^(floor(log2(amax)) - emax_elem), elements saturate). Tensors (Kp = K rounded
+up to whole blocks of 32, see Note [Partial blocks] in core/primitives.py; padded elements are code 0):
+  qdata: MXFP8: (N, Kp) torch.float8_e4m3fn / float8_e5m2, one element per byte
+         MXFP4: (N, Kp // 2) uint8, two e2m1 codes per byte, see Note [MX bit layout]
+  scale: (N, Kp // 32) uint8, E8M0: the biased exponent e of X = 2^(e - 127); 255 (NaN) is never written
 x = element * X. unpack() returns X as float32 (exact: 2^-127 .. 2^127 are all float32 values).
 
 Note [MX bit layout]
@@ -28,13 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from ..core.primitives import ZeroPointDomain
+from ..core.primitives import ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import float8_e4m3fn, float8_e5m2, fp4_e2m1
 from ..kernels import KERNEL_ACT_DTYPES, cpu_backend
 from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
-from .base import Layout, PackedSpec, PlainParts, register_layout
+from .base import Layout, PackedSpec, PlainParts, pad_features, register_layout
 from .slicing import block_slice
 
 aten = torch.ops.aten
@@ -64,21 +65,22 @@ class MXLayout(Layout):
         return MX_BLOCK if dim == 1 else 1
 
     def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
-        n, k = shape
+        n, k = padded_shape(shape, block_size)
         qdata = PackedSpec((n, k // 2), (torch.uint8,)) if qdtype is fp4_e2m1 else PackedSpec((n, k), (qdtype.storage_dtype,))
         return {"qdata": qdata, "scale": PackedSpec((n, k // MX_BLOCK), (torch.uint8,))}
 
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
-        codes = parts.qdata
+        codes = pad_to(parts.qdata, padded_shape(parts.qdata.shape, block_size))
         if qdtype is fp4_e2m1:
             codes = (codes[:, 1::2] << 4) | codes[:, 0::2]
         return {"qdata": codes.contiguous(), "scale": _to_e8m0(parts.scale)}
 
     def unpack(self, aqt) -> PlainParts:
         q = aqt.qdata
+        n, k = aqt.logical_shape
         if aqt.qdtype is fp4_e2m1:
-            q = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(aqt.logical_shape)
-        return PlainParts(q, _from_e8m0(aqt.scale), None)
+            q = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(q.shape[0], -1)
+        return PlainParts(q[:n, :k], _from_e8m0(aqt.scale), None)
 
     def __repr__(self) -> str:
         return "MXLayout()"
@@ -118,7 +120,7 @@ _MX_OP = "torchqkit::linear_mxwo"
 def _linear(w, x, bias):
     if w.act_quant is not None or w.kernel_preference is not KernelPreference.AUTO or x.dtype not in KERNEL_ACT_DTYPES:
         return reference_linear(w, x, bias)  # weight-only kernel: fake-quantized activations take the reference
-    return torch.ops.torchqkit.linear_mxwo(x, w.qdata, w.scale, bias)
+    return torch.ops.torchqkit.linear_mxwo(pad_features(x, MX_BLOCK * w.scale.shape[1]), w.qdata, w.scale, bias)
 
 
 @MXLayout.ops.implements(aten.slice.Tensor)
@@ -127,7 +129,7 @@ def _slice(func, args, kwargs):
     self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
     cut = block_slice(self, dim, start, end, step)
     per_byte = 2 if (self.qdtype is fp4_e2m1 and cut.dim == 1) else 1
-    out = self.with_changes({"qdata": self.qdata.narrow(cut.dim, cut.codes[0] // per_byte, cut.codes[1] // per_byte),
+    out = self.with_changes({"qdata": self.qdata.narrow(cut.dim, cut.stored[0] // per_byte, cut.stored[1] // per_byte),
                              "scale": self.scale.narrow(cut.dim, *cut.blocks)},
                             logical_shape=cut.logical_shape, block_size=cut.block_size)
     return return_and_correct_aliasing(func, args, kwargs, out)

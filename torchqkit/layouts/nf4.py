@@ -1,10 +1,11 @@
 """NF4Layout: NormalFloat-4 codes two per byte, one absmax scale per block of K (QLoRA), optionally with
 the absmax values themselves quantized to 8 bits ("double quantization").
 
-See Note [NF4 bit layout]. Tensors (N, K weight, B = block_size, n = N * K // B blocks):
-  qdata:             (N, K // 2) uint8, two codes per byte
-  scale:             (N, K // B), the per-block absmax (float32 from NF4WeightOnlyConfig); None with double_quant
-  scale_codes:       (N, K // B) int8, double_quant only: absmax - offset, int8 symmetric (the oracle's int8)
+See Note [NF4 bit layout]. Tensors (N, K weight, B = block_size, Kp = K rounded up to whole blocks (Note
+[Partial blocks] in core/primitives.py; padded codes are 7, the level 0.0), n = N * Kp // B blocks):
+  qdata:             (N, Kp // 2) uint8, two codes per byte
+  scale:             (N, Kp // B), the per-block absmax (float32 from NF4WeightOnlyConfig); None with double_quant
+  scale_codes:       (N, Kp // B) int8, double_quant only: absmax - offset, int8 symmetric (the oracle's int8)
   scale_block_scale: (ceil(n / 256),) float32, double_quant only: one scale per 256 consecutive blocks
                      in row-major order (the last group may be partial)
   scale_offset:      (1,) float32, double_quant only: the mean of all absmax values, subtracted before quantizing
@@ -41,17 +42,19 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from ..core.primitives import ZeroPointDomain, choose_qparams_affine, dequantize_affine, quantize_affine
+from ..core.primitives import (ZeroPointDomain, choose_qparams_affine, dequantize_affine, pad_to, padded_shape,
+                               quantize_affine)
 from ..core.qdtype import int8, nf4
 from ..kernels import KERNEL_ACT_DTYPES, cpu_backend
 from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
-from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, register_layout
+from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, pad_features, register_layout
 from .slicing import block_slice
 
 aten = torch.ops.aten
 DQ_GROUP = 256  # absmax values per second-level scale (QLoRA)
+NF4_ZERO_CODE = 7  # the level 0.0: what padding past K holds
 _DQ_NAMES = ("scale_codes", "scale_block_scale", "scale_offset")
 
 
@@ -76,8 +79,6 @@ class NF4Layout(Layout):
         if len(shape) != 2 or tuple(block_size) != (1, self.block_size):
             return (f"NF4Layout(block_size={self.block_size}) needs blocks of (1, {self.block_size}) along K of a "
                     f"2-d weight, got block_size {tuple(block_size)} for shape {tuple(shape)}")
-        if shape[1] % self.block_size:
-            return f"in_features {shape[1]} is not a multiple of the NF4 block size {self.block_size}"
         return None
 
     def slice_multiple(self, qdtype, block_size, shape, dim: int) -> int:
@@ -85,7 +86,7 @@ class NF4Layout(Layout):
         return max(super().slice_multiple(qdtype, block_size, shape, dim), 2 if dim == 1 else 1)
 
     def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
-        n, k = shape
+        n, k = padded_shape(shape, block_size)
         blocks = (n, k // self.block_size)
         specs = {"qdata": PackedSpec((n, k // 2), (torch.uint8,))}
         if not self.double_quant:
@@ -95,7 +96,7 @@ class NF4Layout(Layout):
                 "scale_offset": PackedSpec((1,), (torch.float32,))}
 
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
-        codes = parts.qdata
+        codes = pad_to(parts.qdata, padded_shape(parts.qdata.shape, block_size), NF4_ZERO_CODE)
         qdata = (codes[:, 0::2] << 4) | codes[:, 1::2]
         tensors = {"qdata": qdata.contiguous(), "scale": parts.scale, **dict.fromkeys(_DQ_NAMES)}
         if self.double_quant:
@@ -106,7 +107,7 @@ class NF4Layout(Layout):
     def unpack(self, aqt) -> PlainParts:
         n, k = aqt.logical_shape
         q = aqt.qdata
-        codes = torch.stack([q >> 4, q & 0xF], dim=-1).reshape(n, k)
+        codes = torch.stack([q >> 4, q & 0xF], dim=-1).reshape(n, -1)[:, :k]
         if not self.double_quant:
             return PlainParts(codes, aqt.scale, None)
         return PlainParts(codes, _double_dequantize(aqt.scale_codes, aqt.scale_block_scale, aqt.scale_offset), None)
@@ -150,8 +151,8 @@ _NF4_OP = "torchqkit::linear_nf4wo"
 def _linear(w, x, bias):
     if w.kernel_preference is not KernelPreference.AUTO or x.dtype not in KERNEL_ACT_DTYPES:
         return reference_linear(w, x, bias)
-    return torch.ops.torchqkit.linear_nf4wo(x, w.qdata, w.scale, w.scale_codes, w.scale_block_scale, w.scale_offset,
-                                            w.qlayout.block_size, bias)
+    return torch.ops.torchqkit.linear_nf4wo(pad_features(x, 2 * w.qdata.shape[1]), w.qdata, w.scale, w.scale_codes,
+                                            w.scale_block_scale, w.scale_offset, w.qlayout.block_size, bias)
 
 
 @NF4Layout.ops.implements(aten.slice.Tensor)
@@ -159,7 +160,7 @@ def _slice(func, args, kwargs):
     """qdata is always a view. See Note [NF4 double quantization] for when the 8-bit absmax survives."""
     self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
     cut = block_slice(self, dim, start, end, step)
-    qdata = self.qdata.narrow(cut.dim, cut.codes[0] // (2 if cut.dim else 1), cut.codes[1] // (2 if cut.dim else 1))
+    qdata = self.qdata.narrow(cut.dim, cut.stored[0] // (2 if cut.dim else 1), cut.stored[1] // (2 if cut.dim else 1))
     tensors, layout = {"qdata": qdata}, self.qlayout
     blocks_per_row = self.scale_codes.shape[1] if layout.double_quant else 0
     if not layout.double_quant:

@@ -1,8 +1,9 @@
 """PackedIntxLayout: 1..7-bit integer codes packed densely along in_features, and ternary weights at 2 bits.
 
-Tensors:
-  qdata:      uint8 (N, ceil(K * bits / 8)); ternary: uint8 (N, 2 * ceil(K / 8))
-  scale:      (N // block_size[0], K // block_size[1]), the scale dtype chosen at quantization
+Tensors (Kp = K rounded up to whole groups, see Note [Partial blocks] in core/primitives.py; the padded
+codes are 0 and never read back):
+  qdata:      uint8 (N, ceil(Kp * bits / 8)); ternary: uint8 (N, 2 * ceil(Kp / 8))
+  scale:      (ceil(N / block_size[0]), ceil(K / block_size[1])), the scale dtype chosen at quantization
   zero_point: same shape as scale, or None (ZeroPointDomain.NONE); stored as the oracle returns it
 See Note [Packed intx bits] and Note [Ternary bit planes] for the byte formats. Each row starts on a
 byte boundary, so slicing out_features is a row view; slices along in_features cut at whole bytes.
@@ -42,13 +43,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from ..core.primitives import MappingType, ZeroPointDomain
+from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind, int2, int4
 from ..kernels import KERNEL_ACT_DTYPES, cpu_backend
 from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
-from .base import Layout, PackedSpec, PlainParts, register_layout, scale_specs
+from .base import Layout, PackedSpec, PlainParts, pad_features, register_layout, scale_specs
 from .slicing import block_slice
 
 aten = torch.ops.aten
@@ -90,11 +91,12 @@ class PackedIntxLayout(Layout):
         return 2 * -(-k // 8) if self.ternary else -(-k * qdtype.bits // 8)
 
     def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
-        return {"qdata": PackedSpec((shape[0], self.row_bytes(qdtype, shape[1])), (torch.uint8,)),
+        stored_k = padded_shape(shape, block_size)[1]
+        return {"qdata": PackedSpec((shape[0], self.row_bytes(qdtype, stored_k)), (torch.uint8,)),
                 **scale_specs(shape, block_size, zero_point_domain)}
 
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
-        codes = parts.qdata
+        codes = pad_to(parts.qdata, (parts.qdata.shape[0], padded_shape(parts.qdata.shape, block_size)[1]))
         if self.ternary:
             bad = int((codes == -2).sum())
             if bad:
@@ -199,14 +201,15 @@ def _int8_int4_applies(w, x) -> bool:
 
 @PackedIntxLayout.ops.implements(F.linear)
 def _linear(w, x, bias):
+    stored_k = padded_shape(w.logical_shape, w.block_size)[1]  # kernels read whole groups (zero-padded x)
     if _int8_int4_applies(w, x):
-        return torch.ops.torchqkit.linear_int8da_int4_packed(x, w.qdata, w.scale, w.zero_point, bias,
-                                                             w.act_quant.mapping is MappingType.SYMMETRIC)
+        return torch.ops.torchqkit.linear_int8da_int4_packed(pad_features(x, stored_k), w.qdata, w.scale, w.zero_point,
+                                                             bias, w.act_quant.mapping is MappingType.SYMMETRIC)
     if (w.qlayout.ternary or w.act_quant is not None or w.kernel_preference is not KernelPreference.AUTO
             or x.dtype not in KERNEL_ACT_DTYPES):
         return reference_linear(w, x, bias)
-    return torch.ops.torchqkit.linear_intxwo(x, w.qdata, w.scale, w.zero_point, w.qdtype.bits, w.qdtype.signed,
-                                             ZeroPointDomain(w.zero_point_domain).value, bias)
+    return torch.ops.torchqkit.linear_intxwo(pad_features(x, stored_k), w.qdata, w.scale, w.zero_point, w.qdtype.bits,
+                                             w.qdtype.signed, ZeroPointDomain(w.zero_point_domain).value, bias)
 
 
 @PackedIntxLayout.ops.implements(aten.slice.Tensor)
@@ -220,7 +223,7 @@ def _slice(func, args, kwargs):
         qdata = self.qdata.narrow(0, begin, length)
     else:
         first = layout.row_bytes(qdtype, begin)  # begin cuts at a whole byte (slice_multiple)
-        qdata = self.qdata.narrow(1, first, layout.row_bytes(qdtype, begin + length) - first)
+        qdata = self.qdata.narrow(1, first, layout.row_bytes(qdtype, begin + cut.stored[1]) - first)
     tensors = {"qdata": qdata}
     for name in ("scale", "zero_point"):
         t = getattr(self, name)

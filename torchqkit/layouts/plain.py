@@ -2,8 +2,8 @@
 
 Stores any integer qdtype of up to 8 bits (int8 / uint8 storage, one code per byte: no packing, so
 sub-byte codes waste bits) and float8 (torch's float8 dtypes). Tensors:
-  qdata:      logical shape (N, K), int8 / uint8 / float8
-  scale:      (N // block_size[0], K // block_size[1]), the scale dtype chosen at quantization
+  qdata:      (N, K) rounded up to whole blocks, int8 / uint8 / float8 (padding: code 0, never read back)
+  scale:      (ceil(N / block_size[0]), ceil(K / block_size[1])), the scale dtype chosen at quantization
   zero_point: same shape as scale or None (ZeroPointDomain.NONE)
 
 Linear (KernelPreference.AUTO): symmetric signed int codes stored as int8 (int8, or int2..int7 kept in
@@ -21,13 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from ..core.primitives import MappingType, ZeroPointDomain
+from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind
 from ..kernels import cpu_backend
 from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import flatten_tokens, reference_linear
-from .base import Layout, PackedSpec, PlainParts, register_layout, scale_specs
+from .base import Layout, PackedSpec, PlainParts, pad_features, register_layout, scale_specs
 from .scaled_mm import scaled_mm_applies, scaled_mm_linear
 from .slicing import block_slice
 
@@ -45,14 +45,16 @@ class PlainLayout(Layout):
         return None
 
     def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
-        return {"qdata": PackedSpec(tuple(shape), (qdtype.storage_dtype,)),
+        return {"qdata": PackedSpec(padded_shape(shape, block_size), (qdtype.storage_dtype,)),
                 **scale_specs(shape, block_size, zero_point_domain)}
 
     def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
-        return {"qdata": parts.qdata, "scale": parts.scale, "zero_point": parts.zero_point}
+        qdata = pad_to(parts.qdata, padded_shape(parts.qdata.shape, block_size))
+        return {"qdata": qdata, "scale": parts.scale, "zero_point": parts.zero_point}
 
     def unpack(self, aqt) -> PlainParts:
-        return PlainParts(aqt.qdata, aqt.scale, aqt.zero_point)
+        qdata = aqt.qdata[tuple(slice(0, s) for s in aqt.logical_shape)]
+        return PlainParts(qdata, aqt.scale, aqt.zero_point)
 
     def __repr__(self) -> str:
         return "PlainLayout()"
@@ -117,8 +119,8 @@ def _linear(w, x, bias):
     path = linear_path(w)
     if path in (_WEIGHT_ONLY_OP, _DYNAMIC_INT8_OP) and x.dtype not in _KERNEL_ACT_DTYPES:
         path = "reference"
-    if path == _WEIGHT_ONLY_OP:
-        return torch.ops.torchqkit.linear_int8wo_plain(x, w.qdata, w.scale, bias)
+    if path == _WEIGHT_ONLY_OP:  # block_size[0] == 1: rows are never padded, K may be
+        return torch.ops.torchqkit.linear_int8wo_plain(pad_features(x, w.qdata.shape[1]), w.qdata, w.scale, bias)
     if path == _DYNAMIC_INT8_OP:
         symmetric = w.act_quant.mapping is MappingType.SYMMETRIC
         return torch.ops.torchqkit.linear_int8da_int8_plain(x, w.qdata, w.scale, bias, symmetric)
@@ -149,7 +151,7 @@ def _int8_dynamic_linear(w, x, bias):
 def _slice(func, args, kwargs):
     self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
     cut = block_slice(self, dim, start, end, step)
-    tensors = {name: (None if t is None else t.narrow(cut.dim, *(cut.codes if name == "qdata" else cut.blocks)))
+    tensors = {name: (None if t is None else t.narrow(cut.dim, *(cut.stored if name == "qdata" else cut.blocks)))
                for name, t in self.inner_tensors().items()}
     out = self.with_changes(tensors, logical_shape=cut.logical_shape, block_size=cut.block_size)
     return return_and_correct_aliasing(func, args, kwargs, out)

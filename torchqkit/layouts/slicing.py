@@ -4,12 +4,15 @@ Tensor-parallel and vLLM-style loaders narrow weights along out_features or in_f
 cut whole blocks: along a dim with several blocks, start and end are multiples of the block size;
 along a dim with a single block (per-tensor, or per-row along K) any range is fine and the block
 shrinks with it. A layout that stores tiles or packed bytes narrows this with ``Layout.slice_multiple``
-(e.g. whole 8-row tiles), so that every allowed slice is a view of its storage.
+(e.g. whole 8-row tiles), so that every allowed slice is a view of its storage. A slice that ends at the
+dim's end keeps the storage padding of a partial last block (Note [Partial blocks], core/primitives.py).
 """
 from __future__ import annotations
 
 import math
 from typing import NamedTuple
+
+from ..core.primitives import num_blocks, padded_shape
 
 __all__ = ["BlockSlice", "block_slice"]
 
@@ -17,6 +20,7 @@ __all__ = ["BlockSlice", "block_slice"]
 class BlockSlice(NamedTuple):
     dim: int                       # dim of the stored (untransposed) tensor
     codes: tuple[int, int]         # (start, length) in elements along `dim`
+    stored: tuple[int, int]        # (start, length) in stored (block-padded) elements along `dim`
     blocks: tuple[int, int]        # (start, length) in scale rows/cols along `dim`
     logical_shape: tuple[int, ...]
     block_size: tuple[int, ...]
@@ -42,5 +46,7 @@ def block_slice(aqt, dim: int, start, end, step) -> BlockSlice:
     shape[sdim] = end - start
     if b == size:  # one block along this dim: any allowed range keeps the single scale
         block[sdim] = end - start
-        return BlockSlice(sdim, (start, end - start), (0, 1), tuple(shape), tuple(block))
-    return BlockSlice(sdim, (start, end - start), (start // b, (end - start) // b), tuple(shape), tuple(block))
+        return BlockSlice(sdim, (start, end - start), (start, end - start), (0, 1), tuple(shape), tuple(block))
+    stored_end = padded_shape((size,), (b,))[0] if end == size else end
+    return BlockSlice(sdim, (start, end - start), (start, stored_end - start),
+                      (start // b, num_blocks((end - start,), (b,))[0]), tuple(shape), tuple(block))

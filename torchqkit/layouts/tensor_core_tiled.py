@@ -59,13 +59,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from ..core.primitives import ZeroPointDomain
+from ..core.primitives import ZeroPointDomain, padded_shape
 from ..core.qdtype import uint4
 from ..kernels import KERNEL_ACT_DTYPES, cpu_backend, linear_op
 from ..tensor.activation import KernelPreference
 from ..tensor.dispatch import fill_defaults
 from ..tensor.reference import reference_linear
-from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, register_layout
+from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, pad_features, register_layout
 from .slicing import block_slice
 
 aten = torch.ops.aten
@@ -136,15 +136,16 @@ class TensorCoreTiledLayout(Layout):
         padded[:n, :k] = codes
         scale_and_zero = torch.zeros((kt // g, n8, 2), dtype=scale.dtype, device=scale.device)
         scale_and_zero[..., 0] = 1
-        scale_and_zero[: k // g, :n, 0] = scale.t()
-        scale_and_zero[: k // g, :n, 1] = zero.t()
+        groups = scale.shape[1]  # ceil(k / g): a partial last group keeps its own scale and zero
+        scale_and_zero[:groups, :n, 0] = scale.t()
+        scale_and_zero[:groups, :n, 1] = zero.t()
         return {"qdata": _tile(padded, self.inner_k_tiles), "scale_and_zero": scale_and_zero}
 
     def unpack(self, aqt) -> PlainParts:
         n, k = aqt.logical_shape
         g = aqt.block_size[1]
         codes = _untile(aqt.qdata, self.inner_k_tiles)[:n, :k]
-        sz = aqt.scale_and_zero[: k // g, :n]
+        sz = aqt.scale_and_zero[: -(-k // g), :n]
         return PlainParts(codes, sz[..., 0].t().contiguous(), sz[..., 1].t().contiguous())
 
     @staticmethod
@@ -203,6 +204,7 @@ def _linear(w, x, bias):
     if pref is KernelPreference.REFERENCE or x.dtype not in KERNEL_ACT_DTYPES:
         return reference_linear(w, x, bias)
     fn = torch.ops.torchqkit.linear_int4wo_tiled if pref is KernelPreference.AUTO else linear_op(_INT4_OP, x.device, pref)
+    x = pad_features(x, padded_shape(w.logical_shape, w.block_size)[1])  # whole groups: every backend's contract
     return fn(x, w.qdata, w.scale_and_zero, w.block_size[1], w.logical_shape[0], bias)
 
 

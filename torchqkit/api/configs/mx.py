@@ -1,7 +1,7 @@
 """OCP microscaling weight-only configs: MXFP8WeightOnlyConfig, MXFP4WeightOnlyConfig (MXLayout).
 
 One power-of-two (E8M0) scale per 32 weights along K, chosen as the MX spec says (the oracle's
-``scale_rounding="power_of_two"``); weights whose in_features isn't a multiple of 32 are reported, not skipped.
+``scale_rounding="power_of_two"``); weights whose in_features isn't a multiple of 32 get a partial last block (padded inside MXLayout).
 """
 from __future__ import annotations
 
