@@ -181,3 +181,19 @@ def test_filter_fn_and_already_quantized():
     with pytest.warns(UserWarning, match="already quantized"):
         report = qk.quantize_(model, qk.Int8WeightOnlyConfig())
     assert report["up"].status == "skipped" and report["down"].status == "quantized"
+
+
+@pytest.mark.parametrize("config", [
+    qk.Int4WeightOnlyConfig(), qk.Int8WeightOnlyConfig(), qk.NF4WeightOnlyConfig(double_quant=True),
+    qk.MXFP4WeightOnlyConfig(), qk.MXFP8WeightOnlyConfig(), qk.IntxWeightOnlyConfig(bits=3),
+    qk.Float8WeightOnlyConfig(), qk.Int8DynamicActivationInt8WeightConfig()], ids=lambda c: type(c).__name__)
+def test_quantize_onto_the_meta_device_plans_shapes_only(config):
+    # Shape-only quantization (sizing a model before loading it): every layout packs meta tensors.
+    model = torch.nn.Sequential(torch.nn.Linear(200, 64), torch.nn.Linear(64, 8))
+    real = copy.deepcopy(model)
+    report = qk.quantize_(model, config, device="meta", strict=True)
+    qk.quantize_(real, config, strict=True)
+    assert len(report.quantized) == 2 and model[0].weight.device.type == "meta"
+    for meta_w, real_w in ((model[0].weight, real[0].weight), (model[1].weight, real[1].weight)):
+        assert {n: None if t is None else t.shape for n, t in meta_w.inner_tensors().items()} == \
+               {n: None if t is None else t.shape for n, t in real_w.inner_tensors().items()}

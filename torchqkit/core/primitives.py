@@ -388,7 +388,8 @@ def _round(v: torch.Tensor, stochastic: bool, generator) -> torch.Tensor:
 
 def _nearest_level(v: torch.Tensor, qdtype: QDType) -> torch.Tensor:
     """Code of the nearest codebook level; a value exactly between two levels goes to the one nearer zero."""
-    levels = torch.tensor(qdtype.levels, dtype=torch.float32, device=v.device)
+    # The table is a constant: sort it on the host (also when v is on the meta device, which has no values).
+    levels = torch.tensor(qdtype.levels, dtype=torch.float32)
     order = torch.argsort(levels, stable=True)
     sorted_levels = levels[order]
     # Drop duplicate levels (fp4 has +0 and -0): keep the first code of each value.
@@ -397,9 +398,11 @@ def _nearest_level(v: torch.Tensor, qdtype: QDType) -> torch.Tensor:
     uniq, codes = sorted_levels[keep], order[keep]
     # fp4's -0 sorts before +0 with stable sort over equal values only if listed first; prefer code of +0.
     if qdtype.levels.count(0.0) > 1:
-        codes = torch.where(uniq == 0, torch.tensor(qdtype.levels.index(0.0), device=v.device), codes)
+        codes = torch.where(uniq == 0, torch.tensor(qdtype.levels.index(0.0)), codes)
+    lo, hi = uniq[0].item(), uniq[-1].item()
+    uniq, codes = uniq.to(v.device), codes.to(v.device)
     mids = (uniq[1:] + uniq[:-1]) / 2
-    v = v.clamp(uniq[0].item(), uniq[-1].item())
+    v = v.clamp(lo, hi)
     # right=False puts a tie on the lower level (nearer zero for v > 0); right=True the upper one (v < 0).
     idx = torch.where(v >= 0, torch.bucketize(v, mids, right=False), torch.bucketize(v, mids, right=True))
     return codes[idx].to(qdtype.storage_dtype)
