@@ -112,6 +112,18 @@ def _blocks(x: torch.Tensor, block_size, value=0.0) -> torch.Tensor:
     return x.reshape(shape)
 
 
+def _pad_with_edge(x: torch.Tensor, block_size) -> torch.Tensor:
+    """x padded up to whole blocks with copies of its last element along each dim. That element lies in the
+    same (partial) block as the padding, so the block's min, max and absmax stay those of its real values,
+    and no mask is needed for them (a full-size mask costs more than the statistics on real-model widths)."""
+    for d, (s, b) in enumerate(zip(x.shape, block_size)):
+        extra = -s % b
+        if extra:
+            edge = x.narrow(d, s - 1, 1)
+            x = torch.cat([x, edge.expand(*[extra if i == d else n for i, n in enumerate(x.shape)])], dim=d)
+    return x
+
+
 def _valid_blocks(x: torch.Tensor, block_size) -> torch.Tensor | None:
     """Mask of real (not padded) elements in ``_blocks`` form, or None when the blocks tile x exactly."""
     if padded_shape(x.shape, block_size) == tuple(x.shape):
@@ -193,7 +205,9 @@ def choose_qparams_affine(
     if eps is None:
         eps = torch.finfo(scale_dtype).tiny
 
-    lo, hi = calib.block_range(_blocks(x, block_size), _odd_dims(x.ndim), _valid_blocks(x, block_size))
+    # Edge padding keeps absmax / min / max exact; a mean (rms) also needs to know which elements are real.
+    valid = _valid_blocks(x, block_size) if calib.method == "rms" else None
+    lo, hi = calib.block_range(_blocks(_pad_with_edge(x, block_size), block_size), _odd_dims(x.ndim), valid)
     lo, hi = lo.reshape(lo.shape[0::2]), hi.reshape(hi.shape[0::2])  # drop the size-1 block dims
 
     zero_point = None
