@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..algorithms import check_algorithm, hqq_qparams
 from ..core.granularity import Granularity, validate_block_size
 from ..core.primitives import (MappingType, choose_qparams_affine, default_zero_point_domain,
                                quantize_affine)
@@ -34,8 +35,16 @@ def quantize_weight(
     stochastic: bool = False,
     generator: torch.Generator | None = None,
     check_finite: bool = True,
+    algorithm: str = "rtn",
     name: str = "weight",
 ) -> AffineQuantizedTensor:
+    """Quantize one float weight into ``layout``.
+
+    ``algorithm`` chooses the qparams: "rtn" is ``choose_qparams_affine`` (min-max / absmax ranges,
+    ``calibration`` and ``scale_rounding`` apply); "hqq" is ``hqq_qparams``: integer codes with an
+    asymmetric mapping and a zero point (FLOAT or INT domain) optimised without calibration data.
+    The codes are ``quantize_affine`` of those qparams either way."""
+    check_algorithm(name, algorithm)
     if isinstance(weight, AffineQuantizedTensor):
         raise UnsupportedWeight(f"{name} is already quantized ({weight!r})")
     if not weight.dtype.is_floating_point:
@@ -47,16 +56,33 @@ def quantize_weight(
     if reason is not None:
         raise UnsupportedWeight(f"{name} of shape {tuple(weight.shape)} can't use block_size {block_size}: {reason}")
     mapping = MappingType(mapping)
+    if algorithm == "hqq":
+        _check_hqq(mapping, calibration, scale_rounding, stochastic, name)
     zpd = zero_point_domain if zero_point_domain is not None else default_zero_point_domain(qdtype, mapping)
     reason = layout.supports(qdtype, block_size, tuple(weight.shape), zpd)
     if reason is not None:
         raise UnsupportedWeight(f"{name}: {reason}")
     w = weight.detach()
-    scale, zero_point = choose_qparams_affine(w, qdtype, block_size, mapping=mapping, zero_point_domain=zpd,
-                                              calibration=calibration, scale_dtype=scale_dtype,
-                                              scale_rounding=scale_rounding, check_finite=check_finite, name=name)
+    if algorithm == "hqq":
+        scale, zero_point = hqq_qparams(w, qdtype, block_size, zero_point_domain=zpd, scale_dtype=scale_dtype,
+                                        check_finite=check_finite, name=name)
+    else:
+        scale, zero_point = choose_qparams_affine(w, qdtype, block_size, mapping=mapping, zero_point_domain=zpd,
+                                                  calibration=calibration, scale_dtype=scale_dtype,
+                                                  scale_rounding=scale_rounding, check_finite=check_finite,
+                                                  name=name)
     codes = quantize_affine(w, qdtype, block_size, scale, zero_point, zero_point_domain=zpd,
                             stochastic=stochastic, generator=generator, check_finite=False, name=name)
     tensors = layout.pack(PlainParts(codes, scale, zero_point), qdtype, block_size, zpd)
     return AffineQuantizedTensor(tensors, qdtype, block_size, tuple(weight.shape), weight.dtype, layout, zpd,
                                  act_quant=act_quant, kernel_preference=kernel_preference)
+
+
+def _check_hqq(mapping, calibration, scale_rounding, stochastic, name) -> None:
+    """HQQ fixes what round-to-nearest leaves open: the range (min-max), the mapping, the rounding."""
+    if mapping is not MappingType.ASYMMETRIC:
+        raise ValueError(f"{name}: algorithm='hqq' optimises an asymmetric zero point; pass "
+                         f"mapping=MappingType.ASYMMETRIC, not {mapping.value}")
+    if calibration not in (None, "minmax") or scale_rounding is not None or stochastic:
+        raise ValueError(f"{name}: algorithm='hqq' starts from min-max ranges and rounds to nearest; it takes no "
+                         f"calibration={calibration!r}, scale_rounding={scale_rounding!r} or stochastic rounding")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...algorithms import check_algorithm
 from ...core.granularity import Granularity, PerAxis, PerGroup, PerRow
 from ...core.primitives import MappingType, ZeroPointDomain
 from ...core.qdtype import INT, uint4, int8
@@ -39,30 +40,39 @@ def _int4_weight_only_transform(config, weight, name):
     # uint4 codes, scale and zero point in the float domain (tinygemm / tensor-core-tiled convention).
     return quantize_weight(weight, uint4, PerGroup(config.group_size), config.layout,
                            mapping=MappingType.ASYMMETRIC, zero_point_domain=ZeroPointDomain.FLOAT,
-                           kernel_preference=config.kernel_preference, name=name)
+                           kernel_preference=config.kernel_preference, algorithm=config.algorithm, name=name)
 
 
 @register_config(_int4_weight_only_transform)
 @dataclass(frozen=True, kw_only=True)
 class Int4WeightOnlyConfig(QuantConfig):
     """int4 group-wise weights (uint4 codes, float scale and zero point per group), stored by default in
-    TensorCoreTiledLayout (pass layout=PlainLayout() for one unpacked code per byte)."""
+    TensorCoreTiledLayout (pass layout=PlainLayout() for one unpacked code per byte).
+
+    algorithm: "rtn" (min-max scale and zero) or "hqq" (the same scale, zero points optimised by HQQ,
+    no calibration data; see torchqkit/algorithms/hqq.py)."""
     group_size: int = 128
     layout: Layout = field(default_factory=TensorCoreTiledLayout)
+    algorithm: str = "rtn"
 
     def __post_init__(self):
         super().__post_init__()
         if self.group_size not in INT4_GROUP_SIZES:
             raise ValueError(f"Int4WeightOnlyConfig: group_size must be one of {INT4_GROUP_SIZES}, "
                              f"got {self.group_size}")
+        check_algorithm("Int4WeightOnlyConfig", self.algorithm)
 
     def describe(self):
-        return f"int4 weight-only g{self.group_size}"
+        return f"int4 weight-only g{self.group_size}{_algorithm_text(self.algorithm)}"
 
 
 def _intx_weight_only_transform(config, weight, name):
+    # HQQ's zero point is a float (x ~ q * s + z for signed codes): every intx layout but ternary planes
+    # stores one, and rounding it to an integer code undoes HQQ's gain (measured: back to RTN's SQNR).
+    zpd = ZeroPointDomain.FLOAT if config.algorithm == "hqq" else None
     return quantize_weight(weight, INT[config.bits], config.granularity, config.resolved_layout(),
-                           mapping=config.mapping, kernel_preference=config.kernel_preference, name=name)
+                           mapping=config.mapping, zero_point_domain=zpd, kernel_preference=config.kernel_preference,
+                           algorithm=config.algorithm, name=name)
 
 
 def check_intx(who: str, bits: int, granularity, mapping) -> None:
@@ -80,16 +90,26 @@ def check_intx(who: str, bits: int, granularity, mapping) -> None:
 class IntxWeightOnlyConfig(QuantConfig):
     """1..8-bit signed integer weights, per group or per output channel, symmetric or asymmetric.
 
-    layout=None (default): PackedIntxLayout (dense bits) for bits < 8, PlainLayout for 8 bits."""
+    layout=None (default): PackedIntxLayout (dense bits) for bits < 8, PlainLayout for 8 bits.
+    algorithm: "rtn" (round-to-nearest on absmax / min-max ranges) or "hqq" (min-max scale, zero point in
+    the float domain optimised by HQQ, no calibration data; see torchqkit/algorithms/hqq.py). HQQ is
+    asymmetric by construction: with it the mapping becomes ASYMMETRIC (SYMMETRIC_NO_CLIPPING_ERR is refused)."""
     bits: int = 4
     granularity: Granularity = PerGroup(32)
     mapping: MappingType = MappingType.SYMMETRIC
     layout: Layout | None = None
+    algorithm: str = "rtn"
 
     def __post_init__(self):
         super().__post_init__()
         object.__setattr__(self, "mapping", MappingType(self.mapping))
         check_intx("IntxWeightOnlyConfig", self.bits, self.granularity, self.mapping)
+        check_algorithm("IntxWeightOnlyConfig", self.algorithm)
+        if self.algorithm == "hqq":
+            if self.mapping is MappingType.SYMMETRIC_NO_CLIPPING_ERR:
+                raise ValueError("IntxWeightOnlyConfig: algorithm='hqq' optimises an asymmetric zero point; it can't "
+                                 "keep mapping='symmetric_no_clipping_err' (use mapping='asymmetric')")
+            object.__setattr__(self, "mapping", MappingType.ASYMMETRIC)
 
     def resolved_layout(self) -> Layout:
         """The layout the weights get: ``layout``, or by default packed bits below 8 bits, plain at 8."""
@@ -98,8 +118,13 @@ class IntxWeightOnlyConfig(QuantConfig):
         return PackedIntxLayout() if self.bits < 8 else PlainLayout()
 
     def describe(self):
-        return f"int{self.bits} weight-only {_granularity_text(self.granularity)} {self.mapping.value}"
+        scheme = "hqq" if self.algorithm == "hqq" else self.mapping.value
+        return f"int{self.bits} weight-only {_granularity_text(self.granularity)} {scheme}"
 
 
 def _granularity_text(g) -> str:
     return f"g{g.group_size}" if isinstance(g, PerGroup) else "per-channel"
+
+
+def _algorithm_text(algorithm: str) -> str:
+    return "" if algorithm == "rtn" else f" {algorithm}"

@@ -1,0 +1,217 @@
+"""HQQ, half-quadratic quantization (Badri & Shaji, 2023): calibration-free qparams for integer weights.
+
+``hqq_qparams`` returns ``(scale, zero_point)`` in the oracle's shapes, one per block, so
+``quantize_affine(w, qdtype, block_size, scale, zero_point)`` gives the HQQ codes and every layout stores
+them exactly as it stores round-to-nearest qparams. See Note [HQQ].
+
+Note [HQQ]
+~~~~~~~~~~
+With codes W_q = clamp(round(W / s + z), qmin, qmax) and W_r = (W_q - z) s, HQQ keeps the min-max scale s
+of round-to-nearest and moves the zero point z to minimise |W - W_r|_p^p with p < 1: a sparsity-promoting
+loss that lets a few weights (outliers) keep a large error so the rest of the group is fitted better. An
+auxiliary W_e ~ W - W_r with the penalty beta/2 |W_e - (W - W_r)|^2 splits the problem into two easy ones,
+solved in turn for each block (all blocks at once, independently of each other):
+  (a) W_e = shrink_p(W - W_r, beta) = sign(x) relu(|x| - |x|^(p-1) / beta)   (generalized soft threshold)
+  (b) z   = mean over the block of (W_q - (W - W_e) / s)                      (least squares in z)
+  (c) beta *= kappa                     (a tighter penalty pulls W_e towards the true error W - W_r)
+The oracle stores the zero point in the float domain, x ~ (q - mid) s + z_f with z_f = (mid - z) s, and we
+iterate on z_f: it stays well-scaled when s is tiny, and (b) becomes z_f += mean(e - W_e) with e = W - W_r,
+where e - W_e = clamp(e, -t, t) for the threshold t = |e|^(p-1) / beta.
+Each block starts at round-to-nearest's asymmetric qparams (iteration 0) and stops when its squared
+error does not improve; it keeps the zero point with the lowest squared error seen. Squared error,
+rather than the lp loss being minimised, decides "best" because it is what a layer's output feels,
+and including iteration 0 means no block ends worse than round-to-nearest.
+For ZeroPointDomain.INT the optimised zero is rounded to an integer code and clamped to [qmin, qmax]
+(as round-to-nearest's integer zero is), with no further optimisation.
+
+Partial blocks: a dimension that ``block_size`` does not divide ends in a partial block. The weight is
+padded to whole blocks and the padding is masked out of every statistic (min / max, the zero-point mean,
+the error), so a partial block's qparams depend on its real values only.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..core.primitives import ZeroPointDomain, code_midpoint
+from ..core.qdtype import QDType, QKind
+
+__all__ = ["hqq_qparams", "HQQ_LP_NORM", "HQQ_BETA", "HQQ_KAPPA", "HQQ_ITERS"]
+
+# The paper's published defaults.
+HQQ_LP_NORM, HQQ_BETA, HQQ_KAPPA, HQQ_ITERS = 0.7, 10.0, 1.01, 20
+# Keeps |e|^(p-1) finite where the error is exactly zero.
+_TINY = 1e-8
+# Elements per chunk of blocks: big enough that per-op overhead is small, small enough to stay in cache.
+_CHUNK = 1 << 18
+
+
+def hqq_qparams(
+    w: torch.Tensor,
+    qdtype: QDType,
+    block_size,
+    *,
+    zero_point_domain: ZeroPointDomain = ZeroPointDomain.FLOAT,
+    lp_norm: float = HQQ_LP_NORM,
+    beta: float = HQQ_BETA,
+    kappa: float = HQQ_KAPPA,
+    iters: int = HQQ_ITERS,
+    scale_dtype: torch.dtype | None = None,
+    eps: float | None = None,
+    check_finite: bool = True,
+    name: str = "tensor",
+):
+    """HQQ ``(scale, zero_point)`` for integer ``qdtype`` codes of ``w``, see Note [HQQ].
+
+    Shapes: ``scale`` and ``zero_point`` are ``[ceil(s / b) for s, b in zip(w.shape, block_size)]``.
+    ``scale`` (and a FLOAT-domain ``zero_point``) in ``scale_dtype`` (default: ``w``'s float dtype); an
+    INT-domain ``zero_point`` in ``qdtype.storage_dtype``. ``iters=0`` gives round-to-nearest's
+    asymmetric qparams. ``eps`` floors the scale as in ``choose_qparams_affine``.
+    """
+    zpd = ZeroPointDomain(zero_point_domain)
+    block_size = _check_args(w, qdtype, block_size, zpd, lp_norm, beta, kappa, iters, name)
+    if check_finite and not torch.isfinite(w).all():
+        raise ValueError(f"{name} contains NaN/Inf values; HQQ would poison whole blocks. Fix the tensor, "
+                         f"or pass check_finite=False to quantize it anyway.")
+    scale_dtype = scale_dtype or (w.dtype if w.dtype.is_floating_point else torch.float32)
+    if eps is None:
+        eps = torch.finfo(scale_dtype).tiny  # choose_qparams_affine's default floor
+    counts = tuple(-(-s // b) for s, b in zip(w.shape, block_size))
+    x = _as_blocks(w.detach().float(), block_size, counts)
+    valid = None
+    if any(n * b != s for s, b, n in zip(w.shape, block_size, counts)):
+        valid = _as_blocks(torch.ones(w.shape, device=w.device), block_size, counts) > 0
+
+    scale, zero = _rtn_start(x, valid, qdtype, zpd, eps)
+    s = scale.to(scale_dtype).float()  # optimise against the scale that will be stored
+    zero = _optimise_zero(x, valid, s, zero, qdtype, zpd, lp_norm, beta, kappa, iters)
+    scale = scale.reshape(counts).to(scale_dtype)
+    if zpd is ZeroPointDomain.INT:
+        mid = code_midpoint(qdtype)
+        z = torch.round(mid - zero / s).clamp(qdtype.qmin, qdtype.qmax)
+        return scale, z.reshape(counts).to(qdtype.storage_dtype)
+    return scale, zero.reshape(counts).to(scale_dtype)
+
+
+def _check_args(w, qdtype, block_size, zpd, lp_norm, beta, kappa, iters, name) -> tuple[int, ...]:
+    if qdtype.kind is not QKind.INT:
+        raise ValueError(f"{name}: HQQ chooses an affine zero point for integer codes, not {qdtype.name}")
+    if zpd is ZeroPointDomain.NONE:
+        raise ValueError(f"{name}: HQQ optimises a zero point; use ZeroPointDomain.FLOAT or INT, not none")
+    block_size = tuple(int(b) for b in block_size)
+    if len(block_size) != w.dim() or any(b <= 0 for b in block_size):
+        raise ValueError(f"{name}: block_size {block_size} must hold one positive int per dim of shape "
+                         f"{tuple(w.shape)}")
+    if not 0 < lp_norm <= 1:
+        raise ValueError(f"{name}: HQQ's lp_norm must be in (0, 1] (sparsity-promoting), got {lp_norm}")
+    if not (beta > 0 and kappa >= 1):
+        raise ValueError(f"{name}: HQQ needs beta > 0 and kappa >= 1, got beta={beta}, kappa={kappa}")
+    if not isinstance(iters, int) or iters < 0:
+        raise ValueError(f"{name}: iters must be an int >= 0, got {iters!r}")
+    return block_size
+
+
+def _as_blocks(x: torch.Tensor, block_size, counts) -> torch.Tensor:
+    """Zero-pad x to whole blocks and view it as (num_blocks, block_numel), blocks in the scale's order.
+
+    For a (N, K) weight and block_size (1, g): (N * ceil(K / g), g), a view when g divides K."""
+    pad = []
+    for s, b, n in reversed(list(zip(x.shape, block_size, counts))):
+        pad += [0, n * b - s]
+    if any(pad):
+        x = F.pad(x, pad)
+    split = [v for n, b in zip(counts, block_size) for v in (n, b)]
+    order = list(range(0, 2 * x.dim(), 2)) + list(range(1, 2 * x.dim(), 2))
+    return x.reshape(split).permute(order).reshape(math.prod(counts), -1)
+
+
+def _rtn_start(x, valid, qdtype, zpd, eps):
+    """Round-to-nearest's asymmetric (scale, float-domain zero) per block, each (G, 1), float32.
+
+    The same arithmetic as choose_qparams_affine(mapping=ASYMMETRIC), so iteration 0 is RTN exactly."""
+    qmin, qmax, mid = float(qdtype.qmin), float(qdtype.qmax), code_midpoint(qdtype)
+    if valid is None:
+        lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    else:
+        lo = x.masked_fill(~valid, math.inf).amin(-1, keepdim=True)
+        hi = x.masked_fill(~valid, -math.inf).amax(-1, keepdim=True)
+    if zpd is ZeroPointDomain.INT:
+        # An integer zero in [qmin, qmax] needs 0.0 inside the range, as in round-to-nearest.
+        lo, hi = lo.clamp(max=0), hi.clamp(min=0)
+    span = hi - lo
+    scale = torch.where(span > 0, (span / (qmax - qmin)).clamp(min=eps), torch.ones_like(span))
+    if zpd is ZeroPointDomain.INT:
+        z = (qmin - torch.round(lo / scale)).clamp(qmin, qmax)
+        return scale, (mid - z) * scale
+    return scale, lo - (qmin - mid) * scale
+
+
+def _optimise_zero(x, valid, s, zero, qdtype, zpd, p, beta, kappa, iters):
+    """HQQ's zero for every block, a chunk of blocks at a time (blocks are independent problems, and a
+    chunk's temporaries stay in cache)."""
+    rows = max(1, _CHUNK // x.shape[-1])
+    out = torch.empty_like(zero)
+    for i in range(0, x.shape[0], rows):
+        j = slice(i, i + rows)
+        out[j] = _optimise_chunk(x[j], None if valid is None else valid[j], s[j], zero[j], qdtype, zpd,
+                                 p, beta, kappa, iters)
+    return out
+
+
+def _optimise_chunk(x, valid, s, zero, qdtype, zpd, p, beta, kappa, iters):
+    """Half-quadratic iterations on the float-domain zeros (G, 1) of the blocks x (G, B); see Note [HQQ].
+
+    Most blocks stop improving within a few iterations, so once half of the working blocks have stopped,
+    the rest are gathered into a smaller working set (``rows`` maps it back)."""
+    qmin, qmax, mid = float(qdtype.qmin), float(qdtype.qmax), float(code_midpoint(qdtype))
+    count = torch.full_like(zero, x.shape[-1]) if valid is None else valid.sum(-1, keepdim=True).clamp(min=1)
+    pad = None if valid is None else ~valid
+    # An integer zero code must stay in [qmin, qmax]: z_f = (mid - z) s.
+    lo, hi = ((mid - qmax) * s, (mid - qmin) * s) if zpd is ZeroPointDomain.INT else (None, None)
+    out, rows = zero.clone(), torch.arange(zero.shape[0], device=zero.device)
+    best_err = torch.full_like(zero, math.inf)
+    best = zero
+    for it in range(iters + 1):
+        # e = x - dequantize(quantize(x)), with quantize_affine's arithmetic (ZeroPointDomain.FLOAT).
+        r = torch.sub(x, zero).div_(s).add_(mid).round_().clamp_(qmin, qmax)
+        e = torch.sub(x, r.sub_(mid).mul_(s).add_(zero), out=r)
+        if pad is not None:
+            e.masked_fill_(pad, 0.0)  # padding adds nothing to the error or to the mean below
+        err = torch.linalg.vector_norm(e, dim=-1, keepdim=True)
+        active = err < best_err  # a block whose error stopped improving keeps its best zero from here on
+        best_err, best = torch.where(active, err, best_err), torch.where(active, zero, best)
+        n_active = int(active.sum())
+        if it == iters or n_active == 0:
+            break
+        step = _mean_residual(e, p, beta) / count
+        if n_active <= rows.numel() // 2:
+            out[rows] = best
+            keep = active.nonzero()[:, 0]
+            x, s, zero, best, best_err, count, step, pad, lo, hi, rows = (
+                None if t is None else t[keep] for t in (x, s, zero, best, best_err, count, step, pad, lo, hi, rows))
+            active = active[keep]
+        zero = torch.where(active, zero + step, best)
+        if lo is not None:
+            zero = zero.clamp(lo, hi)
+        beta *= kappa
+    out[rows] = best
+    return out
+
+
+def _mean_residual(e: torch.Tensor, p: float, beta: float) -> torch.Tensor:
+    """Sum over each block of e - shrink_p(e, beta) = clamp(e, -t, t), t = |e|^(p-1) / beta.
+
+    |e| <= t exactly when |e| <= c = beta^(-1 / (2 - p)); there the shrunk error W_e is 0 and the residual
+    is e itself. Weight errors are mostly below c (c = 0.17 at the defaults), so the power is only taken
+    in the blocks that have a larger error."""
+    c = beta ** (-1.0 / (2.0 - p))
+    total = e.sum(-1, keepdim=True)
+    big = torch.linalg.vector_norm(e, ord=math.inf, dim=-1) > c
+    if bool(big.any()):
+        eb = e[big]
+        a = eb.abs()
+        resid = torch.where(a > c, eb.sign() * (a + _TINY).pow(p - 1) / beta, eb)
+        total[big] = resid.sum(-1, keepdim=True)
+    return total
