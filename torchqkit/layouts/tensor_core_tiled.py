@@ -176,17 +176,18 @@ def _tile(codes: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
     n8, kt = codes.shape
     nt, nc, nw = n8 // N_TILE, kt // (K_TILE * inner_k_tiles), inner_k_tiles // 2
     nibbles = codes.reshape(nt, N_TILE, nc, nw, 2, 2, 4, 2).permute(_TO_WORDS).reshape(nt, nc, 32, nw, 8)
-    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=codes.device)
-    words = (nibbles.to(torch.int64) << shifts).sum(-1)  # disjoint nibbles: sum == or
-    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    # Nibbles 2b and 2b + 1 are byte b of the word (bits 8b .. 8b + 7), least significant byte first: the
+    # int32 value is the little-endian view of those 4 bytes, on every device torch runs on (all little-endian).
+    word_bytes = (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).contiguous()
+    return word_bytes.view(torch.int32).squeeze(-1)
 
 
 def _untile(words: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
     nt, nc, _, nw = words.shape
-    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=words.device)
-    nibbles = (words.to(torch.int64).unsqueeze(-1) >> shifts) & 0xF  # arithmetic shift: the mask drops the sign
+    word_bytes = words.contiguous().view(torch.uint8).reshape(nt, nc, 32, nw, 4)
+    nibbles = torch.stack([word_bytes & 0xF, word_bytes >> 4], dim=-1)  # nibble p = byte p // 2, high if p odd
     nibbles = nibbles.reshape(nt, nc, N_TILE, 4, nw, 2, 2, 2).permute(_FROM_WORDS)
-    return nibbles.reshape(nt * N_TILE, nc * K_TILE * inner_k_tiles).to(torch.uint8)
+    return nibbles.reshape(nt * N_TILE, nc * K_TILE * inner_k_tiles)
 
 
 # ------------------------------------------------------------------------------------------------
