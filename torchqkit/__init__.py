@@ -18,6 +18,7 @@ from .core import (MappingType, PerAxis, PerBlock, PerGroup, PerRow, PerTensor, 
 from .layouts import Float8Layout, Layout, MXLayout, NF4Layout, PlainLayout
 from .layouts import PackedIntxLayout, TensorCoreTiledLayout
 from .hf import from_pretrained, save_pretrained
+from .integrations.gguf import GGUFError, from_gguf
 from .serialization import (CheckpointError, load_quantized, quantize_checkpoint, register_safe_globals,
                             save_quantized)
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError

@@ -1,0 +1,196 @@
+"""from_gguf: a llama.cpp GGUF file to a transformers model whose Linear weights are torchqkit layouts.
+
+    model = qk.from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")     # Q4_1 Linears -> int4 g32 tiled, bit for bit
+    print(model.torchqkit_report)                                # what each tensor became, bytes before/after
+
+The GGUF's quantized blocks go straight into layouts (gguf_blocks.py has the type mapping): no float copy
+of a quantized weight is ever made, and the codes are the file's own. The model skeleton is built on the
+meta device from the GGUF's metadata (transformers reads it), its non-persistent buffers are computed as
+torchqkit.from_pretrained does, and each tensor is read from the memory-mapped file one at a time. Tensor
+types torchqkit has no layout for (Q2_K, Q3_K, Q5_K, IQ*, ...) are dequantized to float32 with one warning
+naming each tensor and type. Embeddings are dequantized to float32 (the model's nn.Embedding stays a float
+lookup); a tied lm_head then shares that float weight, as in the file.
+
+Needs the ``gguf`` and ``transformers`` packages (``pip install "torchqkit[gguf]"``); the tokenizer loads with
+``transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)``.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..api.report import LayerReport, QuantizationReport
+from ..core.primitives import dequantize_affine
+from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from .gguf_blocks import BLOCK_FORMATS, decode_blocks
+
+__all__ = ["from_gguf", "GGUFError", "SUPPORTED_ARCHITECTURES"]
+
+# Architectures whose GGUF tensor names and q/k row order transformers maps to a LLaMA-style model.
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+_FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+class GGUFError(ValueError):
+    """A GGUF file torchqkit can't import: names the file, the tensor or field, and what to do."""
+
+
+def from_gguf(path) -> nn.Module:
+    """Load ``path`` (a .gguf file) as a transformers causal LM in eval mode, Linear weights quantized as stored.
+    The returned model has ``torchqkit_report``: a QuantizationReport with one entry per imported tensor."""
+    gguf, transformers = _dependencies()
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFError(f"{path}: no such GGUF file")
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # gguf raises ValueError / struct.error / OSError for non-GGUF bytes
+        raise GGUFError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    arch = _architecture(reader, path)
+    config = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    names = _gguf_to_hf_names(gguf, model, arch)
+    plan = _plan(reader, names, model, path)  # every check before any tensor is read
+    _materialize_buffers(model)
+    entries = []
+    for tensor, hf_name in plan:
+        entries.append(_load_tensor(model, tensor, hf_name, arch, config))
+    model.tie_weights()
+    _check_nothing_left_on_meta(model, path)
+    fallback = [e for e in entries if e.status == "kept" and e.config.startswith("dequantized")]
+    if fallback:
+        warnings.warn(f"torchqkit.from_gguf: {len(fallback)} tensor(s) of types torchqkit has no layout for were "
+                      f"dequantized to float32: " + "; ".join(f"{e.fqn} ({e.reason})" for e in fallback[:8])
+                      + (" ..." if len(fallback) > 8 else ""), stacklevel=2)
+    model.torchqkit_report = QuantizationReport(entries)
+    return model.eval()
+
+
+def _dependencies():
+    try:
+        import gguf
+        import transformers
+    except ImportError as e:
+        raise ImportError(f"torchqkit.from_gguf needs the gguf and transformers packages ({e.name} is missing): "
+                          f'pip install "torchqkit[gguf]"') from None
+    return gguf, transformers
+
+
+def _field(reader, key):
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    value = f.parts[f.data[0]]
+    return bytes(value).decode("utf-8") if value.dtype == np.uint8 else value.tolist()[0]
+
+
+def _architecture(reader, path) -> str:
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise GGUFError(f"{path}: architecture {arch!r} is not supported by torchqkit.from_gguf (supported: "
+                        f"{', '.join(SUPPORTED_ARCHITECTURES)}); load it with transformers' own GGUF loader "
+                        f"(from_pretrained(..., gguf_file=...)), which dequantizes to float")
+    return arch
+
+
+def _gguf_to_hf_names(gguf, model, arch) -> dict[str, str]:
+    """GGUF tensor name -> the model's parameter name, from gguf-py's own table of each architecture's names."""
+    arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    table = gguf.get_tensor_name_map(arch_id, model.config.num_hidden_layers)
+    names = {}
+    for hf_name, _ in model.named_parameters(remove_duplicate=False):
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_base = table.get_name(base)
+        if gguf_base is not None:
+            names[f"{gguf_base}.{suffix}"] = hf_name
+    return names
+
+
+def _plan(reader, names, model, path):
+    params = dict(model.named_parameters(remove_duplicate=False))
+    plan, unknown = [], []
+    for t in reader.tensors:
+        hf_name = names.get(t.name)
+        if hf_name is None or hf_name not in params:
+            unknown.append(t.name)
+            continue
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # ggml lists ne0 (the contiguous K) first
+        expected = tuple(params[hf_name].shape)
+        if shape != expected:
+            raise GGUFError(f"{path}: tensor {t.name} has shape {shape} but {hf_name} of the model the metadata "
+                            f"describes is {expected}; the file's metadata and tensors disagree")
+        plan.append((t, hf_name))
+    if unknown:
+        raise GGUFError(f"{path}: tensor(s) {unknown[:5]} map to no parameter of {type(model).__name__}; "
+                        f"torchqkit.from_gguf imports {', '.join(SUPPORTED_ARCHITECTURES)} models only")
+    return plan
+
+
+def _materialize_buffers(model):
+    from ..hf import _materialize_non_persistent_buffers
+    _materialize_non_persistent_buffers(model)
+
+
+def _load_tensor(model, tensor, hf_name, arch, config) -> LayerReport:
+    module_name, _, attr = hf_name.rpartition(".")
+    module = model.get_submodule(module_name)
+    type_name = tensor.tensor_type.name
+    with warnings.catch_warnings():  # the memory map is read-only and nothing here writes to it
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.from_numpy(np.asarray(tensor.data))
+    nbytes = int(tensor.n_bytes)
+    shape = tuple(int(s) for s in reversed(tensor.shape.tolist()))
+    rows = _qk_row_order(hf_name, shape[0], arch, config)
+    if type_name in BLOCK_FORMATS and isinstance(module, nn.Linear) and attr == "weight":
+        fmt, parts = decode_blocks(BLOCK_FORMATS[type_name], raw.reshape(shape[0], -1), shape[1])
+        if rows is not None:
+            parts = type(parts)(*(None if p is None else p[rows] for p in parts))
+        layout = fmt.layout()
+        tensors = layout.pack(parts, fmt.qdtype, (1, fmt.group), fmt.zero_point_domain)
+        weight = AffineQuantizedTensor(tensors, fmt.qdtype, (1, fmt.group), shape, torch.float32, layout,
+                                       fmt.zero_point_domain)
+        module.weight = nn.Parameter(weight, requires_grad=False)
+        return LayerReport(module_name, "quantized", f"gguf {type_name} -> {fmt.describe()}", "", nbytes,
+                           weight.packed_nbytes())
+    if type_name in _FLOAT_TYPES:
+        value, how = raw.view(_FLOAT_TYPES[type_name]).reshape(shape).float(), f"{type_name} -> float32"
+    elif type_name in BLOCK_FORMATS:  # a quantized non-Linear tensor (embedding): exact float values
+        fmt, parts = decode_blocks(BLOCK_FORMATS[type_name], raw.reshape(shape[0], -1), shape[1])
+        value = dequantize_affine(parts.qdata, fmt.qdtype, (1, fmt.group), parts.scale, parts.zero_point,
+                                  zero_point_domain=fmt.zero_point_domain)
+        how = f"{type_name} -> float32 ({type(module).__name__} weights stay float)"
+    else:
+        from gguf.quants import dequantize
+        value = torch.from_numpy(dequantize(np.asarray(tensor.data), tensor.tensor_type)).reshape(shape).float()
+        how = f"dequantized {type_name} -> float32"
+    if rows is not None:
+        value = value[rows]
+    setattr(module, attr, nn.Parameter(value.contiguous(), requires_grad=False))
+    reason = f"{type_name}: no torchqkit layout for this GGUF type" if how.startswith("dequantized") else how
+    return LayerReport(hf_name, "kept", how, reason, nbytes, value.numel() * value.element_size())
+
+
+def _qk_row_order(hf_name, rows, arch, config):
+    """llama.cpp's converter interleaves the rows of each LLaMA q / k head for its rotary layout; transformers'
+    models want them back in halves. The same row order applies to codes and scales alike. None: unchanged."""
+    if arch not in ("llama", "mistral"):
+        return None
+    heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
+    kind = next((k for k in heads if f".{k}." in hf_name), None)
+    if kind is None:
+        return None
+    n_head = heads[kind]
+    # transformers' row (head h, half a, i) is the file's row (h, i, a).
+    return torch.arange(rows).reshape(n_head, rows // n_head // 2, 2).transpose(1, 2).reshape(rows)
+
+
+def _check_nothing_left_on_meta(model, path):
+    left = [n for n, p in model.named_parameters() if p.is_meta]
+    if left:
+        raise GGUFError(f"{path}: the file has no tensor for {left[:5]}; it is not a complete "
+                        f"{type(model).__name__} checkpoint")
