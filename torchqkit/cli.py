@@ -4,6 +4,7 @@ import argparse
 from collections.abc import Sequence
 
 from torchqkit import demo
+from torchqkit.eval.cli import add_eval_parser
 from torchqkit.serialization.cli import add_quantize_parser
 
 
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     _add_demo_parser(commands)
     add_quantize_parser(commands)
+    add_eval_parser(commands)
     return parser
 
 

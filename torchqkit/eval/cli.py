@@ -1,0 +1,182 @@
+"""`python -m torchqkit eval (--gguf FILE | --hf DIR) --config NAME|JSON`: perplexity, Linear weight bytes
+and decode speed of a causal LM before and after quantization (the subparser torchqkit/cli.py adds)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+import torchqkit
+from torchqkit import demo
+# The same NAME|JSON parsing as `python -m torchqkit quantize`, so both commands accept the same configs.
+from torchqkit.serialization.cli import _quantize_config
+
+from .models import EVAL_TEXT_SOURCE, ModelLoadError, eval_text, load_gguf, load_hf
+from .permute import permute_llama_channels_
+from .perplexity import perplexity
+from .speed import decode_tokens_per_second
+
+__all__ = ["add_eval_parser"]
+
+PROMPT_TOKENS = 16
+
+
+def _int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _gguf_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return path
+
+
+def _hf_dir(text: str) -> Path:
+    path = Path(text)
+    if not (path / "config.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text}: not a transformers checkpoint directory (no config.json)")
+    return path
+
+
+def _text_file(text: str) -> str:
+    try:
+        return Path(text).read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise argparse.ArgumentTypeError(f"{text}: can't read it as UTF-8 text ({err})") from None
+
+
+def add_eval_parser(commands) -> None:
+    parser = commands.add_parser(
+        "eval", help="perplexity, Linear weight bytes and decode tokens/s of a causal LM, float vs quantized",
+        description="Loads a causal LM offline (transformers, plus gguf and accelerate for --gguf), measures it "
+                    "in float32, quantizes its Linears in place with --config and measures it again. Progress "
+                    "goes to stderr, results to stdout.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--gguf", type=_gguf_file, metavar="FILE", help="a GGUF file (dequantized to float32)")
+    source.add_argument("--hf", type=_hf_dir, metavar="DIR", help="a transformers checkpoint directory")
+    parser.add_argument("--config", type=_quantize_config, required=True, metavar="NAME|JSON",
+                        help=f"config name ({', '.join(demo.DEMO_CONFIGS)}) or a JSON file (a config dict or "
+                             f"ModuleConfigs, e.g. with \"lm_head\": null to keep the output layer float)")
+    parser.add_argument("--text", type=_text_file, default=None, metavar="FILE",
+                        help=f"UTF-8 text to score (default: the text torchqkit ships: {EVAL_TEXT_SOURCE})")
+    parser.add_argument("--tokens", type=_int_at_least(2), default=4096, metavar="N",
+                        help="score the first N tokens of the text (default: 4096; fewer if the text is shorter)")
+    parser.add_argument("--window", type=_int_at_least(2), default=512, metavar="W",
+                        help="tokens per forward pass (default: 512)")
+    parser.add_argument("--stride", type=_int_at_least(1), default=None, metavar="S",
+                        help="sliding-window stride (default: W, non-overlapping windows)")
+    parser.add_argument("--new-tokens", type=_int_at_least(2), default=32, metavar="N",
+                        help="greedy tokens generated per timed decode run (default: 32)")
+    parser.add_argument("--repeats", type=_int_at_least(1), default=3, metavar="N",
+                        help="timed decode runs; the median is reported (default: 3)")
+    parser.add_argument("--permute", action="store_true",
+                        help="first permute hidden / intermediate / value-head channels (Llama-style models; "
+                             "same function), so a model dequantized from a group-wise GGUF format no longer "
+                             "sits on that format's grid")
+    parser.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
+                        help="torch threads (default: torch's choice; on a busy machine fewer threads than cores "
+                             "can decode several times faster)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
+    parser.set_defaults(run=_run_eval)
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    bars = _quiet_transformers() if args.quiet else None
+    try:
+        return _evaluate(args)
+    except (ModelLoadError, ValueError) as err:
+        print(f"python -m torchqkit eval: error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        if bars is not None:
+            bars.enable_progress_bar()
+
+
+def _quiet_transformers():
+    """Turn transformers' own progress bars (loading weights) off; returns its logging module to turn them
+    back on, or None if there is nothing to restore (bars already off, or no transformers: the model
+    loader then says what to install)."""
+    try:
+        from transformers.utils import logging
+    except ImportError:
+        return None
+    if not logging.is_progress_bar_enabled():
+        return None
+    logging.disable_progress_bar()
+    return logging
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    source = f"GGUF {args.gguf}" if args.gguf is not None else f"transformers checkpoint {args.hf}"
+    _status(f"loading {source}", args.quiet)
+    model, tokenizer = load_gguf(args.gguf) if args.gguf is not None else load_hf(args.hf)
+    text = eval_text() if args.text is None else args.text
+    ids = tokenizer(text, return_tensors="pt", verbose=False).input_ids[0]
+    available = ids.numel()
+    ids = ids[:args.tokens]
+    if args.permute:
+        permute_llama_channels_(model)
+    window = min(args.window, ids.numel())
+    print(f"model: {source} ({type(model).__name__}){', channels permuted' if args.permute else ''}")
+    print(f"text: {'torchqkit eval text' if args.text is None else 'given file'}, {ids.numel()} of {available} "
+          f"tokens, window {window}, stride {args.stride or window}; decode: {args.new_tokens} greedy tokens "
+          f"after a {PROMPT_TOKENS}-token prompt, median of {args.repeats}, {torch.get_num_threads()} threads")
+    float_ppl, float_speed = _measure(model, ids, window, args, "float32")
+    _status("quantizing", args.quiet)
+    report = torchqkit.quantize_(model, args.config)
+    print(f"config: {_describe(args.config)}")
+    print(f"Linears: {_counts(report)}")
+    q_ppl, q_speed = _measure(model, ids, window, args, "quantized")
+    print(f"Linear weight MB: {report.bytes_before / 1e6:.2f} -> {report.bytes_after / 1e6:.2f}"
+          f" ({report.bytes_before / max(report.bytes_after, 1):.2f}x smaller)")
+    print(f"perplexity: float32 {float_ppl:.4f}, quantized {q_ppl:.4f} "
+          f"({q_ppl - float_ppl:+.4f}, {100 * (q_ppl / float_ppl - 1):+.2f}%)")
+    print(f"decode tokens/s: float32 {float_speed:.1f}, quantized {q_speed:.1f} ({q_speed / float_speed:.2f}x)")
+    return 0
+
+
+def _measure(model, ids, window: int, args: argparse.Namespace, label: str) -> tuple[float, float]:
+    _status(f"{label}: perplexity", args.quiet)
+    ppl = perplexity(model, ids, window, stride=args.stride, progress=not args.quiet)
+    _status(f"{label}: decode speed", args.quiet)
+    prompt = ids[:min(PROMPT_TOKENS, ids.numel())]
+    return ppl, decode_tokens_per_second(model, prompt, new_tokens=args.new_tokens, repeats=args.repeats)
+
+
+def _describe(config) -> str:
+    if hasattr(config, "describe"):
+        return config.describe()
+    return ", ".join(f"{key}: {'float (None)' if value is None else value.describe()}"
+                     for key, value in config.configs.items())
+
+
+def _counts(report) -> str:
+    """'N quantized, M skipped, K kept' and the most common reasons for the ones left alone."""
+    text = (f"{len(report.quantized)} quantized, {len(report.skipped)} skipped, "
+            f"{len(report.by_status('kept'))} kept of {len(report)}")
+    reasons = Counter(e.reason for e in report.entries if e.status != "quantized")
+    if reasons:
+        text += "; " + "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common(3))
+        if len(reasons) > 3:
+            text += f"; ... ({len(reasons) - 3} more reasons)"
+    return text
+
+
+def _status(message: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"[eval] {message}", file=sys.stderr, flush=True)
