@@ -95,6 +95,12 @@ def test_missing_model_exits_2(tmp_path, capsys):
     assert "no config.json" in capsys.readouterr().err
 
 
+def test_stride_above_window_exits_2_before_loading(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")      # never read: the check comes first
+    assert cli_main(["eval", "--hf", str(tmp_path), "--config", "int8-wo", "--window", "8", "--stride", "9"]) == 2
+    assert "--stride 9 is larger than --window 8" in capsys.readouterr().err
+
+
 def test_text_too_short_exits_2(checkpoint, tmp_path, capsys):
     directory, _ = checkpoint
     short = tmp_path / "short.txt"

@@ -120,6 +120,9 @@ def _quiet_transformers():
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    if args.stride is not None and args.stride > args.window:
+        raise ValueError(f"--stride {args.stride} is larger than --window {args.window}: tokens in between would "
+                         f"never be scored")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     source = f"GGUF {args.gguf}" if args.gguf is not None else f"transformers checkpoint {args.hf}"
@@ -132,27 +135,30 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.permute:
         permute_llama_channels_(model)
     window = min(args.window, ids.numel())
+    stride = None if args.stride is None else min(args.stride, window)
     print(f"model: {source} ({type(model).__name__}){', channels permuted' if args.permute else ''}")
     print(f"text: {'torchqkit eval text' if args.text is None else 'given file'}, {ids.numel()} of {available} "
-          f"tokens, window {window}, stride {args.stride or window}; decode: {args.new_tokens} greedy tokens "
+          f"tokens, window {window}, stride {stride or window}; decode: {args.new_tokens} greedy tokens "
           f"after a {PROMPT_TOKENS}-token prompt, median of {args.repeats}, {torch.get_num_threads()} threads")
-    float_ppl, float_speed = _measure(model, ids, window, args, "float32")
+    float_ppl, float_speed = _measure(model, ids, window, stride, args, "float32")
     _status("quantizing", args.quiet)
     report = torchqkit.quantize_(model, args.config)
     print(f"config: {_describe(args.config)}")
     print(f"Linears: {_counts(report)}")
-    q_ppl, q_speed = _measure(model, ids, window, args, "quantized")
+    q_ppl, q_speed = _measure(model, ids, window, stride, args, "quantized")
     print(f"Linear weight MB: {report.bytes_before / 1e6:.2f} -> {report.bytes_after / 1e6:.2f}"
-          f" ({report.bytes_before / max(report.bytes_after, 1):.2f}x smaller)")
+          f" ({report.bytes_before / max(report.bytes_after, 1):.2f}x smaller; all {len(report)} Linears, the ones "
+          f"left alone at their float size)")
     print(f"perplexity: float32 {float_ppl:.4f}, quantized {q_ppl:.4f} "
           f"({q_ppl - float_ppl:+.4f}, {100 * (q_ppl / float_ppl - 1):+.2f}%)")
     print(f"decode tokens/s: float32 {float_speed:.1f}, quantized {q_speed:.1f} ({q_speed / float_speed:.2f}x)")
     return 0
 
 
-def _measure(model, ids, window: int, args: argparse.Namespace, label: str) -> tuple[float, float]:
+def _measure(model, ids, window: int, stride: int | None, args: argparse.Namespace,
+             label: str) -> tuple[float, float]:
     _status(f"{label}: perplexity", args.quiet)
-    ppl = perplexity(model, ids, window, stride=args.stride, progress=not args.quiet)
+    ppl = perplexity(model, ids, window, stride=stride, progress=not args.quiet)
     _status(f"{label}: decode speed", args.quiet)
     prompt = ids[:min(PROMPT_TOKENS, ids.numel())]
     return ppl, decode_tokens_per_second(model, prompt, new_tokens=args.new_tokens, repeats=args.repeats)
