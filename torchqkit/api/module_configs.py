@@ -54,6 +54,14 @@ class ModuleConfigs:
     def exact_keys(self) -> list[str]:
         return [k for k in self.configs if k != DEFAULT_KEY and not k.startswith(REGEX_PREFIX)]
 
+    def unmatched(self, fqns) -> list[str]:
+        """The "re:" keys that select none of the module names ``fqns``: their pattern matches none of them, or
+        only names an exact key or an earlier pattern takes first. Such a key does nothing (a typo, a renamed
+        module); quantize_ and quantize_checkpoint report each one instead of skipping it silently."""
+        fqns = list(fqns)
+        chosen = {self.lookup(fqn)[0] for fqn in fqns}
+        return [key for key, _ in self._patterns if key not in chosen]
+
     def to_dict(self) -> dict:
         return {k: (None if v is None else v.to_dict()) for k, v in self.configs.items()}
 
@@ -62,16 +70,21 @@ class ModuleConfigs:
         return cls(d)
 
     def to_json(self, path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        """Write the configs as JSON; the file is replaced atomically (never left half-written)."""
+        from ..serialization.atomic import atomic_write_bytes  # serialization imports this module
+        atomic_write_bytes(path, (json.dumps(self.to_dict(), indent=2) + "\n").encode())
 
     @classmethod
     def from_json(cls, path) -> "ModuleConfigs":
+        """Read a file written by ``to_json``. Bad files raise ValueError naming the file (not JSON, not UTF-8,
+        nested too deeply, an invalid config); never RecursionError or UnicodeDecodeError."""
+        from ..serialization.strict_json import parse_json  # serialization imports this module
         path = Path(path)
+        data = parse_json(path.read_bytes(), str(path))
         try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-        return cls(data)
+            return cls(data)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{path}: {e}") from None
 
     def __eq__(self, other):
         return isinstance(other, ModuleConfigs) and self.configs == other.configs

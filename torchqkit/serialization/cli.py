@@ -1,10 +1,11 @@
 """`python -m torchqkit quantize SRC DST --config NAME|JSON`: quantize_checkpoint from the command line
 (the subparser torchqkit/cli.py adds next to `demo`)."""
 import argparse
-import json
+import sys
 from pathlib import Path
 
 from torchqkit import demo
+from torchqkit.serialization.strict_json import parse_json
 
 __all__ = ["add_quantize_parser"]
 
@@ -25,20 +26,40 @@ def _quantize_config(text: str):
         raise argparse.ArgumentTypeError(f"{text!r} is neither a config name ({', '.join(demo.DEMO_CONFIGS)}) "
                                          f"nor a JSON file")
     try:
-        data = json.loads(Path(text).read_text())
+        data = parse_json(Path(text).read_bytes(), text)  # errors name the file; never RecursionError
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"{text}: can't read ({err.strerror})") from None
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    try:
         if isinstance(data, dict) and "type" in data:
             return torchqkit.config_from_dict(data)
         return torchqkit.ModuleConfigs(data)
     except (ValueError, TypeError) as err:
-        raise argparse.ArgumentTypeError(f"{text}: {err}") from err
+        raise argparse.ArgumentTypeError(f"{text}: {err}") from None
 
 
 def _run_quantize(args: argparse.Namespace) -> int:
+    """Exit 0: written; 1: nothing quantized or --strict refused a layer (nothing written); 2: the source, the
+    destination or a file can't be used. Errors are one line on stderr, never a traceback."""
     import torchqkit
-    report = torchqkit.quantize_checkpoint(args.src, args.dst, args.config, max_shard_bytes=args.max_shard_bytes,
-                                           strict=args.strict, progress=not args.quiet)
+    try:
+        report = torchqkit.quantize_checkpoint(args.src, args.dst, args.config, max_shard_bytes=args.max_shard_bytes,
+                                               strict=args.strict, progress=not args.quiet, require_quantized=True)
+    except torchqkit.QuantizationError as err:
+        return _error(str(err), 1)
+    except OSError as err:
+        where = err.filename if err.filename is not None else args.dst
+        return _error(f"{where}: {err.strerror or err}", 2)
+    except ValueError as err:  # CheckpointError and any other refusal of the input
+        return _error(str(err), 2)
     print(report)
     return 0
+
+
+def _error(message: str, code: int) -> int:
+    print(f"python -m torchqkit quantize: error: {' '.join(message.split())}", file=sys.stderr)
+    return code
 
 
 def add_quantize_parser(commands) -> None:

@@ -16,6 +16,9 @@ See Note [torchqkit safetensors format] in save_load.py. An entry:
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import re
 
 import torch
 
@@ -73,12 +76,12 @@ def decode_entry(entry) -> dict:
     if reason is not None:
         raise ValueError(f"layout can't hold this weight: {reason}")
     if _string(entry, "dtype") not in ORIG_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(ORIG_DTYPES)}, got {entry['dtype']!r}")
+        raise ValueError(f"dtype must be one of {sorted(ORIG_DTYPES)}, got {quote(entry['dtype'])}")
     if not isinstance(entry["transposed"], bool):
-        raise ValueError(f"transposed must be true or false, got {entry['transposed']!r}")
+        raise ValueError(f"transposed must be true or false, got {quote(entry['transposed'])}")
     tensors = entry["tensors"]
     if not isinstance(tensors, list) or not all(isinstance(t, str) for t in tensors):
-        raise ValueError(f"tensors must be a list of names, got {tensors!r:.100}")
+        raise ValueError(f"tensors must be a list of names, got {quote(tensors)}")
     return dict(qdtype=qdtype, block_size=tuple(block_size), logical_shape=tuple(shape),
                 orig_dtype=ORIG_DTYPES[entry["dtype"]], qlayout=layout, zero_point_domain=zpd,
                 act_quant=_decode_act(entry["act_quant"]),
@@ -104,15 +107,15 @@ def check_tensors(attrs: dict, stored: list[str], shapes: dict[str, tuple], dtyp
 
 def _decode_layout(d):
     if not isinstance(d, dict) or not isinstance(d.get("type"), str):
-        raise ValueError(f"layout must be an object with a 'type' name, got {d!r:.100}")
+        raise ValueError(f"layout must be an object with a 'type' name, got {quote(d)}")
     knobs = {k: v for k, v in d.items() if k != "type"}
-    cls = layout_class(d["type"])  # ValueError naming the known layouts
+    cls = layout_class(_string(d, "type"))  # ValueError naming the known layouts
     fields = {f.name: f.type for f in dataclasses.fields(cls)}
     for k, v in knobs.items():
         if k not in fields:
-            raise ValueError(f"layout {d['type']!r} has no knob {k!r}; its knobs: {sorted(fields)}")
+            raise ValueError(f"layout {d['type']!r} has no knob {quote(k)}; its knobs: {sorted(fields)}")
         if not isinstance(v, (bool, int)):  # every layout knob today is an int or a bool
-            raise ValueError(f"layout {d['type']!r}: knob {k} must be an int or bool, got {v!r:.50}")
+            raise ValueError(f"layout {d['type']!r}: knob {k} must be an int or bool, got {quote(v)}")
     try:
         return cls(**knobs)
     except TypeError as e:
@@ -123,14 +126,14 @@ def _decode_act(d) -> ActivationQuantSpec | None:
     if d is None:
         return None
     if not isinstance(d, dict) or set(d) != {"qdtype", "granularity", "mapping", "static_scale"}:
-        raise ValueError(f"act_quant must be null or have qdtype, granularity, mapping, static_scale; got {d!r:.100}")
+        raise ValueError(f"act_quant must be null or have qdtype, granularity, mapping, static_scale; got {quote(d)}")
     g = d["granularity"]
     kind = g.get("type") if isinstance(g, dict) and set(g) == {"type"} else None
     if not isinstance(kind, str) or kind not in _GRANULARITIES:
-        raise ValueError(f"act_quant granularity must be one of {sorted(_GRANULARITIES)}, got {g!r:.100}")
+        raise ValueError(f"act_quant granularity must be one of {sorted(_GRANULARITIES)}, got {quote(g)}")
     static = d["static_scale"]
-    if static is not None and (type(static) not in (int, float) or not static > 0):
-        raise ValueError(f"act_quant static_scale must be null or a positive number, got {static!r:.50}")
+    if static is not None and (type(static) not in (int, float) or not math.isfinite(static) or not static > 0):
+        raise ValueError(f"act_quant static_scale must be null or a finite positive number, got {quote(static)}")
     return ActivationQuantSpec(qdtype_from_name(_string(d, "qdtype")), _GRANULARITIES[g["type"]](),
                                MappingType(_string(d, "mapping")), None if static is None else float(static))
 
@@ -138,15 +141,31 @@ def _decode_act(d) -> ActivationQuantSpec | None:
 def _int_list(entry: dict, key: str) -> list[int]:
     v = entry[key]
     if not isinstance(v, list) or not all(type(x) is int for x in v):
-        raise ValueError(f"{key} must be a list of ints, got {v!r:.100}")
+        raise ValueError(f"{key} must be a list of ints, got {quote(v)}")
     return v
 
 
 def _string(entry: dict, key: str) -> str:
     v = entry[key]
-    if not isinstance(v, str):
-        raise ValueError(f"{key} must be a string, got {v!r:.50}")
+    if not isinstance(v, str) or not _NAME.fullmatch(v):
+        raise ValueError(f"{key} must be a name, got {quote(v)}")
     return v
+
+
+_NAME = re.compile(r"[\w.\-]{1,64}")
+
+
+def quote(value) -> str:
+    """A header value as an error message may show it: numbers, booleans and short names; anything else only by
+    its JSON type, so a message never carries arbitrary bytes of the file."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return json.dumps(value)
+    if isinstance(value, str) and _NAME.fullmatch(value):
+        return repr(value)
+    return f"a JSON {_JSON_TYPES.get(type(value), type(value).__name__)}"
+
+
+_JSON_TYPES = {dict: "object", list: "array", str: "string"}
 
 
 def entry_error(path, name: str, problem: str) -> CheckpointError:

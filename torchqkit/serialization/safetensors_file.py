@@ -16,12 +16,15 @@ import json
 import math
 import os
 import shutil
-import tempfile
+import stat
 from pathlib import Path
 
 import torch
 
-__all__ = ["CheckpointError", "SafetensorsReader", "SafetensorsWriter", "DTYPES"]
+from .atomic import check_destination, finish_temp, fsync_directory, temp_file, unlink_quietly
+from .strict_json import parse_json
+
+__all__ = ["CheckpointError", "SafetensorsReader", "SafetensorsWriter", "DTYPES", "open_checkpoint_file"]
 
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -31,6 +34,7 @@ DTYPES = {
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the limit safetensors itself applies
+_ENTRY_FIELDS = {"dtype", "shape", "data_offsets"}
 _ALIGN = 8
 
 
@@ -44,10 +48,7 @@ class SafetensorsReader:
 
     def __init__(self, path):
         self.path = Path(path)
-        try:
-            self._file = open(self.path, "rb")
-        except OSError as e:
-            raise CheckpointError(f"{self.path}: can't open ({e.strerror})") from None
+        self._file = open_checkpoint_file(self.path)
         size = os.fstat(self._file.fileno()).st_size
         raw = self._file.read(8)
         if len(raw) < 8:
@@ -55,21 +56,16 @@ class SafetensorsReader:
             raise CheckpointError(f"{self.path}: truncated file ({size} bytes): not even the 8-byte header length")
         n = int.from_bytes(raw, "little")
         if n > MAX_HEADER_BYTES or n > size - 8:
-            self.close()
-            raise CheckpointError(f"{self.path}: header length {n} exceeds the file ({size} bytes) or the "
-                                  f"{MAX_HEADER_BYTES}-byte limit: truncated or not a safetensors file")
+            self.close()  # the length itself is not quoted: it is the file's first bytes, whatever the file is
+            raise CheckpointError(f"{self.path}: the header length in the first 8 bytes exceeds the file ({size} bytes) "
+                                  f"or the {MAX_HEADER_BYTES}-byte limit: truncated or not a safetensors file")
         text = self._file.read(n)
         self._data_start = 8 + n
         self._data_size = size - self._data_start
         try:
-            header = json.loads(text.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            self.close()
-            raise CheckpointError(f"{self.path}: header is not valid JSON ({e})") from None
-        if not isinstance(header, dict):
-            self.close()
-            raise CheckpointError(f"{self.path}: header must be a JSON object, got {type(header).__name__}")
-        try:
+            header = parse_json(text, "header", CheckpointError)
+            if not isinstance(header, dict):
+                raise CheckpointError(f"header must be a JSON object, got a JSON {type(header).__name__}")
             self.metadata = _check_metadata(header.pop("__metadata__", None) or {})
             self.entries = {name: _check_entry(name, e) for name, e in header.items()}
             _check_offsets(self.entries, self._data_size)
@@ -110,6 +106,35 @@ class SafetensorsReader:
         self.close()
 
 
+def open_checkpoint_file(path: Path):
+    """Open a checkpoint file (safetensors file, shard or index) for reading: a regular file, named directly.
+
+    Symbolic links are refused, not followed: a link can make a loader read, and an error message describe, a
+    file nobody meant to hand over. The check is repeated on the open descriptor (O_NOFOLLOW, fstat), so a
+    link swapped in after the check is refused too. FIFOs and devices are refused (opening one can block)."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise CheckpointError(f"{path}: can't open ({e.strerror})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise CheckpointError(f"{path}: is a symbolic link; torchqkit never follows links to checkpoint files. "
+                              f"Pass the file itself (e.g. os.path.realpath(path), if you trust where it points)")
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{path}: not a regular file")
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise CheckpointError(f"{path}: can't open ({e.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointError(f"{path}: not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+# Header problems never quote header values: the bytes may not come from a safetensors file at all. Tensor
+# names are quoted (a message must say which tensor), truncated.
 def _check_metadata(meta) -> dict[str, str]:
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise CheckpointError("__metadata__ must map strings to strings")
@@ -118,21 +143,22 @@ def _check_metadata(meta) -> dict[str, str]:
 
 def _check_entry(name: str, e) -> dict:
     if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
-        raise CheckpointError(f"tensor {name!r}: header entry must have exactly dtype, shape, data_offsets; "
-                              f"got {e!r:.200}")
+        got = (f"fields {sorted(_ENTRY_FIELDS & set(e))} and {len(set(e) - _ENTRY_FIELDS)} other(s)"
+               if isinstance(e, dict) else f"a JSON {type(e).__name__}")
+        raise CheckpointError(f"tensor {name!r:.200}: header entry must have exactly dtype, shape, data_offsets; "
+                              f"got {got}")
     if not isinstance(e["dtype"], str) or e["dtype"] not in DTYPES:
-        raise CheckpointError(f"tensor {name!r}: unknown dtype {e['dtype']!r}; known: {sorted(DTYPES)}")
+        raise CheckpointError(f"tensor {name!r:.200}: unknown dtype; known: {sorted(DTYPES)}")
     shape, offsets = e["shape"], e["data_offsets"]
     if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
-        raise CheckpointError(f"tensor {name!r}: shape must be a list of non-negative ints, got {shape!r:.200}")
+        raise CheckpointError(f"tensor {name!r:.200}: shape must be a list of non-negative ints")
     if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int and o >= 0 for o in offsets)
             or offsets[1] < offsets[0]):
-        raise CheckpointError(f"tensor {name!r}: data_offsets must be [begin, end] with 0 <= begin <= end, "
-                              f"got {offsets!r:.200}")
+        raise CheckpointError(f"tensor {name!r:.200}: data_offsets must be [begin, end] with 0 <= begin <= end")
     need = math.prod(shape) * DTYPES[e["dtype"]].itemsize
     if offsets[1] - offsets[0] != need:
-        raise CheckpointError(f"tensor {name!r}: header says shape {shape} {e['dtype']} ({need} bytes) but its data "
-                              f"spans {offsets[1] - offsets[0]} bytes")
+        raise CheckpointError(f"tensor {name!r:.200}: header says shape {shape} {e['dtype']} ({need} bytes) but its "
+                              f"data spans {offsets[1] - offsets[0]} bytes")
     return e
 
 
@@ -152,15 +178,17 @@ def _check_offsets(entries: dict, data_size: int) -> None:
 
 
 class SafetensorsWriter:
-    """Writes one safetensors file a tensor at a time: data is appended to a temporary file next to ``path``
-    as tensors come, the header (which needs every offset) is written at ``close``, then the data is copied
-    behind it in chunks. Memory: one tensor (plus a copy if it wasn't contiguous)."""
+    """Writes one safetensors file a tensor at a time: data is appended to a hidden temporary file next to
+    ``path`` as tensors come; ``finish`` writes the header (which needs every offset) and copies the data behind
+    it in chunks into a second temporary, fsync'ed, which the caller moves into place (see Note [Atomic saves],
+    atomic.py); ``close`` does both for a lone file. Memory: one tensor (plus a copy if it wasn't contiguous).
+    Nothing is ever written at ``path`` itself until the final rename."""
 
     def __init__(self, path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".data", dir=self.path.parent)
-        self._data = os.fdopen(fd, "wb")
+        self._data, self._tmp = temp_file(self.path)
+        self._staged: Path | None = None
         self.entries: dict[str, dict] = {}
         self.nbytes = 0
 
@@ -178,20 +206,42 @@ class SafetensorsWriter:
                               "data_offsets": [self.nbytes, self.nbytes + n]}
         self.nbytes += n
 
-    def close(self, metadata: dict[str, str], path=None) -> None:
-        """Write the file (at ``path`` if given: shard names are known only once all shards are)."""
-        self.path = Path(path) if path is not None else self.path
+    def finish(self, metadata: dict[str, str], final=None) -> Path:
+        """Write the complete file under a temporary name next to ``final`` (default ``path``), fsync'ed, and
+        return that name; the caller renames it (shard names are known only once all shards are)."""
+        final = Path(final) if final is not None else self.path
         self._data.close()
         header = json.dumps({"__metadata__": metadata, **self.entries}, separators=(",", ":")).encode()
         header += b" " * (-len(header) % _ALIGN)  # data starts 8-byte aligned, as safetensors writes it
+        out, self._staged = temp_file(final)
         try:
-            with open(self.path, "wb") as out, open(self._tmp, "rb") as data:
+            with open(self._tmp, "rb") as data:
                 out.write(len(header).to_bytes(8, "little"))
                 out.write(header)
                 shutil.copyfileobj(data, out, 1 << 20)  # small chunks: the copy adds ~1 MB to peak memory
-        finally:
-            os.unlink(self._tmp)
+            finish_temp(out, self._staged)
+        except BaseException:
+            out.close()
+            self.abort()
+            raise
+        unlink_quietly(self._tmp)
+        return self._staged
+
+    def close(self, metadata: dict[str, str], path=None) -> None:
+        """Finish and move the file into place at ``path`` (default: the constructor's) atomically."""
+        self.path = Path(path) if path is not None else self.path
+        check_destination(self.path)
+        staged = self.finish(metadata)
+        try:
+            os.replace(staged, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        fsync_directory(self.path.parent)
 
     def abort(self) -> None:
+        """Remove every temporary this writer made; the destination is untouched."""
         self._data.close()
-        os.unlink(self._tmp)
+        unlink_quietly(self._tmp)
+        if self._staged is not None:
+            unlink_quietly(self._staged)

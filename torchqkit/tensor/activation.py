@@ -2,6 +2,7 @@
 subclass wrapped around the first)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
@@ -30,6 +31,16 @@ class QuantizedActivation:
     zero_point: torch.Tensor | None  # (M, 1) int8 codes for asymmetric int8, else None
 
 
+# Note [Non-finite activation rows]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# F.linear(x, W) gives a non-finite output row exactly where the input row has a NaN / Inf, and leaves the other
+# rows alone. Quantizing activations breaks both halves unless told not to: a per-tensor dynamic scale takes the
+# amax over every row, so one Inf row zeroes all the others; clamping to the code range turns Inf into the
+# largest code, and the quantizer gives a NaN row an empty range (scale 1, codes 0), i.e. a finite row. So a
+# dynamic per-tensor scale is computed from the finite values only, and a row with any NaN / Inf is carried as
+# NaN codes (float8) or a NaN scale (int8, whose scales are per token): its outputs are NaN, the others exact.
+
+
 @dataclass(frozen=True)
 class ActivationQuantSpec:
     """How a linear quantizes its input before the matmul.
@@ -56,8 +67,10 @@ class ActivationQuantSpec:
                 raise ValueError("float8 activation quantization is PerTensor or PerRow")
             if self.mapping is not MappingType.SYMMETRIC:
                 raise ValueError("float8 activations are quantized symmetrically")
-            if self.static_scale is not None and not (self.static_scale > 0):
-                raise ValueError(f"static_scale must be a positive float, got {self.static_scale}")
+            if self.static_scale is not None and not (
+                    type(self.static_scale) in (int, float) and math.isfinite(self.static_scale)
+                    and self.static_scale > 0):
+                raise ValueError(f"static_scale must be a finite positive float, got {self.static_scale!r:.40}")
         else:
             raise ValueError(f"activation quantization supports int8 or float8, got {self.qdtype.name}")
 
@@ -66,16 +79,24 @@ class ActivationQuantSpec:
         return isinstance(self.granularity, PerTensor) or self.static_scale is not None
 
     def quantize(self, x2d: torch.Tensor) -> QuantizedActivation:
-        """Quantize a (M, K) activation. No NaN check: that would force a device sync per call."""
+        """Quantize a (M, K) activation. Non-finite rows stay non-finite and touch no other row (see
+        Note [Non-finite activation rows]); no error for them: that would force a device sync per call."""
         block = (x2d.shape[0], x2d.shape[1]) if self.per_tensor else (1, x2d.shape[1])
+        finite = torch.isfinite(x2d)
+        row_ok = finite.all(dim=-1, keepdim=True)
         if self.static_scale is not None:
             scale = torch.full((1, 1), self.static_scale, dtype=torch.float32, device=x2d.device)
             zp = None
         else:
             zpd = ZeroPointDomain.INT if self.mapping is MappingType.ASYMMETRIC else ZeroPointDomain.NONE
-            scale, zp = choose_qparams_affine(x2d, self.qdtype, block, mapping=self.mapping,
+            src = torch.where(finite, x2d, 0) if self.per_tensor else x2d
+            scale, zp = choose_qparams_affine(src, self.qdtype, block, mapping=self.mapping,
                                               zero_point_domain=zpd, scale_dtype=torch.float32,
                                               check_finite=False, name="activation")
+        if self.qdtype.kind is QKind.FLOAT8:
+            x2d = torch.where(row_ok, x2d, float("nan"))  # NaN codes: float8 has them
+        else:
+            scale = torch.where(row_ok, scale, float("nan"))  # int8 is per token: the row's own scale
         q = quantize_affine(x2d, self.qdtype, block, scale, zp, check_finite=False, name="activation")
         return QuantizedActivation(q, scale, zp)
 

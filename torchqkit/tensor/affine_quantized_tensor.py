@@ -14,6 +14,9 @@ linear, ``mm(grad, W)`` (linear's backward w.r.t. the input) by the dequantized 
 """
 from __future__ import annotations
 
+import math
+import sys
+
 import torch
 import torch.nn.functional as F
 
@@ -107,12 +110,48 @@ class AffineQuantizedTensor(torch.Tensor):
                               output_dtype=output_dtype or self.orig_dtype, name="weight")
         return w.t() if self.transposed else w
 
+    def qparams_problem(self, codes: bool = True) -> str | None:
+        """What can't be right about the stored values, or None: a NaN / Inf in any floating inner tensor other
+        than the codes (scales and zero points, the layout's padding included: kernels multiply padding by zero
+        activations, and 0 * NaN is NaN), in the scales as unpacked (E8M0 bytes can encode NaN), a scale <= 0
+        (every format torchqkit writes has positive scales; NF4 double quantization, whose absmax comes back
+        rounded, only needs finite ones), an integer zero point outside the codes' range. ``codes``: also NaN /
+        Inf float codes (float8 elements). A qdata on the meta device is skipped, which lets a loader check
+        everything else without reading the codes (serialization/qparams.py; ``__setstate__``)."""
+        for name, t in self.inner_tensors().items():
+            if t is None or t.is_meta or not t.is_floating_point() or (name == "qdata" and not codes):
+                continue
+            bad = _nonfinite_count(t)
+            if bad:
+                return f"{name} has {bad} NaN/Inf value(s)"
+        parts = self.qlayout.unpack(self)
+        scale, zp = parts.scale, parts.zero_point
+        if not torch.isfinite(scale).all():
+            return f"scale has {int((~torch.isfinite(scale)).sum())} NaN/Inf value(s)"
+        if not getattr(self.qlayout, "double_quant", False) and not (scale > 0).all():
+            return f"scale has {int((scale <= 0).sum())} value(s) <= 0"
+        if zp is not None and not zp.is_floating_point() and zp.numel() and (
+                zp.min() < self.qdtype.qmin or zp.max() > self.qdtype.qmax):
+            return (f"zero_point outside the {self.qdtype.name} code range "
+                    f"[{self.qdtype.qmin:g}, {self.qdtype.qmax:g}]")
+        return None
+
+    def __setstate__(self, state):
+        # Unpickling (torch.load, weights_only included) rebuilds the tensor from its saved fields without
+        # __init__: check the values as the safetensors loader does (serialization/qparams.py).
+        torch._utils._set_obj_state(self, state)
+        problem = self.qparams_problem()
+        if problem is not None:
+            raise ValueError(f"loading a quantized weight {tuple(self.shape)}: {problem}; the checkpoint is corrupt")
+
     def packed_nbytes(self) -> int:
         """Bytes the layout really stores (codes, scales, zero points, any padding)."""
         return sum(t.numel() * t.element_size() for t in self.inner_tensors().values() if t is not None)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``F.linear(x, self, bias)`` through the layout's linear entry."""
+        """``F.linear(x, self, bias)`` through the layout's linear entry. Every path (F.linear, aten.linear,
+        mm / addmm / matmul with ``W.t()``) comes here, so the input checks F.linear does live here once."""
+        _check_linear_args(self, x, bias)
         if self.transposed:
             # linear(x, W.t()) is x @ W: the backward orientation, see Note [Transposed view].
             return _matmul_dequantized(x, self, bias)
@@ -131,12 +170,17 @@ class AffineQuantizedTensor(torch.Tensor):
             x, w, bias = _linear_args(args, kwargs)
             if isinstance(w, AffineQuantizedTensor) and not isinstance(x, AffineQuantizedTensor):
                 return w.linear(x, bias)
+        elif func in _REQUIRES_GRAD_SETTERS and _wants_grad(func, args, kwargs):
+            return _refuse_requires_grad(args[0], func)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.ops.aten.copy_.default and not isinstance(args[0], AffineQuantizedTensor):
+            raise RuntimeError(_COPY_INTO_FLOAT.format(dst=f"{args[0].dtype} tensor of shape {tuple(args[0].shape)}",
+                                                       src=args[1]))
         self = next(a for a in (*args, *kwargs.values()) if isinstance(a, AffineQuantizedTensor))
         fn = self.qlayout.ops.get(func) or GENERIC_OPS.get(func)
         if fn is None:
@@ -159,6 +203,63 @@ class AffineQuantizedTensor(torch.Tensor):
 
 
 _LINEAR_FUNCS = (F.linear, torch.ops.aten.linear.default)
+
+def _check_linear_args(w: AffineQuantizedTensor, x, bias) -> None:
+    """What F.linear refuses, refused the same way (RuntimeError, F.linear's wording), before any kernel: the
+    kernels pad K to their stored width, so a wrong in_features would otherwise run on zero padding or read
+    past the row. Shapes are static under torch.compile, so this is a trace-time check (no graph break)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"linear(): input must be a Tensor, not {type(x).__name__}")
+    n, k = w.shape[0], w.shape[-1]
+    if x.dim() == 0:
+        raise RuntimeError("both arguments to linear need to be at least 1D, but they are 0D and 2D "
+                           f"(weight: {w!r})")
+    if not x.is_floating_point():
+        raise RuntimeError(f"expected a floating-point input for a quantized linear, got {x.dtype} (a float "
+                           f"nn.Linear refuses it too: mat1 and mat2 must have the same dtype). Convert the input, "
+                           f"e.g. x.to({w.dtype}); weight: {w!r}")
+    if x.shape[-1] != k:
+        m = math.prod(x.shape[:-1])
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({m}x{x.shape[-1]} and {k}x{n}): the input "
+                           f"has {x.shape[-1]} features, the quantized weight takes {k}; weight: {w!r}")
+    if bias is not None and bias.dim() == 1 and bias.shape[0] != n:
+        raise RuntimeError(f"bias of {bias.shape[0]} elements for a linear with {n} outputs; weight: {w!r}")
+
+
+# Note [Quantized weights are frozen]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# No gradient ever reaches the packed codes, so requires_grad=True on a quantized weight would let a training
+# loop run and change nothing. Asking for it raises. One caller asks without meaning it: load_state_dict(...,
+# assign=True) wraps every loaded tensor in nn.Parameter(t, requires_grad=<the replaced parameter's flag>), and a
+# freshly built model's parameters all require grad; there the quantized weight simply stays frozen (as
+# quantize_ leaves it). Gradients still flow to the input, so adapters (LoRA / QLoRA) train on top.
+_REQUIRES_GRAD_SETTERS = (torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__)
+_FROZEN = ("quantized weights are frozen: no gradient reaches the packed codes, so requires_grad=True would train "
+           "nothing. Train adapters on top (LoRA / QLoRA: gradients flow to the input), or quantization-aware "
+           "training on the float model. nn.Parameter(w, requires_grad=False) wraps one; to unfreeze the other "
+           "parameters, skip these: `for p in model.parameters(): p.requires_grad_(not isinstance(p, "
+           "torchqkit.AffineQuantizedTensor))`")
+
+
+def _wants_grad(func, args, kwargs) -> bool:
+    if func == torch.Tensor.requires_grad_:
+        return bool(args[1] if len(args) > 1 else kwargs.get("requires_grad", True))
+    return bool(args[1])
+
+
+def _refuse_requires_grad(w: AffineQuantizedTensor, func):
+    caller = sys._getframe(2)  # 0: here, 1: __torch_function__, 2: whoever called requires_grad_ / the setter
+    if (caller.f_code is torch.nn.Parameter.__new__.__code__ and caller.f_back is not None
+            and caller.f_back.f_code is torch.nn.Module._load_from_state_dict.__code__):
+        return w if func == torch.Tensor.requires_grad_ else None  # stays frozen, see the Note
+    raise RuntimeError(f"{_FROZEN}. (weight: {w!r})")
+
+
+_COPY_INTO_FLOAT = (
+    "copy_ of a quantized weight into a float {dst}: it would have to dequantize, which torchqkit never does "
+    "implicitly. A quantized state dict loads into a float model with load_state_dict(state, assign=True) (the "
+    "model then holds the quantized weights), into a model quantized with the same config (torchqkit.quantize_), "
+    "or with torchqkit.load_quantized for safetensors files. (source: {src!r})")
 
 
 def _linear_args(args, kwargs):
@@ -190,3 +291,10 @@ def _matmul_dequantized(x, w: AffineQuantizedTensor, bias):
     """x @ W where W is a transposed view: only reached by linear's backward (mm(grad, W))."""
     out = torch.matmul(x, w.dequantize(x.dtype).t())
     return out if bias is None else out + bias
+
+
+def _nonfinite_count(codes: torch.Tensor, rows: int = 1 << 12) -> int:
+    """NaN / Inf among float codes (float8 has no isfinite kernel: float16 holds every float8 value exactly),
+    a few thousand rows at a time so the float16 copy stays small."""
+    flat = codes.reshape(-1, codes.shape[-1]) if codes.dim() else codes.reshape(1, 1)
+    return sum(int((~torch.isfinite(flat[i:i + rows].to(torch.float16))).sum()) for i in range(0, flat.shape[0], rows))

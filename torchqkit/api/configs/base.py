@@ -7,6 +7,13 @@ name, enums their value, tuples lists. Only allowlisted types are rebuilt; anyth
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import numbers
+import operator
+import re
+import types
+import typing
 from enum import Enum
 from typing import Callable
 
@@ -15,7 +22,7 @@ from ...core.qdtype import QDType, qdtype_from_name
 from ...layouts.base import Layout, layout_class
 from ...tensor.activation import KernelPreference
 
-__all__ = ["QuantConfig", "register_config", "handler_for", "known_configs", "config_from_dict"]
+__all__ = ["QuantConfig", "register_config", "handler_for", "known_configs", "config_from_dict", "check_fields"]
 
 _CONFIGS: dict[str, type["QuantConfig"]] = {}
 _HANDLERS: dict[type, Callable] = {}
@@ -28,7 +35,7 @@ class QuantConfig:
     kernel_preference: KernelPreference = KernelPreference.AUTO
 
     def __post_init__(self):
-        object.__setattr__(self, "kernel_preference", KernelPreference(self.kernel_preference))
+        check_fields(self)
 
     def to_dict(self) -> dict:
         return _encode(self)
@@ -113,3 +120,135 @@ def _decode(obj):
 
 def as_qdtype(value) -> QDType:
     return value if isinstance(value, QDType) else qdtype_from_name(value)
+
+
+# ---------------------------------------------------------------------------------------- field checks
+
+# Note [Config field checks]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# QuantConfig.__post_init__ checks every field of every config against its annotation, so a bad value fails
+# when the config is built (or decoded from JSON), naming the config, the field and what it takes, instead of
+# at quantize time, or never (group_size=True used to mean per-element groups). A config subclass gets this
+# by calling super().__post_init__() first; it only adds rules specific to it (Int4's group sizes, ...).
+#   int     an int (anything with __index__), not a bool, not a float or a string. A size (a name ending in
+#           "size", "bits", "tiles", or starting with "num_" / "n_") must be >= 1.
+#   float   a real number, not a bool, finite. A scale (a name ending in "scale") must be > 0.
+#   bool    True or False only.        str / Literal[...]: a string / one of the listed values.
+#   Enum    a member or its value (converted to the member).
+#   QDType  a QDType or its name ("int8"; converted).
+#   Layout  a Layout instance, or a registered layout's name (converted: layout="plain" is PlainLayout()).
+#   other classes (Granularity, ...): an instance.   X | None: None, or an X.   tuple[X, ...]: each an X.
+# A field overrides or adds bounds in its metadata: field(default=..., metadata={"ge": 0, "le": 8, "gt": 0.0}).
+_SIZE_NAME = re.compile(r"(.*_)?(size|bits|tiles)|(num|n)_.+")
+_SCALE_NAME = re.compile(r"(.*_)?scale")
+
+
+def check_fields(config) -> None:
+    """Check (and normalize: enum values, qdtype and layout names) every field of a config dataclass."""
+    who = type(config).__name__
+    for f, hint in _field_hints(type(config)):
+        what = f"{who}: {f.name}"
+        value = _check_value(getattr(config, f.name), hint, what)
+        _check_bounds(value, _bounds(f), what + (" (or None)" if type(None) in typing.get_args(hint) else ""))
+        object.__setattr__(config, f.name, value)
+
+
+@functools.lru_cache(maxsize=None)
+def _field_hints(cls) -> tuple:
+    try:
+        hints = typing.get_type_hints(cls)  # string annotations (from __future__) resolved in each class's module
+    except NameError as e:
+        raise TypeError(f"{cls.__name__}: a field annotation names a type its module doesn't import at run time "
+                        f"({e}); config fields are checked against their annotations") from None
+    return tuple((f, hints[f.name]) for f in dataclasses.fields(cls))
+
+
+def _bounds(f: dataclasses.Field) -> dict:
+    bounds = {}
+    if _SIZE_NAME.fullmatch(f.name):
+        bounds["ge"] = 1
+    if _SCALE_NAME.fullmatch(f.name):
+        bounds["gt"] = 0
+    bounds.update({k: v for k, v in f.metadata.items() if k in ("ge", "gt", "le")})
+    return bounds
+
+
+def _check_bounds(value, bounds: dict, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    for key, limit, ok in (("ge", ">=", lambda a, b: a >= b), ("gt", ">", lambda a, b: a > b),
+                           ("le", "<=", lambda a, b: a <= b)):
+        if key in bounds and not ok(value, bounds[key]):
+            field_name, _, alternative = what.partition(" (")
+            raise ValueError(f"{field_name} must be {limit} {bounds[key]}{' (' + alternative if alternative else ''}, "
+                             f"got {value!r}")
+
+
+def _check_value(value, hint, what: str):
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        errors = []
+        for option in options:
+            try:
+                return _check_value(value, option, what)
+            except (TypeError, ValueError) as e:
+                errors.append(e)
+        if len(errors) == 1:
+            raise errors[0]
+        raise TypeError(f"{what} must be {' or '.join(_type_text(o) for o in args)}, got {_short(value)}")
+    if origin is typing.Literal:
+        if not any(type(value) is type(a) and value == a for a in args):  # True is not 1 here
+            raise ValueError(f"{what} must be one of {list(args)}, got {_short(value)}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (tuple, list)):
+            raise TypeError(f"{what} must be a sequence, got {_short(value)}")
+        inner = args[0] if args else typing.Any
+        return tuple(_check_value(v, inner, f"{what}[{i}]") for i, v in enumerate(value))
+    if hint is typing.Any or not isinstance(hint, type):
+        return value  # e.g. Callable: nothing to check against
+    return _check_class(value, hint, what)
+
+
+def _check_class(value, cls: type, what: str):
+    if cls is bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"{what} must be True or False, got {_short(value)}")
+        return value
+    if cls is int:
+        if isinstance(value, (bool, float, str)) or not hasattr(value, "__index__"):
+            raise TypeError(f"{what} must be an int, got {_short(value)}")
+        return operator.index(value)
+    if cls is float:
+        if isinstance(value, (bool, str)) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{what} must be a number, got {_short(value)}")
+        if not math.isfinite(value):
+            raise ValueError(f"{what} must be finite, got {value!r}")
+        return float(value)
+    if issubclass(cls, Enum):
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"{what} must be one of {[m.value for m in cls]}, got {_short(value)}") from None
+    if cls is QDType and isinstance(value, str):
+        return qdtype_from_name(value)  # ValueError listing the known names
+    if cls is Layout and isinstance(value, str):
+        try:
+            return layout_class(value)()
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+    if not isinstance(value, cls):
+        hint = " or a layout name" if cls is Layout else " or its name" if cls is QDType else ""
+        raise TypeError(f"{what} must be a {cls.__name__}{hint}, got {_short(value)}")
+    return value
+
+
+def _type_text(t) -> str:
+    return "None" if t is type(None) else getattr(t, "__name__", str(t))
+
+
+def _short(value) -> str:
+    return f"{value!r:.60} ({type(value).__name__})"

@@ -33,10 +33,6 @@ class Int8DynamicActivationInt8WeightConfig(QuantConfig):
     act_mapping: MappingType = MappingType.SYMMETRIC
     layout: Layout = field(default_factory=PlainLayout)
 
-    def __post_init__(self):
-        super().__post_init__()
-        object.__setattr__(self, "act_mapping", MappingType(self.act_mapping))
-
     def describe(self):
         return f"int8 dynamic act ({self.act_mapping.value}) x int8 weight"
 
@@ -62,9 +58,7 @@ class Int8DynamicActivationIntxWeightConfig(QuantConfig):
     layout: Layout | None = None
 
     def __post_init__(self):
-        super().__post_init__()
-        object.__setattr__(self, "weight_mapping", MappingType(self.weight_mapping))
-        object.__setattr__(self, "act_mapping", MappingType(self.act_mapping))
+        super().__post_init__()  # also turns mapping names into MappingType (QuantConfig's field checks)
         check_intx("Int8DynamicActivationIntxWeightConfig", self.weight_bits, self.weight_granularity,
                    self.weight_mapping)
 

@@ -88,7 +88,7 @@ def _float8_static_transform(config, weight, name):
 @dataclass(frozen=True, kw_only=True)
 class Float8StaticActivationFloat8WeightConfig(QuantConfig):
     """float8 activations with a given (calibrated) per-tensor scale x float8 weights."""
-    act_scale: float
+    act_scale: float = field(metadata={"gt": 0.0})  # checked (finite, > 0) by QuantConfig, see base.py
     activation_dtype: QDType = float8_e4m3fn
     weight_dtype: QDType = float8_e4m3fn
     granularity: Granularity = PerTensor()
@@ -97,10 +97,6 @@ class Float8StaticActivationFloat8WeightConfig(QuantConfig):
     def __post_init__(self):
         super().__post_init__()
         _check_float8("Float8StaticActivationFloat8WeightConfig", self, "activation_dtype", "weight_dtype")
-        if not (isinstance(self.act_scale, (int, float)) and self.act_scale > 0):
-            raise ValueError(f"Float8StaticActivationFloat8WeightConfig: act_scale must be a positive number, "
-                             f"got {self.act_scale!r}")
-        object.__setattr__(self, "act_scale", float(self.act_scale))
 
     def describe(self):
         return f"{self.activation_dtype.name} static act (scale {self.act_scale:g}) x {self.weight_dtype.name} weight"

@@ -32,8 +32,6 @@ class NF4WeightOnlyConfig(QuantConfig):
     def __post_init__(self):
         super().__post_init__()
         NF4Layout(block_size=self.block_size)  # validates block_size with NF4Layout's message
-        if not isinstance(self.double_quant, bool):
-            raise ValueError(f"NF4WeightOnlyConfig: double_quant must be True or False, got {self.double_quant!r}")
 
     def describe(self):
         return f"nf4 weight-only b{self.block_size}" + (" double-quant" if self.double_quant else "")

@@ -1,0 +1,172 @@
+"""Atomic saves: a checkpoint on disk is always the old one or the new one, never a mix.
+
+Note [Atomic saves]
+~~~~~~~~~~~~~~~~~~~
+Every file torchqkit writes is first written under a hidden temporary name in its final directory
+(``.<name>.<random>.tmp``), flushed and fsync'ed, then moved into place with ``os.replace`` (atomic on POSIX
+and Windows within one file system), and the directory is fsync'ed. A save that fails part-way (disk full, a
+tensor that can't be written, Ctrl-C) removes its temporaries and leaves the previous files untouched.
+
+A sharded save is a set of files. Its shards get names no other save uses (``<stem>-<save id>-00001-of-0000N
+.safetensors``, the save id also recorded in every shard's header and in the index), so writing them can't
+overwrite a shard the current index points at. All shards are renamed into place first and the index last: until
+the index is replaced, loaders see the old index and the old shards; after, the new ones. Only then are the
+files of the previous checkpoint at that path removed (its shards, or a single file the new index replaces;
+only names of that stem's shard pattern, never what an index merely lists). A crash between the index rename
+and that clean-up leaves stale files next to a complete new checkpoint; the loader refuses a path that has
+both a single file and an index (see save_load._resolve_checkpoint_path), it never guesses.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import tempfile
+from pathlib import Path
+
+__all__ = ["CheckpointFiles", "atomic_write_bytes", "temp_file", "fsync_directory", "INDEX_SUFFIX"]
+
+INDEX_SUFFIX = ".index.json"
+
+
+def temp_file(final: Path):
+    """(open binary file, its path): a fresh hidden temporary next to ``final``, created exclusively."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    return os.fdopen(fd, "wb"), Path(tmp)
+
+
+def finish_temp(f, tmp: Path) -> Path:
+    """Flush, fsync and close a temporary written through ``f``; the data is on disk before any rename."""
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+    return tmp
+
+
+def fsync_directory(directory: Path) -> None:
+    """Persist renames in ``directory`` (POSIX: a rename is durable once its directory is fsync'ed)."""
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def check_destination(path: Path) -> Path:
+    """Create the parent directory; refuse a destination that is a directory (os.replace would fail only at the
+    very end, after all the writing)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        raise IsADirectoryError(21, "is a directory, not a file name to save to", str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def atomic_write_bytes(path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (see Note [Atomic saves])."""
+    path = check_destination(Path(path))
+    f, tmp = temp_file(path)
+    try:
+        f.write(data)
+        finish_temp(f, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        f.close()
+        unlink_quietly(tmp)
+        raise
+    fsync_directory(path.parent)
+    return path
+
+
+class CheckpointFiles:
+    """The files of one save of a checkpoint at ``path``: staged under temporary names, then committed together.
+
+    shard_paths(n): final names (``[path]`` for one file); stage(tmp, final): a finished temporary to move to
+    ``final``; stage_index(data): the index, moved last; commit(); discard() on failure."""
+
+    def __init__(self, path):
+        self.path = check_destination(Path(path))
+        self.save_id = secrets.token_hex(4)
+        self._staged: list[tuple[Path, Path]] = []
+        self._index: Path | None = None
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_name(self.path.name + INDEX_SUFFIX)
+
+    def shard_paths(self, n: int) -> list[Path]:
+        if n == 1:
+            return [self.path]
+        stem = _stem(self.path)
+        return [self.path.with_name(f"{stem}-{self.save_id}-{i + 1:05d}-of-{n:05d}.safetensors") for i in range(n)]
+
+    def stage(self, tmp: Path, final: Path) -> None:
+        self._staged.append((Path(tmp), Path(final)))
+
+    def stage_index(self, data: bytes) -> Path:
+        f, tmp = temp_file(self.index_path)
+        try:
+            f.write(data)
+            finish_temp(f, tmp)
+        except BaseException:
+            f.close()
+            unlink_quietly(tmp)
+            raise
+        self._index = tmp
+        return self.index_path
+
+    def commit(self) -> None:
+        """Move shards into place, then the index; then remove what is left of the previous checkpoint."""
+        stale = _previous_files(self.path)
+        moves = self._staged + ([(self._index, self.index_path)] if self._index is not None else [])
+        self._staged, self._index = [], None
+        done = []
+        try:
+            for tmp, final in moves:
+                os.replace(tmp, final)
+                done.append(final)
+        except BaseException:
+            # Not all moved, so the index (moved last) is still the old one, and the shards moved so far carry
+            # this save's id in their names: nothing refers to them. Remove them and the unmoved temporaries.
+            for final in done:
+                unlink_quietly(final)
+            for tmp, _ in moves[len(done):]:
+                unlink_quietly(tmp)
+            raise
+        fsync_directory(self.path.parent)
+        new = {final for _, final in moves}
+        for old in stale:
+            if old not in new:
+                unlink_quietly(old)
+
+    def discard(self) -> None:
+        for tmp, _ in self._staged:
+            unlink_quietly(tmp)
+        if self._index is not None:
+            unlink_quietly(self._index)
+        self._staged, self._index = [], None
+
+
+def _stem(path: Path) -> str:
+    return path.name.removesuffix(".safetensors")
+
+
+def _previous_files(path: Path) -> list[Path]:
+    """Files of the checkpoint saved at ``path`` before, in the order to remove them: the index first (so a
+    reader never finds an index whose shards are gone), then its shards, or the single file. Only regular
+    files, and only shard names of this stem's pattern: an index can't make a save delete anything else."""
+    index = path.with_name(path.name + INDEX_SUFFIX)
+    pattern = re.compile(re.escape(_stem(path)) + r"-(?:[0-9a-f]{8}-)?\d{5}-of-\d{5}\.safetensors")
+    out = [p for p in (index, path) if p.is_file() and not p.is_symlink()]
+    out += sorted(p for p in path.parent.iterdir()
+                  if pattern.fullmatch(p.name) and p.is_file() and not p.is_symlink())
+    return out
