@@ -5,14 +5,15 @@
     model = qk.from_pretrained("out/")                 # one call: skeleton on meta, packed weights, ready to run
 
 config.json is the model's own, plus ``"quantization_config"``: {"quant_method": "torchqkit", "format_version",
-"torchqkit_version", "config" (the producing config, as in the checkpoint header), "quantized" (module
-names), "modules_not_to_convert" (Linear modules left in float), "tied" (aliases stored once),
-"untied_by_quantization" (ties that quantizing one side broke)}. transformers' own from_pretrained does not
-know "torchqkit" as a quant_method and says so; use torchqkit.from_pretrained.
+"torchqkit_version", "config" (the producing config, as in the checkpoint header), "quantized" (modules whose
+weight is quantized), "modules_not_to_convert" (Linear modules left in float), "tied" (aliases stored once)}.
+transformers' own from_pretrained does not know "torchqkit" as a quant_method and says so; use
+torchqkit.from_pretrained.
 
-Tied embeddings: if lm_head stays float, it stays tied to the input embedding (stored once). If lm_head is
-quantized, it no longer shares the embedding's float weight: both are stored, ``tie_word_embeddings`` is
-written as false so the rebuilt model doesn't re-tie them, and the save report says so.
+Tied embeddings: quantize_ keeps a tie (see Note [Shared weights] in api/quantize.py). A float lm_head (the
+default) and a quantized one named in ModuleConfigs are both one Parameter shared with the input embedding:
+stored once, ``tie_word_embeddings`` stays true, and from_pretrained gives the embedding and lm_head the same
+Parameter again (the embedding reads the quantized rows it needs, see Note [Quantized embedding]).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ QUANT_METHOD = "torchqkit"
 def save_pretrained(model: nn.Module, directory, config=None, *, max_shard_bytes: int | None = None) -> SaveSummary:
     """Write a (quantized) transformers model to ``directory``: config.json recording the quantization, and
     model.safetensors (shards + index past ``max_shard_bytes``). Returns the SaveSummary, whose notes say which
-    Linear modules stayed in float and which ties quantization broke."""
+    Linear modules stayed in float and which aliases were stored once."""
     model = getattr(model, "_orig_mod", model)
     if not hasattr(model, "config") or not hasattr(model.config, "save_pretrained"):
         raise TypeError(f"save_pretrained takes a transformers PreTrainedModel, got {type(model).__name__}; "
@@ -43,22 +44,18 @@ def save_pretrained(model: nn.Module, directory, config=None, *, max_shard_bytes
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     summary = save_quantized(model, directory / "model.safetensors", max_shard_bytes=max_shard_bytes, config=config)
-    kept = [n for n, m in model.named_modules()
-            if isinstance(m, nn.Linear) and not isinstance(m.weight, AffineQuantizedTensor)]
-    untied = _untied_by_quantization(model)
+    modules = dict(model.named_modules(remove_duplicate=False))
+    quantized = [n for n, m in modules.items() if isinstance(getattr(m, "weight", None), AffineQuantizedTensor)]
+    kept = [n for n, m in modules.items() if isinstance(m, nn.Linear) and n not in quantized]
     hf_config = copy.deepcopy(model.config)
     hf_config.architectures = [type(model).__name__]  # what from_pretrained rebuilds (transformers does the same)
-    if untied and getattr(hf_config, "tie_word_embeddings", False):
-        hf_config.tie_word_embeddings = False
     hf_config.quantization_config = {
         "quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION, "torchqkit_version": torchqkit_version(),
-        "config": encode_config(config), "quantized": [n.removesuffix(".weight") for n in summary.quantized],
-        "modules_not_to_convert": kept, "tied": summary.tied, "untied_by_quantization": untied}
+        "config": encode_config(config), "quantized": quantized, "modules_not_to_convert": kept,
+        "tied": summary.tied}
     hf_config.save_pretrained(directory)
     summary.files.insert(0, directory / "config.json")
     summary.notes += [f"Linear {n} left in float (modules_not_to_convert)" for n in kept]
-    summary.notes += [f"{alias} was tied to {target}; quantizing one side untied them: both are stored and "
-                      f"tie_word_embeddings is false in config.json" for alias, target in untied]
     return summary
 
 
@@ -87,17 +84,6 @@ def from_pretrained(directory) -> nn.Module:
 def read_quantization_config(directory) -> dict:
     """config.json's quantization_config, as save_pretrained wrote it."""
     return json.loads((Path(directory) / "config.json").read_text())["quantization_config"]
-
-
-def _untied_by_quantization(model: nn.Module) -> list[tuple[str, str]]:
-    """Ties the model declares (transformers' all_tied_weights_keys) whose two sides are now different tensors."""
-    declared = getattr(model, "all_tied_weights_keys", None) or {}
-    out = []
-    for alias, target in declared.items():
-        a, t = model.get_parameter(alias), model.get_parameter(target)
-        if a is not t and (isinstance(a, AffineQuantizedTensor) or isinstance(t, AffineQuantizedTensor)):
-            out.append((alias, target))
-    return out
 
 
 def _materialize_non_persistent_buffers(model: nn.Module) -> None:

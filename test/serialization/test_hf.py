@@ -53,21 +53,62 @@ def test_llama_quantize_compile_save_reload(tmp_path):
     assert not any(t.is_meta for t in (*reloaded.parameters(), *reloaded.buffers()))
 
 
+def _linear_weight_bytes(model) -> int:
+    """Bytes of the distinct weight storages the Linear modules hold (a tied one once)."""
+    seen = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    return sum(w.packed_nbytes() if isinstance(w, qk.AffineQuantizedTensor) else w.numel() * w.element_size()
+               for w in seen.values())
+
+
 @torch.no_grad()
-def test_llama_quantized_lm_head_unties_and_says_so(tmp_path):
+def test_llama_tied_lm_head_is_kept_by_default(tmp_path):
     model = _tiny_llama()
-    qk.quantize_(model, qk.Int8WeightOnlyConfig(), strict=True)
+    before = _linear_weight_bytes(model)
+    report = qk.quantize_(model, qk.Int8WeightOnlyConfig(), strict=True)
+    assert report["lm_head"].status == "kept" and "tied to model.embed_tokens.weight" in report["lm_head"].reason
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert (report.bytes_before, report.bytes_after) == (before, _linear_weight_bytes(model))
     expected = model(IDS).logits
     summary = qk.save_pretrained(model, tmp_path, config=qk.Int8WeightOnlyConfig(), max_shard_bytes=40_000)
-    assert "quantizing one side untied them" in str(summary)
+    assert "lm_head.weight is tied to model.embed_tokens.weight: stored once" in str(summary)
     assert (tmp_path / "model.safetensors.index.json").exists()
-    qc = read_quantization_config(tmp_path)
-    assert qc["untied_by_quantization"] == [["lm_head.weight", "model.embed_tokens.weight"]]
-    assert json.loads((tmp_path / "config.json").read_text())["tie_word_embeddings"] is False
+    assert json.loads((tmp_path / "config.json").read_text())["tie_word_embeddings"] is True
     reloaded = qk.from_pretrained(tmp_path)
     assert torch.equal(reloaded(IDS).logits, expected)
+    assert reloaded.lm_head.weight is reloaded.model.embed_tokens.weight
+    assert not isinstance(reloaded.lm_head.weight, qk.AffineQuantizedTensor)
+
+
+@torch.no_grad()
+def test_llama_named_lm_head_is_quantized_once_and_stays_tied(tmp_path):
+    model = _tiny_llama()
+    dequantized = _tiny_llama()  # same seed: same float weights
+    configs = qk.ModuleConfigs({"lm_head": qk.Int4WeightOnlyConfig(group_size=32),
+                                "_default": qk.Int8WeightOnlyConfig()})
+    report = qk.quantize_(model, configs, strict=True)
+    head = model.lm_head.weight
+    assert isinstance(head, qk.AffineQuantizedTensor) and head is model.model.embed_tokens.weight
+    assert report["lm_head"].status == "quantized" and report["model.embed_tokens"].status == "shared"
+    assert report.bytes_after == _linear_weight_bytes(model)
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            dequantized.get_submodule(name).weight = torch.nn.Parameter(m.weight.dequantize())
+    dequantized.model.embed_tokens.weight = dequantized.lm_head.weight
+    expected = model(IDS).logits
+    torch.testing.assert_close(expected, dequantized(IDS).logits, rtol=1e-4, atol=1e-4)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(IDS).logits, expected, rtol=1e-5, atol=1e-5)
+
+    summary = qk.save_pretrained(model, tmp_path, config=configs, max_shard_bytes=40_000)
+    assert summary.tied == {"lm_head.weight": "model.embed_tokens.weight"}
+    assert "model.embed_tokens.weight" in summary.quantized and "lm_head.weight" not in summary.quantized
+    assert json.loads((tmp_path / "config.json").read_text())["tie_word_embeddings"] is True
+    qc = read_quantization_config(tmp_path)
+    assert {"lm_head", "model.embed_tokens"} <= set(qc["quantized"]) and qc["modules_not_to_convert"] == []
+    reloaded = qk.from_pretrained(tmp_path)
+    assert reloaded.lm_head.weight is reloaded.model.embed_tokens.weight
     assert isinstance(reloaded.lm_head.weight, qk.AffineQuantizedTensor)
-    assert not isinstance(reloaded.model.embed_tokens.weight, qk.AffineQuantizedTensor)
+    assert torch.equal(reloaded(IDS).logits, expected)
 
 
 @torch.no_grad()

@@ -3,12 +3,23 @@
 Two phases, so a failure leaves the model as it was: (1) plan and quantize every selected weight
 without touching the model; (2) swap the parameters and patch ``extra_repr``. Shared steps live here
 once; a config's handler only turns one float weight into one quantized weight.
+
+Note [Shared weights]
+~~~~~~~~~~~~~~~~~~~~~
+A Parameter held by several modules (lm_head tied to the input embedding, two Linears on one weight) is
+one weight: found by identity over every module's own parameters, planned once by the first selected
+Linear holding it (its "owner", in module order), and swapped as ONE new Parameter into every holder,
+so it stays shared. Other holders report status "shared" with 0 -> 0 bytes (the owner counts the storage
+once); a different config of theirs is not applied and the report says so. A weight that a non-Linear
+module also holds (an nn.Embedding) stays in float unless the owner is named exactly in ModuleConfigs, as
+transformers' quantizers leave lm_head alone; named, it is quantized and the embedding reads the quantized
+Parameter (``aten.embedding`` gathers rows, see Note [Quantized embedding]).
 """
 from __future__ import annotations
 
-import types
+import functools
 import warnings
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -19,11 +30,23 @@ from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
 from .report import LayerReport, QuantizationReport
 
-__all__ = ["quantize_", "QuantizationError"]
+__all__ = ["quantize_", "QuantizationError", "patch_extra_repr"]
 
 
 class QuantizationError(ValueError):
     """Raised by quantize_(..., strict=True) when a selected layer can't be quantized."""
+
+
+class _Holder(NamedTuple):
+    fqn: str             # module name
+    module: nn.Module
+    attr: str            # the module's name for the Parameter
+
+
+class _Owned(NamedTuple):
+    entry: LayerReport   # the owner's report entry
+    config: object       # the config the owner was planned with (None when kept)
+    weight: AffineQuantizedTensor | None
 
 
 def _default_filter(module: nn.Module, fqn: str) -> bool:
@@ -38,36 +61,58 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
     filter_fn(module, fqn): which modules to consider; default: every nn.Linear.
     device: quantize (and leave) the selected layers on this device.
     strict: raise QuantizationError instead of reporting layers that can't be quantized.
+    A weight shared by several modules is quantized once and stays shared: see Note [Shared weights].
     """
     configs = _as_module_configs(config)
     for c in configs.configs.values():
         if c is not None:
             handler_for(c)  # unknown config types fail before anything happens
     modules = dict(model.named_modules())
-    exact = set(configs.exact_keys())
-    entries, swaps = [], []
-    for fqn, module in modules.items():
-        if not (fqn in exact or (filter_fn or _default_filter)(module, fqn)):
-            continue
-        entry, new_weight = _plan_layer(fqn, module, configs, device)
-        entries.append(entry)
-        if new_weight is not None:
-            swaps.append((module, new_weight))
-    for key in sorted(exact - modules.keys()):
-        entries.append(LayerReport(key, "skipped", "-", "ModuleConfigs names a module the model does not have", 0, 0))
-    report = QuantizationReport(entries)
+    holders = _shared_parameters(modules)
+    report, swaps = _plan_model(modules, holders, configs, filter_fn or _default_filter, device)
     problems = report.skipped
     if problems and strict:
         raise QuantizationError("quantize_(strict=True): the model was left unchanged because "
                                 + "; ".join(f"{e.fqn}: {e.reason}" for e in problems))
-    for module, weight in swaps:
-        _swap_weight(module, weight, device)
+    for targets, weight in swaps:
+        _swap_weight(targets, weight, device)
     if problems:
         warnings.warn(f"torchqkit.quantize_: {len(problems)} selected layer(s) left unquantized: "
                       + "; ".join(f"{e.fqn} ({e.reason})" for e in problems[:5])
                       + (" ..." if len(problems) > 5 else "") + ". See the returned report; strict=True raises.",
                       stacklevel=2)
     return report
+
+
+def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]], configs: ModuleConfigs,
+                selected: Callable, device):
+    """Phase 1: the report, and (holders, quantized weight) pairs to swap. Touches nothing."""
+    exact = set(configs.exact_keys())
+    entries: dict[str, LayerReport] = {}
+    owned: dict[int, _Owned] = {}  # id(Parameter) -> its owner's plan, see Note [Shared weights]
+    for fqn, module in modules.items():
+        if not (fqn in exact or selected(module, fqn)):
+            continue
+        weight = getattr(module, "weight", None)
+        if id(weight) in owned:
+            entries[fqn] = _shared_entry(fqn, owned[id(weight)], configs.lookup(fqn)[1])
+            continue
+        entries[fqn], qweight = _plan_weight(fqn, module, holders.get(id(weight), []), configs, device)
+        if isinstance(module, nn.Linear):
+            owned[id(weight)] = _Owned(entries[fqn], configs.lookup(fqn)[1], qweight)
+    swaps = []
+    for pid, plan in owned.items():
+        if plan.weight is None:
+            continue
+        targets = holders.get(pid) or [_Holder(plan.entry.fqn, modules[plan.entry.fqn], "weight")]
+        swaps.append((targets, plan.weight))
+        for h in targets:  # holders nobody selected read the new weight too: say so
+            entries.setdefault(h.fqn, _shared_entry(h.fqn, plan, plan.config))
+    order = {fqn: i for i, fqn in enumerate(modules)}
+    report = sorted(entries.values(), key=lambda e: order[e.fqn])
+    report += [LayerReport(key, "skipped", "-", "ModuleConfigs names a module the model does not have", 0, 0)
+               for key in sorted(exact - modules.keys())]
+    return QuantizationReport(report), swaps
 
 
 def _as_module_configs(config) -> ModuleConfigs:
@@ -79,11 +124,61 @@ def _as_module_configs(config) -> ModuleConfigs:
     raise AssertionError("unreachable")
 
 
+def _shared_parameters(modules: dict[str, nn.Module]) -> dict[int, list[_Holder]]:
+    """id(Parameter) -> every (module, attribute) holding it, in module order; only Parameters held twice or
+    more. A module reachable under two names is one holder (named_modules yields it once)."""
+    seen: dict[int, list[_Holder]] = {}
+    for fqn, module in modules.items():
+        for attr, p in module._parameters.items():
+            if p is not None:
+                seen.setdefault(id(p), []).append(_Holder(fqn, module, attr))
+    return {pid: hs for pid, hs in seen.items() if len(hs) > 1}
+
+
+def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: ModuleConfigs, device):
+    """Plan one module's weight; ``group``: every holder when the Parameter is shared (Note [Shared weights])."""
+    others = [h for h in group if not isinstance(h.module, nn.Linear)]
+    key, config = configs.lookup(fqn)
+    weight = getattr(module, "weight", None)
+    if (not others or config is None or not isinstance(module, nn.Linear) or weight.is_meta
+            or isinstance(weight, AffineQuantizedTensor)):  # nothing to decide: the usual reasons apply
+        return _plan_layer(fqn, module, configs, device)
+    tied = ", ".join(f"{h.fqn}.{h.attr} ({type(h.module).__name__})" for h in others)
+    nbytes = _nbytes(weight)
+    if key != fqn:
+        return LayerReport(fqn, "kept", config.describe(), f"tied to {tied}, kept in float; name {fqn!r} in "
+                           f"ModuleConfigs to quantize both", nbytes, nbytes), None
+    unable = [h for h in others if not _reads_quantized(h)]
+    if unable:
+        h = unable[0]
+        return LayerReport(fqn, "skipped", config.describe(), f"weight tied to {h.fqn}.{h.attr}, a "
+                           f"{type(h.module).__name__}, which can't read a quantized weight (torchqkit serves "
+                           f"nn.Linear and nn.Embedding without max_norm); untie them first", nbytes, nbytes), None
+    return _plan_layer(fqn, module, configs, device)
+
+
+def _reads_quantized(h: _Holder) -> bool:
+    return h.attr == "weight" and isinstance(h.module, nn.Embedding) and h.module.max_norm is None
+
+
+def _shared_entry(fqn: str, owner: _Owned, mine) -> LayerReport:
+    """The entry of a module holding ``owner``'s weight; ``mine``: the config it would have had."""
+    reason = f"shares {owner.entry.fqn}.weight ({owner.entry.status} there, its bytes counted there)"
+    if mine != owner.config:
+        reason += (f"; its own config ({'None' if mine is None else mine.describe()}) was not applied: the first "
+                   f"selected Linear holding the weight decides")
+    return LayerReport(fqn, "shared", owner.entry.config, reason, 0, 0, shared_with=f"{owner.entry.fqn}.weight")
+
+
+def _nbytes(weight) -> int:
+    if isinstance(weight, AffineQuantizedTensor):
+        return weight.packed_nbytes()
+    return weight.numel() * weight.element_size() if isinstance(weight, torch.Tensor) else 0
+
+
 def _plan_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device):
     weight = getattr(module, "weight", None)
-    nbytes = weight.numel() * weight.element_size() if isinstance(weight, torch.Tensor) else 0
-    if isinstance(weight, AffineQuantizedTensor):
-        nbytes = weight.packed_nbytes()
+    nbytes = _nbytes(weight)
     key, config = configs.lookup(fqn)
     if key is None:
         return LayerReport(fqn, "kept", "-", "no config matched (no exact name, pattern or _default)", nbytes, nbytes), None
@@ -108,15 +203,26 @@ def _plan_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device):
     return LayerReport(fqn, "quantized", desc, "", nbytes, qweight.packed_nbytes()), qweight
 
 
-def _swap_weight(module: nn.Linear, weight: AffineQuantizedTensor, device) -> None:
-    module.weight = nn.Parameter(weight, requires_grad=False)
-    if device is not None and module.bias is not None:
-        module.bias = nn.Parameter(module.bias.detach().to(device), requires_grad=module.bias.requires_grad)
-    module.extra_repr = types.MethodType(_quantized_extra_repr, module)
+def _swap_weight(holders: list[_Holder], weight: AffineQuantizedTensor, device) -> None:
+    param = nn.Parameter(weight, requires_grad=False)  # one object for every holder: the tie survives
+    for h in holders:
+        setattr(h.module, h.attr, param)
+        bias = getattr(h.module, "bias", None) if isinstance(h.module, nn.Linear) else None
+        if device is not None and bias is not None:
+            h.module.bias = nn.Parameter(bias.detach().to(device), requires_grad=bias.requires_grad)
+        patch_extra_repr(h.module)
 
 
-def _quantized_extra_repr(self: nn.Linear) -> str:
-    w = self.weight
+def patch_extra_repr(module: nn.Module) -> None:
+    """Make ``print(model)`` show the format of ``module``'s quantized weight. The patch is a functools.partial
+    of a module-level function, not a bound method, so ``torch.save(model)`` pickles it by reference."""
+    module.extra_repr = functools.partial(quantized_extra_repr, module)
+
+
+def quantized_extra_repr(module: nn.Module) -> str:
+    """The module class's own extra_repr, plus the weight's qdtype, block size, layout and activation spec."""
+    text, w = type(module).extra_repr(module), getattr(module, "weight", None)
+    if not isinstance(w, AffineQuantizedTensor):
+        return text
     act = "" if w.act_quant is None else f", act={w.act_quant}"
-    return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-            f"weight={w.qdtype.name} block={w.block_size} {w.qlayout}{act}")
+    return f"{text}, weight={w.qdtype.name} block={w.block_size} {w.qlayout}{act}"

@@ -1,19 +1,27 @@
-"""QuantizationReport: one entry per Linear (and per module a config named), quantized or not and why."""
+"""QuantizationReport: one entry per Linear (and per module a config named), quantized or not and why.
+
+Byte counts are the change in memory: a weight shared by several modules (see Note [Shared weights] in
+quantize.py) is counted once, by the module that owns it; the others are "shared" entries with 0 -> 0.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 __all__ = ["LayerReport", "QuantizationReport"]
 
+STATUSES = ("quantized", "shared", "skipped", "kept")
+
 
 @dataclass
 class LayerReport:
     fqn: str
-    status: str            # "quantized", "skipped" (config couldn't take it), "kept" (no config / None)
+    status: str            # "quantized"; "shared" (holds another entry's weight); "skipped" (config couldn't take
+                           # it); "kept" (no config / None / tied to an embedding)
     config: str            # config description, or "-"
-    reason: str            # why it was skipped or kept; "" when quantized
+    reason: str            # why it was skipped, kept or shared; "" when quantized
     bytes_before: int
     bytes_after: int
+    shared_with: str = ""  # "shared": the Parameter it holds, "<owner fqn>.weight"
 
 
 class QuantizationReport:
@@ -32,13 +40,17 @@ class QuantizationReport:
         return self.by_status("skipped")
 
     @property
+    def shared(self) -> list[LayerReport]:
+        return self.by_status("shared")
+
+    @property
     def bytes_before(self) -> int:
-        """Weight bytes of every reported layer before quantization."""
+        """Weight bytes of every reported layer before quantization (a shared weight once)."""
         return sum(e.bytes_before for e in self.entries)
 
     @property
     def bytes_after(self) -> int:
-        """Weight bytes of every reported layer after (packed codes + scales + zero points)."""
+        """Weight bytes of every reported layer after (packed codes + scales + zero points; a shared weight once)."""
         return sum(e.bytes_after for e in self.entries)
 
     def __getitem__(self, fqn: str) -> LayerReport:
@@ -59,9 +71,8 @@ class QuantizationReport:
         lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                  for r in rows]
         ratio = self.bytes_before / self.bytes_after if self.bytes_after else float("nan")
-        lines.append(f"{len(self.quantized)} quantized, {len(self.skipped)} skipped, "
-                     f"{len(self.by_status('kept'))} kept; weights {self.bytes_before:,} -> {self.bytes_after:,} bytes "
-                     f"({ratio:.2f}x smaller)")
+        counts = ", ".join(f"{len(self.by_status(s))} {s}" for s in STATUSES if s != "shared" or self.shared)
+        lines.append(f"{counts}; weights {self.bytes_before:,} -> {self.bytes_after:,} bytes ({ratio:.2f}x smaller)")
         return "\n".join(lines)
 
     __repr__ = __str__

@@ -428,8 +428,7 @@ def _assign(model: nn.Module, name: str, value: torch.Tensor, current: torch.Ten
 
 
 def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> None:
-    from ..api.quantize import _quantized_extra_repr
-    import types
+    from ..api.quantize import patch_extra_repr
     module_name, _, attr = name.rpartition(".")
     module = model.get_submodule(module_name)
     if attr in module._parameters:
@@ -438,8 +437,8 @@ def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> None:
         module._parameters[attr] = value
     else:
         module._buffers[attr] = value
-    if isinstance(value, AffineQuantizedTensor) and isinstance(module, nn.Linear) and attr == "weight":
-        module.extra_repr = types.MethodType(_quantized_extra_repr, module)
+    if isinstance(value, AffineQuantizedTensor) and attr == "weight":  # a Linear, or an embedding tied to one
+        patch_extra_repr(module)
 
 
 def _check_no_meta(model: nn.Module) -> None:

@@ -6,6 +6,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from .affine_quantized_tensor import AffineQuantizedTensor
 from .dispatch import GENERIC_OPS, fill_defaults
+from .embedding import embedding
 
 aten = torch.ops.aten
 
@@ -49,6 +50,10 @@ def _copy_(func, args, kwargs):
         if a is not None:
             a.copy_(b)
     return dst
+
+
+# Rows of the weight, dequantizing only the tiles that hold them: see Note [Quantized embedding].
+GENERIC_OPS.implements(aten.embedding.default)(embedding)
 
 
 @GENERIC_OPS.implements(aten.t.default)
