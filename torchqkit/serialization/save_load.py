@@ -11,10 +11,11 @@ exactly as the layout packs them (device-independent, see DESIGN.md). ``__metada
                                | {"module_configs": <ModuleConfigs.to_dict()>},
                      "weights": {"w": <entry, see entries.py>, ...},   # the quantized weights of this file
                      "tied": {"lm_head.weight": "embed.weight", ...}}  # aliases stored once
-Past ``max_shard_bytes`` the tensors go to ``<stem>-00001-of-0000N.safetensors`` (a quantized weight's
-tensors always share a shard), each with the header above for its own weights, plus
+Past ``max_shard_bytes`` the tensors go to ``<stem>-<save id>-00001-of-0000N.safetensors`` (a quantized weight's
+tensors always share a shard), each with the header above for its own weights plus "save_id", and
 ``<name>.index.json`` = {"metadata": {"torchqkit": <same JSON, "weights": {}>, "total_size": n},
-"weight_map": {stored tensor name: shard file name}} (Hugging Face's index layout).
+"weight_map": {stored tensor name: shard file name}} (Hugging Face's index layout). The save id (8 hex digits,
+new for every save) ties the shards to their index, see Note [Atomic saves] in atomic.py.
 
 Loading reads and validates every header first (format version, entries against the layout/qdtype
 registries, stored shapes against ``Layout.packed_specs``, names against the model), so a bad file changes
@@ -24,6 +25,7 @@ live on the meta device: no float weight of a quantized layer is ever built.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,13 +33,18 @@ import torch
 from torch import nn
 
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from .atomic import INDEX_SUFFIX, CheckpointFiles
 from .entries import INNER_SEP, check_tensors, decode_entry, encode_entry, entry_error
+from .qparams import check_qparams
 from .safetensors_file import CheckpointError, SafetensorsReader, SafetensorsWriter
+from .shard_index import check_save_id, read_index, resolve_checkpoint_path, write_index
+from .strict_json import parse_json
 
 __all__ = ["save_quantized", "load_quantized", "SaveSummary", "FORMAT_VERSION", "read_checkpoint_info"]
 
 FORMAT_VERSION = 1
-INDEX_SUFFIX = ".index.json"
+_VERSION = re.compile(r"\d+(\.\d+){0,3}[\w.+-]{0,20}")  # quoted in errors only if it looks like one
+_SAVE_ID = re.compile(r"[0-9a-f]{8}")
 
 
 @dataclass
@@ -76,15 +83,16 @@ def save_quantized(model_or_state_dict, path, *, max_shard_bytes: int | None = N
         else:
             groups.append((name, [(name, t)], None))
     shards = _plan_shards(groups, max_shard_bytes)
-    path = Path(path)
-    header = file_header(config, tied)
-    files = shard_paths(path, len(shards))
-    summary = SaveSummary(files, tied=dict(tied))
-    weight_map = {}
-    for file, shard in zip(files, shards):
-        writer = SafetensorsWriter(file)
-        weights = {}
-        try:
+    out = CheckpointFiles(path)  # see Note [Atomic saves]: all files or none
+    header = file_header(config, tied, out.save_id if len(shards) > 1 else None)
+    files = out.shard_paths(len(shards))
+    summary = SaveSummary(list(files), tied=dict(tied))
+    weight_map, writers = {}, []
+    try:
+        for file, shard in zip(files, shards):
+            writer = SafetensorsWriter(file)
+            writers.append(writer)
+            weights = {}
             for name, inner, entry in shard:
                 for stored, t in inner:
                     writer.add(stored, t)
@@ -92,35 +100,25 @@ def save_quantized(model_or_state_dict, path, *, max_shard_bytes: int | None = N
                 (summary.quantized if entry else summary.plain).append(name)
                 if entry:
                     weights[name] = entry
-        except BaseException:
+            out.stage(writer.finish(file_metadata({**header, "weights": weights})), file)
+            summary.nbytes += writer.nbytes
+        if len(shards) > 1:
+            summary.files.append(write_index(out, header, weight_map, summary.nbytes))
+        out.commit()
+    except BaseException:
+        for writer in writers:
             writer.abort()
-            raise
-        writer.close(file_metadata({**header, "weights": weights}))
-        summary.nbytes += writer.nbytes
-    if len(shards) > 1:
-        summary.files.append(write_index(path, header, weight_map, summary.nbytes))
+        out.discard()
+        raise
     return summary
 
 
-def shard_paths(path: Path, n: int) -> list[Path]:
-    if n == 1:
-        return [path]
-    stem = path.name.removesuffix(".safetensors")
-    return [path.with_name(f"{stem}-{i + 1:05d}-of-{n:05d}.safetensors") for i in range(n)]
-
-
-def write_index(path: Path, header: dict, weight_map: dict[str, str], total_size: int) -> Path:
-    index = {"metadata": {"torchqkit": json.dumps({**header, "weights": {}}), "total_size": total_size},
-             "weight_map": weight_map}
-    index_path = path.with_name(path.name + INDEX_SUFFIX)
-    index_path.write_text(json.dumps(index, indent=1) + "\n")
-    return index_path
-
-
-def file_header(config, tied: dict[str, str]) -> dict:
-    """The torchqkit header shared by every shard (each adds its own "weights")."""
-    return {"format_version": FORMAT_VERSION, "torchqkit_version": torchqkit_version(),
-            "config": encode_config(config), "tied": tied}
+def file_header(config, tied: dict[str, str], save_id: str | None = None) -> dict:
+    """The torchqkit header shared by every shard (each adds its own "weights"). A sharded save also records
+    its save id, which names its shards and ties them to its index (see Note [Atomic saves])."""
+    header = {"format_version": FORMAT_VERSION, "torchqkit_version": torchqkit_version(),
+              "config": encode_config(config), "tied": tied}
+    return header if save_id is None else {**header, "save_id": save_id}
 
 
 def _named_tensors(obj) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -237,43 +235,25 @@ def load_quantized(model: nn.Module, path) -> nn.Module:
 
 
 def _open_checkpoint(path) -> _Checkpoint:
-    path = Path(path)
-    if path.is_dir():
-        single, index = path / "model.safetensors", path / ("model.safetensors" + INDEX_SUFFIX)
-        path = single if single.exists() else index
-    elif not path.exists() and path.with_name(path.name + INDEX_SUFFIX).exists():
-        path = path.with_name(path.name + INDEX_SUFFIX)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such checkpoint (a .safetensors file, its {INDEX_SUFFIX}, or a directory "
-                              f"holding model.safetensors)")
+    path = resolve_checkpoint_path(path)
     if path.name.endswith(INDEX_SUFFIX):
-        files, where = read_index(path)
+        files, where, save_id = read_index(path)
     else:
-        files, where = [path.name], None
+        files, where, save_id = [path.name], None, None
     readers = {}
     try:
         for f in files:
             readers[f] = SafetensorsReader(path.parent / f)
-        return _build_checkpoint(path, readers, where)
+        ckpt = _build_checkpoint(path, readers, where)
+        if where is not None:
+            first = next(iter(readers.values()))
+            check_save_id(path, save_id, first.path.name, _torchqkit_header(first).get("save_id"))
+        check_qparams(ckpt)
+        return ckpt
     except BaseException:
         for r in readers.values():
             r.close()
         raise
-
-
-def read_index(path: Path):
-    try:
-        index = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: index is not valid JSON ({e})") from None
-    wm = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
-        raise CheckpointError(f"{path}: index needs a weight_map of tensor name -> shard file name")
-    files = sorted(set(wm.values()))
-    for f in files:
-        if Path(f).name != f or not f.endswith(".safetensors"):
-            raise CheckpointError(f"{path}: shard {f!r} must be a .safetensors file name in the index's directory")
-    return files, wm
 
 
 def _build_checkpoint(path: Path, readers: dict[str, SafetensorsReader], where) -> _Checkpoint:
@@ -315,22 +295,23 @@ def _torchqkit_header(reader: SafetensorsReader) -> dict:
     if "torchqkit" not in meta:
         raise CheckpointError(f"{reader.path}: not a torchqkit checkpoint (no 'torchqkit' entry in __metadata__); "
                               f"float checkpoints load with safetensors.torch.load_file / quantize_checkpoint")
-    try:
-        header = json.loads(meta["torchqkit"])
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{reader.path}: the torchqkit header is not valid JSON ({e})") from None
+    header = parse_json(meta["torchqkit"], f"{reader.path}: the torchqkit header", CheckpointError)
     if not isinstance(header, dict):
         raise CheckpointError(f"{reader.path}: the torchqkit header must be a JSON object")
     version = header.get("format_version")
     if type(version) is not int or version < 1:
-        raise CheckpointError(f"{reader.path}: format_version must be a positive int, got {version!r:.50}")
+        raise CheckpointError(f"{reader.path}: format_version must be a positive int")
     if version > FORMAT_VERSION:
+        writer = header.get("torchqkit_version")
+        writer = writer if isinstance(writer, str) and _VERSION.fullmatch(writer) else "a newer version"
         raise CheckpointError(f"{reader.path}: written in torchqkit format {version} by torchqkit "
-                              f"{header.get('torchqkit_version')!r:.30}; this torchqkit ({torchqkit_version()}) "
+                              f"{writer}; this torchqkit ({torchqkit_version()}) "
                               f"reads formats up to {FORMAT_VERSION}: upgrade torchqkit")
     if meta.get("torchqkit_format") != str(version):
-        raise CheckpointError(f"{reader.path}: __metadata__ torchqkit_format {meta.get('torchqkit_format')!r:.30} "
-                              f"disagrees with the header's format_version {version}")
+        raise CheckpointError(f"{reader.path}: __metadata__ torchqkit_format disagrees with the header's "
+                              f"format_version {version}")
+    if "save_id" in header and not (isinstance(header["save_id"], str) and _SAVE_ID.fullmatch(header["save_id"])):
+        raise CheckpointError(f"{reader.path}: save_id must be 8 hex digits")
     for key, kind in (("weights", dict), ("tied", dict)):
         if not isinstance(header.get(key), kind):
             raise CheckpointError(f"{reader.path}: the torchqkit header needs '{key}' ({kind.__name__})")
