@@ -49,7 +49,8 @@ def read_index(path: Path):
     files = sorted(set(wm.values()))
     for f in files:
         if Path(f).name != f or not f.endswith(".safetensors"):
-            raise CheckpointError(f"{path}: shard {f!r:.200} must be a .safetensors file name in the index's directory")
+            raise CheckpointError(f"{path}: the index names a shard that is not a .safetensors file in the index's "
+                                  f"directory; each shard must be a .safetensors file name in the index's directory")
     return files, wm, _index_save_id(path, index)
 
 
