@@ -95,6 +95,16 @@ def test_missing_model_exits_2(tmp_path, capsys):
     assert "no config.json" in capsys.readouterr().err
 
 
+def test_not_a_gguf_file_exits_2(tmp_path, capsys):
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("not a GGUF file")
+    assert cli_main(["eval", "--gguf", str(fake), "--config", "int8-wo", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    # Without gguf / accelerate installed the message says what to install; with them, what is wrong with the file.
+    assert err.startswith("python -m torchqkit eval: error: ")
+    assert "pip install" in err or f"{fake}: could not load a tokenizer" in err
+
+
 def test_stride_above_window_exits_2_before_loading(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")      # never read: the check comes first
     assert cli_main(["eval", "--hf", str(tmp_path), "--config", "int8-wo", "--window", "8", "--stride", "9"]) == 2

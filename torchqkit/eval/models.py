@@ -47,7 +47,7 @@ def load_gguf(path):
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such GGUF file")
     _require("transformers", "gguf", "accelerate", purpose="to load a GGUF file")
-    return _load_pretrained(str(path.parent), gguf_file=path.name)
+    return _load_pretrained(str(path.parent), str(path), gguf_file=path.name)
 
 
 def load_hf(directory):
@@ -56,16 +56,15 @@ def load_hf(directory):
     if not (directory / "config.json").is_file():
         raise ModelLoadError(f"{directory}: not a transformers checkpoint directory (no config.json)")
     _require("transformers", purpose="to load a transformers checkpoint")
-    return _load_pretrained(str(directory), trust_remote_code=False)
+    return _load_pretrained(str(directory), str(directory), trust_remote_code=False)
 
 
-def _load_pretrained(location: str, **kwargs):
+def _load_pretrained(location: str, where: str, **kwargs):
     # Read when huggingface_hub is first imported: never reach for the network.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    where = f"{location} ({kwargs['gguf_file']})" if "gguf_file" in kwargs else location
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as err:
