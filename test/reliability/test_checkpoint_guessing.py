@@ -87,6 +87,10 @@ def test_model_skeleton_decides_and_non_linears_are_reported(tmp_path):
                                     progress=False)
     assert [e.fqn for e in report.quantized] == ["h.0.mlp.c_proj"]
     assert report["h.0.attn.c_attn"].status == "kept" and "not an nn.Linear" in report["h.0.attn.c_attn"].reason
+    skeleton.h[0].mlp.gate = torch.nn.Linear(64, 64)  # a Linear the checkpoint lacks: reported, not ignored
+    report = qk.quantize_checkpoint(src, tmp_path / "q.safetensors", qk.Int8WeightOnlyConfig(), model=skeleton,
+                                    progress=False)
+    assert report["h.0.mlp.gate"].status == "skipped" and "no h.0.mlp.gate.weight" in report["h.0.mlp.gate"].reason
 
 
 def test_patterns_that_select_nothing_are_reported(tmp_path):

@@ -166,6 +166,11 @@ def _plan(readers, configs, model) -> tuple[set[str], list[LayerReport]]:
         entries.append(LayerReport(fqn, "skipped" if skipped else "kept",
                                    config.describe() if skipped else "-", reason, nbytes, nbytes))
     fqns = [n.removesuffix(".weight") for n in candidates]
+    if model is not None:
+        absent = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and f"{n}.weight" not in shapes
+                  and configs.lookup(n)[1] is not None]
+        entries += [LayerReport(n, "skipped", configs.lookup(n)[1].describe(), f"model= has this nn.Linear, the "
+                                f"checkpoint has no {n}.weight", 0, 0) for n in absent if n not in configs.exact_keys()]
     entries += [LayerReport(k, "skipped", "-", "ModuleConfigs names a module the checkpoint does not have (no 2-d "
                             "weight of that name)", 0, 0) for k in configs.exact_keys() if k not in fqns]
     entries += [LayerReport(k, "skipped", "-", "ModuleConfigs pattern selects no weight of the checkpoint", 0, 0)

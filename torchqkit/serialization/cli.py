@@ -65,8 +65,10 @@ def _error(message: str, code: int) -> int:
 def add_quantize_parser(commands) -> None:
     parser = commands.add_parser(
         "quantize", help="quantize a float safetensors checkpoint into a torchqkit checkpoint, tensor by tensor",
-        description="Linear weights are the 2-d '<module>.weight' tensors outside embeddings (see "
-                    "torchqkit.quantize_checkpoint); load the result with torchqkit.load_quantized.")
+        description="Linear weights are the 2-d '<module>.weight' tensors outside embeddings and GPT-2 Conv1D "
+                    "weights (see torchqkit.quantize_checkpoint); load the result with torchqkit.load_quantized. "
+                    "Exit status: 0 written; 1 nothing quantized or --strict refused a layer (nothing written); "
+                    "2 the source, destination or config can't be used.")
     parser.add_argument("src", help="float checkpoint: .safetensors file, its .index.json, or a directory")
     parser.add_argument("dst", help="output .safetensors path (shards and an .index.json next to it if sharded)")
     parser.add_argument("--config", type=_quantize_config, required=True, metavar="NAME|JSON",

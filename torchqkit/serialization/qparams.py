@@ -1,7 +1,7 @@
 """The values a checkpoint's quantized weights are scaled by, checked before anything is loaded.
 
-A NaN or Inf scale (or a zero / negative one, or an integer zero point outside the codes' range) loads without
-complaint and turns every output that touches its block into NaN or garbage. ``check_qparams`` reads each
+A NaN or Inf scale (or zero point, or float8 code; or an integer zero point outside the codes' range) loads
+without complaint and turns every output that touches its block into NaN or garbage. ``check_qparams`` reads each
 weight's scales and zero points (small: one per block) and asks the tensor itself what is wrong with them
 (``AffineQuantizedTensor.qparams_problem``); the codes are read only where they are stored as floats, which
 can be NaN (float8 elements), so loading reads everything else once.

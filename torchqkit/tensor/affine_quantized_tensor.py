@@ -113,11 +113,16 @@ class AffineQuantizedTensor(torch.Tensor):
     def qparams_problem(self, codes: bool = True) -> str | None:
         """What can't be right about the stored values, or None: a NaN / Inf in any floating inner tensor other
         than the codes (scales and zero points, the layout's padding included: kernels multiply padding by zero
-        activations, and 0 * NaN is NaN), in the scales as unpacked (E8M0 bytes can encode NaN), a scale <= 0
-        (every format torchqkit writes has positive scales; NF4 double quantization, whose absmax comes back
-        rounded, only needs finite ones), an integer zero point outside the codes' range. ``codes``: also NaN /
-        Inf float codes (float8 elements). A qdata on the meta device is skipped, which lets a loader check
-        everything else without reading the codes (serialization/qparams.py; ``__setstate__``)."""
+        activations, and 0 * NaN is NaN), in the scales as unpacked (E8M0 bytes can encode NaN), an integer zero
+        point outside the codes' range, a static activation scale (a divisor) that isn't finite and > 0.
+        ``codes``: also NaN / Inf float codes (float8 elements). Weight scales only multiply, so zero and
+        negative ones are valid encodings (GGUF's Q4_0 stores d = max / -8, negative whenever a block's extreme
+        is positive; an all-zero block has d = 0) and pass. A qdata on the meta device is skipped, which lets a
+        loader check everything else without reading the codes (serialization/qparams.py; ``__setstate__``)."""
+        static = None if self.act_quant is None else self.act_quant.static_scale
+        if static is not None and not (type(static) in (int, float) and math.isfinite(static) and static > 0):
+            # A doctored pickle can hold anything here: unpickling skips ActivationQuantSpec.__post_init__.
+            return f"act_quant static_scale is {static}, not a finite positive number"
         for name, t in self.inner_tensors().items():
             if t is None or t.is_meta or not t.is_floating_point() or (name == "qdata" and not codes):
                 continue
@@ -128,8 +133,6 @@ class AffineQuantizedTensor(torch.Tensor):
         scale, zp = parts.scale, parts.zero_point
         if not torch.isfinite(scale).all():
             return f"scale has {int((~torch.isfinite(scale)).sum())} NaN/Inf value(s)"
-        if not getattr(self.qlayout, "double_quant", False) and not (scale > 0).all():
-            return f"scale has {int((scale <= 0).sum())} value(s) <= 0"
         if zp is not None and not zp.is_floating_point() and zp.numel() and (
                 zp.min() < self.qdtype.qmin or zp.max() > self.qdtype.qmax):
             return (f"zero_point outside the {self.qdtype.name} code range "
@@ -203,6 +206,7 @@ class AffineQuantizedTensor(torch.Tensor):
 
 
 _LINEAR_FUNCS = (F.linear, torch.ops.aten.linear.default)
+
 
 def _check_linear_args(w: AffineQuantizedTensor, x, bias) -> None:
     """What F.linear refuses, refused the same way (RuntimeError, F.linear's wording), before any kernel: the
@@ -293,8 +297,10 @@ def _matmul_dequantized(x, w: AffineQuantizedTensor, bias):
     return out if bias is None else out + bias
 
 
-def _nonfinite_count(codes: torch.Tensor, rows: int = 1 << 12) -> int:
-    """NaN / Inf among float codes (float8 has no isfinite kernel: float16 holds every float8 value exactly),
-    a few thousand rows at a time so the float16 copy stays small."""
-    flat = codes.reshape(-1, codes.shape[-1]) if codes.dim() else codes.reshape(1, 1)
+def _nonfinite_count(t: torch.Tensor, rows: int = 1 << 12) -> int:
+    """NaN / Inf in a floating tensor. float8 has no isfinite kernel: it is checked as float16 (which holds every
+    float8 value exactly), a few thousand rows at a time so the copy stays small."""
+    if t.element_size() > 1:
+        return int((~torch.isfinite(t)).sum())
+    flat = t.reshape(-1, t.shape[-1]) if t.dim() else t.reshape(1, 1)
     return sum(int((~torch.isfinite(flat[i:i + rows].to(torch.float16))).sum()) for i in range(0, flat.shape[0], rows))

@@ -149,7 +149,7 @@ def check_fields(config) -> None:
     for f, hint in _field_hints(type(config)):
         what = f"{who}: {f.name}"
         value = _check_value(getattr(config, f.name), hint, what)
-        _check_bounds(value, _bounds(f), what + (" (or None)" if type(None) in typing.get_args(hint) else ""))
+        _check_bounds(value, _bounds(f), what, optional=type(None) in typing.get_args(hint))
         object.__setattr__(config, f.name, value)
 
 
@@ -173,15 +173,13 @@ def _bounds(f: dataclasses.Field) -> dict:
     return bounds
 
 
-def _check_bounds(value, bounds: dict, what: str) -> None:
+def _check_bounds(value, bounds: dict, what: str, optional: bool) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     for key, limit, ok in (("ge", ">=", lambda a, b: a >= b), ("gt", ">", lambda a, b: a > b),
                            ("le", "<=", lambda a, b: a <= b)):
         if key in bounds and not ok(value, bounds[key]):
-            field_name, _, alternative = what.partition(" (")
-            raise ValueError(f"{field_name} must be {limit} {bounds[key]}{' (' + alternative if alternative else ''}, "
-                             f"got {value!r}")
+            raise ValueError(f"{what} must be {limit} {bounds[key]}{' (or None)' if optional else ''}, got {value!r}")
 
 
 def _check_value(value, hint, what: str):
