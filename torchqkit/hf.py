@@ -76,7 +76,7 @@ def from_pretrained(directory) -> nn.Module:
         raise ValueError(f"{directory}/config.json: architectures {archs} names no transformers model class")
     with torch.device("meta"):
         model = cls(hf_config)
-    _materialize_non_persistent_buffers(model)
+    materialize_non_persistent_buffers(model)
     load_quantized(model, directory)
     return model.eval()
 
@@ -86,7 +86,7 @@ def read_quantization_config(directory) -> dict:
     return json.loads((Path(directory) / "config.json").read_text())["quantization_config"]
 
 
-def _materialize_non_persistent_buffers(model: nn.Module) -> None:
+def materialize_non_persistent_buffers(model: nn.Module) -> None:
     """Non-persistent buffers are not in any checkpoint: allocate them on CPU and let the model's own
     ``_init_weights`` compute them, only for modules without parameters of their own (so nothing loaded later
     is touched, and no float weight is ever built)."""

@@ -72,14 +72,17 @@ def test_tiny_llama_imports_every_linear_as_stored(tiny):
     model = qk.from_gguf(path)
     report = model.torchqkit_report
     formats = {e.fqn: e.config for e in report.quantized}
-    assert len(formats) == 13  # 14 Linears, one stored as F16 stays float
+    assert len(formats) == 14  # 14 Linears, one stored as F16 stays float, and the Q8_0 embedding
     assert "gguf Q4_K -> uint4 g32" in formats["model.layers.0.mlp.down_proj"]
     assert "gguf Q8_0 -> int8 g32" in formats["model.layers.0.self_attn.v_proj"]
     assert not isinstance(model.model.layers[1].mlp.up_proj.weight, qk.AffineQuantizedTensor)
     assert isinstance(model.model.layers[0].self_attn.q_proj.weight, qk.AffineQuantizedTensor)
-    # Tied embeddings stay tied: the lm_head reads the (dequantized Q8_0) embedding.
+    # The Q8_0 embedding stays quantized and the tied lm_head reads that same weight.
     assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert isinstance(model.lm_head.weight, qk.AffineQuantizedTensor)
     assert model.model.embed_tokens.weight.shape == (VOCAB, HIDDEN)
+    assert "gguf Q8_0 -> int8 g32" in formats["model.embed_tokens"]
+    assert "int8" in repr(model.model.layers[0].self_attn.v_proj)
     ours, ref = _logits(model), _logits(reference)
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
 

@@ -8,8 +8,9 @@ of a quantized weight is ever made, and the codes are the file's own. The model 
 meta device from the GGUF's metadata (transformers reads it), its non-persistent buffers are computed as
 torchqkit.from_pretrained does, and each tensor is read from the memory-mapped file one at a time. Tensor
 types torchqkit has no layout for (Q2_K, Q3_K, Q5_K, IQ*, ...) are dequantized to float32 with one warning
-naming each tensor and type. Embeddings are dequantized to float32 (the model's nn.Embedding stays a float
-lookup); a tied lm_head then shares that float weight, as in the file.
+naming each tensor and type. Quantized embeddings stay quantized (an nn.Embedding on an AffineQuantizedTensor
+gathers and dequantizes only the rows it looks up), and a tied lm_head shares that same quantized weight, as
+in the file: SmolLM2's Q8_0 embedding is then read as int8 by the lm_head, not as 113 MB of float32.
 
 Needs the ``gguf`` and ``transformers`` packages (``pip install "torchqkit[gguf]"``); the tokenizer loads with
 ``transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)``.
@@ -23,8 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..api.quantize import patch_extra_repr
 from ..api.report import LayerReport, QuantizationReport
-from ..core.primitives import dequantize_affine
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .gguf_blocks import BLOCK_FORMATS, decode_blocks
 
@@ -132,8 +133,8 @@ def _plan(reader, names, model, path):
 
 
 def _materialize_buffers(model):
-    from ..hf import _materialize_non_persistent_buffers
-    _materialize_non_persistent_buffers(model)
+    from ..hf import materialize_non_persistent_buffers
+    materialize_non_persistent_buffers(model)
 
 
 def _load_tensor(model, tensor, hf_name, arch, config) -> LayerReport:
@@ -146,7 +147,7 @@ def _load_tensor(model, tensor, hf_name, arch, config) -> LayerReport:
     nbytes = int(tensor.n_bytes)
     shape = tuple(int(s) for s in reversed(tensor.shape.tolist()))
     rows = _qk_row_order(hf_name, shape[0], arch, config)
-    if type_name in BLOCK_FORMATS and isinstance(module, nn.Linear) and attr == "weight":
+    if type_name in BLOCK_FORMATS and isinstance(module, (nn.Linear, nn.Embedding)) and attr == "weight":
         fmt, parts = decode_blocks(BLOCK_FORMATS[type_name], raw.reshape(shape[0], -1), shape[1])
         if rows is not None:
             parts = type(parts)(*(None if p is None else p[rows] for p in parts))
@@ -155,15 +156,12 @@ def _load_tensor(model, tensor, hf_name, arch, config) -> LayerReport:
         weight = AffineQuantizedTensor(tensors, fmt.qdtype, (1, fmt.group), shape, torch.float32, layout,
                                        fmt.zero_point_domain)
         module.weight = nn.Parameter(weight, requires_grad=False)
+        if isinstance(module, nn.Linear):
+            patch_extra_repr(module)
         return LayerReport(module_name, "quantized", f"gguf {type_name} -> {fmt.describe()}", "", nbytes,
                            weight.packed_nbytes())
     if type_name in _FLOAT_TYPES:
         value, how = raw.view(_FLOAT_TYPES[type_name]).reshape(shape).float(), f"{type_name} -> float32"
-    elif type_name in BLOCK_FORMATS:  # a quantized non-Linear tensor (embedding): exact float values
-        fmt, parts = decode_blocks(BLOCK_FORMATS[type_name], raw.reshape(shape[0], -1), shape[1])
-        value = dequantize_affine(parts.qdata, fmt.qdtype, (1, fmt.group), parts.scale, parts.zero_point,
-                                  zero_point_domain=fmt.zero_point_domain)
-        how = f"{type_name} -> float32 ({type(module).__name__} weights stay float)"
     else:
         from gguf.quants import dequantize
         value = torch.from_numpy(dequantize(np.asarray(tensor.data), tensor.tensor_type)).reshape(shape).float()
