@@ -18,14 +18,15 @@ Parameter again (the embedding reads the quantized rows it needs, see Note [Quan
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from .serialization.atomic import atomic_write_bytes
 from .serialization.save_load import (FORMAT_VERSION, SaveSummary, encode_config, load_quantized, save_quantized,
                                       torchqkit_version)
+from .serialization.strict_json import parse_json
 from .tensor.affine_quantized_tensor import AffineQuantizedTensor
 
 __all__ = ["save_pretrained", "from_pretrained"]
@@ -53,7 +54,8 @@ def save_pretrained(model: nn.Module, directory, config=None, *, max_shard_bytes
         "quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION, "torchqkit_version": torchqkit_version(),
         "config": encode_config(config), "quantized": quantized, "modules_not_to_convert": kept,
         "tied": summary.tied}
-    hf_config.save_pretrained(directory)
+    # transformers' own writer truncates config.json in place; an atomic write keeps a failed save loadable.
+    atomic_write_bytes(directory / "config.json", hf_config.to_json_string(use_diff=True).encode())
     summary.files.insert(0, directory / "config.json")
     summary.notes += [f"Linear {n} left in float (modules_not_to_convert)" for n in kept]
     return summary
@@ -65,7 +67,12 @@ def from_pretrained(directory) -> nn.Module:
     the model's own initializer, and load_quantized fills every saved tensor. Returns the model in eval mode."""
     import transformers
     directory = Path(directory)
-    hf_config = transformers.AutoConfig.from_pretrained(directory)
+    config_file = directory / "config.json"
+    if config_file.is_symlink():
+        raise ValueError(f"{config_file} is a symbolic link; torchqkit follows no links in a checkpoint "
+                         f"(pass the real directory: os.path.realpath)")
+    # trust_remote_code=False: a config.json with auto_map must never run code from the checkpoint.
+    hf_config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
     qc = getattr(hf_config, "quantization_config", None)
     if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
         raise ValueError(f"{directory}/config.json has no torchqkit quantization_config: it was not written by "
@@ -83,7 +90,8 @@ def from_pretrained(directory) -> nn.Module:
 
 def read_quantization_config(directory) -> dict:
     """config.json's quantization_config, as save_pretrained wrote it."""
-    return json.loads((Path(directory) / "config.json").read_text())["quantization_config"]
+    path = Path(directory) / "config.json"
+    return parse_json(path.read_bytes(), str(path))["quantization_config"]
 
 
 def materialize_non_persistent_buffers(model: nn.Module) -> None:

@@ -21,12 +21,14 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace torchqkit_cpu {
 namespace {
 
-constexpr float kScaleEps = FLT_EPSILON;  // the oracle's floor: max(finfo(f32).eps, finfo(f32).tiny)
+constexpr float kScaleEps = FLT_MIN;  // the oracle's floor: finfo(float32).tiny, the smallest normal
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // ================================================================================================
 // Scalar: any x86-64 CPU. Also the definition the SIMD versions are tested against (via the oracle).
@@ -40,7 +42,11 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8
     uint8_t* ar = a + m * lda;
     float s;
     int zp = 0;
-    if (symmetric) {
+    bool finite = true;
+    for (int64_t k = 0; k < K; ++k) finite = finite && std::isfinite(xr[k]);
+    if (!finite) {
+      s = kNaN;  // Note [non-finite activation rows]
+    } else if (symmetric) {
       float amax = 0.f;
       for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(xr[k]));
       s = amax > 0.f ? std::max(amax / 127.5f, kScaleEps) : 1.f;
@@ -53,6 +59,7 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8
     }
     const float fzp = (float)zp;
     for (int64_t k = 0; k < K; ++k) {
+      // fmax / fmin return the number when one side is NaN: a non-finite row gets in-range codes.
       const float q = std::fmin(std::fmax(std::nearbyint(xr[k] / s + fzp), -128.f), 127.f);
       ar[k] = (uint8_t)((int)q + 128);
     }
@@ -256,15 +263,19 @@ inline void transpose16(__m512 r[16]) {
 }
 
 // ---------------------------------------------------------------- activation quantization
+// Note [non-finite activation rows]: _mm512_max_ps drops NaN and an Inf saturates to a finite code, so a
+// row holding NaN / Inf would come out finite and wrong. Such a row gets a NaN scale instead, which makes
+// exactly its output row NaN, as F.linear on the float row gives (the oracle's reference does the same).
 void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8_t* a, int64_t lda,
                    float* scale, int32_t* zp128, int64_t m0, int64_t m1) {
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int64_t m = m0; m < m1; ++m) {
     const float* xr = x + m * ldx;
     uint8_t* ar = a + m * lda;
-    __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
+    __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps(), poison = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k += 16) {
       const __m512 v = _mm512_maskz_loadu_ps(tail16(K - k), xr + k);  // masked lanes read as 0
+      poison = _mm512_add_ps(poison, _mm512_mul_ps(v, _mm512_setzero_ps()));  // NaN iff some x is NaN / Inf
       if (symmetric) {
         hi = _mm512_max_ps(hi, _mm512_and_ps(v, absmask));
       } else {
@@ -281,6 +292,10 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8
       const float span = _mm512_reduce_max_ps(hi) - _mm512_reduce_min_ps(lo);
       s = span > 0.f ? std::max(span / 255.f, kScaleEps) : 1.f;
       zp = (int)std::fmin(std::fmax(-128.f - std::nearbyint(_mm512_reduce_min_ps(lo) / s), -128.f), 127.f);
+    }
+    if (!std::isfinite(_mm512_reduce_add_ps(poison))) {
+      s = kNaN;  // Note [non-finite activation rows]
+      zp = 0;
     }
     const __m512 sv = _mm512_set1_ps(s), zv = _mm512_set1_ps((float)zp);
     const __m512 qlo = _mm512_set1_ps(-128.f), qhi = _mm512_set1_ps(127.f);

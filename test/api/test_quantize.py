@@ -197,3 +197,13 @@ def test_quantize_onto_the_meta_device_plans_shapes_only(config):
     for meta_w, real_w in ((model[0].weight, real[0].weight), (model[1].weight, real[1].weight)):
         assert {n: None if t is None else t.shape for n, t in meta_w.inner_tensors().items()} == \
                {n: None if t is None else t.shape for n, t in real_w.inner_tensors().items()}
+
+
+def test_a_pattern_that_selects_no_module_is_reported():
+    configs = qk.ModuleConfigs({r"re:.*\.q_prj": qk.Int8WeightOnlyConfig(),   # typo: matches nothing
+                                "up": None, r"re:u.*": qk.Int8WeightOnlyConfig(),  # "up" is taken by the exact key
+                                "_default": qk.Int8WeightOnlyConfig()})
+    with pytest.warns(UserWarning, match="selects no module"):
+        report = qk.quantize_(make_model("mlp"), configs)
+    assert report[r"re:.*\.q_prj"].status == "skipped" and report["re:u.*"].status == "skipped"
+    assert report["down"].status == "quantized"

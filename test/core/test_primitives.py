@@ -249,3 +249,10 @@ def test_schemes_the_format_cannot_express_are_refused():
     with pytest.raises(ValueError, match="needs a zero point"):
         choose_qparams_affine(torch.randn(2, 8), Q.int4, (1, 8), mapping=MappingType.ASYMMETRIC,
                               zero_point_domain=ZeroPointDomain.NONE)
+
+
+@pytest.mark.parametrize("make", [lambda: qk.PerGroup(True), lambda: qk.PerGroup(1.5), lambda: qk.PerBlock(("64",)),
+                                  lambda: qk.PerBlock((1.5, 2)), lambda: qk.PerAxis(1.5), lambda: qk.PerAxis(True)])
+def test_granularities_take_real_ints_only(make):
+    with pytest.raises(ValueError, match="int"):
+        make()

@@ -9,25 +9,11 @@ import torch
 import torch.nn.functional as F
 
 import torchqkit as qk
-from torchqkit.core import qdtypes as Q
 
 from ..layouts.conformance_cases import all_cases
 
 
-def _int8_dynamic_kernel(kwargs) -> bool:
-    act = kwargs.get("act_quant")
-    return act is not None and act.qdtype is Q.int8
-
-
-# The int8 dynamic-activation ops (torchqkit::linear_int8da_int8_plain, ::linear_int8da_int4_packed: the C++
-# kernels and their _ref twins in kernels/reference.py) quantize a NaN row as an empty range (scale 1, codes 0)
-# and return a finite row. Not fixable outside the kernels; strict, so the fix flips this test.
-NAN_ROW_KERNEL_BUG = pytest.mark.xfail(strict=True, reason="int8 dynamic-activation kernels turn a NaN row finite")
-
 CASES = [pytest.param(layout, kwargs, shape, id=f"{layout.name}-{cid}") for layout, cid, shape, kwargs in all_cases()]
-NAN_CASES = [pytest.param(layout, kwargs, shape, id=f"{layout.name}-{cid}",
-                          marks=[NAN_ROW_KERNEL_BUG] if _int8_dynamic_kernel(kwargs) else [])
-             for layout, cid, shape, kwargs in all_cases()]
 
 
 def _weight(layout_cls, kwargs, shape):
@@ -85,7 +71,7 @@ def _rows_behave_like_f_linear(w, bad_value):
     assert torch.equal(out[rows], expected[rows])  # the bad row changed nothing else
 
 
-@pytest.mark.parametrize("layout,kwargs,shape", NAN_CASES)
+@pytest.mark.parametrize("layout,kwargs,shape", CASES)
 def test_a_nan_row_gives_a_nan_row_only(layout, kwargs, shape):
     _rows_behave_like_f_linear(_weight(layout, kwargs, shape), float("nan"))
 

@@ -133,3 +133,25 @@ def test_from_pretrained_refuses_a_float_model_directory(tmp_path):
     _tiny_llama().save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="no torchqkit quantization_config"):
         qk.from_pretrained(tmp_path)
+
+
+def test_from_pretrained_never_runs_checkpoint_code_and_follows_no_link(tmp_path):
+    model = _tiny_llama()
+    qk.quantize_(model, qk.Int8WeightOnlyConfig())
+    qk.save_pretrained(model, tmp_path / "q")
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig"}  # would import evil.py with trust_remote_code
+    (tmp_path / "q" / "evil.py").write_text("raise SystemExit('checkpoint code ran')\n")
+    (tmp_path / "q" / "config.json").write_text(json.dumps(config))
+    # The model type is one transformers knows: with trust_remote_code=False it builds its own class and never
+    # imports evil.py (which would raise SystemExit here).
+    again = qk.from_pretrained(tmp_path / "q")
+    with torch.no_grad():
+        assert torch.equal(again(IDS).logits, model(IDS).logits)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for f in (tmp_path / "q").iterdir():
+        target = linked / f.name
+        target.symlink_to(f) if f.name == "config.json" else target.write_bytes(f.read_bytes())
+    with pytest.raises(ValueError, match="symbolic link"):
+        qk.from_pretrained(linked)

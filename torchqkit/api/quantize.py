@@ -112,6 +112,9 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
     report = sorted(entries.values(), key=lambda e: order[e.fqn])
     report += [LayerReport(key, "skipped", "-", "ModuleConfigs names a module the model does not have", 0, 0)
                for key in sorted(exact - modules.keys())]
+    report += [LayerReport(key, "skipped", "-", "ModuleConfigs pattern selects no module (it matches none, or only "
+                           "modules an exact name or an earlier pattern takes)", 0, 0)
+               for key in configs.unmatched(modules)]
     return QuantizationReport(report), swaps
 
 

@@ -31,6 +31,10 @@ class PerAxis(Granularity):
     """One scale per index along ``axis`` (PerAxis(0) of a (N, K) weight = one scale per row)."""
     axis: int
 
+    def __post_init__(self):
+        if not _is_int(self.axis):
+            raise ValueError(f"PerAxis: axis must be an int, got {self.axis!r}")
+
     def block_size(self, shape):
         axis = _normalize_axis(self.axis, len(shape), self)
         return tuple(1 if d == axis else s for d, s in enumerate(shape))
@@ -58,7 +62,7 @@ class PerGroup(Granularity):
     group_size: int
 
     def __post_init__(self):
-        if not isinstance(self.group_size, int) or self.group_size <= 0:
+        if not _is_int(self.group_size) or self.group_size <= 0:
             raise ValueError(f"PerGroup: group_size must be a positive int, got {self.group_size!r}")
 
     def block_size(self, shape):
@@ -71,14 +75,20 @@ class PerBlock(Granularity):
     block_shape: tuple[int, ...]
 
     def __post_init__(self):
-        object.__setattr__(self, "block_shape", tuple(int(b) for b in self.block_shape))
-        if not self.block_shape or any(b <= 0 for b in self.block_shape):
-            raise ValueError(f"PerBlock: block_shape must be positive ints, got {self.block_shape}")
+        shape = tuple(self.block_shape) if isinstance(self.block_shape, (tuple, list)) else None
+        if not shape or not all(_is_int(b) and b > 0 for b in shape):
+            raise ValueError(f"PerBlock: block_shape must be a tuple of positive ints, got {self.block_shape!r}")
+        object.__setattr__(self, "block_shape", shape)
 
     def block_size(self, shape):
         if len(self.block_shape) > len(shape):
             raise ValueError(f"PerBlock{self.block_shape} has more dims than the tensor shape {tuple(shape)}")
         return (1,) * (len(shape) - len(self.block_shape)) + self.block_shape
+
+
+def _is_int(value) -> bool:
+    """A real int: True / False and floats (1.0, 1.5) are not sizes or axes."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _normalize_axis(axis: int, ndim: int, who) -> int:

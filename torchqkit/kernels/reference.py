@@ -34,6 +34,8 @@ def _int8_activation_rows(x2: torch.Tensor, act_symmetric: bool):
     a_scale, a_zp = choose_qparams_affine(x2, int8, (1, k), mapping=mapping, zero_point_domain=zpd,
                                           scale_dtype=torch.float32, check_finite=False, name="activation")
     qa = quantize_affine(x2, int8, (1, k), a_scale, a_zp, check_finite=False, name="activation").float()
+    # A row holding NaN / Inf gives a NaN output row (as F.linear on the float row would), whatever its codes.
+    a_scale = torch.where(torch.isfinite(x2).all(1, keepdim=True), a_scale, float("nan"))
     return (qa if a_zp is None else qa - a_zp.float()), a_scale
 
 

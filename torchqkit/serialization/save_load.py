@@ -34,7 +34,7 @@ from torch import nn
 
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .atomic import INDEX_SUFFIX, CheckpointFiles
-from .entries import INNER_SEP, check_tensors, decode_entry, encode_entry, entry_error
+from .entries import INNER_SEP, check_tensors, decode_entry, encode_entry, entry_error, quote
 from .qparams import check_qparams
 from .safetensors_file import CheckpointError, SafetensorsReader, SafetensorsWriter
 from .shard_index import check_save_id, read_index, resolve_checkpoint_path, write_index
@@ -341,7 +341,7 @@ def _validate_weight(reader: SafetensorsReader, name: str, entry) -> tuple[dict,
 def _check_tied(path, tied, names: set[str]) -> dict[str, str]:
     for alias, target in tied.items():
         if not isinstance(target, str) or target not in names:
-            raise CheckpointError(f"{path}: tensor {alias!r} is tied to {target!r:.80}, which the file doesn't store")
+            raise CheckpointError(f"{path}: tensor {alias!r} is tied to {quote(target)}, which the file doesn't store")
         if alias in names:
             raise CheckpointError(f"{path}: tensor {alias!r} is both stored and tied to {target!r}")
     return dict(tied)
