@@ -17,10 +17,11 @@ solved in turn for each block (all blocks at once, independently of each other):
 The oracle stores the zero point in the float domain, x ~ (q - mid) s + z_f with z_f = (mid - z) s, and we
 iterate on z_f: it stays well-scaled when s is tiny, and (b) becomes z_f += mean(e - W_e) with e = W - W_r,
 where e - W_e = clamp(e, -t, t) for the threshold t = |e|^(p-1) / beta.
-Each block starts at round-to-nearest's asymmetric qparams (iteration 0) and stops when its squared
-error does not improve; it keeps the zero point with the lowest squared error seen. Squared error,
-rather than the lp loss being minimised, decides "best" because it is what a layer's output feels,
-and including iteration 0 means no block ends worse than round-to-nearest.
+Start and stop as the reference implementation (the hqq package's proximal optimiser) does, which was
+measured to matter more than anything else here (SmolLM2-135M, group 64, perplexity over 2048 tokens: 61.7
+this way; 64.8 starting from the unrounded min-max zero; round-to-nearest 62.4): the zero starts at
+round-to-nearest's min-max value rounded to a whole code, beta stays fixed (kappa = 1), and the whole tensor
+stops at the first iteration whose mean |error| does not improve, keeping the zeros of the best one.
 For ZeroPointDomain.INT the optimised zero is rounded to an integer code and clamped to [qmin, qmax]
 (as round-to-nearest's integer zero is), with no further optimisation.
 
@@ -40,8 +41,8 @@ from ..core.qdtype import QDType, QKind
 
 __all__ = ["hqq_qparams", "HQQ_LP_NORM", "HQQ_BETA", "HQQ_KAPPA", "HQQ_ITERS"]
 
-# The paper's published defaults.
-HQQ_LP_NORM, HQQ_BETA, HQQ_KAPPA, HQQ_ITERS = 0.7, 10.0, 1.01, 20
+# The paper's published lp_norm, beta and iteration count; kappa = 1 (beta fixed), see Note [HQQ].
+HQQ_LP_NORM, HQQ_BETA, HQQ_KAPPA, HQQ_ITERS = 0.7, 10.0, 1.0, 20
 # Keeps |e|^(p-1) finite where the error is exactly zero.
 _TINY = 1e-8
 # Elements per chunk of blocks: big enough that per-op overhead is small, small enough to stay in cache.
@@ -145,59 +146,41 @@ def _rtn_start(x, valid, qdtype, zpd, eps):
     if zpd is ZeroPointDomain.INT:
         z = (qmin - torch.round(lo / scale)).clamp(qmin, qmax)
         return scale, (mid - z) * scale
-    return scale, lo - (qmin - mid) * scale
+    # The starting zero rounded to a whole code: x ~ (q - z) s with z = round(qmin - lo / s), see Note [HQQ].
+    return scale, (mid - qmin + torch.round(lo / scale)) * scale
 
 
 def _optimise_zero(x, valid, s, zero, qdtype, zpd, p, beta, kappa, iters):
-    """HQQ's zero for every block, a chunk of blocks at a time (blocks are independent problems, and a
-    chunk's temporaries stay in cache)."""
+    """HQQ's zero for every block; see Note [HQQ] for the stopping rule. Blocks are processed a chunk at a
+    time (a chunk's temporaries stay in cache), every chunk once per iteration."""
     rows = max(1, _CHUNK // x.shape[-1])
-    out = torch.empty_like(zero)
-    for i in range(0, x.shape[0], rows):
-        j = slice(i, i + rows)
-        out[j] = _optimise_chunk(x[j], None if valid is None else valid[j], s[j], zero[j], qdtype, zpd,
-                                 p, beta, kappa, iters)
-    return out
-
-
-def _optimise_chunk(x, valid, s, zero, qdtype, zpd, p, beta, kappa, iters):
-    """Half-quadratic iterations on the float-domain zeros (G, 1) of the blocks x (G, B); see Note [HQQ].
-
-    Most blocks stop improving within a few iterations, so once half of the working blocks have stopped,
-    the rest are gathered into a smaller working set (``rows`` maps it back)."""
+    chunks = [slice(i, i + rows) for i in range(0, x.shape[0], rows)]
     qmin, qmax, mid = float(qdtype.qmin), float(qdtype.qmax), float(code_midpoint(qdtype))
     count = torch.full_like(zero, x.shape[-1]) if valid is None else valid.sum(-1, keepdim=True).clamp(min=1)
-    pad = None if valid is None else ~valid
+    elements = float(count.sum())
     # An integer zero code must stay in [qmin, qmax]: z_f = (mid - z) s.
     lo, hi = ((mid - qmax) * s, (mid - qmin) * s) if zpd is ZeroPointDomain.INT else (None, None)
-    out, rows = zero.clone(), torch.arange(zero.shape[0], device=zero.device)
-    best_err = torch.full_like(zero, math.inf)
-    best = zero
-    for it in range(iters + 1):
-        # e = x - dequantize(quantize(x)), with quantize_affine's arithmetic (ZeroPointDomain.FLOAT).
-        r = torch.sub(x, zero).div_(s).add_(mid).round_().clamp_(qmin, qmax)
-        e = torch.sub(x, r.sub_(mid).mul_(s).add_(zero), out=r)
-        if pad is not None:
-            e.masked_fill_(pad, 0.0)  # padding adds nothing to the error or to the mean below
-        err = torch.linalg.vector_norm(e, dim=-1, keepdim=True)
-        active = err < best_err  # a block whose error stopped improving keeps its best zero from here on
-        best_err, best = torch.where(active, err, best_err), torch.where(active, zero, best)
-        n_active = int(active.sum())
-        if it == iters or n_active == 0:
+    best, best_err = zero, math.inf
+    for _ in range(iters + 1):
+        total, step = 0.0, torch.empty_like(zero)
+        for j in chunks:
+            # e = x - dequantize(quantize(x)), with quantize_affine's arithmetic (ZeroPointDomain.FLOAT).
+            xj, sj, zj = x[j], s[j], zero[j]
+            r = torch.sub(xj, zj).div_(sj).add_(mid).round_().clamp_(qmin, qmax)
+            e = torch.sub(xj, r.sub_(mid).mul_(sj).add_(zj), out=r)
+            if valid is not None:
+                e.masked_fill_(~valid[j], 0.0)  # padding adds nothing to the error or to the mean below
+            total += float(e.abs().sum())
+            step[j] = _mean_residual(e, p, beta) / count[j]
+        err = total / elements
+        if not err < best_err:
             break
-        step = _mean_residual(e, p, beta) / count
-        if n_active <= rows.numel() // 2:
-            out[rows] = best
-            keep = active.nonzero()[:, 0]
-            x, s, zero, best, best_err, count, step, pad, lo, hi, rows = (
-                None if t is None else t[keep] for t in (x, s, zero, best, best_err, count, step, pad, lo, hi, rows))
-            active = active[keep]
-        zero = torch.where(active, zero + step, best)
+        best, best_err = zero, err
+        zero = zero + step
         if lo is not None:
             zero = zero.clamp(lo, hi)
         beta *= kappa
-    out[rows] = best
-    return out
+    return best
 
 
 def _mean_residual(e: torch.Tensor, p: float, beta: float) -> torch.Tensor:
