@@ -56,10 +56,14 @@ def test_iteration_zero_is_round_to_nearest_with_a_whole_code_zero(qdtype, block
     assert got_scale.dtype == scale.dtype and got_zero.dtype == zero.dtype and got_zero.shape == zero.shape
     torch.testing.assert_close(got_scale, scale, rtol=0, atol=0)
     if zpd is FLOAT:
+        # In the code domain (x ~ (q - z) s): z is a whole code, the rounded round-to-nearest one.
         mid, s = code_midpoint(qdtype), scale.float()
-        zero = ((mid - torch.round(mid - zero.float() / s)) * s).to(zero.dtype)
-        ulp = 2.0 ** -7 if dtype == torch.bfloat16 else 1e-6  # bf16: the same value, rounded at another step
-        torch.testing.assert_close(got_zero, zero, rtol=ulp, atol=ulp * float(zero.float().abs().max()))
+        got_code, rtn_code = mid - got_zero.float() / s, mid - zero.float() / s
+        tol = 0.05 if dtype == torch.bfloat16 else 1e-4  # bf16 stores z_f = (mid - z) s to 8 bits
+        assert (got_code - got_code.round()).abs().max() < tol
+        differs = (got_code.round() - rtn_code.round()).abs()
+        # bf16 rounds the reference zero before we round it: a code at a .5 tie may go either way.
+        assert differs.max() <= (1 if dtype == torch.bfloat16 else 0) and (differs > 0).float().mean() < 0.02
     else:
         torch.testing.assert_close(got_zero, zero, rtol=0, atol=0)
 
