@@ -12,7 +12,7 @@ import torch
 import torchqkit
 from torchqkit import demo
 # The same NAME|JSON parsing as `python -m torchqkit quantize`, so both commands accept the same configs.
-from torchqkit.serialization.cli import _quantize_config
+from torchqkit.serialization.cli import parse_config_arg
 
 from .models import EVAL_TEXT_SOURCE, ModelLoadError, eval_text, load_gguf, load_hf
 from .permute import permute_llama_channels_
@@ -67,7 +67,7 @@ def add_eval_parser(commands) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--gguf", type=_gguf_file, metavar="FILE", help="a GGUF file (dequantized to float32)")
     source.add_argument("--hf", type=_hf_dir, metavar="DIR", help="a transformers checkpoint directory")
-    parser.add_argument("--config", type=_quantize_config, required=True, metavar="NAME|JSON",
+    parser.add_argument("--config", type=parse_config_arg, required=True, metavar="NAME|JSON",
                         help=f"config name ({', '.join(demo.DEMO_CONFIGS)}) or a JSON file (a config dict or "
                              f"ModuleConfigs, e.g. with \"lm_head\": null to keep the output layer float)")
     parser.add_argument("--text", type=_text_file, default=None, metavar="FILE",

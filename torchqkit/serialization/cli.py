@@ -7,7 +7,7 @@ from pathlib import Path
 from torchqkit import demo
 from torchqkit.serialization.strict_json import parse_json
 
-__all__ = ["add_quantize_parser"]
+__all__ = ["add_quantize_parser", "parse_config_arg"]
 
 
 def _positive_int(text: str) -> int:
@@ -17,7 +17,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _quantize_config(text: str):
+def parse_config_arg(text: str):
     """A demo config name (int8-wo, int4-wo-g128, ...) or a JSON file: one config dict, or ModuleConfigs."""
     import torchqkit
     if text in demo.DEMO_CONFIGS:
@@ -71,7 +71,7 @@ def add_quantize_parser(commands) -> None:
                     "2 the source, destination or config can't be used.")
     parser.add_argument("src", help="float checkpoint: .safetensors file, its .index.json, or a directory")
     parser.add_argument("dst", help="output .safetensors path (shards and an .index.json next to it if sharded)")
-    parser.add_argument("--config", type=_quantize_config, required=True, metavar="NAME|JSON",
+    parser.add_argument("--config", type=parse_config_arg, required=True, metavar="NAME|JSON",
                         help=f"config name ({', '.join(demo.DEMO_CONFIGS)}) or a JSON file (a config dict or "
                              f"ModuleConfigs)")
     parser.add_argument("--max-shard-bytes", type=_positive_int, default=None, metavar="N",
