@@ -56,7 +56,9 @@ def test_embedding_equals_dequantized_gather(layout, kwargs, shape, monkeypatch)
     expected = F.embedding(ids, w.dequantize())
     assert torch.equal(F.embedding(ids, w), expected)
     assert torch.equal(F.embedding(ids.int(), w), expected)
-    # One slice per needed tile (no merging, smallest chunks): every tile boundary of the layout is cut.
+    # One slice per needed tile (no merging, smallest chunks): every tile boundary of the layout is cut,
+    # row-major layouts included (their direct row gather switched off).
+    monkeypatch.setattr(type(w.qlayout), "gather_rows", lambda self, aqt, rows: None)
     monkeypatch.setattr(qembedding, "GAP_ELEMS", 0)
     monkeypatch.setattr(qembedding, "CHUNK_ELEMS", 1)
     assert torch.equal(F.embedding(ids, w), expected)
@@ -90,6 +92,23 @@ def test_embedding_decode_step_reads_one_tile(dequantize_calls):
     dequantize_calls.clear()
     out = F.embedding(torch.tensor([[1234]]), w)
     assert dequantize_calls == [(1, 64)] and torch.equal(out[0, 0], w.dequantize()[1234])
+
+
+@pytest.mark.parametrize("layout", [qk.PlainLayout(), qk.PackedIntxLayout(), qk.NF4Layout(block_size=32),
+                                    qk.NF4Layout(block_size=32, double_quant=True), qk.TensorCoreTiledLayout()])
+def test_row_major_layouts_dequantize_exactly_the_unique_rows(layout, dequantize_calls):
+    qdtype, mapping, zpd = {"plain": (Q.int8, "symmetric", None), "packed_intx": (Q.int4, "symmetric", None),
+                            "nf4": (Q.nf4, "symmetric", None),
+                            "tensor_core_tiled": (Q.uint4, "asymmetric", qk.ZeroPointDomain.FLOAT)}[layout.name]
+    w = qk.quantize_weight(torch.randn(64, 96), qdtype, qk.PerGroup(32), layout, mapping=mapping,
+                           zero_point_domain=zpd)
+    ids = torch.tensor([[41, 3, 41], [9, 3, 60]])
+    ref = F.embedding(ids, w.dequantize())
+    dequantize_calls.clear()
+    assert torch.equal(F.embedding(ids, w), ref)
+    tiled = layout.name == "tensor_core_tiled" or getattr(layout, "double_quant", False)
+    # Row-major storage: one dequantize of the 4 unique rows; tiles or shared scales: whole row tiles.
+    assert (dequantize_calls[0][0] > 4) if tiled else dequantize_calls == [(4, 96)]
 
 
 @pytest.mark.parametrize("bad", [48, -1])

@@ -77,6 +77,9 @@ class Layout:
     # Names of the inner tensors this layout stores on the AffineQuantizedTensor; a layout may leave
     # an optional one (e.g. zero_point) as None.
     tensor_names: ClassVar[tuple[str, ...]] = ()
+    # True when, for block_size[0] == 1, every inner tensor holds one row per weight row along dim 0 (codes,
+    # scales, zero points), so any set of rows is an index_select of each: see ``gather_rows``.
+    row_major: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -97,6 +100,17 @@ class Layout:
         """The scale ``unpack`` returns for a tensor whose oracle scale was ``scale``. Default: ``scale`` itself
         (stored exactly); a layout that stores scales lossily (NF4 double quantization) returns what it keeps."""
         return scale
+
+    def gather_rows(self, aqt, rows: torch.Tensor) -> dict[str, torch.Tensor | None] | None:
+        """The inner tensors of a weight made of rows ``rows`` (1-d int64, in order) of ``aqt``, or None when the
+        layout can't pick rows independently (tiles of several rows, scales shared across rows). An embedding
+        lookup uses it to dequantize exactly the rows it reads."""
+        n = aqt.logical_shape[0]
+        tensors = aqt.inner_tensors()
+        if (not self.row_major or aqt.transposed or aqt.block_size[0] != 1
+                or any(t is not None and (t.dim() == 0 or t.shape[0] != n) for t in tensors.values())):
+            return None
+        return {name: None if t is None else t.index_select(0, rows) for name, t in tensors.items()}
 
     def packed_specs(self, qdtype, block_size, shape, zero_point_domain) -> dict[str, "PackedSpec"]:
         """Shape and allowed dtypes of every inner tensor ``pack`` stores (None ones left out) for a weight of

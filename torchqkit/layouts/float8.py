@@ -39,6 +39,7 @@ aten = torch.ops.aten
 @dataclass(frozen=True)
 class Float8Layout(Layout):
     tensor_names = ("qdata", "scale")
+    row_major = True
 
     def supports(self, qdtype, block_size, shape, zero_point_domain):
         if qdtype.kind is not QKind.FLOAT8:

@@ -49,6 +49,7 @@ _FLOAT32_2_POW_M127 = 0x00400000  # float32 bits of 2^-127, the one subnormal E8
 @dataclass(frozen=True)
 class MXLayout(Layout):
     tensor_names = ("qdata", "scale")
+    row_major = True
 
     def supports(self, qdtype, block_size, shape, zero_point_domain):
         if qdtype not in _ELEMENTS:

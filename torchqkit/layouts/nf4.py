@@ -64,6 +64,7 @@ class NF4Layout(Layout):
     block_size: int = 64
     double_quant: bool = False
     tensor_names = ("qdata", "scale", *_DQ_NAMES)
+    row_major = True
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or self.block_size < 2 or self.block_size % 2:
@@ -111,6 +112,10 @@ class NF4Layout(Layout):
         if not self.double_quant:
             return PlainParts(codes, aqt.scale, None)
         return PlainParts(codes, _double_dequantize(aqt.scale_codes, aqt.scale_block_scale, aqt.scale_offset), None)
+
+    def gather_rows(self, aqt, rows):
+        # Double quantization shares one second-level scale across 256 consecutive blocks of several rows.
+        return None if self.double_quant else super().gather_rows(aqt, rows)
 
     def stored_scale(self, scale: torch.Tensor) -> torch.Tensor:
         """The absmax unpack() returns for a tensor packed with ``scale``: see Note [NF4 double quantization]."""

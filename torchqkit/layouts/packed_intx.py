@@ -62,6 +62,7 @@ class PackedIntxLayout(Layout):
     {-1, 0, 1} as bit planes, see Note [Ternary bit planes]."""
     ternary: bool = False
     tensor_names = ("qdata", "scale", "zero_point")
+    row_major = True
 
     def __post_init__(self):
         if not isinstance(self.ternary, bool):

@@ -38,6 +38,7 @@ aten = torch.ops.aten
 @dataclass(frozen=True)
 class PlainLayout(Layout):
     tensor_names = ("qdata", "scale", "zero_point")
+    row_major = True
 
     def supports(self, qdtype, block_size, shape, zero_point_domain):
         if qdtype.kind is QKind.CODEBOOK:

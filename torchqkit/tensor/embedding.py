@@ -6,7 +6,9 @@ the Linear does. ``nn.Embedding.forward`` -> ``F.embedding`` -> ``aten.embedding
 
 Note [Quantized embedding]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~
-Layouts store rows in tiles (8-row n-tiles, row blocks of a 2-d block size, ...): ``Layout.slice_multiple``
+A row-major layout (``Layout.gather_rows``: one row of codes, scales and zero points per weight row) gives
+the unique rows directly, one index_select per inner tensor. Other layouts store rows in tiles (8-row
+n-tiles, row blocks of a 2-d block size, NF4's shared second-level scales): ``Layout.slice_multiple``
 along the row dim, widened to whole blocks as ``block_slice`` does, is the smallest row range a slice can
 cut. Eager:
   1. unique ids, sorted (``inverse`` maps every position back to its unique row);
@@ -86,6 +88,10 @@ def _gather_rows(weight: AffineQuantizedTensor, indices: torch.Tensor) -> torch.
         raise IndexError(f"index out of range in self: id {bad} in an embedding of {n} rows (quantized weight "
                          f"{tuple(weight.shape)})")
     rows, inverse = torch.unique(flat, sorted=True, return_inverse=True)
+    picked = weight.qlayout.gather_rows(weight, rows)
+    if picked is not None:  # row-major storage: exactly the rows needed, one index_select per inner tensor
+        table = weight.with_changes(picked, logical_shape=(rows.numel(), k)).dequantize()
+        return table[inverse].reshape(*indices.shape, k)
     m = row_tile(weight)
     rows_per_chunk = max(m, CHUNK_ELEMS // k // m * m)
     bounds = [(a, min(b, n)) for a, b in _segments(rows, m, k) for a, b in _chunks(a, b, rows_per_chunk)]
