@@ -509,6 +509,52 @@ void prefill(const Int4Args& p, const at::Tensor& x2, at::Tensor& out) {
   });
 }
 
+// Note [int4 prefill below AVX-512]: without AVX-512 there is no fp32 panel micro-kernel here, and the decode
+// kernel (one pass per 1-2 tokens) re-decodes every weight byte M / 2 times: 18x slower than fp32 F.linear at
+// M = 256 on AVX2. From kSgemmMinM tokens on, blocks of kSgemmRows weight rows are dequantized once, in natural
+// k order, and multiplied by ATen's fp32 GEMM (oneDNN / MKL, which run at the CPU's own best ISA).
+constexpr int64_t kSgemmMinM = 16;  // AVX2, 4096^2: M = 8 breaks even with the decode kernel, M = 32 is 3x faster
+constexpr int64_t kSgemmRows = 512;  // 8 MB of fp32 rows at K = 4096
+
+// n-tiles [i0, i1) -> dst[8 (i - i0) + r][k], k in natural order (Note [Tensor-core tiled int4]), row stride ldd.
+void dequant_natural(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int64_t ldd) {
+  const int64_t T = p.T, chunk = 16 * T, ng = std::max<int64_t>(1, chunk / p.g);
+  for (int64_t i = i0; i < i1; ++i) {
+    for (int64_t j = 0; j < p.NC; ++j) {
+      const int64_t g0 = chunk * j / p.g;
+      float s[8][4], z[8][4];  // the chunk's (at most 4) groups, for the tile's 8 rows
+      for (int r = 0; r < 8; ++r)
+        for (int64_t t = 0; t < ng; ++t) {
+          s[r][t] = sz_at(p, g0 + t, 8 * i + r, 0);
+          z[r][t] = sz_at(p, g0 + t, 8 * i + r, 1);
+        }
+      const int32_t* blk = p.q + i * p.ldq + j * chunk;
+      for (int64_t b = 0; b < chunk; ++b) {
+        const int64_t r = b / (2 * T);
+        const uint32_t word = (uint32_t)blk[b];
+        float* row = dst + (8 * (i - i0) + r) * ldd;
+        for (int q = 0; q < 8; ++q) {
+          const int64_t k = k_of(T, j, b, q), t = k / p.g - g0;
+          row[k] = (float)((int)((word >> (4 * q)) & 0xF) - 8) * s[r][t] + z[r][t];
+        }
+      }
+    }
+  }
+}
+
+void prefill_by_sgemm(const Int4Args& p, const at::Tensor& x2, at::Tensor& out) {
+  const int64_t Kt = p.NC * 16 * p.T;
+  at::Tensor w = at::empty({std::min(kSgemmRows, 8 * p.NT), Kt}, x2.options());
+  for (int64_t n0 = 0; n0 < p.N; n0 += kSgemmRows) {
+    const int64_t i0 = n0 / 8, i1 = std::min(p.NT, (n0 + kSgemmRows) / 8), nb = std::min(kSgemmRows, p.N - n0);
+    at::parallel_for(i0, i1, 4, [&](int64_t a, int64_t b) {
+      dequant_natural(p, a, b, w.data_ptr<float>() + 8 * (a - i0) * Kt, Kt);
+    });
+    out.narrow(1, n0, nb).copy_(at::mm(x2, w.narrow(0, 0, nb).narrow(1, 0, p.K).t()));
+  }
+  if (p.bias) out.add_(at::from_blob(const_cast<float*>(p.bias), {p.N}, x2.options()));
+}
+
 at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale_and_zero,
                                int64_t group_size, int64_t out_features, const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "torchqkit::linear_int4wo_tiled";
@@ -550,6 +596,10 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   const Isa isa = selected_isa_for_ops();
   if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM) {
     prefill(p, x2, out);
+    return out.to(dt).reshape(shape);
+  }
+  if (isa != Isa::kAvx512Vnni && M >= kSgemmMinM) {
+    prefill_by_sgemm(p, x2, out);
     return out.to(dt).reshape(shape);
   }
   at::Tensor xp = at::empty({M, NC, 8, 16}, x2.options());

@@ -45,8 +45,9 @@ def _args(w, x, bias=None):
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
-# (M, N, K, group, inner_k_tiles). M = 1, 3, 17 (dot kernel; 17 = 4 blocks of 4 + 1), 40 (AVX-512 prefill
-# path from M = 32, 40 % 6 != 0 and 40 % 32 != 0); K = 32 with T = 2 is the smallest legal K (one chunk of
+# (M, N, K, group, inner_k_tiles). M = 1, 3, 17 (dot kernel on AVX-512, 17 = 4 blocks of 4 + 1; below AVX-512
+# the dequantize + sgemm path from M = 16, Note [int4 prefill below AVX-512]), 40 (AVX-512 prefill path from
+# M = 32, 40 % 6 != 0 and 40 % 32 != 0); K = 32 with T = 2 is the smallest legal K (one chunk of
 # 32 = one group); K = 320, 96, 192 are padded (Kt = 384, 128, 256); N = 1, 37 (padded n-tile), 65; groups
 # per chunk 1, 2 and 4 (g = 32 with T = 8) and chunks per group > 1 (g = 256 with T = 2).
 CASES = [

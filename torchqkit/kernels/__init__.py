@@ -69,8 +69,10 @@ _CPU_OPS = schemas.OPS + schemas.LOWBIT_CPU_OPS  # ops with a C++ CPU kernel (st
 _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_int4.cpp
     "avx512_vnni": "M < 32: tiled words streamed once per 4 tokens, nibbles -> fp32 by vpermps (dot kernel); "
                    "M >= 32: n-tiles dequantized to fp32 + the 6x32 FMA panel micro-kernel",
-    "avx2": "dot kernel (8 words per ymm, 2 tokens per pass) for every M",
-    "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
+    "avx2": "M < 16: dot kernel (8 words per ymm, 2 tokens per pass); M >= 16: blocks of 512 rows dequantized "
+            "to fp32, then ATen's fp32 GEMM",
+    "scalar": "plain loops (M >= 16: dequantized blocks + ATen's fp32 GEMM): the CPU has no AVX2+FMA, or "
+              "TORCHQKIT_CPU_ISA forced it",
 }
 _CPU_OPS += ("torchqkit::linear_int4wo_tiled",)
 _CPU_KERNEL_NOTES[schemas.INT8DA_INT4_OP] = {  # see Note [int8 x int4 VNNI] in csrc/cpu/linear_int4.cpp
