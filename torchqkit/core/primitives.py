@@ -74,8 +74,9 @@ def _check_block_size(x: torch.Tensor, block_size, name: str) -> tuple[int, ...]
 # ~~~~~~~~~~~~~~~~~~~~~
 # Real models have widths no group size divides (SmolLM2: K = 576, 1536 with groups of 128 or 256). The
 # oracle pads such a tensor up to whole blocks (``padded_shape``), computes block-wise, and crops back:
-# padded elements take part in no statistic (``Calibration.block_range`` gets a validity mask), their
-# codes are cut off by quantize_affine, and dequantize_affine never sees them. Layouts store whole blocks
+# padded elements take part in no statistic (choose_qparams_affine pads with a copy of the block's own last
+# element, which leaves absmax / min / max alone, and hands ``Calibration.block_range`` a validity mask for
+# the rms), their codes are cut off by quantize_affine, and dequantize_affine never sees them. Layouts store whole blocks
 # (their padding is storage, not meaning) and crop to the logical shape in ``unpack``.
 
 def num_blocks(shape, block_size) -> tuple[int, ...]:

@@ -12,7 +12,6 @@ import dataclasses
 from typing import ClassVar, NamedTuple
 
 import torch
-
 import torch.nn.functional as F
 
 from ..core.primitives import ZeroPointDomain, num_blocks
