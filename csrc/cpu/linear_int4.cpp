@@ -45,6 +45,7 @@ struct Int4Args {
   int64_t K, N;      // in_features (<= Kt = NC * 16 T), out_features (<= 8 NT)
   const float* xp;   // (M, NC, 8, 16) permuted activation, see Note above; zero where k >= K
   const float* sx;   // (M, G) per-group sums of x
+  const float* s32;  // (G, N8) the scales as float32, row stride N8 (AVX2 decode; nullptr elsewhere)
   int64_t M;
   const float* bias;  // (N) or nullptr
   float* out;        // (M, N), row stride ldo
@@ -164,9 +165,18 @@ void dot_tile(const Int4Args& p, int64_t i, int64_t m0) {
   __m256 acc[MB][16];
   for (int m = 0; m < MB; ++m)
     for (int v = 0; v < nv; ++v) acc[m][v] = _mm256_setzero_ps();
+  const int64_t half = T / 2, n8 = 8 * p.NT;
+  uint8_t word_w[128], word_r[128];  // b % (T/2), b / 2T: no division by a run-time T in the block loop
+  for (int64_t b = 0; b < bw; ++b) {
+    word_w[b] = (uint8_t)(b % half);
+    word_r[b] = (uint8_t)(b / (2 * T));
+  }
   for (int64_t j = 0; j < p.NC; ++j) {
-    for (int64_t b = 0; b < bw; ++b)
-      srow[b] = sz_at(p, (16 * T * j + 32 * (b % (T / 2))) / p.g, 8 * i + b / (2 * T), 0);
+    // Word b's scale: row b / 2T, group of k = 16 T j + 32 (b % (T/2)), read from the float32 copy (the
+    // per-word conversions from bf16 / f16 had cost as much as the nibble arithmetic).
+    const float* gs[4];
+    for (int64_t w = 0; w < half; ++w) gs[w] = p.s32 + (16 * T * j + 32 * w) / p.g * n8 + 8 * i;
+    for (int64_t b = 0; b < bw; ++b) srow[b] = gs[word_w[b]][word_r[b]];
     const int32_t* blk = p.q + i * p.ldq + j * bw;
     for (int v = 0; v < nv; ++v) {
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 8 * v));
@@ -591,7 +601,7 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   shape.back() = N;
   if (M == 0) return out.to(dt).reshape(shape);
   Int4Args p{q.data_ptr<int32_t>(), NT, NC, T, q.stride(0), sz.data_ptr(), sz_type(sz.scalar_type(), op),
-             sz.stride(0), g, G, K, N, nullptr, nullptr, M, b.defined() ? b.data_ptr<float>() : nullptr,
+             sz.stride(0), g, G, K, N, nullptr, nullptr, nullptr, M, b.defined() ? b.data_ptr<float>() : nullptr,
              out.data_ptr<float>(), N};
   const Isa isa = selected_isa_for_ops();
   if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM) {
@@ -607,6 +617,11 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, xp.data_ptr<float>(), sx.data_ptr<float>());
   p.xp = xp.data_ptr<float>();
   p.sx = sx.data_ptr<float>();
+  at::Tensor s32;
+  if (isa == Isa::kAvx2) {
+    s32 = sz.select(2, 0).to(at::kFloat).contiguous();  // (G, N8): G * N8 values, once per call
+    p.s32 = s32.data_ptr<float>();
+  }
   at::parallel_for(0, NT, 4, [&](int64_t i0, int64_t i1) {
     switch (isa) {
       case Isa::kAvx512Vnni: return avx512::dot_tiles(p, i0, i1);
