@@ -529,6 +529,15 @@ constexpr int64_t kSgemmRows = 512;  // 8 MB of fp32 rows at K = 4096
 // n-tiles [i0, i1) -> dst[8 (i - i0) + r][k], k in natural order (Note [Tensor-core tiled int4]), row stride ldd.
 void dequant_natural(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int64_t ldd) {
   const int64_t T = p.T, chunk = 16 * T, ng = std::max<int64_t>(1, chunk / p.g);
+  // Per (word, nibble) of a block: its k within the chunk and its group among the chunk's; computed once,
+  // since k_of and / g with a run-time T and g cost more than the dequantization itself.
+  int16_t koff[128][8];
+  uint8_t grp[128][8];
+  for (int64_t b = 0; b < chunk; ++b)
+    for (int q = 0; q < 8; ++q) {
+      koff[b][q] = (int16_t)k_of(T, 0, b, q);
+      grp[b][q] = (uint8_t)(ng == 1 ? 0 : koff[b][q] / p.g);
+    }
   for (int64_t i = i0; i < i1; ++i) {
     for (int64_t j = 0; j < p.NC; ++j) {
       const int64_t g0 = chunk * j / p.g;
@@ -539,13 +548,14 @@ void dequant_natural(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int6
           z[r][t] = sz_at(p, g0 + t, 8 * i + r, 1);
         }
       const int32_t* blk = p.q + i * p.ldq + j * chunk;
-      for (int64_t b = 0; b < chunk; ++b) {
-        const int64_t r = b / (2 * T);
-        const uint32_t word = (uint32_t)blk[b];
-        float* row = dst + (8 * (i - i0) + r) * ldd;
-        for (int q = 0; q < 8; ++q) {
-          const int64_t k = k_of(T, j, b, q), t = k / p.g - g0;
-          row[k] = (float)((int)((word >> (4 * q)) & 0xF) - 8) * s[r][t] + z[r][t];
+      for (int64_t r = 0; r < 8; ++r) {
+        float* row = dst + (8 * (i - i0) + r) * ldd + chunk * j;
+        for (int64_t b = 2 * T * r; b < 2 * T * (r + 1); ++b) {  // row r's words of the block
+          const uint32_t word = (uint32_t)blk[b];
+          for (int q = 0; q < 8; ++q) {
+            const int t = grp[b][q];
+            row[koff[b][q]] = (float)((int)((word >> (4 * q)) & 0xF) - 8) * s[r][t] + z[r][t];
+          }
         }
       }
     }
