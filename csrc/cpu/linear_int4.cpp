@@ -165,18 +165,15 @@ void dot_tile(const Int4Args& p, int64_t i, int64_t m0) {
   __m256 acc[MB][16];
   for (int m = 0; m < MB; ++m)
     for (int v = 0; v < nv; ++v) acc[m][v] = _mm256_setzero_ps();
-  const int64_t half = T / 2, n8 = 8 * p.NT;
-  uint8_t word_w[128], word_r[128];  // b % (T/2), b / 2T: no division by a run-time T in the block loop
-  for (int64_t b = 0; b < bw; ++b) {
-    word_w[b] = (uint8_t)(b % half);
-    word_r[b] = (uint8_t)(b / (2 * T));
-  }
+  // T is 2, 4 or 8: b % (T/2) and b / 2T as a mask and a shift (a division by the run-time T in the block
+  // loop had cost more than the nibble arithmetic).
+  const int64_t half = T / 2, n8 = 8 * p.NT, wmask = half - 1, rshift = __builtin_ctzll(2 * T);
   for (int64_t j = 0; j < p.NC; ++j) {
     // Word b's scale: row b / 2T, group of k = 16 T j + 32 (b % (T/2)), read from the float32 copy (the
     // per-word conversions from bf16 / f16 had cost as much as the nibble arithmetic).
     const float* gs[4];
     for (int64_t w = 0; w < half; ++w) gs[w] = p.s32 + (16 * T * j + 32 * w) / p.g * n8 + 8 * i;
-    for (int64_t b = 0; b < bw; ++b) srow[b] = gs[word_w[b]][word_r[b]];
+    for (int64_t b = 0; b < bw; ++b) srow[b] = gs[b & wmask][b >> rshift];
     const int32_t* blk = p.q + i * p.ldq + j * bw;
     for (int v = 0; v < nv; ++v) {
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 8 * v));

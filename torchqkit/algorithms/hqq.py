@@ -17,9 +17,9 @@ solved in turn for each block (all blocks at once, independently of each other):
 The oracle stores the zero point in the float domain, x ~ (q - mid) s + z_f with z_f = (mid - z) s, and we
 iterate on z_f: it stays well-scaled when s is tiny, and (b) becomes z_f += mean(e - W_e) with e = W - W_r,
 where e - W_e = clamp(e, -t, t) for the threshold t = |e|^(p-1) / beta.
-Start and stop as the reference implementation (the hqq package's proximal optimiser) does, which was
-measured to matter more than anything else here (SmolLM2-135M, group 64, perplexity over 2048 tokens: 61.7
-this way; 64.8 starting from the unrounded min-max zero; round-to-nearest 62.4): the zero starts at
+Start and stop as the reference implementation (the hqq package's proximal optimiser) does; the rounded
+start mattered most in a one-off comparison on SmolLM2-135M at group 64 (an unrounded min-max start ended
+worse than round-to-nearest; benchmarks/bench_llm.py has the figures of this version): the zero starts at
 round-to-nearest's min-max value rounded to a whole code, beta stays fixed (kappa = 1), and the whole tensor
 stops at the first iteration whose mean |error| does not improve, keeping the zeros of the best one.
 For ZeroPointDomain.INT the optimised zero is rounded to an integer code and clamped to [qmin, qmax]

@@ -90,11 +90,11 @@ def _linear(w, x, bias):
     if scaled_mm_applies(w):
         return scaled_mm_linear(w, x, bias)
     if w.act_quant is None and w.kernel_preference is KernelPreference.AUTO and x.dtype in KERNEL_ACT_DTYPES:
-        n = w.logical_shape[0]
-        padded_bias = None if bias is None or w.qdata.shape[0] == n else pad_features(bias, w.qdata.shape[0])
-        y = torch.ops.torchqkit.linear_fp8wo(pad_features(x, w.qdata.shape[1]), w.qdata, w.scale,
-                                             bias if padded_bias is None else padded_bias)
-        return crop_features(y, n)
+        # Rows padded to whole blocks (e.g. 128 x 128) run with a zero-padded bias and are cropped off.
+        rows, cols = w.qdata.shape
+        bias = None if bias is None else pad_features(bias, rows)
+        y = torch.ops.torchqkit.linear_fp8wo(pad_features(x, cols), w.qdata, w.scale, bias)
+        return crop_features(y, w.logical_shape[0])
     return reference_linear(w, x, bias)
 
 
