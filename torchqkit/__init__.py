@@ -18,6 +18,7 @@ from .core import (MappingType, PerAxis, PerBlock, PerGroup, PerRow, PerTensor, 
 from .layouts import Float8Layout, Layout, MXLayout, NF4Layout, PlainLayout
 from .layouts import PackedIntxLayout, TensorCoreTiledLayout
 from .hf import from_pretrained, save_pretrained
+from .integrations import hf_registration
 from .integrations.gguf import GGUFError, from_gguf
 from .serialization import (CheckpointError, load_quantized, quantize_checkpoint, register_safe_globals,
                             save_quantized)
@@ -26,6 +27,15 @@ from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference
 __version__ = "0.1.0"
 
 register_safe_globals()
+hf_registration.install()  # transformers learns quant_method "torchqkit" (free until transformers is used)
+
+
+def __getattr__(name):
+    # TorchqkitConfig subclasses a transformers class: imported on first use, so torchqkit alone stays light.
+    if name == "TorchqkitConfig":
+        from .integrations.transformers_quantizer import TorchqkitConfig
+        return TorchqkitConfig
+    raise AttributeError(f"module 'torchqkit' has no attribute {name!r}")
 
 # Public classes report their public path, so pickles and reprs don't depend on internal file names.
 for _cls in (AffineQuantizedTensor, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,

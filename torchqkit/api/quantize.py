@@ -30,7 +30,8 @@ from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
 from .report import LayerReport, QuantizationReport
 
-__all__ = ["quantize_", "QuantizationError", "patch_extra_repr"]
+__all__ = ["quantize_", "QuantizationError", "patch_extra_repr", "as_module_configs", "quantize_layer",
+           "complete_quantization_"]
 
 
 class QuantizationError(ValueError):
@@ -63,13 +64,26 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
     strict: raise QuantizationError instead of reporting layers that can't be quantized.
     A weight shared by several modules is quantized once and stays shared: see Note [Shared weights].
     """
-    configs = _as_module_configs(config)
+    return _quantize_model(model, config, filter_fn, device, strict, {})
+
+
+def complete_quantization_(model: nn.Module, config, quantized: dict[str, LayerReport], *,
+                           strict: bool = False) -> QuantizationReport:
+    """Finish what a loader began: ``quantized`` maps module names to the entries of layers it already planned
+    with ``quantize_layer`` (their new weights swapped in). Every other layer is planned and swapped as quantize_
+    would, and the report is the one quantize_ gives for the float model. Shared weights (a tied lm_head) are
+    decided here, once every holder is loaded."""
+    return _quantize_model(model, config, None, None, strict, quantized)
+
+
+def _quantize_model(model, config, filter_fn, device, strict, done) -> QuantizationReport:
+    configs = as_module_configs(config)
     for c in configs.configs.values():
         if c is not None:
             handler_for(c)  # unknown config types fail before anything happens
     modules = dict(model.named_modules())
     holders = _shared_parameters(modules)
-    report, swaps = _plan_model(modules, holders, configs, filter_fn or _default_filter, device)
+    report, swaps = _plan_model(modules, holders, configs, filter_fn or _default_filter, device, done)
     problems = report.skipped
     if problems and strict:
         raise QuantizationError("quantize_(strict=True): the model was left unchanged because "
@@ -80,13 +94,14 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
         warnings.warn(f"torchqkit.quantize_: {len(problems)} selected layer(s) left unquantized: "
                       + "; ".join(f"{e.fqn} ({e.reason})" for e in problems[:5])
                       + (" ..." if len(problems) > 5 else "") + ". See the returned report; strict=True raises.",
-                      stacklevel=2)
+                      stacklevel=3)
     return report
 
 
 def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]], configs: ModuleConfigs,
-                selected: Callable, device):
-    """Phase 1: the report, and (holders, quantized weight) pairs to swap. Touches nothing."""
+                selected: Callable, device, done: dict[str, LayerReport]):
+    """Phase 1: the report, and (holders, quantized weight) pairs to swap. Touches nothing. ``done``: entries of
+    layers a loader already quantized (complete_quantization_); they are reported as planned then."""
     exact = set(configs.exact_keys())
     entries: dict[str, LayerReport] = {}
     owned: dict[int, _Owned] = {}  # id(Parameter) -> its owner's plan, see Note [Shared weights]
@@ -94,6 +109,11 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
         if not (fqn in exact or selected(module, fqn)):
             continue
         weight = getattr(module, "weight", None)
+        if fqn in done:
+            entries[fqn] = done[fqn]
+            if isinstance(module, nn.Linear):
+                owned[id(weight)] = _Owned(done[fqn], configs.lookup(fqn)[1], None)  # already swapped
+            continue
         if id(weight) in owned:
             entries[fqn] = _shared_entry(fqn, owned[id(weight)], configs.lookup(fqn)[1])
             continue
@@ -118,7 +138,8 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
     return QuantizationReport(report), swaps
 
 
-def _as_module_configs(config) -> ModuleConfigs:
+def as_module_configs(config) -> ModuleConfigs:
+    """A QuantConfig as ModuleConfigs({"_default": config}); a ModuleConfigs as it is; anything else: TypeError."""
     if isinstance(config, ModuleConfigs):
         return config
     if isinstance(config, QuantConfig):
@@ -145,7 +166,7 @@ def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: Mod
     weight = getattr(module, "weight", None)
     if (not others or config is None or not isinstance(module, nn.Linear) or weight.is_meta
             or isinstance(weight, AffineQuantizedTensor)):  # nothing to decide: the usual reasons apply
-        return _plan_layer(fqn, module, configs, device)
+        return quantize_layer(fqn, module, configs, device)
     tied = ", ".join(f"{h.fqn}.{h.attr} ({type(h.module).__name__})" for h in others)
     nbytes = _nbytes(weight)
     if key != fqn:
@@ -157,7 +178,7 @@ def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: Mod
         return LayerReport(fqn, "skipped", config.describe(), f"weight tied to {h.fqn}.{h.attr}, a "
                            f"{type(h.module).__name__}, which can't read a quantized weight (torchqkit serves "
                            f"nn.Linear and nn.Embedding without max_norm); untie them first", nbytes, nbytes), None
-    return _plan_layer(fqn, module, configs, device)
+    return quantize_layer(fqn, module, configs, device)
 
 
 def _reads_quantized(h: _Holder) -> bool:
@@ -179,8 +200,11 @@ def _nbytes(weight) -> int:
     return weight.numel() * weight.element_size() if isinstance(weight, torch.Tensor) else 0
 
 
-def _plan_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device):
-    weight = getattr(module, "weight", None)
+def quantize_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device=None, weight=None):
+    """Plan one module: (its report entry, its quantized weight or None). Touches nothing. ``weight``: the float
+    weight to use instead of ``module.weight`` (a loader's tensor while the module is still on the meta device).
+    Shared weights are not considered here: quantize_ decides them (Note [Shared weights])."""
+    weight = getattr(module, "weight", None) if weight is None else weight
     nbytes = _nbytes(weight)
     key, config = configs.lookup(fqn)
     if key is None:
