@@ -106,6 +106,13 @@ class TorchqkitHfQuantizer(HfQuantizer):
             self.checkpoint = _open_checkpoint_of(checkpoint_files)
             self.checkpoint.close()  # headers are all we need: transformers reads the tensors
             _check_against_model(self.checkpoint, model)
+            if self.quantization_config.format_version > FORMAT_VERSION:
+                raise CheckpointError(f"{self.checkpoint.path.parent / 'config.json'}: quantization_config has "
+                                      f"format_version {self.quantization_config.format_version}; this torchqkit "
+                                      f"reads formats up to {FORMAT_VERSION}: upgrade torchqkit")
+            # config.json's copy has its keys sorted by transformers; "re:" patterns are tried in order, so the
+            # header's copy (in the order the user wrote) is the one to keep and to save again.
+            self.quantization_config.config = self.checkpoint.config
         else:
             self.configs = as_module_configs(self.quantization_config.config)
             for c in self.configs.configs.values():
