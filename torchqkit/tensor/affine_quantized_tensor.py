@@ -19,6 +19,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 
 from ..core.primitives import ZeroPointDomain, dequantize_affine
 from ..core.qdtype import QDType
@@ -184,7 +185,8 @@ class AffineQuantizedTensor(torch.Tensor):
         if func is torch.ops.aten.copy_.default and not isinstance(args[0], AffineQuantizedTensor):
             raise RuntimeError(_COPY_INTO_FLOAT.format(dst=f"{args[0].dtype} tensor of shape {tuple(args[0].shape)}",
                                                        src=args[1]))
-        self = next(a for a in (*args, *kwargs.values()) if isinstance(a, AffineQuantizedTensor))
+        # Leaves, not just top-level arguments: collectives (c10d::scatter_, ...) take lists of tensors.
+        self = next(a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, AffineQuantizedTensor))
         fn = self.qlayout.ops.get(func) or GENERIC_OPS.get(func)
         if fn is None:
             raise UnsupportedOpError(func, self.qlayout, {**GENERIC_OPS.fns, **self.qlayout.ops.fns})
