@@ -19,6 +19,8 @@ original's, so:
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
@@ -62,11 +64,28 @@ def _check_cuts(w: AffineQuantizedTensor, dim: int, sizes: list[int]) -> None:
 
 def _pieces(w: AffineQuantizedTensor, dim: int, sizes: list[int]) -> list[AffineQuantizedTensor]:
     _check_cuts(w, dim, sizes)
+    if len(sizes) > 1:
+        _warn_dynamic_activation_split(w, dim)
     out, start = [], 0
     for n in sizes:
         out.append(aten.slice.Tensor(w, dim, start, start + n))  # the layout's own slice: views of the storage
         start += n
     return out
+
+
+def _warn_dynamic_activation_split(w: AffineQuantizedTensor, dim: int) -> None:
+    """A K shard of a weight with dynamic activation quantization quantizes each token's slice of K against that
+    slice's own range (the scale is computed where the activation is, on each rank): the result differs from
+    one process by quantization noise. Said once, not hidden."""
+    spec = w.act_quant
+    sdim = (w.dim() - 1 - dim) if w.transposed else dim
+    if spec is not None and spec.static_scale is None and w.dim() == 2 and sdim == 1:
+        warnings.warn(
+            f"sharding a weight with dynamic activation quantization ({spec}) along in_features (K, e.g. "
+            f"RowwiseParallel): each rank computes the activation scales over its own part of K, so outputs differ "
+            f"from the single-process model by quantization noise (not bit-for-bit up to summation order as for "
+            f"weight-only layouts). Shard such layers along out_features (ColwiseParallel) to keep them equal.",
+            stacklevel=2)
 
 
 @GENERIC_OPS.implements(aten.split.Tensor)
@@ -122,6 +141,11 @@ def _check_dense(tensors, what: str) -> None:
                              f"w.clone(); weight: {w!r}")
 
 
+def _wire(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a collective can send it: float8 codes travel as their bytes (gloo has no float8 types)."""
+    return t.view(torch.uint8) if t.is_floating_point() and t.element_size() == 1 else t
+
+
 def _run_each(calls):
     """Issue one collective per inner tensor; all but the last are waited on here, the last Work goes back to
     the caller (which waits on it, or not, as it would for a plain tensor)."""
@@ -141,8 +165,8 @@ def _scatter(func, args, kwargs):
             _same_storage(out, piece, "scatter")
     _check_dense(outputs, "scatter")
     # A shard along K is a strided view of the codes and scales: send dense copies.
-    work = _run_each(lambda n=n: func([getattr(o, n) for o in outputs],
-                                      [[getattr(p, n).contiguous() for p in g] for g in inputs], *rest, **kwargs)
+    work = _run_each(lambda n=n: func([_wire(getattr(o, n)) for o in outputs],
+                                      [[_wire(getattr(p, n).contiguous()) for p in g] for g in inputs], *rest, **kwargs)
                      for n in _inner_names(outputs[0]))
     return outputs, work
 
@@ -151,7 +175,7 @@ def _scatter(func, args, kwargs):
 def _broadcast(func, args, kwargs):
     tensors, *rest = args
     _check_dense(tensors, "broadcast")
-    work = _run_each(lambda n=n: func([getattr(t, n) for t in tensors], *rest, **kwargs)
+    work = _run_each(lambda n=n: func([_wire(getattr(t, n)) for t in tensors], *rest, **kwargs)
                      for n in _inner_names(tensors[0]))
     return tensors, work
 
