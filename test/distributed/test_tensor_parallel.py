@@ -6,14 +6,19 @@ all of K in one kernel): max |diff| <= 1e-5 on logits of magnitude ~1."""
 import pytest
 
 from .launch import run_distributed
-from .tp_workers import TP_CONFIGS, illegal_cut, tensor_parallel_llama
+from .tp_workers import TP_CONFIGS, tensor_parallel_suite
 
 WEIGHT_ONLY = [n for n in TP_CONFIGS if n != "int8_dynamic"]
 
 
 @pytest.fixture(scope="module")
-def tp_results():
-    return run_distributed(tensor_parallel_llama, list(TP_CONFIGS), 0)
+def suite():
+    return run_distributed(tensor_parallel_suite)
+
+
+@pytest.fixture(scope="module")
+def tp_results(suite):
+    return [r["scatter"] for r in suite]
 
 
 @pytest.mark.parametrize("name", WEIGHT_ONLY)
@@ -37,16 +42,15 @@ def test_dynamic_activation_row_shards_warn_and_stay_within_quantization_noise(t
         assert 0 < r["max_diff"] < 0.1, r
 
 
-def test_local_split_without_scatter():
+def test_local_split_without_scatter(suite):
     """src_data_rank=None: every rank already holds the quantized model and cuts its own shard."""
-    results = run_distributed(tensor_parallel_llama, ["int4_tiled", "nf4_double_quant"], None)
-    for r in results:
+    for r in (s["local"] for s in suite):
         for name in ("int4_tiled", "nf4_double_quant"):
             assert r[name]["max_diff"] <= 1e-5, (name, r[name])
 
 
-def test_illegal_cut_raises_naming_layout_dim_and_multiples():
-    for r in run_distributed(illegal_cut):
+def test_illegal_cut_raises_naming_layout_dim_and_multiples(suite):
+    for r in (s["illegal"] for s in suite):
         assert r["error"] is not None
         assert "TensorCoreTiledLayout" in r["error"] and "dim 0" in r["error"] and "multiples of 8" in r["error"]
         assert r["unchanged"]

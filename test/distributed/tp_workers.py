@@ -67,3 +67,10 @@ def illegal_cut(rank: int, world: int) -> dict:
         return {"error": None}
     except qk.ShardingError as e:
         return {"error": str(e), "unchanged": model[0].weight is before}
+
+
+def tensor_parallel_suite(rank: int, world: int) -> dict:
+    """Everything test_tensor_parallel.py checks, in one pair of processes (starting them costs seconds)."""
+    return {"scatter": tensor_parallel_llama(rank, world, list(TP_CONFIGS), 0),
+            "local": tensor_parallel_llama(rank, world, ["int4_tiled", "nf4_double_quant"], None),
+            "illegal": illegal_cut(rank, world)}
