@@ -180,11 +180,38 @@ def _broadcast(func, args, kwargs):
     return tensors, work
 
 
+@GENERIC_OPS.implements(aten.new_zeros.default)
+def _new_zeros(func, args, kwargs):
+    """A zero-filled weight of ``size`` rows in the format a row shard of ``w`` has: FSDP2 allocates its padded
+    shard with it and copies the real shard in (``narrow`` + ``copy_``)."""
+    w, size = args[0], tuple(args[1])
+    if w.dim() != 2 or w.transposed or size[1:] != tuple(w.shape[1:]) or size[0] > w.shape[0]:
+        raise NotImplementedError(f"new_zeros{size} of a quantized weight {tuple(w.shape)}: only a block of its own "
+                                  f"rows (what FSDP2 allocates for a shard) is supported")
+    rows = aten.slice.Tensor(w, 0, 0, size[0])  # the layout's cut rules apply
+    return rows.map_tensors(lambda t: torch.zeros(t.shape, dtype=t.dtype, device=kwargs.get("device") or t.device))
+
+
 @GENERIC_OPS.implements(aten.view.default)
 def _view(func, args, kwargs):
-    """Only the identity view: DTensor wraps and unwraps local tensors with ``x.view_as(x)``."""
+    """The identity view (DTensor wraps and unwraps local tensors with ``x.view_as(x)``), and ``view(-1)``.
+
+    A quantized weight has no flat view of its elements (codes, scales and zero points are separate tensors).
+    FSDP2 keeps ``shard.view(-1)`` as a handle on the shard's storage but never reads it when the tensor has
+    ``fsdp_pre_all_gather`` (it all-gathers what that returns): ``view(-1)`` returns an alias of the whole
+    weight, same shape, so nothing can read it as flat elements by mistake."""
     w, shape = args[0], tuple(args[1])
-    if shape != tuple(w.shape):
+    if shape != tuple(w.shape) and shape != (-1,):
         raise NotImplementedError(f"view{shape} of a quantized weight {tuple(w.shape)}: only a view of the same shape "
                                   f"(an alias) is supported; call .dequantize() first to reshape the values")
+    return return_and_correct_aliasing(func, args, kwargs, w.map_tensors(aten.alias.default))
+
+
+@GENERIC_OPS.implements(aten.as_strided.default)
+def _as_strided(func, args, kwargs):
+    """Only the identity (same size, contiguous strides, offset 0): FSDP2 passes the rebuilt weight through it."""
+    w, size, stride, offset = fill_defaults(args, 4, [0])
+    if tuple(size) != tuple(w.shape) or tuple(stride) != tuple(w.stride()) or offset:
+        raise NotImplementedError(f"as_strided({tuple(size)}, {tuple(stride)}, {offset}) of a quantized weight "
+                                  f"{tuple(w.shape)}: only the identity is supported; call .dequantize() first")
     return return_and_correct_aliasing(func, args, kwargs, w.map_tensors(aten.alias.default))

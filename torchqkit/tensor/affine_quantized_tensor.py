@@ -25,6 +25,7 @@ from ..core.primitives import ZeroPointDomain, dequantize_affine
 from ..core.qdtype import QDType
 from .activation import ActivationQuantSpec, KernelPreference
 from .dispatch import GENERIC_OPS, UnsupportedOpError
+from .fsdp import post_all_gather, pre_all_gather
 
 __all__ = ["AffineQuantizedTensor"]
 
@@ -165,6 +166,13 @@ class AffineQuantizedTensor(torch.Tensor):
         if self.act_quant is not None and x.requires_grad and torch.is_grad_enabled():
             return _StraightThroughActivation.apply(x, self, bias, fn)
         return fn(self, x, bias)
+
+    # ------------------------------------------------------------------ FSDP2 (see Note [FSDP2 all-gather of packed storage])
+    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
+        return pre_all_gather(self, outer_size)
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        return post_all_gather(self, all_gather_outputs, metadata, param_dtype, out=out)
 
     # ------------------------------------------------------------------ torch hooks
     @classmethod
