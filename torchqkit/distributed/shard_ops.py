@@ -16,6 +16,9 @@ original's, so:
   floats), and every shard must store the same inner tensors with the same shapes (an NF4 double-quantized
   weight cut inside a group of 256 absmax values keeps its absmax in float32 instead: shards then differ,
   and the scatter names ``src_data_rank=None`` as the way out).
+FSDP2 (``fully_shard``) cuts along dim 0 with the same ``aten.split`` and keeps its padded shard with
+``new_zeros`` + ``narrow`` + ``copy_``, ``view(-1)`` and ``as_strided`` (identity uses only, below); what it
+all-gathers comes from ``fsdp_pre_all_gather`` (Note [FSDP2 all-gather of packed storage], tensor/fsdp.py).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 from ..layouts.slicing import cut_multiple
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from ..tensor.dispatch import GENERIC_OPS, fill_defaults
+from ..tensor.fsdp import collective_form
 
 aten = torch.ops.aten
 c10d = torch.ops.c10d
@@ -70,6 +74,10 @@ def _pieces(w: AffineQuantizedTensor, dim: int, sizes: list[int]) -> list[Affine
     for n in sizes:
         out.append(aten.slice.Tensor(w, dim, start, start + n))  # the layout's own slice: views of the storage
         start += n
+    for piece in out[1:]:
+        # Checked here, identically on every rank, rather than in a collective: a rank that raised there would
+        # leave the others waiting in it.
+        _same_storage(out[0], piece, f"splitting {tuple(w.shape)} along dim {dim} into {sizes}")
     return out
 
 
@@ -121,11 +129,12 @@ def _same_storage(a: AffineQuantizedTensor, b: AffineQuantizedTensor, what: str)
     sb = {n: None if t is None else (tuple(t.shape), t.dtype) for n, t in b.inner_tensors().items()}
     if type(a.qlayout) is not type(b.qlayout) or sa != sb:
         raise ShardingError(
-            f"{what}: the shards of a quantized weight store different inner tensors ({a.qlayout!r}: {sa} vs "
-            f"{b.qlayout!r}: {sb}); a collective sends each inner tensor once, so they must match. This happens "
-            f"when a cut keeps some shards' compressed scales and not others' (NF4 double quantization cut inside "
-            f"a group of 256 absmax values). Every rank holds the whole quantized model anyway: distribute with "
-            f"src_data_rank=None (parallelize_module(..., src_data_rank=None)) so each rank cuts its own shard.")
+            f"{what}: the shards of a quantized weight would store different inner tensors ({a.qlayout!r}: {sa} "
+            f"vs {b.qlayout!r}: {sb}); collectives (scatter, FSDP2's all-gather) send each inner tensor as it is, so "
+            f"they must match. This happens when a cut keeps some shards' compressed scales and not others' (NF4 "
+            f"double quantization cut inside a group of 256 absmax values: a shard of rows must hold a multiple of "
+            f"256 blocks). Quantize with NF4WeightOnlyConfig(double_quant=False), or pick a world size whose shards "
+            f"hold whole groups.")
 
 
 def _inner_names(w: AffineQuantizedTensor) -> list[str]:
@@ -139,11 +148,6 @@ def _check_dense(tensors, what: str) -> None:
             raise ValueError(f"{what} into a quantized tensor whose inner tensors {bad} are strided views (e.g. a "
                              f"slice along in_features): receive into a buffer made with torch.empty_like(w) or "
                              f"w.clone(); weight: {w!r}")
-
-
-def _wire(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as a collective can send it: float8 codes travel as their bytes (gloo has no float8 types)."""
-    return t.view(torch.uint8) if t.is_floating_point() and t.element_size() == 1 else t
 
 
 def _run_each(calls):
@@ -165,8 +169,9 @@ def _scatter(func, args, kwargs):
             _same_storage(out, piece, "scatter")
     _check_dense(outputs, "scatter")
     # A shard along K is a strided view of the codes and scales: send dense copies.
-    work = _run_each(lambda n=n: func([_wire(getattr(o, n)) for o in outputs],
-                                      [[_wire(getattr(p, n).contiguous()) for p in g] for g in inputs], *rest, **kwargs)
+    work = _run_each(lambda n=n: func([collective_form(getattr(o, n)) for o in outputs],
+                                      [[collective_form(getattr(p, n).contiguous()) for p in g] for g in inputs],
+                                      *rest, **kwargs)
                      for n in _inner_names(outputs[0]))
     return outputs, work
 
@@ -175,7 +180,7 @@ def _scatter(func, args, kwargs):
 def _broadcast(func, args, kwargs):
     tensors, *rest = args
     _check_dense(tensors, "broadcast")
-    work = _run_each(lambda n=n: func([_wire(getattr(t, n)) for t in tensors], *rest, **kwargs)
+    work = _run_each(lambda n=n: func([collective_form(getattr(t, n)) for t in tensors], *rest, **kwargs)
                      for n in _inner_names(tensors[0]))
     return tensors, work
 

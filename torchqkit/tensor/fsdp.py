@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["pre_all_gather", "post_all_gather"]
+__all__ = ["pre_all_gather", "post_all_gather", "collective_form"]
 
 
 def _row_dim(name: str, local: torch.Tensor, full_shape: tuple[int, ...], w) -> int | None:
@@ -36,7 +36,8 @@ def _row_dim(name: str, local: torch.Tensor, full_shape: tuple[int, ...], w) -> 
     return diff[0] if diff else None
 
 
-def _wire(t: torch.Tensor) -> torch.Tensor:
+def collective_form(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a collective can send it: float8 codes travel as their bytes (gloo has no float8 types)."""
     return t.view(torch.uint8) if t.is_floating_point() and t.element_size() == 1 else t
 
 
@@ -57,7 +58,7 @@ def pre_all_gather(w, outer_size) -> tuple[tuple[torch.Tensor, ...], tuple]:
         if d is None:
             shared[name] = t
             continue
-        gathered.append(_wire(t.movedim(d, 0).contiguous()))
+        gathered.append(collective_form(t.movedim(d, 0).contiguous()))
         plan.append((name, d, t.dtype))
     return tuple(gathered), (tuple(plan), shared, full_shape)
 
