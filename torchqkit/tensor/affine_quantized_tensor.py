@@ -169,7 +169,7 @@ class AffineQuantizedTensor(torch.Tensor):
 
     # ------------------------------------------------------------------ FSDP2 (see Note [FSDP2 all-gather of packed storage])
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
-        return pre_all_gather(self, outer_size)
+        return pre_all_gather(self, outer_size, None if mesh is None else mesh.size())
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
         return post_all_gather(self, all_gather_outputs, metadata, param_dtype, out=out)

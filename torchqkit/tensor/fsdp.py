@@ -41,8 +41,15 @@ def collective_form(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.is_floating_point() and t.element_size() == 1 else t
 
 
-def pre_all_gather(w, outer_size) -> tuple[tuple[torch.Tensor, ...], tuple]:
-    """(tensors to all-gather, metadata) for the local row shard ``w`` of a weight of ``outer_size``."""
+def pre_all_gather(w, outer_size, world: int | None = None) -> tuple[tuple[torch.Tensor, ...], tuple]:
+    """(tensors to all-gather, metadata) for the local row shard ``w`` of a weight of ``outer_size``, one of
+    ``world`` equal shards."""
+    if world is not None and w.shape[0] * world != outer_size[0]:
+        raise NotImplementedError(
+            f"FSDP2 over {world} ranks: {int(outer_size[0])} rows don't split evenly ({w.shape[0]} on this rank); a "
+            f"quantized weight's shards must all hold the same number of rows (its packed storage can't be padded "
+            f"like a float tensor). Use a world size that divides out_features, or keep this layer out of "
+            f"fully_shard. (weight shard: {w!r})")
     if w.transposed or w.dim() != 2 or w.block_size[0] != 1:
         raise NotImplementedError(
             f"FSDP2 shards weights by rows and rebuilds them from the ranks' pieces; {w!r} has block_size "
