@@ -40,9 +40,10 @@ def holds_quantized(t: torch.Tensor) -> bool:
 
 
 def _local_cut(path, name: str, target: DTensor) -> tuple[int, int, int] | None:
+    """(dim, start, length) of this rank's part of ``target`` (torch.chunk's split, as distribute_tensor cuts),
+    or None when it is replicated."""
     mesh, placements = target.device_mesh, target.placements
-    if mesh.ndim != 1 or not isinstance(placements[0], (Shard, Replicate)) or (
-            isinstance(placements[0], Shard) and type(placements[0]) is not Shard):
+    if mesh.ndim != 1 or type(placements[0]) not in (Shard, Replicate):  # exact types: _StridedShard is a Shard
         raise CheckpointError(f"{path}: tensor {name!r} is a DTensor with placements {placements} on a {mesh.ndim}-d "
                               f"mesh; load_quantized reads shards for one mesh dim with Shard(dim) or Replicate() "
                               f"(tensor parallelism). Load before applying other placements.")
@@ -50,7 +51,7 @@ def _local_cut(path, name: str, target: DTensor) -> tuple[int, int, int] | None:
         return None
     dim = placements[0].dim % target.dim()
     size, world, rank = target.shape[dim], mesh.size(0), mesh.get_coordinate()[0]
-    chunk = -(-size // world)  # torch.chunk's split, which distribute_tensor uses
+    chunk = -(-size // world)
     start = min(size, rank * chunk)
     return dim, start, max(0, min(chunk, size - start))
 
