@@ -90,7 +90,11 @@ def plan_shards(ckpt, expected: dict) -> dict[str, ShardPlan]:
             shard = whole = _meta_weight(ckpt, stored_name)
             if cut is not None:
                 dim, start, length = cut
-                shard = aten.slice.Tensor(whole, dim, start, start + length)  # the layout's rules: may raise
+                try:
+                    shard = aten.slice.Tensor(whole, dim, start, start + length)  # the layout's cut rules
+                except ValueError as e:
+                    raise CheckpointError(f"{ckpt.path}: quantized weight {name!r} can't be cut for this rank "
+                                          f"(dim {dim}, [{start}:{start + length}]): {e}") from None
         plans[name] = ShardPlan(target, cut, shard, whole)
     return plans
 
