@@ -117,7 +117,9 @@ if rank == 0:
 class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, r: int = 8):
         super().__init__()
-        self.base, self.lora_a, self.lora_b = base, nn.Linear(base.in_features, r, False), nn.Linear(r, base.out_features, False)
+        self.base = base
+        self.lora_a = nn.Linear(base.in_features, r, bias=False)
+        self.lora_b = nn.Linear(r, base.out_features, bias=False)
         nn.init.zeros_(self.lora_b.weight)
 
     def forward(self, x):

@@ -33,7 +33,8 @@ class LoRALinear(nn.Module):
 
 def qlora_llama(config_name: str):
     model = tiny_llama()
-    qk.quantize_(model, BASE_CONFIGS[config_name](), filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn != "lm_head")
+    qk.quantize_(model, BASE_CONFIGS[config_name](),
+                 filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn != "lm_head")
     for p in model.parameters():
         if not isinstance(p, qk.AffineQuantizedTensor):
             p.requires_grad_(False)

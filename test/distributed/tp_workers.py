@@ -35,7 +35,8 @@ def tensor_parallel_llama(rank: int, world: int, names, src_data_rank) -> dict:
         model = tiny_llama()
         with torch.no_grad():
             float_logits = model(ids).logits
-        qk.quantize_(model, TP_CONFIGS[name](), filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and fqn != "lm_head")
+        qk.quantize_(model, TP_CONFIGS[name](),
+                     filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and fqn != "lm_head")
         q_proj = model.model.layers[0].self_attn.q_proj.weight
         full_bytes = q_proj.packed_nbytes()
         with torch.no_grad():

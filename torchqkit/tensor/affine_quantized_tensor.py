@@ -19,7 +19,6 @@ import sys
 
 import torch
 import torch.nn.functional as F
-import torch.utils._pytree as pytree
 
 from ..core.primitives import ZeroPointDomain, dequantize_affine
 from ..core.qdtype import QDType
@@ -167,7 +166,7 @@ class AffineQuantizedTensor(torch.Tensor):
             return _StraightThroughActivation.apply(x, self, bias, fn)
         return fn(self, x, bias)
 
-    # ------------------------------------------------------------------ FSDP2 (see Note [FSDP2 all-gather of packed storage])
+    # ---------------------------------------------------- FSDP2 (Note [FSDP2 all-gather of packed storage] in fsdp.py)
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
         return pre_all_gather(self, outer_size, None if mesh is None else mesh.size())
 
@@ -193,8 +192,7 @@ class AffineQuantizedTensor(torch.Tensor):
         if func is torch.ops.aten.copy_.default and not isinstance(args[0], AffineQuantizedTensor):
             raise RuntimeError(_COPY_INTO_FLOAT.format(dst=f"{args[0].dtype} tensor of shape {tuple(args[0].shape)}",
                                                        src=args[1]))
-        # Leaves, not just top-level arguments: collectives (c10d::scatter_, ...) take lists of tensors.
-        self = next(a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, AffineQuantizedTensor))
+        self = _first_quantized((*args, *kwargs.values()))
         fn = self.qlayout.ops.get(func) or GENERIC_OPS.get(func)
         if fn is None:
             raise UnsupportedOpError(func, self.qlayout, {**GENERIC_OPS.fns, **self.qlayout.ops.fns})
@@ -216,6 +214,19 @@ class AffineQuantizedTensor(torch.Tensor):
 
 
 _LINEAR_FUNCS = (F.linear, torch.ops.aten.linear.default)
+
+
+def _first_quantized(args):
+    """The first AffineQuantizedTensor among ``args``, looking into lists: collectives (c10d::scatter_, ...) take
+    lists (of lists) of tensors."""
+    for a in args:
+        if isinstance(a, AffineQuantizedTensor):
+            return a
+        if isinstance(a, (list, tuple)):
+            found = _first_quantized(a)
+            if found is not None:
+                return found
+    return None
 
 
 def _check_linear_args(w: AffineQuantizedTensor, x, bias) -> None:
