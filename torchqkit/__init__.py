@@ -23,6 +23,7 @@ from .integrations.gguf import GGUFError, from_gguf
 from .serialization import (CheckpointError, load_quantized, quantize_checkpoint, register_safe_globals,
                             save_quantized)
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
+from .distributed import ShardingError, shard_multiple
 
 __version__ = "0.1.0"
 

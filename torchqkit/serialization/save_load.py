@@ -41,6 +41,7 @@ from torch import nn
 
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .atomic import INDEX_SUFFIX, CheckpointFiles
+from .dtensor_load import holds_quantized, plan_shards, read_shard
 from .entries import INNER_SEP, check_tensors, decode_entry, encode_entry, entry_error, quote
 from .qparams import check_qparams
 from .safetensors_file import CheckpointError, SafetensorsReader, SafetensorsWriter
@@ -254,18 +255,25 @@ def load_quantized(model: nn.Module, path) -> nn.Module:
     """Fill ``model`` (built on the meta device, or a float model) with a checkpoint written by
     save_quantized / quantize_checkpoint, and return it. Quantized weights become AffineQuantizedTensors
     built straight from the stored packed tensors. Everything is validated before the model is touched;
-    a problem raises CheckpointError naming the file, the tensor and what is wrong."""
+    a problem raises CheckpointError naming the file, the tensor and what is wrong.
+    A tensor-parallel model (DTensor parameters, e.g. ``parallelize_module`` on the meta device) gets on each
+    rank only its shard of every tensor, read from the file by itself (serialization/dtensor_load.py)."""
     target = getattr(model, "_orig_mod", model)
-    ckpt = _open_checkpoint(path)
+    ckpt = _open_checkpoint(path, check_values=False)
     try:
         expected = target.state_dict(keep_vars=True)
         _check_names(ckpt, expected)
         _check_model_shapes(ckpt, expected)
+        # Tensor-parallel (DTensor) entries: this rank reads, and checks, only its part of each.
+        shards = plan_shards(ckpt, expected)
+        check_qparams(ckpt, skip={ckpt.tied.get(n, n) for n in shards})
+        shard_values = {name: read_shard(ckpt, name, plan) for name, plan in shards.items()}
         loaded: dict[str, torch.Tensor] = {}
         for name in expected:
             if name in ckpt.tied:
                 continue
-            loaded[name] = _assign(target, name, _read_one(ckpt, name), expected[name])
+            value = shard_values.pop(name) if name in shards else _read_one(ckpt, name)
+            loaded[name] = _assign(target, name, value, expected[name])
         for alias, name in ckpt.tied.items():
             _set_tensor(target, alias, loaded[name] if name in loaded else _read_one(ckpt, name))
     finally:
@@ -274,7 +282,7 @@ def load_quantized(model: nn.Module, path) -> nn.Module:
     return model
 
 
-def _open_checkpoint(path) -> _Checkpoint:
+def _open_checkpoint(path, check_values: bool = True) -> _Checkpoint:
     path = resolve_checkpoint_path(path)
     if path.name.endswith(INDEX_SUFFIX):
         files, where, save_id = read_index(path)
@@ -288,7 +296,8 @@ def _open_checkpoint(path) -> _Checkpoint:
         if where is not None:
             first = next(iter(readers.values()))
             check_save_id(path, save_id, first.path.name, _torchqkit_header(first).get("save_id"))
-        check_qparams(ckpt)
+        if check_values:
+            check_qparams(ckpt)
         return ckpt
     except BaseException:
         for r in readers.values():
@@ -456,7 +465,7 @@ def _read_one(ckpt: _Checkpoint, name: str, given: dict[str, torch.Tensor] | Non
 
 def _assign(model: nn.Module, name: str, value: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
     if isinstance(current, nn.Parameter):
-        grad = current.requires_grad and value.is_floating_point() and not isinstance(value, AffineQuantizedTensor)
+        grad = current.requires_grad and value.is_floating_point() and not holds_quantized(value)
         value = nn.Parameter(value, requires_grad=grad)
     _set_tensor(model, name, value)
     return value
