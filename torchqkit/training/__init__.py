@@ -1,0 +1,7 @@
+"""Training with quantization: quantization-aware training (fake quantization, straight-through gradients)
+and float8 training of Linear layers."""
+from .fake_quantized_linear import FakeQuantizedLinear
+from .qat import convert_qat_, is_qat_prepared, prepare_qat_
+from .qat_config import QATConfig
+
+__all__ = ["QATConfig", "prepare_qat_", "convert_qat_", "is_qat_prepared", "FakeQuantizedLinear"]
