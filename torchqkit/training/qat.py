@@ -49,7 +49,8 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
                                 + "; ".join(f"{e.fqn}: {e.reason}" for e in report.skipped))
     plans = []
     for swap in swaps:
-        owner = swap.holders[0].fqn
+        # The planned Linear that owns the weight (holders run in module order: an embedding may come first).
+        owner = next(h.fqn for h in swap.holders if report[h.fqn].status == "quantized")
         for h in swap.holders:
             _check_holder(h.fqn, h.module, h.attr, owner)
         plans.append((swap.holders, configs.lookup(owner)[1]))
