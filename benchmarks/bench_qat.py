@@ -1,6 +1,6 @@
 """Quantization-aware training recovers quality: all-MiniLM-L6-v2, int4 weights (g32 / g64).
 
-    python benchmarks/bench_qat.py                       # int4 g32 and g64, 100 steps each
+    python benchmarks/bench_qat.py                       # int4 g32 and g64, 300 steps each
     python benchmarks/bench_qat.py --group-sizes 64 --steps 100
 
 Objective (sentence similarity, self-distillation): the float model's sentence embeddings are the target;
@@ -75,7 +75,7 @@ def train_qat(model, train, target, steps: int, batch: int, lr: float, seed: int
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--group-sizes", type=int, nargs="+", default=[32, 64])
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--grad", choices=["ste", "clipped_ste"], default="ste")
