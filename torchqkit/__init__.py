@@ -22,6 +22,8 @@ from .integrations import hf_registration
 from .integrations.gguf import GGUFError, from_gguf
 from .serialization import (CheckpointError, load_quantized, quantize_checkpoint, register_safe_globals,
                             save_quantized)
+from .training import (FakeQuantizedLinear, Float8TrainingLinear, QATConfig, convert_qat_, enable_float8_training_,
+                       float8_training_status, prepare_qat_)
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
 from .distributed import ShardingError, shard_multiple
 
@@ -41,6 +43,7 @@ def __getattr__(name):
 # Public classes report their public path, so pickles and reprs don't depend on internal file names.
 for _cls in (AffineQuantizedTensor, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
              PackedIntxLayout, TensorCoreTiledLayout,
-             QuantizationReport, Float8Layout, MXLayout, NF4Layout):
+             QuantizationReport, Float8Layout, MXLayout, NF4Layout, QATConfig, FakeQuantizedLinear,
+             Float8TrainingLinear):
     _cls.__module__ = "torchqkit"
 del _cls

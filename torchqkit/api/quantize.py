@@ -30,8 +30,8 @@ from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
 from .report import LayerReport, QuantizationReport
 
-__all__ = ["quantize_", "QuantizationError", "patch_extra_repr", "as_module_configs", "quantize_layer",
-           "complete_quantization_"]
+__all__ = ["quantize_", "plan_quantize", "as_module_configs", "quantize_layer", "complete_quantization_",
+           "QuantizationError", "patch_extra_repr"]
 
 
 class QuantizationError(ValueError):
@@ -77,25 +77,42 @@ def complete_quantization_(model: nn.Module, config, quantized: dict[str, LayerR
 
 
 def _quantize_model(model, config, filter_fn, device, strict, done) -> QuantizationReport:
-    configs = as_module_configs(config)
-    for c in configs.configs.values():
-        if c is not None:
-            handler_for(c)  # unknown config types fail before anything happens
-    modules = dict(model.named_modules())
-    holders = _shared_parameters(modules)
-    report, swaps = _plan_model(modules, holders, configs, filter_fn or _default_filter, device, done)
+    report, swaps = _plan(model, config, filter_fn, device, done)
     problems = report.skipped
     if problems and strict:
         raise QuantizationError("quantize_(strict=True): the model was left unchanged because "
                                 + "; ".join(f"{e.fqn}: {e.reason}" for e in problems))
-    for targets, weight in swaps:
-        _swap_weight(targets, weight, device)
+    for swap in swaps:
+        _swap_weight(swap.holders, swap.weight, device)
     if problems:
         warnings.warn(f"torchqkit.quantize_: {len(problems)} selected layer(s) left unquantized: "
                       + "; ".join(f"{e.fqn} ({e.reason})" for e in problems[:5])
                       + (" ..." if len(problems) > 5 else "") + ". See the returned report; strict=True raises.",
                       stacklevel=3)
     return report
+
+
+class Swap(NamedTuple):
+    holders: list[_Holder]           # every (module, attribute) that holds the weight
+    weight: AffineQuantizedTensor    # what they will hold
+
+
+def plan_quantize(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str], bool] | None = None,
+                  device=None) -> tuple[QuantizationReport, list[Swap]]:
+    """Phase 1 of ``quantize_`` on its own: the report ``quantize_`` would return and the weights it would swap
+    in, without touching ``model``. Training (``prepare_qat_``) uses it to fake-quantize exactly the layers a
+    later conversion quantizes."""
+    return _plan(model, config, filter_fn, device, {})
+
+
+def _plan(model, config, filter_fn, device, done):
+    configs = as_module_configs(config)
+    for c in configs.configs.values():
+        if c is not None:
+            handler_for(c)  # unknown config types fail before anything happens
+    modules = dict(model.named_modules())
+    holders = _shared_parameters(modules)
+    return _plan_model(modules, holders, configs, filter_fn or _default_filter, device, done)
 
 
 def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]], configs: ModuleConfigs,
@@ -125,7 +142,7 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
         if plan.weight is None:
             continue
         targets = holders.get(pid) or [_Holder(plan.entry.fqn, modules[plan.entry.fqn], "weight")]
-        swaps.append((targets, plan.weight))
+        swaps.append(Swap(targets, plan.weight))
         for h in targets:  # holders nobody selected read the new weight too: say so
             entries.setdefault(h.fqn, _shared_entry(h.fqn, plan, plan.config))
     order = {fqn: i for i, fqn in enumerate(modules)}
@@ -139,7 +156,7 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
 
 
 def as_module_configs(config) -> ModuleConfigs:
-    """A QuantConfig as ModuleConfigs({"_default": config}); a ModuleConfigs as it is; anything else: TypeError."""
+    """A QuantConfig as ModuleConfigs({"_default": config}); a ModuleConfigs as it is; anything else a TypeError."""
     if isinstance(config, ModuleConfigs):
         return config
     if isinstance(config, QuantConfig):

@@ -261,7 +261,7 @@ def _check_linear_args(w: AffineQuantizedTensor, x, bias) -> None:
 _REQUIRES_GRAD_SETTERS = (torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__)
 _FROZEN = ("quantized weights are frozen: no gradient reaches the packed codes, so requires_grad=True would train "
            "nothing. Train adapters on top (LoRA / QLoRA: gradients flow to the input), or quantization-aware "
-           "training on the float model. nn.Parameter(w, requires_grad=False) wraps one; to unfreeze the other "
+           "training on the float model (torchqkit.prepare_qat_, then convert_qat_). nn.Parameter(w, requires_grad=False) wraps one; to unfreeze the other "
            "parameters, skip these: `for p in model.parameters(): p.requires_grad_(not isinstance(p, "
            "torchqkit.AffineQuantizedTensor))`")
 
