@@ -4,6 +4,7 @@
     report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=128))
 """
 from . import kernels
+from .api.configs import (AWQConfig, GPTQConfig, Int8StaticActivationInt8WeightConfig, SmoothQuantConfig)
 from .api.configs import (Float8DynamicActivationFloat8WeightConfig, Float8StaticActivationFloat8WeightConfig,
                           Float8WeightOnlyConfig, Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
                           Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig,

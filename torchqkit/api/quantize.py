@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from .calibrate import calibrate_model
 from .configs.base import QuantConfig, handler_for
 from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
@@ -54,13 +55,16 @@ def _default_filter(module: nn.Module, fqn: str) -> bool:
 
 
 def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str], bool] | None = None,
-              device=None, strict: bool = False) -> QuantizationReport:
+              device=None, strict: bool = False, calibration_data=None) -> QuantizationReport:
     """Quantize the weights of ``model``'s Linear layers in place and report what happened to each.
 
     config: a QuantConfig (every selected Linear) or a ModuleConfigs (per-module configs).
     filter_fn(module, fqn): which modules to consider; default: every nn.Linear.
     device: quantize (and leave) the selected layers on this device.
     strict: raise QuantizationError instead of reporting layers that can't be quantized.
+    calibration_data: model inputs (an iterable of tensors, tuples or keyword dicts; or a CalibrationData) for
+    configs that need them (GPTQ, AWQ, SmoothQuant, static activation scales): see api/calibrate.py.
+    Ignored when no config needs it.
     A weight shared by several modules is quantized once and stays shared: see Note [Shared weights].
     """
     configs = _as_module_configs(config)
@@ -69,13 +73,16 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
             handler_for(c)  # unknown config types fail before anything happens
     modules = dict(model.named_modules())
     holders = _shared_parameters(modules)
-    report, swaps = _plan_model(modules, holders, configs, filter_fn or _default_filter, device)
+    selected = filter_fn or _default_filter
+    calibrated = calibrate_model(model, modules, configs, selected, calibration_data)  # changes nothing
+    report, swaps = _plan_model(modules, holders, configs, selected, device, calibrated)
     problems = report.skipped
     if problems and strict:
         raise QuantizationError("quantize_(strict=True): the model was left unchanged because "
                                 + "; ".join(f"{e.fqn}: {e.reason}" for e in problems))
     for targets, weight in swaps:
         _swap_weight(targets, weight, device)
+    calibrated.apply_float_updates()  # scales folded into norms (AWQ, SmoothQuant)
     if problems:
         warnings.warn(f"torchqkit.quantize_: {len(problems)} selected layer(s) left unquantized: "
                       + "; ".join(f"{e.fqn} ({e.reason})" for e in problems[:5])
@@ -85,7 +92,7 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
 
 
 def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]], configs: ModuleConfigs,
-                selected: Callable, device):
+                selected: Callable, device, calibrated):
     """Phase 1: the report, and (holders, quantized weight) pairs to swap. Touches nothing."""
     exact = set(configs.exact_keys())
     entries: dict[str, LayerReport] = {}
@@ -97,7 +104,7 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
         if id(weight) in owned:
             entries[fqn] = _shared_entry(fqn, owned[id(weight)], configs.lookup(fqn)[1])
             continue
-        entries[fqn], qweight = _plan_weight(fqn, module, holders.get(id(weight), []), configs, device)
+        entries[fqn], qweight = _plan_weight(fqn, module, holders.get(id(weight), []), configs, device, calibrated)
         if isinstance(module, nn.Linear):
             owned[id(weight)] = _Owned(entries[fqn], configs.lookup(fqn)[1], qweight)
     swaps = []
@@ -138,14 +145,14 @@ def _shared_parameters(modules: dict[str, nn.Module]) -> dict[int, list[_Holder]
     return {pid: hs for pid, hs in seen.items() if len(hs) > 1}
 
 
-def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: ModuleConfigs, device):
+def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: ModuleConfigs, device, calibrated):
     """Plan one module's weight; ``group``: every holder when the Parameter is shared (Note [Shared weights])."""
     others = [h for h in group if not isinstance(h.module, nn.Linear)]
     key, config = configs.lookup(fqn)
     weight = getattr(module, "weight", None)
     if (not others or config is None or not isinstance(module, nn.Linear) or weight.is_meta
             or isinstance(weight, AffineQuantizedTensor)):  # nothing to decide: the usual reasons apply
-        return _plan_layer(fqn, module, configs, device)
+        return _plan_layer(fqn, module, configs, device, calibrated)
     tied = ", ".join(f"{h.fqn}.{h.attr} ({type(h.module).__name__})" for h in others)
     nbytes = _nbytes(weight)
     if key != fqn:
@@ -157,7 +164,7 @@ def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: Mod
         return LayerReport(fqn, "skipped", config.describe(), f"weight tied to {h.fqn}.{h.attr}, a "
                            f"{type(h.module).__name__}, which can't read a quantized weight (torchqkit serves "
                            f"nn.Linear and nn.Embedding without max_norm); untie them first", nbytes, nbytes), None
-    return _plan_layer(fqn, module, configs, device)
+    return _plan_layer(fqn, module, configs, device, calibrated)
 
 
 def _reads_quantized(h: _Holder) -> bool:
@@ -179,7 +186,7 @@ def _nbytes(weight) -> int:
     return weight.numel() * weight.element_size() if isinstance(weight, torch.Tensor) else 0
 
 
-def _plan_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device):
+def _plan_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device, calibrated):
     weight = getattr(module, "weight", None)
     nbytes = _nbytes(weight)
     key, config = configs.lookup(fqn)
@@ -198,12 +205,15 @@ def _plan_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device):
                            "(or load a quantized checkpoint with load_state_dict(assign=True))", nbytes, nbytes), None
     w = weight.detach() if device is None else weight.detach().to(device)
     try:
-        qweight = handler_for(config)(config, w, f"{fqn}.weight")
+        qweight = calibrated.weights.get(fqn)  # quantized during calibration (api/calibrate.py)
+        if isinstance(qweight, UnsupportedWeight):
+            raise qweight
+        qweight = handler_for(config)(config, w, f"{fqn}.weight") if qweight is None else qweight.to(w.device)
     except UnsupportedWeight as e:
         return LayerReport(fqn, "skipped", desc, str(e), nbytes, nbytes), None
     except ValueError as e:  # numerics refused the data, e.g. NaN/Inf in the weight
         return LayerReport(fqn, "skipped", desc, str(e), nbytes, nbytes), None
-    return LayerReport(fqn, "quantized", desc, "", nbytes, qweight.packed_nbytes()), qweight
+    return LayerReport(fqn, "quantized", desc, calibrated.notes.get(fqn, ""), nbytes, qweight.packed_nbytes()), qweight
 
 
 def _swap_weight(holders: list[_Holder], weight: AffineQuantizedTensor, device) -> None:

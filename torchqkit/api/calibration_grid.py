@@ -1,0 +1,57 @@
+"""ConfigGrid: a weight config's own number grid, for algorithms that choose codes (GPTQ) or weights (AWQ).
+
+The grid is what the config's handler does to a weight: its qparams come from the handler itself (the same
+function round-to-nearest uses, so GPTQ's scales are the config's scales), codes of given columns from the
+oracle's quantize_affine, and the final tensor is packed into the handler's layout with the handler's
+attributes (activation spec, kernel preference): ordinary layout data.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..core.primitives import dequantize_affine, quantize_affine
+from ..layouts.base import PlainParts
+from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from .configs.base import handler_for
+from .quantize_weight import UnsupportedWeight
+
+__all__ = ["ConfigGrid"]
+
+
+class ConfigGrid:
+    """``config``'s grid for ``weight`` (N, K); raises UnsupportedWeight when the config can't take it."""
+
+    def __init__(self, config, weight: torch.Tensor, name: str):
+        self.config, self.name, self.dtype = config, name, weight.dtype
+        self.handler = handler_for(config)
+        self.probe = self.handler(config, weight.detach(), name)
+        if self.probe.block_size[0] != 1:
+            raise UnsupportedWeight(f"{name}: {config.describe()} shares scales across output rows "
+                                    f"(block {self.probe.block_size}); GPTQ / AWQ need row-wise groups")
+        self.group_size = self.probe.block_size[1]
+
+    def quantized(self, w: torch.Tensor) -> AffineQuantizedTensor:
+        return self.handler(self.config, w.to(self.dtype), self.name)
+
+    def fake_quantize(self, w: torch.Tensor) -> torch.Tensor:
+        """Quantize then dequantize with the config (round-to-nearest on its own qparams)."""
+        return self.quantized(w).dequantize(torch.float32)
+
+    def qparams(self, w: torch.Tensor):
+        parts = self.probe.qlayout.unpack(self.quantized(w))
+        return parts.scale, parts.zero_point
+
+    def quantize_columns(self, w, scale, zero_point):
+        p = self.probe
+        codes = quantize_affine(w, p.qdtype, (1, 1), scale, zero_point, zero_point_domain=p.zero_point_domain,
+                                check_finite=False, name=self.name)
+        deq = dequantize_affine(codes, p.qdtype, (1, 1), scale, zero_point, zero_point_domain=p.zero_point_domain,
+                                output_dtype=torch.float32, name=self.name)
+        return codes, deq
+
+    def pack(self, codes: torch.Tensor, scale, zero_point) -> AffineQuantizedTensor:
+        """The handler's tensor with these codes (same qparams grid, layout and attributes)."""
+        p = self.probe
+        parts = PlainParts(codes.to(p.qdtype.storage_dtype), scale, zero_point)
+        tensors = p.qlayout.pack(parts, p.qdtype, p.block_size, p.zero_point_domain)
+        return AffineQuantizedTensor(tensors, **p.attributes())
