@@ -10,6 +10,7 @@ from .api.configs import (Float8DynamicActivationFloat8WeightConfig, Float8Stati
                           Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig,
                           MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig, NF4WeightOnlyConfig,
                           QuantConfig, config_from_dict, known_configs)
+from .api.calibrate import CalibrationData
 from .api.module_configs import ModuleConfigs
 from .api.quantize import QuantizationError, quantize_
 from .api.quantize_weight import UnsupportedWeight, quantize_weight
@@ -29,7 +30,7 @@ __version__ = "0.1.0"
 register_safe_globals()
 
 # Public classes report their public path, so pickles and reprs don't depend on internal file names.
-for _cls in (AffineQuantizedTensor, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
+for _cls in (AffineQuantizedTensor, CalibrationData, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
              PackedIntxLayout, TensorCoreTiledLayout,
              QuantizationReport, Float8Layout, MXLayout, NF4Layout):
     _cls.__module__ = "torchqkit"

@@ -88,11 +88,16 @@ def gptq_codes(weight: torch.Tensor, hessian: torch.Tensor, grid: QuantGrid, *, 
         w1, err1, hinv1 = w[:, i1:i2].clone(), torch.zeros(n, i2 - i1), hinv[i1:i2, i1:i2]
         for i in range(i2 - i1):
             col = int(order[i1 + i])
-            if not static_groups and col % g == 0:
-                # dynamic groups: this group's qparams from the weights as updated so far (columns in order)
-                current = torch.cat([w[:, :i1], w1, w[:, i2:]], dim=1)
-                scale, zero = grid.qparams(current)
             grp = col // g
+            if not static_groups and col % g == 0:
+                # dynamic groups: this group's qparams from the weights as updated so far (columns in order);
+                # the other groups' columns of that call are not theirs: only this group's are kept
+                current_scale, current_zero = grid.qparams(torch.cat([w[:, :i1], w1, w[:, i2:]], dim=1))
+                scale = current_scale.clone() if scale is None else scale
+                zero = current_zero.clone() if zero is None and current_zero is not None else zero
+                scale[:, grp] = current_scale[:, grp]
+                if zero is not None:
+                    zero[:, grp] = current_zero[:, grp]
             q, deq = grid.quantize_columns(w1[:, i:i + 1], scale[:, grp:grp + 1],
                                            None if zero is None else zero[:, grp:grp + 1])
             codes[:, i1 + i] = q[:, 0].long()

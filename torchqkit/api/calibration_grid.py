@@ -7,10 +7,13 @@ attributes (activation spec, kernel preference): ordinary layout data.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..core.primitives import dequantize_affine, quantize_affine
 from ..layouts.base import PlainParts
+from ..layouts.plain import PlainLayout
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .configs.base import handler_for
 from .quantize_weight import UnsupportedWeight
@@ -29,16 +32,36 @@ class ConfigGrid:
             raise UnsupportedWeight(f"{name}: {config.describe()} shares scales across output rows "
                                     f"(block {self.probe.block_size}); GPTQ / AWQ need row-wise groups")
         self.group_size = self.probe.block_size[1]
+        self.fast = self._plain_twin(weight)
+
+    def _plain_twin(self, weight):
+        """The same config in PlainLayout when it gives the same qparams: searches call the grid many times, and
+        packing into a tiled layout (then unpacking) each time only costs. Checked once on the real weight."""
+        if not dataclasses.is_dataclass(self.config) or "layout" not in {f.name for f in dataclasses.fields(self.config)}:
+            return self.config
+        twin = dataclasses.replace(self.config, layout=PlainLayout())
+        try:
+            plain = self.handler(twin, self.probe.dequantize(torch.float32).to(self.dtype), self.name)
+        except ValueError:
+            return self.config
+        mine = self.probe.qlayout.unpack(self.probe)
+        theirs = plain.qlayout.unpack(plain)
+        same = (torch.equal(mine.scale, theirs.scale) and plain.zero_point_domain == self.probe.zero_point_domain
+                and (mine.zero_point is None) == (theirs.zero_point is None)
+                and (mine.zero_point is None or torch.equal(mine.zero_point, theirs.zero_point)))
+        return twin if same else self.config
 
     def quantized(self, w: torch.Tensor) -> AffineQuantizedTensor:
-        return self.handler(self.config, w.to(self.dtype), self.name)
+        """The config's quantization of ``w`` (possibly in PlainLayout: same codes and qparams, see _plain_twin)."""
+        return self.handler(self.fast, w.to(self.dtype), self.name)
 
     def fake_quantize(self, w: torch.Tensor) -> torch.Tensor:
         """Quantize then dequantize with the config (round-to-nearest on its own qparams)."""
         return self.quantized(w).dequantize(torch.float32)
 
     def qparams(self, w: torch.Tensor):
-        parts = self.probe.qlayout.unpack(self.quantized(w))
+        q = self.quantized(w)
+        parts = q.qlayout.unpack(q)
         return parts.scale, parts.zero_point
 
     def quantize_columns(self, w, scale, zero_point):
