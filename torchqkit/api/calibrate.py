@@ -72,6 +72,11 @@ class _Undo:
         self.saved.setdefault((id(module), attr), (module, attr, getattr(module, attr)))
         setattr(module, attr, nn.Parameter(value, requires_grad=False))
 
+    def adopt(self, other: "_Undo") -> None:
+        """Take over ``other``'s changes (the originals recorded first stay the ones restored)."""
+        for key, entry in other.saved.items():
+            self.saved.setdefault(key, entry)
+
     def restore(self) -> list[tuple[nn.Module, str, nn.Parameter]]:
         """Put every original back; return what was there instead, (module, attr, new value)."""
         changed = []
@@ -147,8 +152,10 @@ def _calibrate_block(block, prefix, linears, inputs, data, plan, undo) -> None:
             gptq = any(isinstance(linears[f][1], GPTQConfig) for f in g.members)
             g.stats = InputStats(k, total_rows, hessian=gptq, max_rows=data.max_rows)
     _collect(block, linears, groups, inputs)
-    for g in groups:
-        _scale_group(g, linears, undo)
+    if any(_scaler(g, linears)[0] is not None for g in groups):
+        reference = _block_output(block, inputs[0])
+        for g in groups:
+            _scale_group(g, linears, undo, lambda: _same_function(_block_output(block, inputs[0]), reference))
     for g in groups:
         for fqn in g.members:
             module, config = linears[fqn]
@@ -255,7 +262,17 @@ def _scaler(g: _Group, linears):
     return None, True
 
 
-def _scale_group(g: _Group, linears, undo: _Undo) -> None:
+def _block_output(block, inp) -> torch.Tensor:
+    out = run_block(block, [inp])[0]
+    return out.args[0] if out.args else next(iter(out.kwargs.values()))
+
+
+def _same_function(out: torch.Tensor, reference: torch.Tensor) -> bool:
+    """Folding scales must leave the float block's function alone (up to float rounding, ~1e-7 relative)."""
+    return bool((out - reference).norm() <= 1e-4 * reference.norm())
+
+
+def _scale_group(g: _Group, linears, undo: _Undo, unchanged) -> None:
     kind, alone = _scaler(g, linears)
     if kind is None:
         return
@@ -277,9 +294,16 @@ def _scale_group(g: _Group, linears, undo: _Undo) -> None:
         alpha = linears[g.members[0]][1].alpha
         s = smoothing_scales(g.stats.absmax, weights, alpha)
         g.note = f"smoothquant: scales folded into {g.fold[0]}"
-    _fold(g.fold[1], s, undo)
+    mine = _Undo()
+    _fold(g.fold[1], s, mine)
     for f, w in zip(g.members, weights):
-        undo.set(linears[f][0], "weight", (w.float() * s).to(w.dtype))
+        mine.set(linears[f][0], "weight", (w.float() * s).to(w.dtype))
+    if not unchanged():  # e.g. a post-norm block: the norm's output is also the residual, so 1/s can't go there
+        mine.restore()
+        g.note = (f"{name}: not scaled, folding 1/s into {g.fold[0]} would change the model (its output feeds more "
+                  f"than these Linears)")
+        return
+    undo.adopt(mine)
     g.smooth = s
 
 
