@@ -5,6 +5,7 @@ The algorithm only decides codes. Qparams (scale, zero point per group) come fro
 same function round-to-nearest would use, so the result is ordinary layout data:
 
 - ``grid.qparams(w)``: (scale, zero_point) of a whole (N, K) weight, the oracle's shapes (N, ceil(K / g)).
+- ``grid.group_qparams(w_cols)``: the same for the (N, <= g) columns of one group: (N, 1) each.
 - ``grid.quantize_columns(w_cols, scale_cols, zero_cols)``: (codes, dequantized) of some columns, each with the
   qparams column given (the oracle's ``quantize_affine`` / ``dequantize_affine``).
 - ``grid.group_size``: how many consecutive columns of K share one qparams column.
@@ -26,6 +27,8 @@ class QuantGrid(Protocol):
     group_size: int
 
     def qparams(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def group_qparams(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
     def quantize_columns(self, w: torch.Tensor, scale: torch.Tensor,
                          zero_point: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -92,12 +95,15 @@ def gptq_codes(weight: torch.Tensor, hessian: torch.Tensor, grid: QuantGrid, *, 
             if not static_groups and col % g == 0:
                 # dynamic groups: this group's qparams from the weights as updated so far (columns in order);
                 # the other groups' columns of that call are not theirs: only this group's are kept
-                current_scale, current_zero = grid.qparams(torch.cat([w[:, :i1], w1, w[:, i2:]], dim=1))
-                scale = current_scale.clone() if scale is None else scale
-                zero = current_zero.clone() if zero is None and current_zero is not None else zero
-                scale[:, grp] = current_scale[:, grp]
+                current = torch.cat([w[:, :i1], w1, w[:, i2:]], dim=1)[:, col:col + g]
+                group_scale, group_zero = grid.group_qparams(current)
+                if scale is None:
+                    groups = -(-k // g)
+                    scale = group_scale.new_empty(n, groups)
+                    zero = None if group_zero is None else group_zero.new_empty(n, groups)
+                scale[:, grp] = group_scale[:, 0]
                 if zero is not None:
-                    zero[:, grp] = current_zero[:, grp]
+                    zero[:, grp] = group_zero[:, 0]
             q, deq = grid.quantize_columns(w1[:, i:i + 1], scale[:, grp:grp + 1],
                                            None if zero is None else zero[:, grp:grp + 1])
             codes[:, i1 + i] = q[:, 0].long()

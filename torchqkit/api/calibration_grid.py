@@ -64,6 +64,21 @@ class ConfigGrid:
         parts = q.qlayout.unpack(q)
         return parts.scale, parts.zero_point
 
+    def group_qparams(self, w: torch.Tensor):
+        """Qparams of one group's columns (N, <= group_size): quantizing just them costs K / g times less than
+        the whole weight, and gives the same numbers (groups are independent; a partial group is the tail
+        group, whose qparams come from its real values either way). Per-channel grids take the whole K."""
+        if w.shape[1] == self.probe.logical_shape[1]:
+            return self.qparams(w)
+        try:
+            return self.qparams(w)
+        except UnsupportedWeight:  # a layout that can't hold so few columns: widened by copies of the first
+            # column (the group's min / max stay its own), the others' qparams dropped
+            extra = self.probe.logical_shape[1] - w.shape[1]
+            full = torch.cat([w, w[:, :1].expand(-1, extra)], dim=1)
+            scale, zero = self.qparams(full)
+            return scale[:, :1], None if zero is None else zero[:, :1]
+
     def quantize_columns(self, w, scale, zero_point):
         p = self.probe
         codes = quantize_affine(w, p.qdtype, (1, 1), scale, zero_point, zero_point_domain=p.zero_point_domain,
