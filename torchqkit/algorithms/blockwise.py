@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -140,5 +140,3 @@ class BlockProgress:
         print(f"\r[torchqkit calibrate] {self.what} [{bar:<20}] block {done}/{self.total} {elapsed:.0f} s {detail}",
               end="\n" if done == self.total else "", file=self.stream, flush=True)
 
-
-Calibrate = Callable[[int, nn.Module, list[BlockInputs]], None]

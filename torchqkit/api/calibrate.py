@@ -34,9 +34,13 @@ from .quantize_weight import UnsupportedWeight
 
 __all__ = ["CalibrationData", "CalibrationPlan", "calibrate_model"]
 
-# AWQ never scales the inputs of attention query / key projections' clipping: their errors pass through
-# softmax, which the output-error objective of one Linear doesn't see (AutoAWQ skips them too).
+# AWQ's clipping search skips attention query / key projections: their errors pass through softmax, which
+# the output-error objective of one Linear doesn't see (AutoAWQ skips them too).
 _NO_CLIP = ("q_proj", "k_proj", "query", "key")
+
+
+# AWQ's clipping search scores every (row, group) at 11 ratios: on this many sampled token rows (AutoAWQ: 512)
+CLIP_ROWS = 512
 
 
 @dataclass
@@ -48,7 +52,7 @@ class CalibrationData:
     batches: Iterable
     blocks: str | None = None
     progress: bool = True
-    max_rows: int = 4096
+    max_rows: int = 1024
 
 
 @dataclass
@@ -329,7 +333,7 @@ def _quantize_member(fqn: str, module: nn.Linear, config, g: _Group) -> AffineQu
     if isinstance(config, AWQConfig):
         if config.clip and not fqn.rsplit(".", 1)[-1] in _NO_CLIP:
             grid = ConfigGrid(config.base, weight, name)
-            x = g.stats.sample() / (g.smooth if g.smooth is not None else 1.0)
+            x = g.stats.sample()[:CLIP_ROWS] / (g.smooth if g.smooth is not None else 1.0)
             weight = awq_clip(x, weight, grid.fake_quantize, grid.group_size, config.n_grid).to(weight.dtype)
         config = config.base
     elif isinstance(config, SmoothQuantConfig):
