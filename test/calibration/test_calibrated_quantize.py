@@ -171,3 +171,20 @@ def test_calibrated_weights_are_ordinary_checkpoints(llama, ids):
     fresh.load_state_dict(torch.load(buf, weights_only=True), assign=True)
     with torch.no_grad():
         torch.testing.assert_close(fresh(ids[4:]).logits, q(ids[4:]).logits)
+
+
+@pytest.mark.parametrize("config", [qk.GPTQConfig(qk.Int8DynamicActivationInt8WeightConfig()),
+                                    qk.GPTQConfig(qk.IntxWeightOnlyConfig(bits=3, granularity=qk.PerGroup(16))),
+                                    qk.AWQConfig(qk.NF4WeightOnlyConfig(block_size=16), clip=False)])
+def test_other_bases_keep_their_own_format(llama, ids, config):
+    q, _ = _calibrated(llama, config, ids)
+    rtn, _ = _quantize(llama, config.base, ids)
+    mine, theirs = q.model.layers[1].mlp.down_proj.weight, rtn.model.layers[1].mlp.down_proj.weight
+    assert (type(mine.qlayout), mine.qdtype, mine.block_size, mine.act_quant) == \
+        (type(theirs.qlayout), theirs.qdtype, theirs.block_size, theirs.act_quant)
+    assert _rel_err(llama, q, ids) < 1.2 * _rel_err(llama, rtn, ids)
+
+
+def test_kernel_status_says_how_a_static_int8_scale_is_served():
+    rows = [r for r in qk.kernels.status() if r.get("layout") == "plain" and "static" in r["linear"]]
+    assert rows and rows[0]["path"] == "aten._int_mm" and "per-token scales inside" in rows[0]["why"]
