@@ -43,14 +43,17 @@ ROWS = {  # name -> (config, the row its delta is compared with)
     "int8-dynamic-smoothquant": (qk.SmoothQuantConfig(INT8_DYNAMIC, alpha=0.5), "int8-dynamic"),
     "int8-static": (qk.Int8StaticActivationInt8WeightConfig(), "int8-dynamic"),
     "int8-static-smoothquant": (qk.SmoothQuantConfig(qk.Int8StaticActivationInt8WeightConfig()), "int8-dynamic"),
+    "int8-static-smoothquant-a0.8": (qk.SmoothQuantConfig(qk.Int8StaticActivationInt8WeightConfig(), alpha=0.8),
+                                     "int8-dynamic"),
 }
+ON_REQUEST = ("int4-gptq-act-order", "int8-static-smoothquant-a0.8")
 CALIB_START, CALIB_WINDOW = 8192, 256
 
 
 def _args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", default=",".join(r for r in ROWS if r != "int4-gptq-act-order"),
-                   help=f"comma-separated (default: all but int4-gptq-act-order); known: {', '.join(ROWS)}")
+    p.add_argument("--rows", default=",".join(r for r in ROWS if r not in ON_REQUEST),
+                   help=f"comma-separated (default: all but {', '.join(ON_REQUEST)}); known: {', '.join(ROWS)}")
     p.add_argument("--tokens", type=int, default=2048, help="SmolLM2 tokens scored (default 2048)")
     p.add_argument("--calib-batches", type=int, default=16, help="calibration windows of 256 tokens (default 16)")
     p.add_argument("--no-minilm", action="store_true", help="SmolLM2 rows only")
