@@ -20,18 +20,32 @@ from .core import (MappingType, PerAxis, PerBlock, PerGroup, PerRow, PerTensor, 
 from .layouts import Float8Layout, Layout, MXLayout, NF4Layout, PlainLayout
 from .layouts import PackedIntxLayout, TensorCoreTiledLayout
 from .hf import from_pretrained, save_pretrained
+from .integrations import hf_registration
 from .integrations.gguf import GGUFError, from_gguf
 from .serialization import (CheckpointError, load_quantized, quantize_checkpoint, register_safe_globals,
                             save_quantized)
+from .training import (FakeQuantizedLinear, Float8TrainingLinear, QATConfig, convert_qat_, enable_float8_training_,
+                       float8_training_status, prepare_qat_)
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
+from .distributed import ShardingError, shard_multiple
 
 __version__ = "0.1.0"
 
 register_safe_globals()
+hf_registration.install()  # transformers learns quant_method "torchqkit" (free until transformers is used)
+
+
+def __getattr__(name):
+    # TorchqkitConfig subclasses a transformers class: imported on first use, so torchqkit alone stays light.
+    if name == "TorchqkitConfig":
+        from .integrations.transformers_quantizer import TorchqkitConfig
+        return TorchqkitConfig
+    raise AttributeError(f"module 'torchqkit' has no attribute {name!r}")
 
 # Public classes report their public path, so pickles and reprs don't depend on internal file names.
 for _cls in (AffineQuantizedTensor, CalibrationData, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
              PackedIntxLayout, TensorCoreTiledLayout,
-             QuantizationReport, Float8Layout, MXLayout, NF4Layout):
+             QuantizationReport, Float8Layout, MXLayout, NF4Layout, QATConfig, FakeQuantizedLinear,
+             Float8TrainingLinear):
     _cls.__module__ = "torchqkit"
 del _cls

@@ -29,7 +29,7 @@ from .serialization.save_load import (FORMAT_VERSION, SaveSummary, encode_config
 from .serialization.strict_json import parse_json
 from .tensor.affine_quantized_tensor import AffineQuantizedTensor
 
-__all__ = ["save_pretrained", "from_pretrained"]
+__all__ = ["save_pretrained", "from_pretrained", "quantization_record", "QUANT_METHOD"]
 
 QUANT_METHOD = "torchqkit"
 
@@ -45,20 +45,25 @@ def save_pretrained(model: nn.Module, directory, config=None, *, max_shard_bytes
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     summary = save_quantized(model, directory / "model.safetensors", max_shard_bytes=max_shard_bytes, config=config)
-    modules = dict(model.named_modules(remove_duplicate=False))
-    quantized = [n for n, m in modules.items() if isinstance(getattr(m, "weight", None), AffineQuantizedTensor)]
-    kept = [n for n, m in modules.items() if isinstance(m, nn.Linear) and n not in quantized]
     hf_config = copy.deepcopy(model.config)
     hf_config.architectures = [type(model).__name__]  # what from_pretrained rebuilds (transformers does the same)
-    hf_config.quantization_config = {
-        "quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION, "torchqkit_version": torchqkit_version(),
-        "config": encode_config(config), "quantized": quantized, "modules_not_to_convert": kept,
-        "tied": summary.tied}
+    hf_config.quantization_config = quantization_record(model, config, summary.tied)
+    kept = hf_config.quantization_config["modules_not_to_convert"]
     # transformers' own writer truncates config.json in place; an atomic write keeps a failed save loadable.
     atomic_write_bytes(directory / "config.json", hf_config.to_json_string(use_diff=True).encode())
     summary.files.insert(0, directory / "config.json")
     summary.notes += [f"Linear {n} left in float (modules_not_to_convert)" for n in kept]
     return summary
+
+
+def quantization_record(model: nn.Module, config, tied: dict[str, str]) -> dict:
+    """config.json's ``quantization_config`` for a quantized model (see the module docstring)."""
+    modules = dict(model.named_modules(remove_duplicate=False))
+    quantized = [n for n, m in modules.items() if isinstance(getattr(m, "weight", None), AffineQuantizedTensor)]
+    kept = [n for n, m in modules.items() if isinstance(m, nn.Linear) and n not in quantized]
+    return {"quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION, "torchqkit_version": torchqkit_version(),
+            "config": encode_config(config), "quantized": quantized, "modules_not_to_convert": kept,
+            "tied": dict(tied)}
 
 
 def from_pretrained(directory) -> nn.Module:

@@ -18,6 +18,18 @@
 #define TQK_HD inline
 #endif
 
+// The codebooks, written once for every C++ and CUDA kernel (the Python oracle's tables are in core/qdtype.py;
+// test/kernels/cuda/test_common_helpers.py checks these against them bit for bit).
+// The 16 NormalFloat levels, code 0..15, as the float32 values torch.tensor(nf4.levels) holds.
+#define TORCHQKIT_NF4_LEVELS                                                                              \
+  -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f, -0.28444138169288635f,       \
+      -0.18477343022823334f, -0.09105003625154495f, 0.0f, 0.07958029955625534f, 0.16093020141124725f,     \
+      0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f,              \
+      0.7229568362236023f, 1.0f
+// OCP fp4 e2m1 values, code 0..15: sign bit 3.
+#define TORCHQKIT_FP4_E2M1_LEVELS \
+  0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f
+
 namespace torchqkit_common {
 
 TQK_HD float float_from_bits(uint32_t bits) {
@@ -76,16 +88,10 @@ TQK_HD float e8m0_to_float(uint8_t e) {
 // A select tree over the code's bits rather than a table lookup: a dynamically indexed local array lives in
 // local memory on the GPU (ptxas reported a 160-byte stack frame and spills); these selects stay in registers.
 TQK_HD float nf4_level(int code) {
-  constexpr double L[16] = {
-      -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
-      -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
-      0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
-      0.7229568362236023, 1.0};
+  constexpr float L[16] = {TORCHQKIT_NF4_LEVELS};
   const bool b0 = code & 1, b1 = code & 2, b2 = code & 4, b3 = code & 8;
-  const float p0 = b0 ? float(L[1]) : float(L[0]), p1 = b0 ? float(L[3]) : float(L[2]);
-  const float p2 = b0 ? float(L[5]) : float(L[4]), p3 = b0 ? float(L[7]) : float(L[6]);
-  const float p4 = b0 ? float(L[9]) : float(L[8]), p5 = b0 ? float(L[11]) : float(L[10]);
-  const float p6 = b0 ? float(L[13]) : float(L[12]), p7 = b0 ? float(L[15]) : float(L[14]);
+  const float p0 = b0 ? L[1] : L[0], p1 = b0 ? L[3] : L[2], p2 = b0 ? L[5] : L[4], p3 = b0 ? L[7] : L[6];
+  const float p4 = b0 ? L[9] : L[8], p5 = b0 ? L[11] : L[10], p6 = b0 ? L[13] : L[12], p7 = b0 ? L[15] : L[14];
   const float q0 = b1 ? p1 : p0, q1 = b1 ? p3 : p2, q2 = b1 ? p5 : p4, q3 = b1 ? p7 : p6;
   const float r0 = b2 ? q1 : q0, r1 = b2 ? q3 : q2;
   return b3 ? r1 : r0;

@@ -37,6 +37,9 @@ int main(int argc, char** argv) {
     for (int b = 0; b < 256; ++b) std::printf("e8m0 %d %08x\n", b, bits(tc::e8m0_to_float(b)));
     for (int c = 0; c < 16; ++c) std::printf("e2m1 %d %08x\n", c, bits(tc::fp4_e2m1_to_float(c)));
     for (int c = 0; c < 16; ++c) std::printf("nf4 %d %08x\n", c, bits(tc::nf4_level(c)));
+    constexpr float nf4_table[16] = {TORCHQKIT_NF4_LEVELS}, fp4_table[16] = {TORCHQKIT_FP4_E2M1_LEVELS};
+    for (int c = 0; c < 16; ++c) std::printf("nf4_table %d %08x\n", c, bits(nf4_table[c]));
+    for (int c = 0; c < 16; ++c) std::printf("e2m1_table %d %08x\n", c, bits(fp4_table[c]));
     const uint8_t row[2] = {0x1F, 0xA2};  // nf4: codes 1, 15, 10, 2; mxfp4: 15, 1, 2, 10
     for (int k = 0; k < 4; ++k) std::printf("nf4_code %d %d\n", k, tc::nf4_code(row, k));
     for (int k = 0; k < 4; ++k) std::printf("mxfp4_code %d %d\n", k, tc::mxfp4_code(row, k));

@@ -17,6 +17,7 @@
 //     registers and each byte is read from memory once per tile of tokens (bandwidth-bound at M = 1).
 //   * prefill (larger M): a block of rows x columns decoded to fp32 once into a per-thread L2 buffer, then
 //     the same dot tiles (4 tokens x 4 rows, x tile in L1) over it: one decode per weight, FMA-bound.
+#include "../common/dequant.h"
 #include "avx2_reduce.h"
 #include "kernels.h"
 
@@ -31,16 +32,9 @@
 namespace torchqkit_cpu {
 namespace {
 
-// NF4 levels of torchqkit/core/qdtype.py (_NF4_LEVELS), code i -> kNf4[i]; tests compare against the oracle.
-alignas(64) constexpr float kNf4[16] = {
-    -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
-    -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
-    0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
-    0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
-
-// OCP fp4 e2m1 values (MXFP4 elements, torchqkit/core/qdtype.py): sign bit 3, code i -> kFp4[i].
-alignas(64) constexpr float kFp4[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                                        -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+// The codebooks of csrc/common/dequant.h as aligned tables: code i -> kNf4[i] / kFp4[i] (one zmm / two ymm loads).
+alignas(64) constexpr float kNf4[16] = {TORCHQKIT_NF4_LEVELS};
+alignas(64) constexpr float kFp4[16] = {TORCHQKIT_FP4_E2M1_LEVELS};
 
 int64_t row_bytes(const LowbitArgs& p) {
   switch (p.fmt) {

@@ -10,12 +10,12 @@ import torchqkit as qk
 from torchqkit.core.primitives import dequantize_affine
 from torchqkit.integrations.gguf_blocks import BLOCK_FORMATS, decode_blocks
 
-from .tiny_gguf import HIDDEN, VOCAB, write_tiny_llama
+from .tiny_gguf import HIDDEN, RAW_BLOCK_F16, VOCAB, write_tiny_llama
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 T = gguf.GGMLQuantizationType
-F16_OFFSETS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
+F16_OFFSETS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], **RAW_BLOCK_F16}
 
 
 def _random_blocks(name, rows, k, seed=0):
@@ -40,6 +40,17 @@ def test_decoded_blocks_equal_gguf_dequantization(name):
     # Same codes, same scales: at most one float32 rounding apart ((q - mid) s + z here, q s + m there).
     torch.testing.assert_close(ours, ref, rtol=2e-7, atol=1e-7 * float(ref.abs().max()))
     assert parts.qdata.min() >= fmt.qdtype.qmin and parts.qdata.max() <= fmt.qdtype.qmax
+
+
+def test_q3_k_negative_sub_scales_fold_into_int3_codes():
+    raw = _random_blocks("Q3_K", 4, 256, seed=4).reshape(4, 1, 110)
+    raw[..., 0:32] = 0xFF  # every high bit set: codes 0..3, never -4
+    raw[..., 96:108] = 0x00  # every 6-bit scale 0: d (0 - 32), negative
+    raw = raw.reshape(4, -1)
+    fmt, parts = decode_blocks(BLOCK_FORMATS["Q3_K"], torch.from_numpy(raw), 256)
+    assert fmt.qdtype is qk.qdtypes.int3 and bool((parts.scale >= 0).all())
+    ours = dequantize_affine(parts.qdata, fmt.qdtype, (1, 16), parts.scale)
+    torch.testing.assert_close(ours, torch.from_numpy(gguf.quants.dequantize(raw, T.Q3_K)).reshape(4, 256))
 
 
 def test_q6_k_negative_sub_scales_fold_into_int6_codes():
@@ -87,9 +98,20 @@ def test_tiny_llama_imports_every_linear_as_stored(tiny):
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
 
 
+@pytest.mark.parametrize("name, stored", [("Q5_K", "uint5 g32"), ("Q2_K", "uint2 g16"), ("Q3_K", "int8 g16")])
+def test_more_k_quants_import_as_stored(tmp_path, name, stored):
+    """Random Q3_K bytes hold negative sub-scales next to -4 codes: such a tensor keeps int8 codes."""
+    path = write_tiny_llama(tmp_path / "k.gguf", down_format_override=name, seed=2)
+    model = qk.from_gguf(path)
+    assert f"gguf {name} -> {stored}" in model.torchqkit_report["model.layers.0.mlp.down_proj"].config
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
+    ref = _logits(reference)
+    torch.testing.assert_close(_logits(model), ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+
+
 def test_unsupported_types_are_dequantized_with_a_warning(tmp_path):
-    path = write_tiny_llama(tmp_path / "q5k.gguf", down_format_override="Q5_K", seed=1)
-    with pytest.warns(UserWarning, match=r"model\.layers\.0\.mlp\.down_proj\.weight \(Q5_K"):
+    path = write_tiny_llama(tmp_path / "iq4.gguf", down_format_override="IQ4_NL", seed=1)
+    with pytest.warns(UserWarning, match=r"model\.layers\.0\.mlp\.down_proj\.weight \(IQ4_NL"):
         model = qk.from_gguf(path)
     assert not isinstance(model.model.layers[0].mlp.down_proj.weight, qk.AffineQuantizedTensor)
     reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)

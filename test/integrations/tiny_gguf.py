@@ -11,16 +11,17 @@ LAYER_FORMATS = [
     {"attn_q": "Q4_1", "attn_k": "Q4_0", "attn_v": "Q5_1", "attn_output": "Q8_0", "ffn_gate": "Q4_0",
      "ffn_up": "F16", "ffn_down": "Q6_K"},
 ]
-# K-quant byte offsets of fp16 scales (the rest of a block may be any bytes).
-_K_QUANT_F16 = {"Q4_K": (144, [0, 2]), "Q6_K": (210, [208]), "Q5_K": (176, [0, 2])}
+# Byte offsets of the fp16 scales of block types written as random bytes (the rest of a block may be any bytes).
+RAW_BLOCK_F16 = {"Q4_K": [0, 2], "Q6_K": [208], "Q5_K": [0, 2], "Q2_K": [80, 82], "Q3_K": [108], "IQ4_NL": [0]}
 
 
-def _k_quant_bytes(rng, rows, k, name):
-    block_bytes, f16_at = _K_QUANT_F16[name]
-    raw = rng.integers(0, 256, size=(rows, k // 256, block_bytes), dtype=np.uint8)
-    for at in f16_at:
-        scale = (np.abs(rng.standard_normal((rows, k // 256))) * 0.01).astype(np.float16)
-        raw[..., at:at + 2] = scale.view(np.uint8).reshape(rows, k // 256, 2)
+def _random_block_bytes(rng, rows, k, name):
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    block, block_bytes = GGML_QUANT_SIZES[getattr(GGMLQuantizationType, name)]
+    raw = rng.integers(0, 256, size=(rows, k // block, block_bytes), dtype=np.uint8)
+    for at in RAW_BLOCK_F16[name]:
+        scale = (np.abs(rng.standard_normal((rows, k // block))) * 0.01).astype(np.float16)
+        raw[..., at:at + 2] = scale.view(np.uint8).reshape(rows, k // block, 2)
     return raw.reshape(rows, -1)
 
 
@@ -42,8 +43,8 @@ def write_tiny_llama(path, *, seed=0, down_format_override=None, architecture="l
     def linear(name, rows, k, fmt):
         if fmt == "F16":
             w.add_tensor(name, (rng.standard_normal((rows, k)) * 0.05).astype(np.float16))
-        elif fmt in _K_QUANT_F16:
-            w.add_tensor(name, _k_quant_bytes(rng, rows, k, fmt), raw_dtype=getattr(T, fmt))
+        elif fmt in RAW_BLOCK_F16:
+            w.add_tensor(name, _random_block_bytes(rng, rows, k, fmt), raw_dtype=getattr(T, fmt))
         else:
             values = (rng.standard_normal((rows, k)) * 0.05).astype(np.float32)
             w.add_tensor(name, gguf.quants.quantize(values, getattr(T, fmt)), raw_dtype=getattr(T, fmt))

@@ -5,7 +5,7 @@
 writes a float32 checkpoint of ``layers`` Linear(dim, dim) (tensor by tensor), then in fresh processes
 (1) quantize_checkpoint it to int8 weight-only and (2) load_quantized the result into a meta-device model.
 Each child resets its peak RSS (``/proc/self/clear_refs``), reports its resident memory just before the call
-and its peak (VmHWM, see ``_peak``) after: the difference is what the call itself needed at most. Both children first
+and its peak (VmHWM, see ``peak_rss``) after: the difference is what the call itself needed at most. Both children first
 build one tiny quantized Parameter, see the warm-up comment in ``_child``.
 """
 from __future__ import annotations
@@ -21,12 +21,12 @@ from pathlib import Path
 MB = 1e6
 
 
-def _rss_now() -> int:
+def rss_now() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _peak() -> int:
+def peak_rss() -> int:
     """VmHWM, the peak RSS of this process's memory map. ru_maxrss is the same number except that it also keeps
     the peak of the process image exec replaced: with vfork-based spawning that is the *parent's* peak (a whole
     pytest session), which /proc/self/clear_refs can't reset."""
@@ -35,6 +35,11 @@ def _peak() -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def reset_peak_rss() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak RSS (Linux >= 4.0): VmHWM now covers only what follows
 
 
 def _skeleton(layers: int, dim: int):
@@ -55,15 +60,14 @@ def _child(mode: str, src: str, dst: str, layers: int, dim: int) -> None:
     torch.nn.Parameter(qk.quantize_weight(torch.randn(8, 32), qk.qdtypes.int8, qk.PerRow(), qk.PlainLayout()),
                        requires_grad=False)
     gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the peak RSS (Linux >= 4.0): VmHWM now covers only what follows
-    before = _rss_now()
+    reset_peak_rss()
+    before = rss_now()
     if mode == "quantize":
         qk.quantize_checkpoint(src, dst, qk.Int8WeightOnlyConfig(), progress=False)
     else:
         qk.load_quantized(model, dst)
         assert isinstance(model[0].weight, qk.AffineQuantizedTensor)
-    print(json.dumps({"before": before, "peak": _peak()}))
+    print(json.dumps({"before": before, "peak": peak_rss()}))
 
 
 def _write_float_checkpoint(path: Path, layers: int, dim: int) -> None:

@@ -25,13 +25,14 @@ import torch
 from torch import nn
 
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
-from .calibrate import calibrate_model
+from .calibrate import CalibrationPlan, calibrate_model
 from .configs.base import QuantConfig, handler_for
 from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
 from .report import LayerReport, QuantizationReport
 
-__all__ = ["quantize_", "QuantizationError", "patch_extra_repr"]
+__all__ = ["quantize_", "plan_quantize", "as_module_configs", "quantize_layer", "complete_quantization_",
+           "QuantizationError", "patch_extra_repr"]
 
 
 class QuantizationError(ValueError):
@@ -67,7 +68,51 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
     Ignored when no config needs it.
     A weight shared by several modules is quantized once and stays shared: see Note [Shared weights].
     """
-    configs = _as_module_configs(config)
+    return _quantize_model(model, config, filter_fn, device, strict, {}, calibration_data)
+
+
+def complete_quantization_(model: nn.Module, config, quantized: dict[str, LayerReport], *,
+                           strict: bool = False) -> QuantizationReport:
+    """Finish what a loader began: ``quantized`` maps module names to the entries of layers it already planned
+    with ``quantize_layer`` (their new weights swapped in). Every other layer is planned and swapped as quantize_
+    would, and the report is the one quantize_ gives for the float model. Shared weights (a tied lm_head) are
+    decided here, once every holder is loaded."""
+    return _quantize_model(model, config, None, None, strict, quantized)
+
+
+def _quantize_model(model, config, filter_fn, device, strict, done, calibration_data=None) -> QuantizationReport:
+    report, swaps, calibrated = _plan(model, config, filter_fn, device, done, calibration_data)
+    problems = report.skipped
+    if problems and strict:
+        raise QuantizationError("quantize_(strict=True): the model was left unchanged because "
+                                + "; ".join(f"{e.fqn}: {e.reason}" for e in problems))
+    for swap in swaps:
+        _swap_weight(swap.holders, swap.weight, device)
+    calibrated.apply_float_updates()  # scales folded into norms (AWQ, SmoothQuant)
+    if problems:
+        warnings.warn(f"torchqkit.quantize_: {len(problems)} selected layer(s) left unquantized: "
+                      + "; ".join(f"{e.fqn} ({e.reason})" for e in problems[:5])
+                      + (" ..." if len(problems) > 5 else "") + ". See the returned report; strict=True raises.",
+                      stacklevel=3)
+    return report
+
+
+class Swap(NamedTuple):
+    holders: list[_Holder]           # every (module, attribute) that holds the weight
+    weight: AffineQuantizedTensor    # what they will hold
+
+
+def plan_quantize(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str], bool] | None = None,
+                  device=None) -> tuple[QuantizationReport, list[Swap]]:
+    """Phase 1 of ``quantize_`` on its own: the report ``quantize_`` would return and the weights it would swap
+    in, without touching ``model``. Training (``prepare_qat_``) uses it to fake-quantize exactly the layers a
+    later conversion quantizes."""
+    report, swaps, _ = _plan(model, config, filter_fn, device, {})
+    return report, swaps
+
+
+def _plan(model, config, filter_fn, device, done, calibration_data=None):
+    configs = as_module_configs(config)
     for c in configs.configs.values():
         if c is not None:
             handler_for(c)  # unknown config types fail before anything happens
@@ -75,25 +120,13 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
     holders = _shared_parameters(modules)
     selected = filter_fn or _default_filter
     calibrated = calibrate_model(model, modules, configs, selected, calibration_data)  # changes nothing
-    report, swaps = _plan_model(modules, holders, configs, selected, device, calibrated)
-    problems = report.skipped
-    if problems and strict:
-        raise QuantizationError("quantize_(strict=True): the model was left unchanged because "
-                                + "; ".join(f"{e.fqn}: {e.reason}" for e in problems))
-    for targets, weight in swaps:
-        _swap_weight(targets, weight, device)
-    calibrated.apply_float_updates()  # scales folded into norms (AWQ, SmoothQuant)
-    if problems:
-        warnings.warn(f"torchqkit.quantize_: {len(problems)} selected layer(s) left unquantized: "
-                      + "; ".join(f"{e.fqn} ({e.reason})" for e in problems[:5])
-                      + (" ..." if len(problems) > 5 else "") + ". See the returned report; strict=True raises.",
-                      stacklevel=2)
-    return report
+    return (*_plan_model(modules, holders, configs, selected, device, done, calibrated), calibrated)
 
 
 def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]], configs: ModuleConfigs,
-                selected: Callable, device, calibrated):
-    """Phase 1: the report, and (holders, quantized weight) pairs to swap. Touches nothing."""
+                selected: Callable, device, done: dict[str, LayerReport], calibrated: CalibrationPlan):
+    """Phase 1: the report, and (holders, quantized weight) pairs to swap. Touches nothing. ``done``: entries of
+    layers a loader already quantized (complete_quantization_); they are reported as planned then."""
     exact = set(configs.exact_keys())
     entries: dict[str, LayerReport] = {}
     owned: dict[int, _Owned] = {}  # id(Parameter) -> its owner's plan, see Note [Shared weights]
@@ -101,10 +134,16 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
         if not (fqn in exact or selected(module, fqn)):
             continue
         weight = getattr(module, "weight", None)
+        if fqn in done:
+            entries[fqn] = done[fqn]
+            if isinstance(module, nn.Linear):
+                owned[id(weight)] = _Owned(done[fqn], configs.lookup(fqn)[1], None)  # already swapped
+            continue
         if id(weight) in owned:
             entries[fqn] = _shared_entry(fqn, owned[id(weight)], configs.lookup(fqn)[1])
             continue
-        entries[fqn], qweight = _plan_weight(fqn, module, holders.get(id(weight), []), configs, device, calibrated)
+        entries[fqn], qweight = _plan_weight(fqn, module, holders.get(id(weight), []), configs, device,
+                                             calibrated.weights.get(fqn), calibrated.notes.get(fqn, ""))
         if isinstance(module, nn.Linear):
             owned[id(weight)] = _Owned(entries[fqn], configs.lookup(fqn)[1], qweight)
     swaps = []
@@ -112,7 +151,7 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
         if plan.weight is None:
             continue
         targets = holders.get(pid) or [_Holder(plan.entry.fqn, modules[plan.entry.fqn], "weight")]
-        swaps.append((targets, plan.weight))
+        swaps.append(Swap(targets, plan.weight))
         for h in targets:  # holders nobody selected read the new weight too: say so
             entries.setdefault(h.fqn, _shared_entry(h.fqn, plan, plan.config))
     order = {fqn: i for i, fqn in enumerate(modules)}
@@ -125,7 +164,8 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
     return QuantizationReport(report), swaps
 
 
-def _as_module_configs(config) -> ModuleConfigs:
+def as_module_configs(config) -> ModuleConfigs:
+    """A QuantConfig as ModuleConfigs({"_default": config}); a ModuleConfigs as it is; anything else a TypeError."""
     if isinstance(config, ModuleConfigs):
         return config
     if isinstance(config, QuantConfig):
@@ -145,14 +185,15 @@ def _shared_parameters(modules: dict[str, nn.Module]) -> dict[int, list[_Holder]
     return {pid: hs for pid, hs in seen.items() if len(hs) > 1}
 
 
-def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: ModuleConfigs, device, calibrated):
+def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: ModuleConfigs, device,
+                 calibrated=None, note: str = ""):
     """Plan one module's weight; ``group``: every holder when the Parameter is shared (Note [Shared weights])."""
     others = [h for h in group if not isinstance(h.module, nn.Linear)]
     key, config = configs.lookup(fqn)
     weight = getattr(module, "weight", None)
     if (not others or config is None or not isinstance(module, nn.Linear) or weight.is_meta
             or isinstance(weight, AffineQuantizedTensor)):  # nothing to decide: the usual reasons apply
-        return _plan_layer(fqn, module, configs, device, calibrated)
+        return quantize_layer(fqn, module, configs, device, calibrated=calibrated, note=note)
     tied = ", ".join(f"{h.fqn}.{h.attr} ({type(h.module).__name__})" for h in others)
     nbytes = _nbytes(weight)
     if key != fqn:
@@ -164,7 +205,7 @@ def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: Mod
         return LayerReport(fqn, "skipped", config.describe(), f"weight tied to {h.fqn}.{h.attr}, a "
                            f"{type(h.module).__name__}, which can't read a quantized weight (torchqkit serves "
                            f"nn.Linear and nn.Embedding without max_norm); untie them first", nbytes, nbytes), None
-    return _plan_layer(fqn, module, configs, device, calibrated)
+    return quantize_layer(fqn, module, configs, device, calibrated=calibrated, note=note)
 
 
 def _reads_quantized(h: _Holder) -> bool:
@@ -186,8 +227,14 @@ def _nbytes(weight) -> int:
     return weight.numel() * weight.element_size() if isinstance(weight, torch.Tensor) else 0
 
 
-def _plan_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device, calibrated):
-    weight = getattr(module, "weight", None)
+def quantize_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device=None, weight=None, *,
+                   calibrated=None, note: str = ""):
+    """Plan one module: (its report entry, its quantized weight or None). Touches nothing. ``weight``: the float
+    weight to use instead of ``module.weight`` (a loader's tensor while the module is still on the meta device).
+    ``calibrated``: the weight calibration planned for it (api/calibrate.py), or why it could not; ``note``:
+    what calibration did, for the report.
+    Shared weights are not considered here: quantize_ decides them (Note [Shared weights])."""
+    weight = getattr(module, "weight", None) if weight is None else weight
     nbytes = _nbytes(weight)
     key, config = configs.lookup(fqn)
     if key is None:
@@ -205,15 +252,14 @@ def _plan_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device, cal
                            "(or load a quantized checkpoint with load_state_dict(assign=True))", nbytes, nbytes), None
     w = weight.detach() if device is None else weight.detach().to(device)
     try:
-        qweight = calibrated.weights.get(fqn)  # quantized during calibration (api/calibrate.py)
-        if isinstance(qweight, UnsupportedWeight):
-            raise qweight
-        qweight = handler_for(config)(config, w, f"{fqn}.weight") if qweight is None else qweight.to(w.device)
+        if isinstance(calibrated, UnsupportedWeight):
+            raise calibrated
+        qweight = handler_for(config)(config, w, f"{fqn}.weight") if calibrated is None else calibrated.to(w.device)
     except UnsupportedWeight as e:
         return LayerReport(fqn, "skipped", desc, str(e), nbytes, nbytes), None
     except ValueError as e:  # numerics refused the data, e.g. NaN/Inf in the weight
         return LayerReport(fqn, "skipped", desc, str(e), nbytes, nbytes), None
-    return LayerReport(fqn, "quantized", desc, calibrated.notes.get(fqn, ""), nbytes, qweight.packed_nbytes()), qweight
+    return LayerReport(fqn, "quantized", desc, note, nbytes, qweight.packed_nbytes()), qweight
 
 
 def _swap_weight(holders: list[_Holder], weight: AffineQuantizedTensor, device) -> None:

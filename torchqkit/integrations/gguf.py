@@ -7,7 +7,7 @@ The GGUF's quantized blocks go straight into layouts (gguf_blocks.py has the typ
 of a quantized weight is ever made, and the codes are the file's own. The model skeleton is built on the
 meta device from the GGUF's metadata (transformers reads it), its non-persistent buffers are computed as
 torchqkit.from_pretrained does, and each tensor is read from the memory-mapped file one at a time. Tensor
-types torchqkit has no layout for (Q2_K, Q3_K, Q5_K, IQ*, ...) are dequantized to float32 with one warning
+types torchqkit has no layout for (IQ*, TQ*, MXFP4, ...) are dequantized to float32 with one warning
 naming each tensor and type. Quantized embeddings stay quantized (an nn.Embedding on an AffineQuantizedTensor
 gathers and dequantizes only the rows it looks up), and a tied lm_head shares that same quantized weight, as
 in the file: SmolLM2's Q8_0 embedding is then read as int8 by the lm_head, not as 113 MB of float32.

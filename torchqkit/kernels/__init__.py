@@ -8,7 +8,7 @@ The extension picks its ISA level at run time (AVX-512 VNNI, AVX2 + FMA, or scal
 variable ``TORCHQKIT_CPU_ISA=avx512_vnni|avx2|scalar`` forces a lower level (read on every call).
 ``TORCHQKIT_DISABLE_CPU_EXTENSION=1`` skips loading the extension (checks the reference-only install).
 
-GPU backends (issue 5): the CUDA extension ``torchqkit._C_cuda`` (csrc/cuda, loaded when torch has CUDA and
+GPU backends: the CUDA extension ``torchqkit._C_cuda`` (csrc/cuda, loaded when torch has CUDA and
 setup.py built it) and the Triton kernels (``kernels/triton``, ``torchqkit_triton::`` ops, imported on first
 use). ``choose_backend`` / ``linear_op`` pick the backend per op, device and KernelPreference; see
 Note [Backend choice] at the end of this file.
@@ -126,7 +126,7 @@ def format_status() -> str:
 
 
 # ================================================================================================
-# Backend choice (issue 5): which implementation serves an op on a device, following a KernelPreference.
+# Backend choice: which implementation serves an op on a device, following a KernelPreference.
 # See Note [Backend choice]. This is the only place that decides; layouts call ``linear_op(...)``.
 # ================================================================================================
 #

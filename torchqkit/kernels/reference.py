@@ -85,7 +85,7 @@ for _name in OPS:
 
 
 # ------------------------------------------------------------------------------------------------
-# GPU-first ops (issue 5, schemas.GPU_OPS): references that read the layouts' bytes as stored. They
+# GPU-first ops (schemas.GPU_OPS): references that read the layouts' bytes as stored. They
 # decode the bytes themselves (kernels/ never imports layouts/), which also cross-checks each layout's
 # own unpack. No autograd: these ops serve inference.
 # ------------------------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ for _name, _fn in (("torchqkit::linear_int4wo_tiled", linear_int4wo_tiled_ref),
 
 
 # ------------------------------------------------------------------------------------------------
-# Low-bit weight-only ops served by C++ CPU kernels (issue 4, schemas.LOWBIT_CPU_OPS): linear_intxwo's
+# Low-bit weight-only ops served by C++ CPU kernels (schemas.LOWBIT_CPU_OPS): linear_intxwo's
 # reference, and d/dx for all four (QLoRA trains adapters through a frozen NF4 weight): grad @ W, W
 # decoded from the stored bytes. No weight gradient; the bias gets one.
 # ------------------------------------------------------------------------------------------------
@@ -248,7 +248,7 @@ for _name in _LOWBIT_WEIGHTS:
     torch.library.register_autograd(_name, _weight_only_backward(_name), setup_context=_setup_weight_only)
 
 
-# autograd for linear_int4wo_tiled (CPU kernel, issue 4): d/dx through the dequantized weight, no weight gradient.
+# autograd for linear_int4wo_tiled (CPU kernel): d/dx through the dequantized weight, no weight gradient.
 def _int4_tiled_setup_context(ctx, inputs, output):
     x, qdata, scale_and_zero, group_size, out_features, bias = inputs
     ctx.save_for_backward(qdata, scale_and_zero)
@@ -271,7 +271,7 @@ torch.library.register_autograd("torchqkit::linear_int4wo_tiled", _int4_tiled_ba
 
 
 # ------------------------------------------------------------------------------------------------
-# linear_int8da_int4_packed (issue 4): per-token int8 activation (the oracle, as linear_int8da_int8_plain)
+# linear_int8da_int4_packed: per-token int8 activation (the oracle, as linear_int8da_int8_plain)
 # times the dequantized int4 PackedIntxLayout weight; autograd d/dx straight through the rounding.
 # ------------------------------------------------------------------------------------------------
 

@@ -25,14 +25,19 @@ import torch
 __all__ = ["OPS"]
 
 OPS = ("torchqkit::linear_int8wo_plain", "torchqkit::linear_int8da_int8_plain")
-# GPU-first ops (issue 5): CUDA C++ and Triton backends; everywhere else their reference. See GPU_OPS_DOC.
+# GPU-first ops: CUDA C++ and Triton backends; everywhere else their reference. See GPU_OPS_DOC.
 GPU_OPS = ("torchqkit::linear_int4wo_tiled", "torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo",
            "torchqkit::linear_mxwo", "torchqkit::scaled_mm_fp8_rowwise")
-# Weight-only ops whose CPU kernels read the packed layouts' bytes (issue 4; csrc/cpu/linear_lowbit*.cpp).
+# Weight-only ops whose CPU kernels read the packed layouts' bytes (csrc/cpu/linear_lowbit*.cpp).
 # linear_nf4wo and linear_fp8wo are GPU_OPS too; linear_intxwo is defined below.
 LOWBIT_CPU_OPS = ("torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo", "torchqkit::linear_intxwo",
                   "torchqkit::linear_mxwo")
-ALL_OPS = OPS + GPU_OPS + ("torchqkit::linear_intxwo",)
+_DEFINED: list[str] = []  # every op this module defines, in order: ALL_OPS (at the end) is derived from it
+
+
+def _define(qualname: str, schema: str) -> None:
+    torch.library.define(qualname, schema)
+    _DEFINED.append(qualname)
 
 
 def _linear_out(x, qdata, name):
@@ -42,7 +47,7 @@ def _linear_out(x, qdata, name):
     return x.new_empty(*x.shape[:-1], qdata.shape[0])
 
 
-torch.library.define(
+_define(
     "torchqkit::linear_int8wo_plain",
     "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor")
 
@@ -52,7 +57,7 @@ def _linear_int8wo_plain_fake(x, qdata, scale, bias=None):
     return _linear_out(x, qdata, "linear_int8wo_plain")
 
 
-torch.library.define(
+_define(
     "torchqkit::linear_int8da_int8_plain",
     "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None, bool act_symmetric=True) -> Tensor")
 
@@ -83,7 +88,7 @@ def _check_x(x, k, name):
     torch._check(x.shape[-1] == k, lambda: f"{name}: x has {x.shape[-1]} features but the weight has K = {k}")
 
 
-torch.library.define(
+_define(
     "torchqkit::linear_int4wo_tiled",
     "(Tensor x, Tensor qdata, Tensor scale_and_zero, int group_size, int out_features, Tensor? bias=None) -> Tensor")
 
@@ -94,7 +99,7 @@ def _linear_int4wo_tiled_fake(x, qdata, scale_and_zero, group_size, out_features
     return x.new_empty(*x.shape[:-1], out_features)
 
 
-torch.library.define(
+_define(
     "torchqkit::linear_nf4wo",
     "(Tensor x, Tensor qdata, Tensor? scale, Tensor? scale_codes, Tensor? scale_block_scale, Tensor? scale_offset, "
     "int block_size, Tensor? bias=None) -> Tensor")
@@ -106,7 +111,7 @@ def _linear_nf4wo_fake(x, qdata, scale, scale_codes, scale_block_scale, scale_of
     return x.new_empty(*x.shape[:-1], qdata.shape[0])
 
 
-torch.library.define("torchqkit::linear_fp8wo", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor")
+_define("torchqkit::linear_fp8wo", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor")
 
 
 @torch.library.register_fake("torchqkit::linear_fp8wo")
@@ -114,7 +119,7 @@ def _linear_fp8wo_fake(x, qdata, scale, bias=None):
     return _linear_out(x, qdata, "linear_fp8wo")
 
 
-torch.library.define("torchqkit::linear_mxwo", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor")
+_define("torchqkit::linear_mxwo", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor")
 
 
 @torch.library.register_fake("torchqkit::linear_mxwo")
@@ -123,7 +128,7 @@ def _linear_mxwo_fake(x, qdata, scale, bias=None):
     return x.new_empty(*x.shape[:-1], qdata.shape[0])
 
 
-torch.library.define(
+_define(
     "torchqkit::scaled_mm_fp8_rowwise",
     "(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias=None, ScalarType out_dtype=float) -> Tensor")
 
@@ -139,7 +144,7 @@ def _scaled_mm_fp8_rowwise_fake(a, b, scale_a, scale_b, bias=None, out_dtype=tor
 #     little-endian stream of offset-binary fields u = q - qmin (Note [Packed intx bits]); scale (N / bn, K / bk)
 #     and zero_point (same shape, or None) as the oracle stores them; zero_point_domain "none" | "int" | "float".
 #     w = dequantize_affine(u + qmin, int<bits> / uint<bits>, (bn, bk), scale, zero_point). Returns (..., N).
-torch.library.define(
+_define(
     "torchqkit::linear_intxwo",
     "(Tensor x, Tensor qdata, Tensor scale, Tensor? zero_point, int bits, bool signed, str zero_point_domain, "
     "Tensor? bias=None) -> Tensor")
@@ -153,13 +158,13 @@ def _linear_intxwo_fake(x, qdata, scale, zero_point, bits, signed, zero_point_do
     return x.new_empty(*x.shape[:-1], qdata.shape[0])
 
 
-# linear_int8da_int4_packed(x, qdata, scale, zero_point, bias, act_symmetric)  (CPU kernel: issue 4)
+# linear_int8da_int4_packed(x, qdata, scale, zero_point, bias, act_symmetric)  (CPU kernel)
 #     int8 dynamic activation (per token, quantized inside the op like linear_int8da_int8_plain) x int4
 #     PackedIntxLayout bytes: qdata (N, ceil(K / 2)) uint8, code k in byte k // 2, low nibble first, stored
 #     as u = q + 8; scale (N, G) group-wise (G = K / group_size) or per channel (G = 1); zero_point None or
 #     integer codes shaped like scale: w = (q - zero_point) * scale. Returns (..., N) in x.dtype.
 INT8DA_INT4_OP = "torchqkit::linear_int8da_int4_packed"
-torch.library.define(
+_define(
     INT8DA_INT4_OP,
     "(Tensor x, Tensor qdata, Tensor scale, Tensor? zero_point, Tensor? bias=None, bool act_symmetric=True) -> Tensor")
 
@@ -170,3 +175,5 @@ def _linear_int8da_int4_packed_fake(x, qdata, scale, zero_point, bias=None, act_
                  lambda: f"linear_int8da_int4_packed: qdata must be (N, ceil(K / 2)) for K = {x.shape[-1]}, "
                          f"got {tuple(qdata.shape)}")
     return x.new_empty(*x.shape[:-1], qdata.shape[0])
+
+ALL_OPS = tuple(_DEFINED)  # every torchqkit op, linear_int8da_int4_packed included

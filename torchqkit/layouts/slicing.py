@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from ..core.primitives import num_blocks, padded_shape
 
-__all__ = ["BlockSlice", "block_slice"]
+__all__ = ["BlockSlice", "block_slice", "cut_multiple"]
 
 
 class BlockSlice(NamedTuple):
@@ -35,9 +35,7 @@ def block_slice(aqt, dim: int, start, end, step) -> BlockSlice:
     start = 0 if start is None else max(0, min(size, start + size if start < 0 else start))
     end = size if end is None else max(start, min(size, end + size if end < 0 else end))
     b = aqt.block_size[sdim]
-    m = aqt.qlayout.slice_multiple(aqt.qdtype, aqt.block_size, aqt.logical_shape, sdim)
-    if b != size:
-        m = math.lcm(m, b)  # several blocks along this dim: never cut one
+    m = cut_multiple(aqt, sdim)
     if start % m or (end % m and end != size):
         what = f"a block of {b} elements" if m == b else f"a block ({b}) or a storage tile of {aqt.qlayout!r}"
         raise ValueError(f"slice [{start}:{end}] along dim {dim} of a quantized weight of shape {tuple(aqt.shape)} "
@@ -50,3 +48,11 @@ def block_slice(aqt, dim: int, start, end, step) -> BlockSlice:
     stored_end = padded_shape((size,), (b,))[0] if end == size else end
     return BlockSlice(sdim, (start, end - start), (start, stored_end - start),
                       (start // b, num_blocks((end - start,), (b,))[0]), tuple(shape), tuple(block))
+
+
+def cut_multiple(aqt, sdim: int) -> int:
+    """Where a slice along ``sdim`` (of the stored, untransposed shape) may start and end: multiples of this
+    (an end at the dim's size is always allowed). Tensor-parallel sharding checks its cuts against it."""
+    b, size = aqt.block_size[sdim], aqt.logical_shape[sdim]
+    m = aqt.qlayout.slice_multiple(aqt.qdtype, aqt.block_size, aqt.logical_shape, sdim)
+    return math.lcm(m, b) if b != size else m  # several blocks along this dim: never cut one

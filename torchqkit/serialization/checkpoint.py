@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..api.configs.base import handler_for
-from ..api.quantize import QuantizationError, _as_module_configs
+from ..api.quantize import QuantizationError, as_module_configs
 from ..api.quantize_weight import UnsupportedWeight
 from ..api.report import LayerReport, QuantizationReport
 from .atomic import INDEX_SUFFIX, CheckpointFiles
@@ -55,7 +55,7 @@ def quantize_checkpoint(src, dst, config, *, model: nn.Module | None = None, max
     (a weight then copied in float). require_quantized: raise QuantizationError, writing nothing, if in the end
     no weight was quantized (the CLI sets it). progress: a progress line on stderr.
     Returns a QuantizationReport with one entry per 2-d weight considered (and per unmatched config key)."""
-    configs = _as_module_configs(config)
+    configs = as_module_configs(config)
     for c in configs.configs.values():
         if c is not None:
             handler_for(c)

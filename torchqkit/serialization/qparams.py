@@ -16,10 +16,13 @@ from .entries import INNER_SEP, entry_error
 __all__ = ["check_qparams"]
 
 
-def check_qparams(ckpt) -> None:
+def check_qparams(ckpt, skip=frozenset()) -> None:
     """Raise CheckpointError naming the file and tensor for the first weight whose scales, zero points or
-    float codes can't be right. ``ckpt``: save_load._Checkpoint (headers already validated)."""
+    float codes can't be right. ``ckpt``: save_load._Checkpoint (headers already validated). ``skip``: weights
+    checked elsewhere (a tensor-parallel rank checks the shard it reads, see dtensor_load.py)."""
     for name, attrs in ckpt.weights.items():
+        if name in skip:
+            continue
         tensors = dict.fromkeys(attrs["qlayout"].tensor_names)
         codes = False
         for inner in ckpt.inner[name]:

@@ -96,6 +96,29 @@ class SafetensorsReader:
             raise CheckpointError(f"{self.path}: tensor {name!r}: truncated file, read {got} of {end - begin} bytes")
         return buf.view(DTYPES[entry["dtype"]]).reshape(entry["shape"])
 
+    def read_narrow(self, name: str, dim: int, start: int, length: int) -> torch.Tensor:
+        """``read(name).narrow(dim, start, length)``, reading only those bytes: one contiguous range along dim 0,
+        one range per index of the dims before ``dim`` otherwise (a tensor-parallel rank's shard)."""
+        entry = self.entries[name]
+        shape, dtype = list(entry["shape"]), DTYPES[entry["dtype"]]
+        if not (0 <= dim < len(shape) and 0 <= start and start + length <= shape[dim]):
+            raise ValueError(f"{self.path}: tensor {name!r} {shape}: no range [{start}, {start + length}) along dim {dim}")
+        item = dtype.itemsize
+        inner = math.prod(shape[dim + 1:]) * item
+        outer = math.prod(shape[:dim])
+        seg, row = length * inner, shape[dim] * inner
+        buf = torch.empty(outer * seg, dtype=torch.uint8, device="cpu")
+        view = memoryview(buf.numpy())
+        first = self._data_start + entry["data_offsets"][0] + start * inner
+        fd = self._file.fileno()
+        for o in range(outer if seg else 0):
+            # Positioned reads of exactly the shard's bytes (a buffered read would pull whole pages around each
+            # short row segment of a K shard).
+            got = os.preadv(fd, [view[o * seg:(o + 1) * seg]], first + o * row)
+            if got != seg:
+                raise CheckpointError(f"{self.path}: tensor {name!r}: truncated file, read {got} of {seg} bytes")
+        return buf.view(dtype).reshape(*shape[:dim], length, *shape[dim + 1:])
+
     def close(self) -> None:
         self._file.close()
 

@@ -17,6 +17,13 @@ tensors always share a shard), each with the header above for its own weights pl
 "weight_map": {stored tensor name: shard file name}} (Hugging Face's index layout). The save id (8 hex digits,
 new for every save) ties the shards to their index, see Note [Atomic saves] in atomic.py.
 
+Note [Shard headers]
+~~~~~~~~~~~~~~~~~~~~
+save_quantized gives each shard the entries of the weights it holds (a weight's tensors share a shard).
+transformers' ``model.save_pretrained`` (through the torchqkit quantizer) writes one ``__metadata__`` into every
+shard and splits tensors where it likes, without a save id: so a loader also accepts shards that all carry the
+same whole-model header, and finds each stored tensor in whichever shard holds it.
+
 Loading reads and validates every header first (format version, entries against the layout/qdtype
 registries, stored shapes against ``Layout.packed_specs``, names against the model), so a bad file changes
 nothing; then it reads one tensor at a time into fresh allocations and assigns it to the model, which can
@@ -34,13 +41,15 @@ from torch import nn
 
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .atomic import INDEX_SUFFIX, CheckpointFiles
+from .dtensor_load import holds_quantized, plan_shards, read_shard
 from .entries import INNER_SEP, check_tensors, decode_entry, encode_entry, entry_error, quote
 from .qparams import check_qparams
 from .safetensors_file import CheckpointError, SafetensorsReader, SafetensorsWriter
 from .shard_index import check_save_id, read_index, resolve_checkpoint_path, write_index
 from .strict_json import parse_json
 
-__all__ = ["save_quantized", "load_quantized", "SaveSummary", "FORMAT_VERSION", "read_checkpoint_info"]
+__all__ = ["save_quantized", "load_quantized", "SaveSummary", "FORMAT_VERSION", "read_checkpoint_info",
+           "flat_state_dict", "open_checkpoint", "read_quantized_weight", "encode_config", "decode_config"]
 
 FORMAT_VERSION = 1
 _VERSION = re.compile(r"\d+(\.\d+){0,3}[\w.+-]{0,20}")  # quoted in errors only if it looks like one
@@ -70,18 +79,7 @@ def save_quantized(model_or_state_dict, path, *, max_shard_bytes: int | None = N
     max_shard_bytes: past this many bytes, write shards plus ``<path>.index.json`` (see the format note).
     config: the QuantConfig / ModuleConfigs that produced the weights, recorded in the header.
     Returns a SaveSummary (files, quantized / plain names, tied aliases stored once)."""
-    state, tied = _named_tensors(model_or_state_dict)
-    groups = []  # (state name, [(stored name, tensor)], entry or None)
-    for name, t in state.items():
-        if INNER_SEP in name:
-            raise ValueError(f"tensor name {name!r} contains {INNER_SEP!r}, which the format reserves")
-        if t.is_meta:
-            raise ValueError(f"tensor {name!r} is on the meta device: there is nothing to save")
-        if isinstance(t, AffineQuantizedTensor):
-            inner = [(f"{name}{INNER_SEP}{n}", v) for n, v in t.inner_tensors().items() if v is not None]
-            groups.append((name, inner, encode_entry(t)))
-        else:
-            groups.append((name, [(name, t)], None))
+    groups, tied = _stored_groups(model_or_state_dict)
     shards = _plan_shards(groups, max_shard_bytes)
     out = CheckpointFiles(path)  # see Note [Atomic saves]: all files or none
     header = file_header(config, tied, out.save_id if len(shards) > 1 else None)
@@ -111,6 +109,33 @@ def save_quantized(model_or_state_dict, path, *, max_shard_bytes: int | None = N
         out.discard()
         raise
     return summary
+
+
+def _stored_groups(model_or_state_dict):
+    """[(state name, [(stored name, tensor)], entry or None)] in state-dict order, and the tied aliases."""
+    state, tied = _named_tensors(model_or_state_dict)
+    groups = []
+    for name, t in state.items():
+        if INNER_SEP in name:
+            raise ValueError(f"tensor name {name!r} contains {INNER_SEP!r}, which the format reserves")
+        if t.is_meta:
+            raise ValueError(f"tensor {name!r} is on the meta device: there is nothing to save")
+        if isinstance(t, AffineQuantizedTensor):
+            inner = [(f"{name}{INNER_SEP}{n}", v) for n, v in t.inner_tensors().items() if v is not None]
+            groups.append((name, inner, encode_entry(t)))
+        else:
+            groups.append((name, [(name, t)], None))
+    return groups, tied
+
+
+def flat_state_dict(model_or_state_dict, config=None):
+    """The tensors and ``__metadata__`` of a one-file checkpoint, for writers other than save_quantized
+    (transformers' save_pretrained writes them): ({stored name: tensor}, the metadata with every weight's entry,
+    {alias: stored name} for the tied aliases stored once)."""
+    groups, tied = _stored_groups(model_or_state_dict)
+    tensors = {stored: t for _, inner, _ in groups for stored, t in inner}
+    weights = {name: entry for name, _, entry in groups if entry is not None}
+    return tensors, file_metadata({**file_header(config, tied), "weights": weights}), tied
 
 
 def file_header(config, tied: dict[str, str], save_id: str | None = None) -> dict:
@@ -210,22 +235,45 @@ def read_checkpoint_info(path) -> dict:
     return {"config": ckpt.config, "quantized": list(ckpt.weights), "plain": list(ckpt.plain), "tied": dict(ckpt.tied)}
 
 
+def open_checkpoint(path) -> _Checkpoint:
+    """The validated headers of a checkpoint (a file, an index, or a directory holding model.safetensors), its
+    readers open: ``.weights`` (state name -> AffineQuantizedTensor attributes), ``.plain``, ``.tied``,
+    ``.config``; read_quantized_weight reads one weight. Close it with ``.close()``. Reads no tensor data."""
+    return _open_checkpoint(path)
+
+
+def read_quantized_weight(ckpt: _Checkpoint, name: str, tensors: dict[str, torch.Tensor] | None = None):
+    """The AffineQuantizedTensor stored as ``name``: from ``tensors`` (inner name -> tensor, already read by the
+    caller) when given, else read from the checkpoint's files. The inner names must be the entry's."""
+    if tensors is not None and sorted(tensors) != sorted(ckpt.inner[name]):
+        raise CheckpointError(f"{ckpt.path}: quantized weight {name!r} is stored as {sorted(ckpt.inner[name])}, "
+                              f"got {sorted(tensors)}")
+    return _read_one(ckpt, name, tensors)
+
+
 def load_quantized(model: nn.Module, path) -> nn.Module:
     """Fill ``model`` (built on the meta device, or a float model) with a checkpoint written by
     save_quantized / quantize_checkpoint, and return it. Quantized weights become AffineQuantizedTensors
     built straight from the stored packed tensors. Everything is validated before the model is touched;
-    a problem raises CheckpointError naming the file, the tensor and what is wrong."""
+    a problem raises CheckpointError naming the file, the tensor and what is wrong.
+    A tensor-parallel model (DTensor parameters, e.g. ``parallelize_module`` on the meta device) gets on each
+    rank only its shard of every tensor, read from the file by itself (serialization/dtensor_load.py)."""
     target = getattr(model, "_orig_mod", model)
-    ckpt = _open_checkpoint(path)
+    ckpt = _open_checkpoint(path, check_values=False)
     try:
         expected = target.state_dict(keep_vars=True)
         _check_names(ckpt, expected)
         _check_model_shapes(ckpt, expected)
+        # Tensor-parallel (DTensor) entries: this rank reads, and checks, only its part of each.
+        shards = plan_shards(ckpt, expected)
+        check_qparams(ckpt, skip={ckpt.tied.get(n, n) for n in shards})
+        shard_values = {name: read_shard(ckpt, name, plan) for name, plan in shards.items()}
         loaded: dict[str, torch.Tensor] = {}
         for name in expected:
             if name in ckpt.tied:
                 continue
-            loaded[name] = _assign(target, name, _read_one(ckpt, name), expected[name])
+            value = shard_values.pop(name) if name in shards else _read_one(ckpt, name)
+            loaded[name] = _assign(target, name, value, expected[name])
         for alias, name in ckpt.tied.items():
             _set_tensor(target, alias, loaded[name] if name in loaded else _read_one(ckpt, name))
     finally:
@@ -234,7 +282,7 @@ def load_quantized(model: nn.Module, path) -> nn.Module:
     return model
 
 
-def _open_checkpoint(path) -> _Checkpoint:
+def _open_checkpoint(path, check_values: bool = True) -> _Checkpoint:
     path = resolve_checkpoint_path(path)
     if path.name.endswith(INDEX_SUFFIX):
         files, where, save_id = read_index(path)
@@ -248,7 +296,8 @@ def _open_checkpoint(path) -> _Checkpoint:
         if where is not None:
             first = next(iter(readers.values()))
             check_save_id(path, save_id, first.path.name, _torchqkit_header(first).get("save_id"))
-        check_qparams(ckpt)
+        if check_values:
+            check_qparams(ckpt)
         return ckpt
     except BaseException:
         for r in readers.values():
@@ -257,22 +306,33 @@ def _open_checkpoint(path) -> _Checkpoint:
 
 
 def _build_checkpoint(path: Path, readers: dict[str, SafetensorsReader], where) -> _Checkpoint:
-    stored_in = {}
-    weights, inner, shared = {}, {}, None
-    for fname, reader in readers.items():
-        header = _torchqkit_header(reader)
+    headers = {fname: _torchqkit_header(reader) for fname, reader in readers.items()}
+    shared = None
+    for fname, header in headers.items():
         common = {k: v for k, v in header.items() if k != "weights"}
         if shared is not None and common != shared:
-            raise CheckpointError(f"{reader.path}: its torchqkit header (config, tied) differs from the other shards'")
+            raise CheckpointError(f"{readers[fname].path}: its torchqkit header (config, tied) differs from the "
+                                  f"other shards'")
         shared = common
+    stored_in = {}
+    for fname, reader in readers.items():
         for stored in reader.names():
             if stored in stored_in:
                 raise CheckpointError(f"{reader.path}: tensor {stored!r} is also stored in {stored_in[stored]}")
             stored_in[stored] = fname
+    # See Note [Shard headers]: one header per shard, or the same whole-model header in every shard.
+    whole_model = len(headers) > 1 and all(h["weights"] == next(iter(headers.values()))["weights"]
+                                           for h in headers.values())
+    weights, inner = {}, {}
+    for fname, header in headers.items():
         for name, entry in header["weights"].items():
+            if name in weights and whole_model:
+                continue
             if name in weights:
-                raise CheckpointError(f"{reader.path}: quantized weight {name!r} described in two shards")
-            weights[name], inner[name] = _validate_weight(reader, name, entry)
+                raise CheckpointError(f"{readers[fname].path}: quantized weight {name!r} described in two shards")
+            locate = ((lambda stored: readers.get(stored_in.get(stored))) if whole_model
+                      else (lambda stored, r=readers[fname]: r if stored in r.entries else None))
+            weights[name], inner[name] = _validate_weight(readers[fname].path, name, entry, locate)
     if where is not None and where != stored_in:
         bad = sorted(set(where.items()) ^ set(stored_in.items()))[0]
         raise CheckpointError(f"{path}: the index says tensor {bad[0]!r} is in {bad[1]}, the shards disagree "
@@ -286,7 +346,7 @@ def _build_checkpoint(path: Path, readers: dict[str, SafetensorsReader], where) 
         if INNER_SEP not in stored:
             plain.append(stored)
     tied = _check_tied(path, shared["tied"], set(plain) | set(weights))
-    config = _decode_config(path, shared["config"])
+    config = decode_config(path, shared["config"])
     return _Checkpoint(path, readers, stored_in, weights, inner, plain, tied, config)
 
 
@@ -320,21 +380,23 @@ def _torchqkit_header(reader: SafetensorsReader) -> dict:
     return header
 
 
-def _validate_weight(reader: SafetensorsReader, name: str, entry) -> tuple[dict, list[str]]:
+def _validate_weight(path, name: str, entry, locate) -> tuple[dict, list[str]]:
+    """Decode one header entry and check its stored tensors; ``locate(stored name)``: the reader holding it."""
     try:
         attrs = decode_entry(entry)
     except ValueError as e:
-        raise entry_error(reader.path, name, f"bad header entry: {e}") from None
+        raise entry_error(path, name, f"bad header entry: {e}") from None
     stored = entry["tensors"]
-    missing = [n for n in stored if f"{name}{INNER_SEP}{n}" not in reader.entries]
+    found = {n: locate(f"{name}{INNER_SEP}{n}") for n in stored}
+    missing = [n for n, r in found.items() if r is None]
     if missing:
-        raise entry_error(reader.path, name, f"missing tensor {name}{INNER_SEP}{missing[0]} (the entry lists it)")
-    shapes = {n: reader.shape(f"{name}{INNER_SEP}{n}") for n in stored}
-    dtypes = {n: reader.dtype(f"{name}{INNER_SEP}{n}") for n in stored}
+        raise entry_error(path, name, f"missing tensor {name}{INNER_SEP}{missing[0]} (the entry lists it)")
+    shapes = {n: r.shape(f"{name}{INNER_SEP}{n}") for n, r in found.items()}
+    dtypes = {n: r.dtype(f"{name}{INNER_SEP}{n}") for n, r in found.items()}
     try:
         check_tensors(attrs, stored, shapes, dtypes)
     except ValueError as e:
-        raise entry_error(reader.path, name, str(e)) from None
+        raise entry_error(path, name, str(e)) from None
     return attrs, stored
 
 
@@ -347,7 +409,8 @@ def _check_tied(path, tied, names: set[str]) -> dict[str, str]:
     return dict(tied)
 
 
-def _decode_config(path, d):
+def decode_config(path, d):
+    """A recorded config ({"config": ...} / {"module_configs": ...} / None) as a QuantConfig / ModuleConfigs."""
     from ..api.configs.base import config_from_dict
     from ..api.module_configs import ModuleConfigs
     if d is None:
@@ -390,19 +453,19 @@ def _check_model_shapes(ckpt: _Checkpoint, expected: dict) -> None:
             raise CheckpointError(f"{ckpt.path}: tensor {name!r} has dtype {dtype}, the model's is {cur.dtype}")
 
 
-def _read_one(ckpt: _Checkpoint, name: str) -> torch.Tensor:
+def _read_one(ckpt: _Checkpoint, name: str, given: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     if name not in ckpt.weights:
         return ckpt.readers[ckpt.where[name]].read(name)
     tensors = dict.fromkeys(ckpt.weights[name]["qlayout"].tensor_names)
     for inner in ckpt.inner[name]:
         stored = f"{name}{INNER_SEP}{inner}"
-        tensors[inner] = ckpt.readers[ckpt.where[stored]].read(stored)
+        tensors[inner] = given[inner] if given is not None else ckpt.readers[ckpt.where[stored]].read(stored)
     return AffineQuantizedTensor(tensors, **ckpt.weights[name])
 
 
 def _assign(model: nn.Module, name: str, value: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
     if isinstance(current, nn.Parameter):
-        grad = current.requires_grad and value.is_floating_point() and not isinstance(value, AffineQuantizedTensor)
+        grad = current.requires_grad and value.is_floating_point() and not holds_quantized(value)
         value = nn.Parameter(value, requires_grad=grad)
     _set_tensor(model, name, value)
     return value

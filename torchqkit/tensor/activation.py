@@ -81,7 +81,7 @@ class ActivationQuantSpec:
     def quantize(self, x2d: torch.Tensor) -> QuantizedActivation:
         """Quantize a (M, K) activation. Non-finite rows stay non-finite and touch no other row (see
         Note [Non-finite activation rows]); no error for them: that would force a device sync per call."""
-        block = (x2d.shape[0], x2d.shape[1]) if self.per_tensor else (1, x2d.shape[1])
+        block = self.block_size(x2d)
         finite = torch.isfinite(x2d)
         row_ok = finite.all(dim=-1, keepdim=True)
         if self.static_scale is not None:
@@ -104,12 +104,19 @@ class ActivationQuantSpec:
         q = quantize_affine(x2d, self.qdtype, block, scale, zp, check_finite=False, name="activation")
         return QuantizedActivation(q, scale, zp)
 
+    def block_size(self, x2d: torch.Tensor) -> tuple[int, int]:
+        """The oracle's block size for a (M, K) activation: the whole tensor, or one row per token (a static int8
+        scale is carried per row too, see ``quantize``)."""
+        per_row = not self.per_tensor or (self.static_scale is not None and self.qdtype.kind is QKind.INT)
+        return (1, x2d.shape[1]) if per_row else (x2d.shape[0], x2d.shape[1])
+
+    def dequantize(self, qa: QuantizedActivation, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize_affine(qa.qdata, self.qdtype, self.block_size(qa.qdata), qa.scale, qa.zero_point,
+                                 output_dtype=dtype, name="activation")
+
     def fake_quantize(self, x2d: torch.Tensor) -> torch.Tensor:
         """Quantize then dequantize: what the integer / float8 matmul sees, in float."""
-        qa = self.quantize(x2d)
-        block = (x2d.shape[0], x2d.shape[1]) if qa.scale.shape[0] == 1 else (1, x2d.shape[1])
-        return dequantize_affine(qa.qdata, self.qdtype, block, qa.scale, qa.zero_point,
-                                 output_dtype=x2d.dtype, name="activation")
+        return self.dequantize(self.quantize(x2d), x2d.dtype)
 
     def __str__(self) -> str:
         g = type(self.granularity).__name__

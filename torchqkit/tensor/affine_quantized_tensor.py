@@ -24,6 +24,7 @@ from ..core.primitives import ZeroPointDomain, dequantize_affine
 from ..core.qdtype import QDType
 from .activation import ActivationQuantSpec, KernelPreference
 from .dispatch import GENERIC_OPS, UnsupportedOpError
+from .fsdp import post_all_gather, pre_all_gather
 
 __all__ = ["AffineQuantizedTensor"]
 
@@ -165,6 +166,13 @@ class AffineQuantizedTensor(torch.Tensor):
             return _StraightThroughActivation.apply(x, self, bias, fn)
         return fn(self, x, bias)
 
+    # ---------------------------------------------------- FSDP2 (Note [FSDP2 all-gather of packed storage] in fsdp.py)
+    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
+        return pre_all_gather(self, outer_size, None if mesh is None else mesh.size())
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        return post_all_gather(self, all_gather_outputs, metadata, param_dtype, out=out)
+
     # ------------------------------------------------------------------ torch hooks
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -184,7 +192,7 @@ class AffineQuantizedTensor(torch.Tensor):
         if func is torch.ops.aten.copy_.default and not isinstance(args[0], AffineQuantizedTensor):
             raise RuntimeError(_COPY_INTO_FLOAT.format(dst=f"{args[0].dtype} tensor of shape {tuple(args[0].shape)}",
                                                        src=args[1]))
-        self = next(a for a in (*args, *kwargs.values()) if isinstance(a, AffineQuantizedTensor))
+        self = _first_quantized((*args, *kwargs.values()))
         fn = self.qlayout.ops.get(func) or GENERIC_OPS.get(func)
         if fn is None:
             raise UnsupportedOpError(func, self.qlayout, {**GENERIC_OPS.fns, **self.qlayout.ops.fns})
@@ -206,6 +214,19 @@ class AffineQuantizedTensor(torch.Tensor):
 
 
 _LINEAR_FUNCS = (F.linear, torch.ops.aten.linear.default)
+
+
+def _first_quantized(args):
+    """The first AffineQuantizedTensor among ``args``, looking into lists: collectives (c10d::scatter_, ...) take
+    lists (of lists) of tensors."""
+    for a in args:
+        if isinstance(a, AffineQuantizedTensor):
+            return a
+        if isinstance(a, (list, tuple)):
+            found = _first_quantized(a)
+            if found is not None:
+                return found
+    return None
 
 
 def _check_linear_args(w: AffineQuantizedTensor, x, bias) -> None:
@@ -240,7 +261,7 @@ def _check_linear_args(w: AffineQuantizedTensor, x, bias) -> None:
 _REQUIRES_GRAD_SETTERS = (torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__)
 _FROZEN = ("quantized weights are frozen: no gradient reaches the packed codes, so requires_grad=True would train "
            "nothing. Train adapters on top (LoRA / QLoRA: gradients flow to the input), or quantization-aware "
-           "training on the float model. nn.Parameter(w, requires_grad=False) wraps one; to unfreeze the other "
+           "training on the float model (torchqkit.prepare_qat_, then convert_qat_). nn.Parameter(w, requires_grad=False) wraps one; to unfreeze the other "
            "parameters, skip these: `for p in model.parameters(): p.requires_grad_(not isinstance(p, "
            "torchqkit.AffineQuantizedTensor))`")
 

@@ -51,6 +51,9 @@ def test_element_decoders_match_torch_and_the_oracle(selftest):
     assert _table(out, "e8m0")[:255] == _bits(e8m0)[:255] and int(_table(out, "e8m0")[255], 16) == 0x7FC00000
     assert _table(out, "e2m1") == _bits(torch.tensor(fp4_e2m1.levels))
     assert _table(out, "nf4") == _bits(torch.tensor(nf4.levels))
+    # The tables the CPU kernels load (TORCHQKIT_NF4_LEVELS / TORCHQKIT_FP4_E2M1_LEVELS): the same bits.
+    assert _table(out, "nf4_table") == _bits(torch.tensor(nf4.levels))
+    assert _table(out, "e2m1_table") == _bits(torch.tensor(fp4_e2m1.levels))
     codes = {line.split()[0] + line.split()[1]: int(line.split()[2]) for line in out.splitlines() if "_code" in line}
     assert [codes[f"nf4_code{k}"] for k in range(4)] == [1, 15, 10, 2]
     assert [codes[f"mxfp4_code{k}"] for k in range(4)] == [15, 1, 2, 10]

@@ -1,5 +1,5 @@
 """Config classes; importing this package registers every config with its handler."""
-from .base import QuantConfig, config_from_dict, handler_for, known_configs
+from .base import QuantConfig, config_from_dict, handler_for, known_configs, recipe_for
 from .dynamic_activation import Int8DynamicActivationInt8WeightConfig, Int8DynamicActivationIntxWeightConfig
 from .float8 import (Float8DynamicActivationFloat8WeightConfig, Float8StaticActivationFloat8WeightConfig,
                      Float8WeightOnlyConfig)

@@ -22,10 +22,12 @@ from ...core.qdtype import QDType, qdtype_from_name
 from ...layouts.base import Layout, layout_class
 from ...tensor.activation import KernelPreference
 
-__all__ = ["QuantConfig", "register_config", "handler_for", "known_configs", "config_from_dict", "check_fields"]
+__all__ = ["QuantConfig", "register_config", "register_recipe_config", "handler_for", "recipe_for", "known_configs",
+           "config_from_dict", "check_fields"]
 
 _CONFIGS: dict[str, type["QuantConfig"]] = {}
 _HANDLERS: dict[type, Callable] = {}
+_RECIPES: dict[type, Callable] = {}
 _GRANULARITIES = {c.__name__: c for c in (_granularity.PerTensor, _granularity.PerAxis, _granularity.PerGroup,
                                           _granularity.PerRow, _granularity.PerToken, _granularity.PerBlock)}
 
@@ -61,6 +63,32 @@ def register_config(handler: Callable):
         _HANDLERS[cls] = handler
         return cls
     return deco
+
+
+def register_recipe_config(recipe: Callable):
+    """Class decorator for a config that quantizes every weight the same way: ``recipe(config) -> WeightRecipe``.
+    Its handler is ``recipe(config).quantize(weight, name)``, and ``recipe_for`` lets training fake-quantize
+    with exactly that recipe. Configs whose result depends on more than the weight (calibration data) use
+    ``register_config`` with their own handler."""
+    def handler(config, weight, name):
+        return recipe(config).quantize(weight, name)
+
+    def deco(cls):
+        _RECIPES[cls] = recipe
+        return register_config(handler)(cls)
+    return deco
+
+
+def recipe_for(config):
+    """The WeightRecipe a config quantizes every weight with; TypeError when it has none (its handler needs
+    more than the weight, or it isn't a config)."""
+    handler_for(config)  # unknown types: the error listing the known configs
+    try:
+        return _RECIPES[type(config)](config)
+    except KeyError:
+        with_recipe = sorted(c.__name__ for c in _RECIPES)
+        raise TypeError(f"{type(config).__name__} has no per-weight recipe (its handler needs more than the weight), "
+                        f"so it can't be emulated weight by weight; configs with one: {with_recipe}") from None
 
 
 def handler_for(config) -> Callable:

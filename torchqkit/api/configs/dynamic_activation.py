@@ -13,20 +13,20 @@ from ...layouts.base import Layout
 from ...layouts.packed_intx import PackedIntxLayout
 from ...layouts.plain import PlainLayout
 from ...tensor.activation import ActivationQuantSpec
-from ..quantize_weight import quantize_weight
-from .base import QuantConfig, register_config
+from ..quantize_weight import WeightRecipe
+from .base import QuantConfig, register_recipe_config
 from .integer import _granularity_text, check_intx
 
 __all__ = ["Int8DynamicActivationInt8WeightConfig", "Int8DynamicActivationIntxWeightConfig"]
 
 
-def _int8_dynamic_activation_int8_weight_transform(config, weight, name):
+def _int8_dynamic_activation_int8_weight_recipe(config):
     act = ActivationQuantSpec(int8, PerToken(), config.act_mapping)
-    return quantize_weight(weight, int8, PerRow(), config.layout, mapping=MappingType.SYMMETRIC, act_quant=act,
-                           kernel_preference=config.kernel_preference, name=name)
+    return WeightRecipe(int8, PerRow(), config.layout, mapping=MappingType.SYMMETRIC, act_quant=act,
+                        kernel_preference=config.kernel_preference)
 
 
-@register_config(_int8_dynamic_activation_int8_weight_transform)
+@register_recipe_config(_int8_dynamic_activation_int8_weight_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Int8DynamicActivationInt8WeightConfig(QuantConfig):
     """int8 per-token activations (quantized at run time) x int8 per-channel symmetric weights."""
@@ -37,14 +37,13 @@ class Int8DynamicActivationInt8WeightConfig(QuantConfig):
         return f"int8 dynamic act ({self.act_mapping.value}) x int8 weight"
 
 
-def _int8_dynamic_activation_intx_weight_transform(config, weight, name):
+def _int8_dynamic_activation_intx_weight_recipe(config):
     act = ActivationQuantSpec(int8, PerToken(), config.act_mapping)
-    return quantize_weight(weight, INT[config.weight_bits], config.weight_granularity, config.resolved_layout(),
-                           mapping=config.weight_mapping, act_quant=act,
-                           kernel_preference=config.kernel_preference, name=name)
+    return WeightRecipe(INT[config.weight_bits], config.weight_granularity, config.resolved_layout(),
+                        mapping=config.weight_mapping, act_quant=act, kernel_preference=config.kernel_preference)
 
 
-@register_config(_int8_dynamic_activation_intx_weight_transform)
+@register_recipe_config(_int8_dynamic_activation_intx_weight_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Int8DynamicActivationIntxWeightConfig(QuantConfig):
     """int8 per-token activations x 1..8-bit weights (per group or per channel).

@@ -11,9 +11,9 @@ from ...core.qdtype import QDType, QKind, float8_e4m3fn
 from ...layouts.base import Layout
 from ...layouts.float8 import Float8Layout
 from ...tensor.activation import ActivationQuantSpec
-from ..quantize_weight import quantize_weight
-from .base import QuantConfig, as_qdtype, register_config
-from .static_activation import Observer, needs_static_scale
+from ..quantize_weight import UnsupportedWeight, WeightRecipe
+from .base import QuantConfig, as_qdtype, register_recipe_config
+from .static_activation import Observer
 
 __all__ = ["Float8WeightOnlyConfig", "Float8DynamicActivationFloat8WeightConfig",
            "Float8StaticActivationFloat8WeightConfig"]
@@ -30,17 +30,16 @@ def _check_float8(who: str, config, *names: str) -> None:
                          f"got {config.granularity!r}")
 
 
-def _float8_weight(config, weight, name, act=None):
-    return quantize_weight(weight, config.weight_dtype, config.granularity, config.layout,
-                           scale_dtype=torch.float32, act_quant=act,
-                           kernel_preference=config.kernel_preference, name=name)
+def _float8_weight(config, act=None):
+    return WeightRecipe(config.weight_dtype, config.granularity, config.layout, scale_dtype=torch.float32,
+                        act_quant=act, kernel_preference=config.kernel_preference)
 
 
-def _float8_weight_only_transform(config, weight, name):
-    return _float8_weight(config, weight, name)
+def _float8_weight_only_recipe(config):
+    return _float8_weight(config)
 
 
-@register_config(_float8_weight_only_transform)
+@register_recipe_config(_float8_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Float8WeightOnlyConfig(QuantConfig):
     """float8 weights (per-row, per-tensor or per-block scales); activations stay in their dtype."""
@@ -56,13 +55,13 @@ class Float8WeightOnlyConfig(QuantConfig):
         return f"{self.weight_dtype.name} weight-only {type(self.granularity).__name__}"
 
 
-def _float8_dynamic_transform(config, weight, name):
+def _float8_dynamic_recipe(config):
     # Per-block weights (e.g. 128x128) get per-token activation scales: ActivationQuantSpec has no groups along K.
     act_granularity = PerRow() if isinstance(config.granularity, PerBlock) else config.granularity
-    return _float8_weight(config, weight, name, ActivationQuantSpec(config.activation_dtype, act_granularity))
+    return _float8_weight(config, ActivationQuantSpec(config.activation_dtype, act_granularity))
 
 
-@register_config(_float8_dynamic_transform)
+@register_recipe_config(_float8_dynamic_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Float8DynamicActivationFloat8WeightConfig(QuantConfig):
     """float8 activations (scales computed at run time, per tensor or per row) x float8 weights.
@@ -80,13 +79,16 @@ class Float8DynamicActivationFloat8WeightConfig(QuantConfig):
         return f"{self.activation_dtype.name} dynamic act x {self.weight_dtype.name} weight {type(self.granularity).__name__}"
 
 
-def _float8_static_transform(config, weight, name):
-    needs_static_scale(config, weight, name)
+def _float8_static_recipe(config):
+    if config.act_scale is None:  # never a silent dynamic scale
+        raise UnsupportedWeight("Float8StaticActivationFloat8WeightConfig(act_scale=None) takes its activation scale "
+                                "from calibration data, and this Linear was not calibrated; pass act_scale=..., or "
+                                "calibration_data=... to quantize_ with the Linear inside the model's decoder blocks")
     act = ActivationQuantSpec(config.activation_dtype, PerTensor(), static_scale=config.act_scale)
-    return _float8_weight(config, weight, name, act)
+    return _float8_weight(config, act)
 
 
-@register_config(_float8_static_transform)
+@register_recipe_config(_float8_static_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Float8StaticActivationFloat8WeightConfig(QuantConfig):
     """float8 activations with one static per-tensor scale x float8 weights. act_scale None: calibrated

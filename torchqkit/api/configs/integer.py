@@ -11,21 +11,21 @@ from ...layouts.base import Layout
 from ...layouts.packed_intx import PackedIntxLayout
 from ...layouts.plain import PlainLayout
 from ...layouts.tensor_core_tiled import TensorCoreTiledLayout
-from ..quantize_weight import quantize_weight
-from .base import QuantConfig, register_config
+from ..quantize_weight import WeightRecipe
+from .base import QuantConfig, register_recipe_config
 
 __all__ = ["Int8WeightOnlyConfig", "Int4WeightOnlyConfig", "IntxWeightOnlyConfig"]
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
-def _int8_weight_only_transform(config, weight, name):
+def _int8_weight_only_recipe(config):
     granularity = PerRow() if config.group_size is None else PerGroup(config.group_size)
-    return quantize_weight(weight, int8, granularity, config.layout, mapping=MappingType.SYMMETRIC,
-                           kernel_preference=config.kernel_preference, name=name)
+    return WeightRecipe(int8, granularity, config.layout, mapping=MappingType.SYMMETRIC,
+                        kernel_preference=config.kernel_preference)
 
 
-@register_config(_int8_weight_only_transform)
+@register_recipe_config(_int8_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Int8WeightOnlyConfig(QuantConfig):
     """int8 symmetric weights, one scale per output channel (group_size=None) or per group of K."""
@@ -36,14 +36,14 @@ class Int8WeightOnlyConfig(QuantConfig):
         return f"int8 weight-only {'per-channel' if self.group_size is None else f'g{self.group_size}'}"
 
 
-def _int4_weight_only_transform(config, weight, name):
+def _int4_weight_only_recipe(config):
     # uint4 codes, scale and zero point in the float domain (tinygemm / tensor-core-tiled convention).
-    return quantize_weight(weight, uint4, PerGroup(config.group_size), config.layout,
-                           mapping=MappingType.ASYMMETRIC, zero_point_domain=ZeroPointDomain.FLOAT,
-                           kernel_preference=config.kernel_preference, algorithm=config.algorithm, name=name)
+    return WeightRecipe(uint4, PerGroup(config.group_size), config.layout, mapping=MappingType.ASYMMETRIC,
+                        zero_point_domain=ZeroPointDomain.FLOAT, kernel_preference=config.kernel_preference,
+                        algorithm=config.algorithm)
 
 
-@register_config(_int4_weight_only_transform)
+@register_recipe_config(_int4_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Int4WeightOnlyConfig(QuantConfig):
     """int4 group-wise weights (uint4 codes, float scale and zero point per group), stored by default in
@@ -66,13 +66,12 @@ class Int4WeightOnlyConfig(QuantConfig):
         return f"int4 weight-only g{self.group_size}{_algorithm_text(self.algorithm)}"
 
 
-def _intx_weight_only_transform(config, weight, name):
+def _intx_weight_only_recipe(config):
     # HQQ's zero point is a float (x ~ q * s + z for signed codes): every intx layout but ternary planes
     # stores one, and rounding it to an integer code undoes HQQ's gain (measured: back to RTN's SQNR).
     zpd = ZeroPointDomain.FLOAT if config.algorithm == "hqq" else None
-    return quantize_weight(weight, INT[config.bits], config.granularity, config.resolved_layout(),
-                           mapping=config.mapping, zero_point_domain=zpd, kernel_preference=config.kernel_preference,
-                           algorithm=config.algorithm, name=name)
+    return WeightRecipe(INT[config.bits], config.granularity, config.resolved_layout(), mapping=config.mapping,
+                        zero_point_domain=zpd, kernel_preference=config.kernel_preference, algorithm=config.algorithm)
 
 
 def check_intx(who: str, bits: int, granularity, mapping) -> None:
@@ -85,7 +84,7 @@ def check_intx(who: str, bits: int, granularity, mapping) -> None:
     MappingType(mapping)
 
 
-@register_config(_intx_weight_only_transform)
+@register_recipe_config(_intx_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class IntxWeightOnlyConfig(QuantConfig):
     """1..8-bit signed integer weights, per group or per output channel, symmetric or asymmetric.

@@ -12,22 +12,22 @@ import torch
 from ...core.granularity import PerGroup
 from ...core.qdtype import QDType, float8_e4m3fn, float8_e5m2, fp4_e2m1
 from ...layouts.mx import MX_BLOCK, MXLayout
-from ..quantize_weight import quantize_weight
-from .base import QuantConfig, as_qdtype, register_config
+from ..quantize_weight import WeightRecipe
+from .base import QuantConfig, as_qdtype, register_recipe_config
 
 __all__ = ["MXFP8WeightOnlyConfig", "MXFP4WeightOnlyConfig"]
 
 
-def _mx_weight(weight, element: QDType, config, name):
-    return quantize_weight(weight, element, PerGroup(MX_BLOCK), MXLayout(), scale_dtype=torch.float32,
-                           scale_rounding="power_of_two", kernel_preference=config.kernel_preference, name=name)
+def _mx_weight(element: QDType, config):
+    return WeightRecipe(element, PerGroup(MX_BLOCK), MXLayout(), scale_dtype=torch.float32,
+                        scale_rounding="power_of_two", kernel_preference=config.kernel_preference)
 
 
-def _mxfp8_weight_only_transform(config, weight, name):
-    return _mx_weight(weight, config.element_dtype, config, name)
+def _mxfp8_weight_only_recipe(config):
+    return _mx_weight(config.element_dtype, config)
 
 
-@register_config(_mxfp8_weight_only_transform)
+@register_recipe_config(_mxfp8_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class MXFP8WeightOnlyConfig(QuantConfig):
     """MXFP8 weights: float8 elements (e4m3fn by default, or e5m2) x one E8M0 scale per 32 along K."""
@@ -44,11 +44,11 @@ class MXFP8WeightOnlyConfig(QuantConfig):
         return f"mxfp8 ({self.element_dtype.name}) weight-only"
 
 
-def _mxfp4_weight_only_transform(config, weight, name):
-    return _mx_weight(weight, fp4_e2m1, config, name)
+def _mxfp4_weight_only_recipe(config):
+    return _mx_weight(fp4_e2m1, config)
 
 
-@register_config(_mxfp4_weight_only_transform)
+@register_recipe_config(_mxfp4_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class MXFP4WeightOnlyConfig(QuantConfig):
     """MXFP4 weights: e2m1 elements two per byte x one E8M0 scale per 32 along K."""

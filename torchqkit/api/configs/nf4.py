@@ -8,20 +8,20 @@ import torch
 from ...core.granularity import PerGroup
 from ...core.qdtype import nf4
 from ...layouts.nf4 import NF4Layout
-from ..quantize_weight import quantize_weight
-from .base import QuantConfig, register_config
+from ..quantize_weight import WeightRecipe
+from .base import QuantConfig, register_recipe_config
 
 __all__ = ["NF4WeightOnlyConfig"]
 
 
-def _nf4_weight_only_transform(config, weight, name):
+def _nf4_weight_only_recipe(config):
     # float32 absmax, as bitsandbytes stores it: a bf16 absmax would round the block's largest weight.
-    return quantize_weight(weight, nf4, PerGroup(config.block_size),
-                           NF4Layout(block_size=config.block_size, double_quant=config.double_quant),
-                           scale_dtype=torch.float32, kernel_preference=config.kernel_preference, name=name)
+    return WeightRecipe(nf4, PerGroup(config.block_size),
+                        NF4Layout(block_size=config.block_size, double_quant=config.double_quant),
+                        scale_dtype=torch.float32, kernel_preference=config.kernel_preference)
 
 
-@register_config(_nf4_weight_only_transform)
+@register_recipe_config(_nf4_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class NF4WeightOnlyConfig(QuantConfig):
     """NF4 codes with one absmax per ``block_size`` weights of a row; ``double_quant`` stores the absmax

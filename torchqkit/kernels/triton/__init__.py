@@ -1,4 +1,4 @@
-"""Triton backends of the torchqkit ops, one file per kernel (issue 5).
+"""Triton backends of the torchqkit ops, one file per kernel.
 
 Each file defines a ``torchqkit_triton::<op>`` op with the same schema as the ``torchqkit::<op>`` it
 implements (``kernels/schemas.py``); ``kernels/__init__.py`` decides when it serves a linear. On CUDA the ops

@@ -6,6 +6,12 @@ GPU family, and agree bit for bit with csrc/common/dequant.h.
 import triton
 import triton.language as tl
 
+from ...core.qdtype import nf4
+
+# The NF4 levels of core/qdtype.py as compile-time constants of the select tree below (one table in Python).
+_L0, _L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8, _L9, _L10, _L11, _L12, _L13, _L14, _L15 = (
+    tl.constexpr(float(v)) for v in nf4.levels)
+
 
 @triton.jit
 def e4m3fn_to_f32(b):
@@ -36,19 +42,19 @@ def e2m1_to_f32(c):
 
 @triton.jit
 def nf4_level(code):
-    """NF4 code (0..15) -> its level (core/qdtype.py; float32-exact constants) by a select tree on the bits:
-    no table tensor to pass or to cache (a cached device tensor would be a constant under torch.compile)."""
+    """NF4 code (0..15) -> its level (core/qdtype.py's table, as float32 constants) by a select tree on the
+    bits: no table tensor to pass or to cache (a cached device tensor would be a constant under torch.compile)."""
     b0 = (code & 1) != 0
     b1 = (code & 2) != 0
     b2 = (code & 4) != 0
-    p0 = tl.where(b0, -0.6961928009986877, -1.0)
-    p1 = tl.where(b0, -0.39491748809814453, -0.5250730514526367)
-    p2 = tl.where(b0, -0.18477343022823334, -0.28444138169288635)
-    p3 = tl.where(b0, 0.0, -0.09105003625154495)
-    p4 = tl.where(b0, 0.16093020141124725, 0.07958029955625534)
-    p5 = tl.where(b0, 0.33791524171829224, 0.24611230194568634)
-    p6 = tl.where(b0, 0.5626170039176941, 0.44070982933044434)
-    p7 = tl.where(b0, 1.0, 0.7229568362236023)
+    p0 = tl.where(b0, _L1, _L0)
+    p1 = tl.where(b0, _L3, _L2)
+    p2 = tl.where(b0, _L5, _L4)
+    p3 = tl.where(b0, _L7, _L6)
+    p4 = tl.where(b0, _L9, _L8)
+    p5 = tl.where(b0, _L11, _L10)
+    p6 = tl.where(b0, _L13, _L12)
+    p7 = tl.where(b0, _L15, _L14)
     r0 = tl.where(b2, tl.where(b1, p3, p2), tl.where(b1, p1, p0))
     r1 = tl.where(b2, tl.where(b1, p7, p6), tl.where(b1, p5, p4))
     return tl.where((code & 8) != 0, r1, r0)

@@ -1,0 +1,108 @@
+"""Workers for test_fsdp_qlora.py: QLoRA on the tiny LLaMA, one process versus FSDP2 over the ranks."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import torchqkit as qk
+
+from .models import tiny_llama
+
+BASE_CONFIGS = {
+    "nf4": lambda: qk.NF4WeightOnlyConfig(),
+    "int4_tiled": lambda: qk.Int4WeightOnlyConfig(group_size=64),
+    "int8": lambda: qk.Int8WeightOnlyConfig(),
+}
+STEPS, BATCH, SEQ = 20, 4, 16
+
+
+class LoRALinear(nn.Module):
+    """A frozen (quantized) Linear plus a trainable low-rank update B A (B starts at zero)."""
+
+    def __init__(self, base: nn.Linear, rank: int = 8):
+        super().__init__()
+        self.base = base
+        self.lora_a = nn.Linear(base.in_features, rank, bias=False)
+        self.lora_b = nn.Linear(rank, base.out_features, bias=False)
+        nn.init.zeros_(self.lora_b.weight)
+
+    def forward(self, x):
+        return self.base(x) + self.lora_b(self.lora_a(x))
+
+
+def qlora_llama(config_name: str):
+    model = tiny_llama()
+    qk.quantize_(model, BASE_CONFIGS[config_name](),
+                 filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn != "lm_head")
+    for p in model.parameters():
+        if not isinstance(p, qk.AffineQuantizedTensor):
+            p.requires_grad_(False)
+    torch.manual_seed(1)  # the same adapters in every process
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, LoRALinear(child))
+    return model
+
+
+def _batches():
+    """Two fixed batches, alternating: something the adapters can learn in 20 steps (loss falls by > 1)."""
+    g = torch.Generator().manual_seed(2)
+    two = torch.randint(0, 128, (2, BATCH, SEQ), generator=g)
+    return two[torch.arange(STEPS) % 2]
+
+
+def _train(model, batches, reduce_loss=lambda loss: loss.item()) -> list[float]:
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for ids in batches:
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(reduce_loss(loss.detach()))
+    return losses
+
+
+def _mean_over_ranks(loss: torch.Tensor) -> float:
+    dist.all_reduce(loss)
+    return loss.item() / dist.get_world_size()
+
+
+def fsdp_qlora(rank: int, world: int, names) -> dict:
+    from torch.distributed.fsdp import fully_shard
+    gathered = []
+    pre = qk.AffineQuantizedTensor.fsdp_pre_all_gather
+
+    def recording_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
+        tensors, meta = pre(self, mesh, outer_size, outer_stride, module, mp_policy)
+        gathered.append({"dtypes": [str(t.dtype) for t in tensors],
+                         "bytes": sum(t.numel() * t.element_size() for t in tensors),
+                         "local_packed": self.packed_nbytes(), "float_bytes": self.numel() * 4})
+        return tensors, meta
+
+    qk.AffineQuantizedTensor.fsdp_pre_all_gather = recording_pre_all_gather
+    batches = _batches()
+    per = BATCH // world
+    results = {}
+    try:
+        for name in names:
+            single_model = qlora_llama(name)
+            full_packed = sum(p.packed_nbytes() for p in single_model.parameters()
+                              if isinstance(p, qk.AffineQuantizedTensor))
+            single = _train(single_model, batches)
+            model = qlora_llama(name)
+            for layer in model.model.layers:
+                fully_shard(layer)
+            fully_shard(model)
+            local_packed = sum(p.to_local().packed_nbytes() for p in model.parameters()
+                               if isinstance(p.to_local(), qk.AffineQuantizedTensor))
+            gathered.clear()
+            sharded = _train(model, batches[:, rank * per:(rank + 1) * per], _mean_over_ranks)
+            results[name] = {"single": single, "fsdp": sharded, "full_packed": full_packed,
+                             "local_packed": local_packed, "gathers": list(gathered)}
+    finally:
+        qk.AffineQuantizedTensor.fsdp_pre_all_gather = pre
+    return results

@@ -1,0 +1,149 @@
+"""float8 training: each matmul equals the product of float8-cast operands computed here with torch's own float8
+casts (not the oracle), delayed scaling's history, torch.compile, a short training run, and the errors."""
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchqkit as qk
+from test.common import MLP
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _cast(t, dtype, dim=None):
+    """t cast to float8 with absmax scaling over all of t (dim=None) or along ``dim`` (one scale per other index),
+    dequantized: what a float8 matmul multiplies."""
+    fmax = torch.finfo(dtype).max
+    amax = t.abs().amax() if dim is None else t.abs().amax(dim=dim, keepdim=True)
+    scale = amax / fmax
+    return (t / scale).clamp(-fmax, fmax).to(dtype).float() * scale
+
+
+def _linear(n=48, k=32, bias=True, seed=0):
+    torch.manual_seed(seed)
+    return nn.Linear(k, n, bias=bias)
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+def test_forward_and_both_gradients_are_float8_products(granularity):
+    lin = _linear()
+    ref = _linear()
+    qk.enable_float8_training_(lin, granularity=granularity, filter_fn=lambda m, f: True)
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    g = torch.randn(2, 5, 48, generator=torch.Generator().manual_seed(2))
+    y = lin(x)
+    y.backward(g)
+    rows = granularity == "row"
+    x2, g2, w = x.detach().reshape(10, 32), g.reshape(10, 48), ref.weight.detach()
+    # y = x W^T: x scaled per row (token), W per row (output channel); both along dims the product keeps.
+    want_y = _cast(x2, E4M3, 1 if rows else None) @ _cast(w, E4M3, 1 if rows else None).t() + ref.bias.detach()
+    want_gx = _cast(g2, E5M2, 1 if rows else None) @ _cast(w, E4M3, 0 if rows else None)
+    want_gw = _cast(g2.t(), E5M2, 1 if rows else None) @ _cast(x2, E4M3, 0 if rows else None)
+    torch.testing.assert_close(y.detach().reshape(10, 48), want_y, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(x.grad.reshape(10, 32), want_gx, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lin.weight.grad, want_gw, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lin.bias.grad, g2.sum(0))
+    # and float8 is not float32: the product differs from the float one by float8 rounding (~2^-4 relative)
+    err = (y.detach().reshape(10, 48) - F.linear(x2, w, ref.bias.detach())).norm() / want_y.norm()
+    assert 1e-3 < err < 0.1
+
+
+def test_delayed_scaling_uses_the_amax_history_and_saturates():
+    lin = _linear(bias=False)
+    qk.enable_float8_training_(lin, "delayed", history_len=4, filter_fn=lambda m, f: True)
+    x1 = torch.randn(8, 32, generator=torch.Generator().manual_seed(3))
+    lin(x1).sum().backward()
+    hist = lin.fp8_amax_history
+    assert hist[0, 0] == x1.abs().max() and hist[1, 0] == lin.weight.detach().abs().max()
+    assert hist[2, 0] == 1.0 and torch.equal(hist[:, 1:], torch.zeros(3, 3))  # grad of sum(): all ones
+    # Step 2: x2 = 4 * x1 is scaled with step 1's amax, so everything beyond |x1|'s max saturates at 448 * scale.
+    x2 = 4 * x1
+    y2 = lin(x2)
+    s = x1.abs().max() / 448
+    xq = (x2 / s).clamp(-448, 448).to(E4M3).float() * s
+    wq = _cast(lin.weight.detach(), E4M3)
+    torch.testing.assert_close(y2.detach(), xq @ wq.t(), rtol=1e-6, atol=1e-6)
+    assert hist[0, 0] == x2.abs().max() and hist[0, 1] == x1.abs().max()
+
+
+def test_compiled_step_matches_eager():
+    for recipe in ("dynamic", "delayed"):
+        eager, compiled = MLP(), MLP()
+        compiled.load_state_dict(eager.state_dict())
+        qk.enable_float8_training_(eager, recipe)
+        qk.enable_float8_training_(compiled, recipe)
+        loss_fn = lambda m, x: m(x).square().mean()  # noqa: E731
+        x = torch.randn(4, 128, generator=torch.Generator().manual_seed(0))
+        a, b = loss_fn(eager, x), torch.compile(loss_fn, fullgraph=True)(compiled, x)
+        a.backward()
+        b.backward()
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=0)
+        torch.testing.assert_close(compiled.up.weight.grad, eager.up.weight.grad, rtol=1e-5, atol=1e-8)
+
+
+def test_short_training_run_tracks_float32():
+    def train(fp8):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16))
+        if fp8:
+            qk.enable_float8_training_(model, "dynamic", granularity="row")
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        gen = torch.Generator().manual_seed(1)
+        target = torch.randn(32, 16, generator=torch.Generator().manual_seed(2)) / 4
+        losses = []
+        for _ in range(60):
+            x = torch.randn(64, 32, generator=gen)
+            loss = (model(x) - x @ target).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    fp32, fp8 = train(False), train(True)
+    assert fp32[-1] < 0.3 * fp32[0]  # it learns
+    assert abs(fp8[-1] - fp32[-1]) <= 0.05 * fp32[-1]
+
+
+def test_report_status_and_skips():
+    model = nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 10))
+    with pytest.warns(UserWarning, match=r"1 layer\(s\) stay in float"):
+        report = qk.enable_float8_training_(model)
+    assert [(e.fqn, e.status) for e in report.entries] == [("0", "quantized"), ("1", "skipped")]
+    assert "multiples of 16" in report["1"].reason and type(model[1]) is nn.Linear
+    assert "float8 training (dynamic tensor scales, e4m3 forward, e5m2 gradients, matmul: emulated)" in repr(model[0])
+    status = qk.float8_training_status()
+    assert status["path"] == "emulated" and "cpu has no fast float8 matmul" in status["why"]
+
+
+def test_errors_leave_the_model_unchanged():
+    with pytest.raises(ValueError, match="delayed scaling keeps one amax history per tensor"):
+        qk.enable_float8_training_(MLP(), "delayed", granularity="row")
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        qk.enable_float8_training_(MLP(), "static")
+    model = MLP()
+    qk.quantize_(model, qk.Int8WeightOnlyConfig(), filter_fn=lambda m, f: f == "down")
+    with pytest.raises(ValueError, match=r"down\.weight is quantized .* float master weights"):
+        qk.enable_float8_training_(model)
+    assert type(model.up) is nn.Linear
+    qat = MLP()
+    qk.prepare_qat_(qat, qk.QATConfig(qk.Int8WeightOnlyConfig()))
+    with pytest.raises(ValueError, match="up is prepared for QAT"):
+        qk.enable_float8_training_(qat)
+
+
+def test_delayed_state_saves_and_loads():
+    a, b = MLP(), MLP()
+    qk.enable_float8_training_(a, "delayed")
+    qk.enable_float8_training_(b, "delayed")
+    a(torch.randn(4, 128)).sum().backward()
+    buf = io.BytesIO()
+    torch.save(a.state_dict(), buf)
+    buf.seek(0)
+    b.load_state_dict(torch.load(buf, weights_only=True))
+    assert torch.equal(b.up.fp8_amax_history, a.up.fp8_amax_history) and a.up.fp8_amax_history.any()

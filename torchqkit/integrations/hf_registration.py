@@ -1,0 +1,61 @@
+"""Make transformers know quant_method "torchqkit" as soon as both packages are in use, at no import cost.
+
+Registering means importing transformers' quantizer machinery (about 2 s). So ``import torchqkit`` registers at
+once only when that machinery is already imported; otherwise it leaves a finder on ``sys.meta_path`` that
+registers right after transformers imports ``transformers.quantizers.auto`` itself, which it does before it
+resolves any quantization_config. A user of torchqkit without transformers pays nothing.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+__all__ = ["install", "register"]
+
+_TRIGGER = "transformers.quantizers.auto"
+_QUANTIZER_MODULE = "torchqkit.integrations.transformers_quantizer"
+
+
+def install() -> None:
+    """Register now if transformers' quantizers are imported, else when they are; no-op without transformers."""
+    if _TRIGGER in sys.modules:
+        register()
+        return
+    if any(isinstance(f, _RegisterOnImport) for f in sys.meta_path):
+        return
+    try:
+        if importlib.util.find_spec("transformers") is None:
+            return
+    except (ImportError, ValueError):
+        return
+    sys.meta_path.insert(0, _RegisterOnImport())
+
+
+def register() -> None:
+    """Register TorchqkitConfig and TorchqkitHfQuantizer with transformers (idempotent)."""
+    module = sys.modules.get(_QUANTIZER_MODULE)
+    if module is not None and not hasattr(module, "register_with_transformers"):
+        return  # that module is being imported; it registers itself when done
+    importlib.import_module(_QUANTIZER_MODULE).register_with_transformers()
+
+
+class _RegisterOnImport:
+    """A meta-path finder that only wraps the loader of transformers.quantizers.auto, once."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != _TRIGGER:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                exec_module = spec.loader.exec_module
+
+                def exec_then_register(module, _exec=exec_module):
+                    _exec(module)
+                    register()
+
+                spec.loader.exec_module = exec_then_register
+                return spec
+        return None

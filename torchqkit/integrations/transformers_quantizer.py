@@ -1,0 +1,290 @@
+"""transformers' quantizer for quant_method "torchqkit": load, quantize on load, and save through transformers.
+
+    model = AutoModelForCausalLM.from_pretrained("int4-dir")            # a torchqkit checkpoint, as saved
+    model = AutoModelForCausalLM.from_pretrained("float-dir",
+                quantization_config=qk.TorchqkitConfig(qk.Int4WeightOnlyConfig()))   # quantized while loading
+    model.save_pretrained("out")                                        # a torchqkit checkpoint again
+
+Loading a checkpoint: the headers of its files are read and validated (format version, layouts, shapes) before
+transformers reads any tensor; each quantized weight's stored tensors ("<name>:<inner>", see Note [torchqkit
+safetensors format]) are then gathered by one transformers WeightConverter per weight and become the
+AffineQuantizedTensor straight away: the float weight is never built (the model skeleton is on the meta device).
+
+Quantizing on load: transformers hands each float Linear weight to TorchqkitQuantize as it reads it, which plans
+it with the same quantize_layer that quantize_ uses and keeps only the quantized result, so peak memory is about
+the quantized model plus one float tensor. Shared weights (a tied lm_head) are decided once loading is done, by
+complete_quantization_, and the model gets the report quantize_ would give (``model.torchqkit_report``).
+
+Saving: ``model.save_pretrained`` writes the tensors and header of torchqkit's own format (flat_state_dict), and
+config.json the quantization_config that torchqkit.save_pretrained writes; both loaders read either result.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers.core_model_loading import ConversionOps
+from transformers.quantizers.base import HfQuantizer
+from transformers.utils.quantization_config import QuantizationConfigMixin
+
+from ..api.configs.base import QuantConfig, handler_for
+from ..api.module_configs import ModuleConfigs
+from ..api.quantize import as_module_configs, complete_quantization_, patch_extra_repr, quantize_layer
+from ..hf import QUANT_METHOD, quantization_record
+from ..serialization.entries import INNER_SEP
+from ..serialization.safetensors_file import CheckpointError
+from ..serialization.save_load import (FORMAT_VERSION, decode_config, encode_config, flat_state_dict,
+                                       open_checkpoint, read_quantized_weight)
+from ..serialization.save_load import torchqkit_version as current_version
+from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+
+__all__ = ["TorchqkitConfig", "TorchqkitHfQuantizer", "register_with_transformers"]
+
+
+class TorchqkitConfig(QuantizationConfigMixin):
+    """``quantization_config=`` for transformers' from_pretrained: quantize every Linear with ``config`` (a
+    QuantConfig, or ModuleConfigs for per-module configs) while loading. Loaded from a torchqkit checkpoint's
+    config.json it also carries what save_pretrained recorded (format_version, quantized modules, ties)."""
+
+    def __init__(self, config=None, *, quant_method: str = QUANT_METHOD, format_version: int = FORMAT_VERSION,
+                 torchqkit_version: str | None = None, quantized: list[str] | None = None,
+                 modules_not_to_convert: list[str] | None = None, tied: dict[str, str] | None = None,
+                 strict: bool = False):
+        if quant_method != QUANT_METHOD:
+            raise ValueError(f"TorchqkitConfig: quant_method must be {QUANT_METHOD!r}, got {quant_method!r}")
+        if isinstance(config, dict):  # as recorded in config.json
+            config = decode_config("config.json quantization_config", config)
+        if config is not None and not isinstance(config, (QuantConfig, ModuleConfigs)):
+            raise TypeError(f"TorchqkitConfig takes a torchqkit QuantConfig or ModuleConfigs (e.g. "
+                            f"qk.Int4WeightOnlyConfig()), got {type(config).__name__}")
+        if type(format_version) is not int or format_version < 1:
+            raise ValueError(f"TorchqkitConfig: format_version must be a positive int, got {format_version!r}")
+        self.quant_method = QUANT_METHOD
+        self.config = config
+        self.format_version = format_version
+        self.torchqkit_version = torchqkit_version or current_version()
+        self.quantized = list(quantized or [])
+        self.modules_not_to_convert = list(modules_not_to_convert or [])
+        self.tied = dict(tied or {})
+        self.strict = strict
+
+    def to_dict(self) -> dict:
+        return {"quant_method": QUANT_METHOD, "format_version": self.format_version,
+                "torchqkit_version": self.torchqkit_version, "config": encode_config(self.config),
+                "quantized": list(self.quantized), "modules_not_to_convert": list(self.modules_not_to_convert),
+                "tied": dict(self.tied), **({"strict": True} if self.strict else {})}
+
+    def __eq__(self, other):
+        return isinstance(other, TorchqkitConfig) and self.to_dict() == other.to_dict()
+
+
+class TorchqkitHfQuantizer(HfQuantizer):
+    """Loads torchqkit checkpoints and quantizes float ones while transformers loads them (module docstring)."""
+
+    requires_calibration = False
+
+    def __init__(self, quantization_config: TorchqkitConfig, **kwargs):
+        super().__init__(quantization_config, **kwargs)
+        self.checkpoint = None      # the validated headers of a torchqkit checkpoint being loaded
+        self.loaded = {}            # module name -> LayerReport, for layers quantized while loading
+        self.configs = None
+
+    # -------------------------------------------------------------------------------------------- checks
+
+    def validate_environment(self, *args, device_map=None, **kwargs):
+        if not self.pre_quantized and self.quantization_config.config is None:
+            raise ValueError("TorchqkitConfig(): give the config to quantize with, e.g. "
+                             "qk.TorchqkitConfig(qk.Int4WeightOnlyConfig()), or a ModuleConfigs")
+        if isinstance(device_map, dict) and "disk" in device_map.values():
+            raise ValueError("torchqkit: device_map sends modules to 'disk'; disk offload of quantized weights is not "
+                             "supported. Use device_map='cpu' (or one device)")
+
+    def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
+        if self.pre_quantized:
+            self.checkpoint = _open_checkpoint_of(checkpoint_files)
+            self.checkpoint.close()  # headers are all we need: transformers reads the tensors
+            _check_against_model(self.checkpoint, model)
+            if self.quantization_config.format_version > FORMAT_VERSION:
+                raise CheckpointError(f"{self.checkpoint.path.parent / 'config.json'}: quantization_config has "
+                                      f"format_version {self.quantization_config.format_version}; this torchqkit "
+                                      f"reads formats up to {FORMAT_VERSION}: upgrade torchqkit")
+            # config.json's copy has its keys sorted by transformers; "re:" patterns are tried in order, so the
+            # header's copy (in the order the user wrote) is the one to keep and to save again.
+            self.quantization_config.config = self.checkpoint.config
+        else:
+            self.configs = as_module_configs(self.quantization_config.config)
+            for c in self.configs.configs.values():
+                if c is not None:
+                    handler_for(c)
+        return model
+
+    # -------------------------------------------------------------------------------------------- loading
+
+    @property
+    def serialized_names(self) -> dict[str, list[str]]:
+        """Every "weight:<inner>" suffix the checkpoint stores: one converter gathers a weight's tensors."""
+        if not self.pre_quantized or self.checkpoint is None:
+            return {}
+        names = {f"weight{INNER_SEP}{inner}" for name, inners in self.checkpoint.inner.items()
+                 if name.endswith(".weight") for inner in inners}
+        return {"weight": sorted(names)} if names else {}
+
+    def get_load_operations(self) -> dict:
+        return {"deserialize": TorchqkitDeserialize}
+
+    def param_needs_quantization(self, model, param_name: str, **kwargs) -> bool:
+        if self.pre_quantized:
+            return self.checkpoint is not None and param_name in self.checkpoint.weights
+        module_name, _, attr = param_name.rpartition(".")
+        if attr != "weight" or param_name in _tied_keys(model):  # ties are decided when everything is loaded
+            return False
+        try:
+            module = model.get_submodule(module_name)
+        except AttributeError:
+            return False
+        return isinstance(module, nn.Linear) and self.configs.lookup(module_name)[1] is not None
+
+    def get_quantize_ops(self):
+        return TorchqkitQuantize(self)
+
+    def _process_model_after_weight_loading(self, model, **kwargs):
+        # The converters that gathered "<name>:<inner>" tensors can't be reversed on save, and need not be:
+        # get_state_dict_and_metadata writes those names itself.
+        conversions = getattr(model, "_weight_conversions", None)
+        if conversions:
+            model._weight_conversions = [c for c in conversions if not any(
+                isinstance(op, TorchqkitDeserialize) for op in getattr(c, "operations", ()))]
+        if self.pre_quantized:
+            _check_loaded(self.checkpoint, model)
+            return model
+        report = complete_quantization_(model, self.configs, self.loaded, strict=self.quantization_config.strict)
+        model.torchqkit_report = report
+        return model
+
+    # -------------------------------------------------------------------------------------------- saving
+
+    def get_state_dict_and_metadata(self, model):
+        qc = self.quantization_config
+        tensors, metadata, tied = flat_state_dict(model, qc.config)
+        record = quantization_record(model, qc.config, tied)
+        qc.quantized, qc.modules_not_to_convert, qc.tied = (record["quantized"], record["modules_not_to_convert"],
+                                                            record["tied"])
+        qc.format_version, qc.torchqkit_version = record["format_version"], record["torchqkit_version"]
+        return tensors, metadata
+
+    def is_serializable(self):
+        return True
+
+    @property
+    def is_trainable(self) -> bool:
+        return False
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+
+class _SharedQuantizerOp(ConversionOps):
+    """transformers deep-copies a converter for every weight; its op must keep pointing at the one quantizer
+    (which holds the checkpoint's headers and collects the report), not copy it."""
+
+    def __init__(self, hf_quantizer: TorchqkitHfQuantizer):
+        self.hf_quantizer = hf_quantizer
+
+    def __deepcopy__(self, memo):
+        return type(self)(self.hf_quantizer)
+
+
+class TorchqkitDeserialize(_SharedQuantizerOp):
+    """One quantized weight's stored tensors ("weight:<inner>" -> [tensor]) to its AffineQuantizedTensor."""
+
+    def convert(self, input_dict, source_patterns=None, target_patterns=None, full_layer_name=None, model=None,
+                **kwargs):
+        ckpt = self.hf_quantizer.checkpoint
+        if full_layer_name not in ckpt.weights:
+            raise CheckpointError(f"{ckpt.path}: tensors {sorted(input_dict)} were loaded for {full_layer_name!r}, "
+                                  f"which the torchqkit header does not describe")
+        tensors = {}
+        for pattern, values in input_dict.items():
+            inner = pattern.partition(INNER_SEP)[2]
+            values = values if isinstance(values, list) else [values]
+            if len(values) != 1:
+                raise CheckpointError(f"{ckpt.path}: {full_layer_name}{INNER_SEP}{inner}: {len(values)} tensors")
+            tensors[inner] = values[0]
+        weight = read_quantized_weight(ckpt, full_layer_name, tensors)
+        module_name = full_layer_name.rpartition(".")[0]
+        patch_extra_repr(model.get_submodule(module_name))
+        return {full_layer_name: nn.Parameter(weight, requires_grad=False)}
+
+
+class TorchqkitQuantize(_SharedQuantizerOp):
+    """One float Linear weight, as transformers reads it, to its quantized weight (or left float, and reported)."""
+
+    def convert(self, input_dict, full_layer_name=None, model=None, **kwargs):
+        value = next(iter(input_dict.values()))
+        value = value[0] if isinstance(value, list) else value
+        module_name = full_layer_name.rpartition(".")[0]
+        module = model.get_submodule(module_name)
+        entry, weight = quantize_layer(module_name, module, self.hf_quantizer.configs, weight=value)
+        self.hf_quantizer.loaded[module_name] = entry
+        if weight is None:
+            return {full_layer_name: value}
+        patch_extra_repr(module)
+        return {full_layer_name: nn.Parameter(weight, requires_grad=False)}
+
+
+def register_with_transformers() -> None:
+    from transformers.quantizers.auto import (AUTO_QUANTIZATION_CONFIG_MAPPING, AUTO_QUANTIZER_MAPPING,
+                                              register_quantization_config, register_quantizer)
+    if QUANT_METHOD not in AUTO_QUANTIZATION_CONFIG_MAPPING:
+        register_quantization_config(QUANT_METHOD)(TorchqkitConfig)
+    if QUANT_METHOD not in AUTO_QUANTIZER_MAPPING:
+        register_quantizer(QUANT_METHOD)(TorchqkitHfQuantizer)
+
+
+def _open_checkpoint_of(checkpoint_files):
+    """The torchqkit checkpoint behind the files transformers resolved: one file, or the shards of an index."""
+    if not checkpoint_files:
+        raise CheckpointError("torchqkit: transformers found no checkpoint file to load (a torchqkit checkpoint is "
+                              "model.safetensors, or shards and model.safetensors.index.json)")
+    files = [Path(f) for f in checkpoint_files]
+    if any(f.suffix != ".safetensors" for f in files):
+        raise CheckpointError(f"{files[0]}: torchqkit checkpoints are safetensors files; this is not one")
+    if len(files) == 1:
+        return open_checkpoint(files[0])
+    index = files[0].parent / "model.safetensors.index.json"
+    if not index.exists():
+        raise CheckpointError(f"{files[0].parent}: {len(files)} shards but no model.safetensors.index.json")
+    return open_checkpoint(index)
+
+
+def _check_against_model(ckpt, model: nn.Module) -> None:
+    """Every quantized weight the checkpoint holds is a weight of the model with the same shape, before any load."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for name, attrs in ckpt.weights.items():
+        if name not in params:
+            raise CheckpointError(f"{ckpt.path}: quantized weight {name!r} is not a parameter of "
+                                  f"{type(model).__name__}: the checkpoint was saved from another architecture")
+        shape = attrs["logical_shape"][::-1] if attrs["transposed"] else attrs["logical_shape"]
+        if tuple(params[name].shape) != tuple(shape):
+            raise CheckpointError(f"{ckpt.path}: quantized weight {name!r} has shape {list(shape)}, the model's is "
+                                  f"{list(params[name].shape)}")
+
+
+def _check_loaded(ckpt, model: nn.Module) -> None:
+    """transformers logs a conversion that failed and goes on; a quantized weight left out is an error here."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    missing = [n for n in ckpt.weights if not isinstance(params.get(n), AffineQuantizedTensor)]
+    if missing:
+        raise CheckpointError(f"{ckpt.path}: quantized weight(s) {missing[:5]} were not loaded (see the load report "
+                              f"above for the reason); the model would have run with initialised weights")
+
+
+def _tied_keys(model) -> set[str]:
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    return set(tied) | set(tied.values())
+
+
+register_with_transformers()

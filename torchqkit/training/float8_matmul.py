@@ -1,0 +1,58 @@
+"""Scaled float8 matmul for training: cast both operands to float8 with the oracle, multiply, rescale.
+
+``a`` (M, K) is scaled per tensor or per row (one scale per M), ``b`` (K, N) per tensor or per column (one per
+N): the scale always runs along a dimension the product keeps, which is what ``torch._scaled_mm`` accepts
+(scale_a (M, 1) or (1, 1), scale_b (1, N) or (1, 1)). On a CUDA device of compute capability 8.9 or more the
+product is ``torch._scaled_mm``; elsewhere it is emulated: the float8 values times their scales, multiplied
+in float32. Both see the same float8 codes; they differ only in the order of the float32 accumulation.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..core.primitives import choose_qparams_affine, quantize_affine
+from ..core.qdtype import QDType
+
+__all__ = ["Float8Operand", "cast_to_float8", "scaled_mm", "matmul_backend"]
+
+EMULATED = "emulated"
+SCALED_MM = "torch._scaled_mm"
+
+
+class Float8Operand:
+    """float8 codes and their float32 scale (x ~ codes * scale), of a (rows, cols) matrix."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor):
+        self.codes, self.scale = codes, scale
+
+    def dequantize(self) -> torch.Tensor:
+        return self.codes.float() * self.scale
+
+
+def cast_to_float8(t: torch.Tensor, qdtype: QDType, block_size, scale: torch.Tensor | None = None) -> Float8Operand:
+    """``t`` in ``qdtype`` with one scale per block (absmax / max of the format), or with the given ``scale``
+    (delayed scaling: values beyond the format's range saturate at its max)."""
+    if scale is None:
+        scale, _ = choose_qparams_affine(t, qdtype, block_size, scale_dtype=torch.float32, check_finite=False,
+                                         name="float8 training operand")
+    codes = quantize_affine(t, qdtype, block_size, scale, check_finite=False, name="float8 training operand")
+    return Float8Operand(codes, scale)
+
+
+def matmul_backend(device: torch.device) -> tuple[str, str]:
+    """(backend, why) for a float8 training matmul on ``device``."""
+    if device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 9):
+        return SCALED_MM, "float8 tensor cores (compute capability >= 8.9)"
+    if device.type == "cuda":
+        return EMULATED, "this GPU has no float8 tensor cores (compute capability < 8.9)"
+    return EMULATED, (f"{device.type} has no fast float8 matmul (torch._scaled_mm on CPU is a slow reference); "
+                      f"float8 casts are exact, the product of the dequantized float8 values runs in float32")
+
+
+def scaled_mm(a: Float8Operand, b: Float8Operand, out_dtype: torch.dtype) -> torch.Tensor:
+    """(a.codes * a.scale) @ (b.codes * b.scale) in ``out_dtype``, accumulated in float32."""
+    if matmul_backend(a.codes.device)[0] == SCALED_MM:
+        # _scaled_mm wants b column-major.
+        return torch._scaled_mm(a.codes, b.codes.t().contiguous().t(), scale_a=a.scale, scale_b=b.scale,
+                                out_dtype=out_dtype)
+    return (a.dequantize() @ b.dequantize()).to(out_dtype)

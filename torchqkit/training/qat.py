@@ -1,0 +1,140 @@
+"""prepare_qat_ / convert_qat_: quantization-aware training on the float model, then real quantization.
+
+    qk.prepare_qat_(model, qk.QATConfig(qk.Int4WeightOnlyConfig(group_size=32)))
+    train(model)                       # float weights, fake-quantized in the forward, STE backward
+    report = qk.convert_qat_(model)    # quantize_ with the same configs: the same weights, bit for bit
+
+prepare_qat_ plans with ``plan_quantize`` (quantize_'s own first phase), so it fake-quantizes exactly the
+layers convert_qat_ will quantize, with the same per-module configs, tied-weight rules and report.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..api.configs.base import recipe_for
+from ..api.module_configs import ModuleConfigs
+from ..api.quantize import QuantizationError, as_module_configs, plan_quantize, quantize_
+from ..api.report import QuantizationReport
+from ..core.qdtype import QKind
+from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from .fake_quantize import WeightFakeQuantizer
+from .fake_quantized_linear import FakeQuantizedLinear, QATState, fake_quantized_class
+from .qat_config import QATConfig
+
+__all__ = ["prepare_qat_", "convert_qat_", "is_qat_prepared"]
+
+
+def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn.Module, str], bool] | None = None,
+                 strict: bool = False) -> QuantizationReport:
+    """Make ``model``'s Linear layers train through fake quantization towards ``config.base``, in place.
+
+    Returns the report ``quantize_`` would give for ``config.base`` ("quantized" = fake-quantized now,
+    quantized by convert_qat_). Layers the config can't take are reported and warned about (strict=True
+    raises). Raises, leaving the model unchanged, for a model that holds quantized weights or was already
+    prepared, configs a fake quantizer can't emulate, and weights tied to a module that isn't a Linear."""
+    if not isinstance(config, QATConfig):
+        raise TypeError(f"prepare_qat_ takes a QATConfig, got {type(config).__name__}"
+                        + (f"; wrap it: QATConfig({type(config).__name__}(...))" if hasattr(config, "describe") else ""))
+    modules = dict(model.named_modules())
+    _refuse_quantized_or_prepared(modules)
+    configs = as_module_configs(config.base)
+    _check_emulable(configs, modules, filter_fn, config.stochastic_rounding)
+    report, swaps = plan_quantize(model, configs, filter_fn=filter_fn)
+    if report.skipped and strict:
+        raise QuantizationError("prepare_qat_(strict=True): the model was left unchanged because "
+                                + "; ".join(f"{e.fqn}: {e.reason}" for e in report.skipped))
+    plans = []
+    for swap in swaps:
+        # The planned Linear that owns the weight (holders run in module order: an embedding may come first).
+        owner = next(h.fqn for h in swap.holders if report[h.fqn].status == "quantized")
+        for h in swap.holders:
+            _check_holder(h.fqn, h.module, h.attr, owner)
+        plans.append((swap.holders, configs.lookup(owner)[1]))
+    for index, (holders, base) in enumerate(plans):  # nothing above changed the model; from here nothing fails
+        generator = torch.Generator().manual_seed(config.seed + index) if config.stochastic_rounding else None
+        clipped = config.grad == "clipped_ste"
+        quantizer = WeightFakeQuantizer(recipe_for(base), clipped=clipped, generator=generator,
+                                        name=f"{holders[0].fqn}.weight")
+        for h in holders:
+            h.module.qat = QATState(base, type(h.module), quantizer, clipped)
+            h.module.__class__ = fake_quantized_class(type(h.module))
+    if report.skipped:
+        warnings.warn(f"torchqkit.prepare_qat_: {len(report.skipped)} selected layer(s) stay in float (convert_qat_ "
+                      f"won't quantize them either): "
+                      + "; ".join(f"{e.fqn} ({e.reason})" for e in report.skipped[:5])
+                      + (" ..." if len(report.skipped) > 5 else "") + ". strict=True raises.", stacklevel=2)
+    return report
+
+
+def convert_qat_(model: nn.Module) -> QuantizationReport:
+    """Quantize every layer prepare_qat_ fake-quantized, with its config, and restore its class, in place.
+    The quantized weights dequantize to the last training forward's fake-quantized weights bit for bit (with
+    round-to-nearest; stochastic rounding trains around them). Returns quantize_'s report."""
+    prepared = {fqn: m for fqn, m in model.named_modules() if isinstance(m, FakeQuantizedLinear)}
+    if not prepared:
+        raise ValueError("convert_qat_: no layer of this model was prepared for quantization-aware training; call "
+                         "prepare_qat_(model, QATConfig(...)) before training, then convert_qat_(model)")
+    configs = ModuleConfigs({fqn: m.qat.config for fqn, m in prepared.items()})
+    try:
+        report = quantize_(model, configs, filter_fn=lambda module, fqn: fqn in prepared, strict=True)
+    except QuantizationError as e:
+        raise QuantizationError(f"convert_qat_: the model was left as prepared (still fake-quantized) because "
+                                f"{str(e).split('because ', 1)[-1]}") from None
+    for m in prepared.values():
+        m.__class__ = m.qat.original_class
+        del m.qat
+    return report
+
+
+def is_qat_prepared(model: nn.Module) -> bool:
+    return any(isinstance(m, FakeQuantizedLinear) for m in model.modules())
+
+
+def _refuse_quantized_or_prepared(modules: dict[str, nn.Module]) -> None:
+    for fqn, module in modules.items():
+        if isinstance(module, FakeQuantizedLinear):
+            raise ValueError(f"prepare_qat_: {fqn or 'the model'} is already prepared for quantization-aware training "
+                             f"({module.qat.config.describe()}); train it and call convert_qat_, or start again from "
+                             f"the float model")
+        for attr, p in module._parameters.items():
+            if isinstance(p, AffineQuantizedTensor):
+                raise ValueError(f"prepare_qat_: {fqn}.{attr} is already quantized ({p.qdtype.name}, "
+                                 f"{p.qlayout.name}); quantization-aware training trains float weights: prepare the "
+                                 f"float model, train it, then convert_qat_")
+
+
+def _check_emulable(configs: ModuleConfigs, modules: dict[str, nn.Module], filter_fn, stochastic: bool) -> None:
+    """Every config that selects a module must have a per-weight recipe (and an integer format for stochastic
+    rounding); the error names the modules it would have applied to."""
+    chosen: dict[str, list[str]] = {}
+    for fqn, module in modules.items():
+        if fqn in configs.configs or (filter_fn or (lambda m, f: isinstance(m, nn.Linear)))(module, fqn):
+            key, cfg = configs.lookup(fqn)
+            if cfg is not None:
+                chosen.setdefault(key, []).append(fqn)
+    for key, fqns in chosen.items():
+        cfg = configs.configs[key]
+        where = f"{', '.join(fqns[:3])}{' ...' if len(fqns) > 3 else ''}"
+        try:
+            recipe = recipe_for(cfg)
+        except TypeError as e:
+            raise TypeError(f"prepare_qat_: a fake quantizer can't emulate the config for {where} "
+                            f"({type(cfg).__name__}): {e}") from None
+        if stochastic and recipe.qdtype.kind is not QKind.INT:
+            raise ValueError(f"prepare_qat_: stochastic_rounding rounds integer codes; the config for {where} "
+                             f"({cfg.describe()}) has {recipe.qdtype.name} codes. Use stochastic_rounding=False")
+
+
+def _check_holder(fqn: str, module: nn.Module, attr: str, owner: str) -> None:
+    if not isinstance(module, nn.Linear) or attr != "weight":
+        raise ValueError(f"prepare_qat_: {owner}.weight is tied to {fqn}.{attr} ({type(module).__name__}), which "
+                         f"would read the quantized weight after convert_qat_ but the float one while training; "
+                         f"leave {owner} out of the config (ModuleConfigs({{{owner!r}: None, ...}})) or untie them")
+    if type(module).forward is not nn.Linear.forward:
+        raise ValueError(f"prepare_qat_: {fqn} is a {type(module).__name__} with its own forward; fake quantization "
+                         f"replaces nn.Linear.forward, so it can't train it. Leave it out with filter_fn or "
+                         f"ModuleConfigs({{{fqn!r}: None, ...}})")
