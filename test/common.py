@@ -25,6 +25,7 @@ SQNR_FLOORS_DB = {
     "Float8WeightOnlyConfig": 25.0,
     "Float8DynamicActivationFloat8WeightConfig": 22.0,
     "Float8StaticActivationFloat8WeightConfig": 20.0,
+    "Int8StaticActivationInt8WeightConfig": 20.0,
 }
 
 

@@ -4,11 +4,13 @@
     report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=128))
 """
 from . import kernels
+from .api.configs import (AWQConfig, GPTQConfig, Int8StaticActivationInt8WeightConfig, SmoothQuantConfig)
 from .api.configs import (Float8DynamicActivationFloat8WeightConfig, Float8StaticActivationFloat8WeightConfig,
                           Float8WeightOnlyConfig, Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
                           Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig,
                           MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig, NF4WeightOnlyConfig,
                           QuantConfig, config_from_dict, known_configs)
+from .api.calibrate import CalibrationData
 from .api.module_configs import ModuleConfigs
 from .api.quantize import QuantizationError, quantize_
 from .api.quantize_weight import UnsupportedWeight, quantize_weight
@@ -41,7 +43,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'torchqkit' has no attribute {name!r}")
 
 # Public classes report their public path, so pickles and reprs don't depend on internal file names.
-for _cls in (AffineQuantizedTensor, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
+for _cls in (AffineQuantizedTensor, CalibrationData, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
              PackedIntxLayout, TensorCoreTiledLayout,
              QuantizationReport, Float8Layout, MXLayout, NF4Layout, QATConfig, FakeQuantizedLinear,
              Float8TrainingLinear):

@@ -22,6 +22,7 @@ CONFIGS = {
     "Float8WeightOnlyConfig": qk.Float8WeightOnlyConfig(),
     "Float8DynamicActivationFloat8WeightConfig": qk.Float8DynamicActivationFloat8WeightConfig(),
     "Float8StaticActivationFloat8WeightConfig": qk.Float8StaticActivationFloat8WeightConfig(act_scale=0.02),
+    "Int8StaticActivationInt8WeightConfig": qk.Int8StaticActivationInt8WeightConfig(act_scale=0.02),
 }
 MODELS = ["mlp", "transformer"]
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from .calibrate import CalibrationPlan, calibrate_model
 from .configs.base import QuantConfig, handler_for
 from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
@@ -55,16 +56,19 @@ def _default_filter(module: nn.Module, fqn: str) -> bool:
 
 
 def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str], bool] | None = None,
-              device=None, strict: bool = False) -> QuantizationReport:
+              device=None, strict: bool = False, calibration_data=None) -> QuantizationReport:
     """Quantize the weights of ``model``'s Linear layers in place and report what happened to each.
 
     config: a QuantConfig (every selected Linear) or a ModuleConfigs (per-module configs).
     filter_fn(module, fqn): which modules to consider; default: every nn.Linear.
     device: quantize (and leave) the selected layers on this device.
     strict: raise QuantizationError instead of reporting layers that can't be quantized.
+    calibration_data: model inputs (an iterable of tensors, tuples or keyword dicts; or a CalibrationData) for
+    configs that need them (GPTQ, AWQ, SmoothQuant, static activation scales): see api/calibrate.py.
+    Ignored when no config needs it.
     A weight shared by several modules is quantized once and stays shared: see Note [Shared weights].
     """
-    return _quantize_model(model, config, filter_fn, device, strict, {})
+    return _quantize_model(model, config, filter_fn, device, strict, {}, calibration_data)
 
 
 def complete_quantization_(model: nn.Module, config, quantized: dict[str, LayerReport], *,
@@ -76,14 +80,15 @@ def complete_quantization_(model: nn.Module, config, quantized: dict[str, LayerR
     return _quantize_model(model, config, None, None, strict, quantized)
 
 
-def _quantize_model(model, config, filter_fn, device, strict, done) -> QuantizationReport:
-    report, swaps = _plan(model, config, filter_fn, device, done)
+def _quantize_model(model, config, filter_fn, device, strict, done, calibration_data=None) -> QuantizationReport:
+    report, swaps, calibrated = _plan(model, config, filter_fn, device, done, calibration_data)
     problems = report.skipped
     if problems and strict:
         raise QuantizationError("quantize_(strict=True): the model was left unchanged because "
                                 + "; ".join(f"{e.fqn}: {e.reason}" for e in problems))
     for swap in swaps:
         _swap_weight(swap.holders, swap.weight, device)
+    calibrated.apply_float_updates()  # scales folded into norms (AWQ, SmoothQuant)
     if problems:
         warnings.warn(f"torchqkit.quantize_: {len(problems)} selected layer(s) left unquantized: "
                       + "; ".join(f"{e.fqn} ({e.reason})" for e in problems[:5])
@@ -102,21 +107,24 @@ def plan_quantize(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, s
     """Phase 1 of ``quantize_`` on its own: the report ``quantize_`` would return and the weights it would swap
     in, without touching ``model``. Training (``prepare_qat_``) uses it to fake-quantize exactly the layers a
     later conversion quantizes."""
-    return _plan(model, config, filter_fn, device, {})
+    report, swaps, _ = _plan(model, config, filter_fn, device, {})
+    return report, swaps
 
 
-def _plan(model, config, filter_fn, device, done):
+def _plan(model, config, filter_fn, device, done, calibration_data=None):
     configs = as_module_configs(config)
     for c in configs.configs.values():
         if c is not None:
             handler_for(c)  # unknown config types fail before anything happens
     modules = dict(model.named_modules())
     holders = _shared_parameters(modules)
-    return _plan_model(modules, holders, configs, filter_fn or _default_filter, device, done)
+    selected = filter_fn or _default_filter
+    calibrated = calibrate_model(model, modules, configs, selected, calibration_data)  # changes nothing
+    return (*_plan_model(modules, holders, configs, selected, device, done, calibrated), calibrated)
 
 
 def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]], configs: ModuleConfigs,
-                selected: Callable, device, done: dict[str, LayerReport]):
+                selected: Callable, device, done: dict[str, LayerReport], calibrated: CalibrationPlan):
     """Phase 1: the report, and (holders, quantized weight) pairs to swap. Touches nothing. ``done``: entries of
     layers a loader already quantized (complete_quantization_); they are reported as planned then."""
     exact = set(configs.exact_keys())
@@ -134,7 +142,8 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
         if id(weight) in owned:
             entries[fqn] = _shared_entry(fqn, owned[id(weight)], configs.lookup(fqn)[1])
             continue
-        entries[fqn], qweight = _plan_weight(fqn, module, holders.get(id(weight), []), configs, device)
+        entries[fqn], qweight = _plan_weight(fqn, module, holders.get(id(weight), []), configs, device,
+                                             calibrated.weights.get(fqn), calibrated.notes.get(fqn, ""))
         if isinstance(module, nn.Linear):
             owned[id(weight)] = _Owned(entries[fqn], configs.lookup(fqn)[1], qweight)
     swaps = []
@@ -176,14 +185,15 @@ def _shared_parameters(modules: dict[str, nn.Module]) -> dict[int, list[_Holder]
     return {pid: hs for pid, hs in seen.items() if len(hs) > 1}
 
 
-def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: ModuleConfigs, device):
+def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: ModuleConfigs, device,
+                 calibrated=None, note: str = ""):
     """Plan one module's weight; ``group``: every holder when the Parameter is shared (Note [Shared weights])."""
     others = [h for h in group if not isinstance(h.module, nn.Linear)]
     key, config = configs.lookup(fqn)
     weight = getattr(module, "weight", None)
     if (not others or config is None or not isinstance(module, nn.Linear) or weight.is_meta
             or isinstance(weight, AffineQuantizedTensor)):  # nothing to decide: the usual reasons apply
-        return quantize_layer(fqn, module, configs, device)
+        return quantize_layer(fqn, module, configs, device, calibrated=calibrated, note=note)
     tied = ", ".join(f"{h.fqn}.{h.attr} ({type(h.module).__name__})" for h in others)
     nbytes = _nbytes(weight)
     if key != fqn:
@@ -195,7 +205,7 @@ def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: Mod
         return LayerReport(fqn, "skipped", config.describe(), f"weight tied to {h.fqn}.{h.attr}, a "
                            f"{type(h.module).__name__}, which can't read a quantized weight (torchqkit serves "
                            f"nn.Linear and nn.Embedding without max_norm); untie them first", nbytes, nbytes), None
-    return quantize_layer(fqn, module, configs, device)
+    return quantize_layer(fqn, module, configs, device, calibrated=calibrated, note=note)
 
 
 def _reads_quantized(h: _Holder) -> bool:
@@ -217,9 +227,12 @@ def _nbytes(weight) -> int:
     return weight.numel() * weight.element_size() if isinstance(weight, torch.Tensor) else 0
 
 
-def quantize_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device=None, weight=None):
+def quantize_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device=None, weight=None, *,
+                   calibrated=None, note: str = ""):
     """Plan one module: (its report entry, its quantized weight or None). Touches nothing. ``weight``: the float
     weight to use instead of ``module.weight`` (a loader's tensor while the module is still on the meta device).
+    ``calibrated``: the weight calibration planned for it (api/calibrate.py), or why it could not; ``note``:
+    what calibration did, for the report.
     Shared weights are not considered here: quantize_ decides them (Note [Shared weights])."""
     weight = getattr(module, "weight", None) if weight is None else weight
     nbytes = _nbytes(weight)
@@ -239,12 +252,14 @@ def quantize_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device=N
                            "(or load a quantized checkpoint with load_state_dict(assign=True))", nbytes, nbytes), None
     w = weight.detach() if device is None else weight.detach().to(device)
     try:
-        qweight = handler_for(config)(config, w, f"{fqn}.weight")
+        if isinstance(calibrated, UnsupportedWeight):
+            raise calibrated
+        qweight = handler_for(config)(config, w, f"{fqn}.weight") if calibrated is None else calibrated.to(w.device)
     except UnsupportedWeight as e:
         return LayerReport(fqn, "skipped", desc, str(e), nbytes, nbytes), None
     except ValueError as e:  # numerics refused the data, e.g. NaN/Inf in the weight
         return LayerReport(fqn, "skipped", desc, str(e), nbytes, nbytes), None
-    return LayerReport(fqn, "quantized", desc, "", nbytes, qweight.packed_nbytes()), qweight
+    return LayerReport(fqn, "quantized", desc, note, nbytes, qweight.packed_nbytes()), qweight
 
 
 def _swap_weight(holders: list[_Holder], weight: AffineQuantizedTensor, device) -> None:

@@ -18,7 +18,8 @@ class LayerReport:
     status: str            # "quantized"; "shared" (holds another entry's weight); "skipped" (config couldn't take
                            # it); "kept" (no config / None / tied to an embedding)
     config: str            # config description, or "-"
-    reason: str            # why it was skipped, kept or shared; "" when quantized
+    reason: str            # why it was skipped, kept or shared; when quantized, "" or a note (e.g. where AWQ
+                           # folded its scales)
     bytes_before: int
     bytes_after: int
     shared_with: str = ""  # "shared": the Parameter it holds, "<owner fqn>.weight"
@@ -65,7 +66,8 @@ class QuantizationReport:
     def __str__(self) -> str:
         rows = [("layer", "status", "config / reason", "bytes before", "after")]
         for e in self.entries:
-            rows.append((e.fqn, e.status, e.config if e.status == "quantized" else e.reason,
+            text = (e.config + (f"; {e.reason}" if e.reason else "")) if e.status == "quantized" else e.reason
+            rows.append((e.fqn, e.status, text,
                          f"{e.bytes_before:,}", f"{e.bytes_after:,}"))
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))

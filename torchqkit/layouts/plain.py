@@ -9,7 +9,7 @@ sub-byte codes waste bits) and float8 (torch's float8 dtypes). Tensors:
 Linear (KernelPreference.AUTO): symmetric signed int codes stored as int8 (int8, or int2..int7 kept in
 int8), per-row or group-wise, run the custom op ``torchqkit::linear_int8wo_plain``; with int8 dynamic
 per-token activations (symmetric or asymmetric) and per-row weights, ``torchqkit::linear_int8da_int8_plain``
-(C++ CPU kernels, pure-torch reference elsewhere; ``torchqkit.kernels.status()`` names the backend). Float8
+(static per-tensor int8 activation scales: ``torch._int_mm``; C++ CPU kernels, pure-torch reference elsewhere; ``torchqkit.kernels.status()`` names the backend). Float8
 per-tensor / per-row runs ``torch._scaled_mm``. Everything else, and KernelPreference.REFERENCE, runs the
 reference (dequantize, fake-quantize the activation, F.linear).
 """
@@ -72,6 +72,9 @@ class PlainLayout(Layout):
              "why": "dequantize + F.linear: no fused kernel for these yet"},
             {"linear": "int8 dynamic act (per token, symmetric / asymmetric) x per-row symmetric int8 weight",
              "path": f"{_DYNAMIC_INT8_OP} ({da})", "why": da_why},
+            {"linear": "int8 static per-tensor act (calibrated scale) x per-row symmetric int8 weight",
+             "path": "aten._int_mm", "why": f"{_DYNAMIC_INT8_OP} computes per-token scales inside; a static scale "
+             "is applied in Python (quantize x, torch._int_mm, rescale): exact, one extra pass over x"},
             {"linear": "int8 dynamic act with symmetric_no_clipping_err mapping x per-row symmetric weight",
              "path": "aten._int_mm", "why": "the custom op implements the symmetric and asymmetric mappings only"},
             {"linear": "int8 dynamic act x group-wise or zero-point int weight", "path": "reference",
@@ -107,7 +110,8 @@ def linear_path(w) -> str:
     per_row = w.block_size == (1, w.logical_shape[1])
     if (spec.qdtype.kind is QKind.INT and w.qdtype.kind is QKind.INT and w.qdtype.signed
             and w.zero_point_domain is ZeroPointDomain.NONE and per_row):
-        if _symmetric_int8_codes(w) and spec.mapping in (MappingType.SYMMETRIC, MappingType.ASYMMETRIC):
+        if (_symmetric_int8_codes(w) and spec.static_scale is None
+                and spec.mapping in (MappingType.SYMMETRIC, MappingType.ASYMMETRIC)):
             return _DYNAMIC_INT8_OP
         return "aten._int_mm"
     if scaled_mm_applies(w):

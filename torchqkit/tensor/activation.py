@@ -45,7 +45,7 @@ class QuantizedActivation:
 class ActivationQuantSpec:
     """How a linear quantizes its input before the matmul.
 
-    int8: PerToken, symmetric or asymmetric (dynamic scales).
+    int8: PerToken, symmetric or asymmetric (dynamic scales), or PerTensor symmetric with a given ``static_scale``.
     float8: PerTensor or PerRow (= per token), dynamic, or static with a given ``static_scale``.
     """
     qdtype: QDType
@@ -58,19 +58,19 @@ class ActivationQuantSpec:
         if self.qdtype.kind is QKind.INT:
             if self.qdtype.name != "int8":
                 raise ValueError(f"activation quantization supports int8 or float8, got {self.qdtype.name}")
-            if not isinstance(self.granularity, (PerToken, PerRow)):
-                raise ValueError("int8 activation quantization is per token: use PerToken()")
-            if self.static_scale is not None:
-                raise ValueError("static activation scales are supported for float8 activations only")
+            if self.static_scale is None and not isinstance(self.granularity, (PerToken, PerRow)):
+                raise ValueError("dynamic int8 activation quantization is per token: use PerToken()")
+            if self.static_scale is not None and (not isinstance(self.granularity, PerTensor)
+                                                  or self.mapping is not MappingType.SYMMETRIC):
+                raise ValueError("a static int8 activation scale is one symmetric per-tensor scale: use PerTensor() "
+                                 "and MappingType.SYMMETRIC")
+            _check_static_scale(self.static_scale)
         elif self.qdtype.kind is QKind.FLOAT8:
             if not isinstance(self.granularity, (PerTensor, PerRow, PerToken)):
                 raise ValueError("float8 activation quantization is PerTensor or PerRow")
             if self.mapping is not MappingType.SYMMETRIC:
                 raise ValueError("float8 activations are quantized symmetrically")
-            if self.static_scale is not None and not (
-                    type(self.static_scale) in (int, float) and math.isfinite(self.static_scale)
-                    and self.static_scale > 0):
-                raise ValueError(f"static_scale must be a finite positive float, got {self.static_scale!r:.40}")
+            _check_static_scale(self.static_scale)
         else:
             raise ValueError(f"activation quantization supports int8 or float8, got {self.qdtype.name}")
 
@@ -85,7 +85,9 @@ class ActivationQuantSpec:
         finite = torch.isfinite(x2d)
         row_ok = finite.all(dim=-1, keepdim=True)
         if self.static_scale is not None:
-            scale = torch.full((1, 1), self.static_scale, dtype=torch.float32, device=x2d.device)
+            # int8 scales go per row (the same value in each) so a non-finite row gets its own NaN scale
+            rows = x2d.shape[0] if self.qdtype.kind is QKind.INT else 1
+            scale = torch.full((rows, 1), self.static_scale, dtype=torch.float32, device=x2d.device)
             zp = None
         else:
             zpd = ZeroPointDomain.INT if self.mapping is MappingType.ASYMMETRIC else ZeroPointDomain.NONE
@@ -97,12 +99,16 @@ class ActivationQuantSpec:
             x2d = torch.where(row_ok, x2d, float("nan"))  # NaN codes: float8 has them
         else:
             scale = torch.where(row_ok, scale, float("nan"))  # int8 is per token: the row's own scale
+        if scale.shape[0] != 1:
+            block = (1, x2d.shape[1])
         q = quantize_affine(x2d, self.qdtype, block, scale, zp, check_finite=False, name="activation")
         return QuantizedActivation(q, scale, zp)
 
     def block_size(self, x2d: torch.Tensor) -> tuple[int, int]:
-        """The oracle's block size for a (M, K) activation: the whole tensor, or one row per token."""
-        return (x2d.shape[0], x2d.shape[1]) if self.per_tensor else (1, x2d.shape[1])
+        """The oracle's block size for a (M, K) activation: the whole tensor, or one row per token (a static int8
+        scale is carried per row too, see ``quantize``)."""
+        per_row = not self.per_tensor or (self.static_scale is not None and self.qdtype.kind is QKind.INT)
+        return (1, x2d.shape[1]) if per_row else (x2d.shape[0], x2d.shape[1])
 
     def dequantize(self, qa: QuantizedActivation, dtype: torch.dtype) -> torch.Tensor:
         return dequantize_affine(qa.qdata, self.qdtype, self.block_size(qa.qdata), qa.scale, qa.zero_point,
@@ -116,3 +122,9 @@ class ActivationQuantSpec:
         g = type(self.granularity).__name__
         s = f"{self.qdtype.name} {g} {self.mapping.value}"
         return s + (f" static_scale={self.static_scale:g}" if self.static_scale is not None else " dynamic")
+
+
+def _check_static_scale(static_scale) -> None:
+    if static_scale is not None and not (type(static_scale) in (int, float) and math.isfinite(static_scale)
+                                         and static_scale > 0):
+        raise ValueError(f"static_scale must be a finite positive float, got {static_scale!r:.40}")

@@ -6,3 +6,5 @@ from .float8 import (Float8DynamicActivationFloat8WeightConfig, Float8StaticActi
 from .integer import Int4WeightOnlyConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig
 from .mx import MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig
 from .nf4 import NF4WeightOnlyConfig
+from .static_activation import Int8StaticActivationInt8WeightConfig
+from .calibrated import AWQConfig, CalibratedConfig, GPTQConfig, SmoothQuantConfig

@@ -50,6 +50,11 @@ class QuantConfig:
         """Short human text for reports and extra_repr."""
         return repr(self)
 
+    def needs_calibration_data(self) -> bool:
+        """True when quantize_ must be given calibration_data= for this config (GPTQ, AWQ, SmoothQuant,
+        static activation scales left to calibration)."""
+        return False
+
 
 def register_config(handler: Callable):
     """Class decorator: register a config class with its handler ``handler(config, weight, name) -> AQT``."""

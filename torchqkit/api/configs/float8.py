@@ -11,8 +11,9 @@ from ...core.qdtype import QDType, QKind, float8_e4m3fn
 from ...layouts.base import Layout
 from ...layouts.float8 import Float8Layout
 from ...tensor.activation import ActivationQuantSpec
-from ..quantize_weight import WeightRecipe
+from ..quantize_weight import UnsupportedWeight, WeightRecipe
 from .base import QuantConfig, as_qdtype, register_recipe_config
+from .static_activation import Observer
 
 __all__ = ["Float8WeightOnlyConfig", "Float8DynamicActivationFloat8WeightConfig",
            "Float8StaticActivationFloat8WeightConfig"]
@@ -79,6 +80,10 @@ class Float8DynamicActivationFloat8WeightConfig(QuantConfig):
 
 
 def _float8_static_recipe(config):
+    if config.act_scale is None:  # never a silent dynamic scale
+        raise UnsupportedWeight("Float8StaticActivationFloat8WeightConfig(act_scale=None) takes its activation scale "
+                                "from calibration data, and this Linear was not calibrated; pass act_scale=..., or "
+                                "calibration_data=... to quantize_ with the Linear inside the model's decoder blocks")
     act = ActivationQuantSpec(config.activation_dtype, PerTensor(), static_scale=config.act_scale)
     return _float8_weight(config, act)
 
@@ -86,8 +91,11 @@ def _float8_static_recipe(config):
 @register_recipe_config(_float8_static_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Float8StaticActivationFloat8WeightConfig(QuantConfig):
-    """float8 activations with a given (calibrated) per-tensor scale x float8 weights."""
-    act_scale: float = field(metadata={"gt": 0.0})  # checked (finite, > 0) by QuantConfig, see base.py
+    """float8 activations with one static per-tensor scale x float8 weights. act_scale None: calibrated
+    by ``observer`` ("minmax" or "percentile" of |x|; torchqkit/api/configs/static_activation.py)."""
+    act_scale: float | None = field(default=None, metadata={"gt": 0.0})  # checked (finite, > 0) by QuantConfig
+    observer: Observer = "minmax"
+    percentile: float = field(default=99.99, metadata={"gt": 0.0, "le": 100.0})
     activation_dtype: QDType = float8_e4m3fn
     weight_dtype: QDType = float8_e4m3fn
     granularity: Granularity = PerTensor()
@@ -97,5 +105,9 @@ class Float8StaticActivationFloat8WeightConfig(QuantConfig):
         super().__post_init__()
         _check_float8("Float8StaticActivationFloat8WeightConfig", self, "activation_dtype", "weight_dtype")
 
+    def needs_calibration_data(self) -> bool:
+        return self.act_scale is None
+
     def describe(self):
-        return f"{self.activation_dtype.name} static act (scale {self.act_scale:g}) x {self.weight_dtype.name} weight"
+        scale = f"scale {self.act_scale:g}" if self.act_scale is not None else f"calibrated {self.observer}"
+        return f"{self.activation_dtype.name} static act ({scale}) x {self.weight_dtype.name} weight"

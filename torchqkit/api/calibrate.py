@@ -1,0 +1,345 @@
+"""Calibrated quantization inside quantize_: GPTQ, AWQ, SmoothQuant and static activation scales, block by block.
+
+See Note [Block-by-block calibration] (algorithms/blockwise.py) for the memory plan. For each decoder block:
+1. one pass of the first batch finds which Linears share an input (q/k/v, gate/up) and which op of the block
+   produced it (a norm whose output is that input, or the MLP's up_proj for down_proj): the fold targets;
+2. a pass over every batch collects each shared input's statistics (InputStats);
+3. AWQ / SmoothQuant scales are chosen and folded (x / s into the fold target, W s into the Linears);
+4. every selected Linear of the block is quantized (GPTQ codes, AWQ-clipped weights, static scales, or the
+   plain config) and installed, and the block runs again to give the next block its (quantized) inputs.
+Every change is undone at the end (or on any error): quantize_ then swaps the planned weights in as usual,
+so a failure anywhere leaves the model as it was.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..algorithms.awq import awq_clip, awq_scales
+from ..algorithms.blockwise import (BlockProgress, capture_block_inputs, check_finite_activation, find_blocks,
+                                    run_block)
+from ..algorithms.gptq import gptq_codes
+from ..algorithms.observers import InputStats, static_range
+from ..algorithms.smoothquant import smoothing_scales
+from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from .calibration_grid import ConfigGrid
+from .configs.base import handler_for
+from .configs.calibrated import AWQConfig, GPTQConfig, SmoothQuantConfig
+from .module_configs import ModuleConfigs
+from .quantize_weight import UnsupportedWeight
+
+__all__ = ["CalibrationData", "CalibrationPlan", "calibrate_model"]
+
+# AWQ's clipping search skips attention query / key projections: their errors pass through softmax, which
+# the output-error objective of one Linear doesn't see (AutoAWQ skips them too).
+_NO_CLIP = ("q_proj", "k_proj", "query", "key")
+
+
+# AWQ's clipping search scores every (row, group) at 11 ratios: on this many sampled token rows (AutoAWQ: 512)
+CLIP_ROWS = 512
+
+
+@dataclass
+class CalibrationData:
+    """Calibration batches plus how to run them. ``batches``: model inputs (tensors, tuples, or dicts of
+    keyword arguments); ``blocks``: fqn of the decoder-layer list (default: found, see find_blocks);
+    ``progress``: a line per block on stderr; ``max_rows``: token rows sampled per Linear input for AWQ's
+    searches and percentile observers."""
+    batches: Iterable
+    blocks: str | None = None
+    progress: bool = True
+    max_rows: int = 1024
+
+
+@dataclass
+class CalibrationPlan:
+    weights: dict[str, AffineQuantizedTensor | UnsupportedWeight] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    float_updates: list[tuple[nn.Module, str, nn.Parameter]] = field(default_factory=list)
+
+    def apply_float_updates(self) -> None:
+        for module, attr, param in self.float_updates:
+            setattr(module, attr, param)
+
+
+class _Undo:
+    """Parameters replaced during calibration, restored at the end."""
+
+    def __init__(self):
+        self.saved: dict[tuple[int, str], tuple[nn.Module, str, nn.Parameter]] = {}
+
+    def set(self, module: nn.Module, attr: str, value: torch.Tensor) -> None:
+        self.saved.setdefault((id(module), attr), (module, attr, getattr(module, attr)))
+        setattr(module, attr, nn.Parameter(value, requires_grad=False))
+
+    def adopt(self, other: "_Undo") -> None:
+        """Take over ``other``'s changes (the originals recorded first stay the ones restored)."""
+        for key, entry in other.saved.items():
+            self.saved.setdefault(key, entry)
+
+    def restore(self) -> list[tuple[nn.Module, str, nn.Parameter]]:
+        """Put every original back; return what was there instead, (module, attr, new value)."""
+        changed = []
+        for module, attr, original in self.saved.values():
+            changed.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, original)
+        return changed
+
+
+def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: ModuleConfigs, selected,
+                    calibration_data) -> CalibrationPlan:
+    """The quantized weights (and folded float parameters) of every selected Linear inside the model's decoder
+    blocks, when some config needs calibration data; an empty plan otherwise (data, if any, is ignored)."""
+    exact = set(configs.exact_keys())
+    chosen = {fqn: configs.lookup(fqn)[1] for fqn, m in modules.items()
+              if isinstance(m, nn.Linear) and (fqn in exact or selected(m, fqn))}
+    needing = sorted({type(c).__name__ for c in chosen.values() if c is not None and c.needs_calibration_data()})
+    if not needing:
+        return CalibrationPlan()
+    if calibration_data is None:
+        raise ValueError(f"{', '.join(needing)} need(s) calibration data: pass calibration_data=<iterable of model "
+                         f"inputs> to quantize_ (e.g. a few tokenized text batches); the model was not changed")
+    data = calibration_data if isinstance(calibration_data, CalibrationData) else CalibrationData(calibration_data)
+    list_fqn, blocks = find_blocks(model, data.blocks)
+    block_names = [_name_of(modules, b) for b in blocks]
+    undo, plan = _Undo(), CalibrationPlan()
+    try:
+        inputs = capture_block_inputs(model, blocks[0], data.batches)
+        progress = BlockProgress(len(blocks), f"{', '.join(needing)} over {list_fqn or 'the model'}",
+                                 enabled=data.progress)
+        for i, (prefix, block) in enumerate(zip(block_names, blocks)):
+            linears = {fqn: (modules[fqn], chosen[fqn]) for fqn in chosen
+                       if _inside(fqn, prefix) and chosen[fqn] is not None}
+            if linears:
+                _calibrate_block(block, prefix, linears, inputs, data, plan, undo)
+            inputs = run_block(block, inputs) if i + 1 < len(blocks) else []
+            progress.step(i, f"({len(linears)} Linears)")
+    finally:
+        changed = undo.restore()
+    quantized = {id(m) for fqn, w in plan.weights.items() if isinstance(w, AffineQuantizedTensor)
+                 for m in [modules[fqn]]}
+    plan.float_updates = [(m, a, p) for m, a, p in changed
+                          if not (a == "weight" and id(m) in quantized) and not isinstance(p, AffineQuantizedTensor)]
+    return plan
+
+
+def _name_of(modules: dict[str, nn.Module], block: nn.Module) -> str:
+    return next(fqn for fqn, m in modules.items() if m is block)
+
+
+def _inside(fqn: str, prefix: str) -> bool:
+    return prefix == "" or fqn.startswith(prefix + ".")
+
+
+# ------------------------------------------------------------------------------------------------ one block
+
+@dataclass
+class _Group:
+    """Linears of one block that read the same input tensor, and the op that produced it (or None)."""
+    members: list[str]
+    fold: tuple[str, nn.Module] | None = None
+    stats: InputStats | None = None
+    smooth: torch.Tensor | None = None
+    note: str = ""
+
+
+def _calibrate_block(block, prefix, linears, inputs, data, plan, undo) -> None:
+    groups = _find_groups(block, prefix, linears, inputs[0])
+    total_rows = sum(_rows(inp) for inp in inputs)
+    for g in groups:  # statistics only for inputs some config needs them for
+        if any(linears[f][1].needs_calibration_data() for f in g.members):
+            k = linears[g.members[0]][0].in_features
+            gptq = any(isinstance(linears[f][1], GPTQConfig) for f in g.members)
+            g.stats = InputStats(k, total_rows, hessian=gptq, max_rows=data.max_rows)
+    _collect(block, linears, groups, inputs)
+    if any(_scaler(g, linears)[0] is not None for g in groups):
+        reference = _block_output(block, inputs[0])
+        for g in groups:
+            _scale_group(g, linears, undo, lambda: _same_function(_block_output(block, inputs[0]), reference))
+    for g in groups:
+        for fqn in g.members:
+            module, config = linears[fqn]
+            try:
+                qweight = _quantize_member(fqn, module, config, g)
+            except UnsupportedWeight as e:
+                plan.weights[fqn] = e
+                continue
+            plan.weights[fqn] = qweight
+            if g.note:
+                plan.notes[fqn] = g.note
+            undo.set(module, "weight", qweight)
+        g.stats = None  # free this block's statistics before the next block
+
+
+def _rows(inp) -> int:
+    x = inp.args[0] if inp.args else next(iter(inp.kwargs.values()))
+    return x.numel() // x.shape[-1]
+
+
+def _find_groups(block, prefix, linears, first) -> list[_Group]:
+    """Group the Linears by identical input on one batch, and find each group's fold target."""
+    seen_inputs: dict[str, torch.Tensor] = {}
+    outputs: dict[str, torch.Tensor] = {}
+    handles = [linears[f][0].register_forward_pre_hook(_recorder(seen_inputs, f)) for f in linears]
+    norms = {f"{prefix}.{n}" if prefix else n: m for n, m in block.named_modules() if _is_norm(m)}
+    handles += [m.register_forward_hook(_output_recorder(outputs, f)) for f, m in norms.items()]
+    try:
+        run_block(block, [first])
+    finally:
+        for h in handles:
+            h.remove()
+    groups: list[_Group] = []
+    for fqn in linears:
+        x = seen_inputs.get(fqn)
+        same = next((g for g in groups if seen_inputs.get(g.members[0]) is x and x is not None), None)
+        if same is not None:
+            same.members.append(fqn)
+            continue
+        g = _Group([fqn])
+        norm = next((f for f, y in outputs.items() if x is not None and y.shape == x.shape and torch.equal(y, x)), None)
+        if norm is not None:
+            g.fold = (norm, norms[norm])
+        else:
+            g.fold = _mlp_up_proj(fqn, linears, block, prefix)
+        groups.append(g)
+    return groups
+
+
+def _recorder(store, fqn):
+    def hook(module, args):
+        store.setdefault(fqn, args[0])
+    return hook
+
+
+def _output_recorder(store, fqn):
+    def hook(module, args, out):
+        if isinstance(out, torch.Tensor):
+            store.setdefault(fqn, out)
+    return hook
+
+
+def _is_norm(m: nn.Module) -> bool:
+    """An elementwise affine norm (LayerNorm, RMSNorm): y = normalize(x) * weight (+ bias)."""
+    w = getattr(m, "weight", None)
+    return (isinstance(w, torch.Tensor) and w.dim() == 1 and not isinstance(m, (nn.Linear, nn.Embedding))
+            and "norm" in type(m).__name__.lower())
+
+
+def _mlp_up_proj(fqn, linears, block, prefix):
+    """A gated MLP's down_proj reads act(gate_proj(x)) * up_proj(x): its input scales fold into up_proj's rows."""
+    if not fqn.endswith(".down_proj"):
+        return None
+    up = fqn[: -len("down_proj")] + "up_proj"
+    mods = dict(block.named_modules())
+    local = up[len(prefix) + 1:] if prefix else up
+    m = mods.get(local)
+    return (up, m) if isinstance(m, nn.Linear) else None
+
+
+def _collect(block, linears, groups, inputs) -> None:
+    def hook_for(g: _Group, fqn: str):
+        def hook(module, args):
+            check_finite_activation(args[0], fqn)
+            g.stats.add(args[0])
+        return hook
+
+    handles = [linears[g.members[0]][0].register_forward_pre_hook(hook_for(g, g.members[0]))
+               for g in groups if g.stats is not None]
+    try:
+        run_block(block, inputs)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# ------------------------------------------------------------------------------------------------ scaling
+
+def _scaler(g: _Group, linears):
+    kinds = {type(linears[f][1]) for f in g.members}
+    for kind in (AWQConfig, SmoothQuantConfig):
+        if kind in kinds:
+            return kind, kinds == {kind}
+    return None, True
+
+
+def _block_output(block, inp) -> torch.Tensor:
+    out = run_block(block, [inp])[0]
+    return out.args[0] if out.args else next(iter(out.kwargs.values()))
+
+
+def _same_function(out: torch.Tensor, reference: torch.Tensor) -> bool:
+    """Folding scales must leave the float block's function alone (up to float rounding, ~1e-7 relative)."""
+    return bool((out - reference).norm() <= 1e-4 * reference.norm())
+
+
+def _scale_group(g: _Group, linears, undo: _Undo, unchanged) -> None:
+    kind, alone = _scaler(g, linears)
+    if kind is None:
+        return
+    name = "awq" if kind is AWQConfig else "smoothquant"
+    if not alone:
+        g.note = f"{name}: not scaled, the Linears sharing this input ({', '.join(g.members)}) have other configs"
+        return
+    if g.fold is None:
+        g.note = f"{name}: not scaled, no norm / Linear before this input to fold 1/s into"
+        return
+    weights = [linears[f][0].weight.detach() for f in g.members]
+    if kind is AWQConfig:
+        config = linears[g.members[0]][1]
+        grids = [ConfigGrid(linears[f][1].base, w, f"{f}.weight") for f, w in zip(g.members, weights)]
+        s, ratio = awq_scales(g.stats.sample(), g.stats.mean_abs, weights, [gr.fake_quantize for gr in grids],
+                              config.n_grid)
+        g.note = f"awq: scales mean|x|^{ratio:.2f} folded into {g.fold[0]}"
+    else:
+        alpha = linears[g.members[0]][1].alpha
+        s = smoothing_scales(g.stats.absmax, weights, alpha)
+        g.note = f"smoothquant: scales folded into {g.fold[0]}"
+    mine = _Undo()
+    _fold(g.fold[1], s, mine)
+    for f, w in zip(g.members, weights):
+        mine.set(linears[f][0], "weight", (w.float() * s).to(w.dtype))
+    if not unchanged():  # e.g. a post-norm block: the norm's output is also the residual, so 1/s can't go there
+        mine.restore()
+        g.note = (f"{name}: not scaled, folding 1/s into {g.fold[0]} would change the model (its output feeds more "
+                  f"than these Linears)")
+        return
+    undo.adopt(mine)
+    g.smooth = s
+
+
+def _fold(target: nn.Module, s: torch.Tensor, undo: _Undo) -> None:
+    """x / s: a norm's weight (and bias) divided by s, or a Linear's output rows (and bias)."""
+    w = target.weight.detach()
+    scaled = (w.float() / s.unsqueeze(1)) if isinstance(target, nn.Linear) else (w.float() / s)
+    undo.set(target, "weight", scaled.to(w.dtype))
+    bias = getattr(target, "bias", None)
+    if isinstance(bias, torch.Tensor):
+        undo.set(target, "bias", (bias.detach().float() / s).to(bias.dtype))
+
+
+# ------------------------------------------------------------------------------------------------ quantize
+
+def _quantize_member(fqn: str, module: nn.Linear, config, g: _Group) -> AffineQuantizedTensor:
+    weight, name = module.weight.detach(), f"{fqn}.weight"
+    if isinstance(config, GPTQConfig):
+        grid = ConfigGrid(config.base, weight, name)
+        codes, scale, zero = gptq_codes(weight, g.stats.hessian.h, grid, damp=config.damp, block=config.block,
+                                        act_order=config.act_order, static_groups=config.static_groups, name=name)
+        return grid.pack(codes, scale, zero)
+    if isinstance(config, AWQConfig):
+        if config.clip and not fqn.rsplit(".", 1)[-1] in _NO_CLIP:
+            grid = ConfigGrid(config.base, weight, name)
+            x = g.stats.sample()[:CLIP_ROWS] / (g.smooth if g.smooth is not None else 1.0)
+            weight = awq_clip(x, weight, grid.fake_quantize, grid.group_size, config.n_grid).to(weight.dtype)
+        config = config.base
+    elif isinstance(config, SmoothQuantConfig):
+        config = config.base
+    if config.needs_calibration_data():  # static activation scale, after any smoothing
+        r = static_range(g.stats, config.observer, config.percentile, g.smooth)
+        qmax = 127.0 if not hasattr(config, "activation_dtype") else float(config.activation_dtype.qmax)
+        config = dataclasses.replace(config, act_scale=max(r, 1e-12) / qmax)
+    return handler_for(config)(config, weight, name)
