@@ -157,6 +157,9 @@ def test_config_checks(float_dir):
         transformers.AutoModelForCausalLM.from_pretrained(float_dir, quantization_config=qk.TorchqkitConfig())
     with pytest.raises(TypeError, match="QuantConfig or ModuleConfigs"):
         qk.TorchqkitConfig("int4")
+    with pytest.raises(ValueError, match="GPTQConfig needs calibration data"):
+        transformers.AutoModelForCausalLM.from_pretrained(
+            float_dir, quantization_config=qk.TorchqkitConfig(qk.GPTQConfig(qk.Int4WeightOnlyConfig(group_size=32))))
     config = qk.TorchqkitConfig(qk.ModuleConfigs(MIXED))
     assert qk.TorchqkitConfig.from_dict(config.to_dict()) == config
 

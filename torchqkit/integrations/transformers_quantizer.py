@@ -118,6 +118,11 @@ class TorchqkitHfQuantizer(HfQuantizer):
             for c in self.configs.configs.values():
                 if c is not None:
                     handler_for(c)
+                if c is not None and c.needs_calibration_data():
+                    raise ValueError(f"TorchqkitConfig: {type(c).__name__} needs calibration data, which quantizing "
+                                     f"while transformers loads can't provide. Load the float model, then "
+                                     f"qk.quantize_(model, config, calibration_data=batches) and save it "
+                                     f"(model.save_pretrained); that checkpoint loads here")
         return model
 
     # -------------------------------------------------------------------------------------------- loading
