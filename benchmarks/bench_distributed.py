@@ -116,30 +116,12 @@ def _meta_smollm2(config):
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
-class LoRALinear(nn.Module):
-    def __init__(self, base: nn.Linear, r: int = 8):
-        super().__init__()
-        self.base = base
-        self.lora_a = nn.Linear(base.in_features, r, bias=False)
-        self.lora_b = nn.Linear(r, base.out_features, bias=False)
-        nn.init.zeros_(self.lora_b.weight)
-
-    def forward(self, x):
-        return self.base(x) + self.lora_b(self.lora_a(x))
-
 
 def qlora_smollm2(base, config):
     model = copy.deepcopy(base)
     qk.quantize_(model, config(), filter_fn=linears)
-    for p in model.parameters():
-        if not isinstance(p, qk.AffineQuantizedTensor):
-            p.requires_grad_(False)
     torch.manual_seed(1)
-    for layer in model.model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(parent, name, LoRALinear(child))
+    qk.add_lora_(model, rank=8)  # freezes the float parameters, wraps every Linear but lm_head
     return model.train()
 
 

@@ -24,7 +24,7 @@ from .integrations import hf_registration
 from .integrations.gguf import GGUFError, from_gguf
 from .serialization import (CheckpointError, load_quantized, quantize_checkpoint, register_safe_globals,
                             save_quantized)
-from .training import (FakeQuantizedLinear, Float8TrainingLinear, QATConfig, convert_qat_, enable_float8_training_,
+from .training import (FakeQuantizedLinear, Float8TrainingLinear, LoRALinear, add_lora_, QATConfig, convert_qat_, enable_float8_training_,
                        float8_training_status, prepare_qat_)
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
 from .distributed import ShardingError, shard_multiple

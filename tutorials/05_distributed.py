@@ -114,29 +114,11 @@ if rank == 0:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class LoRALinear(nn.Module):
-    def __init__(self, base: nn.Linear, r: int = 8):
-        super().__init__()
-        self.base = base
-        self.lora_a = nn.Linear(base.in_features, r, bias=False)
-        self.lora_b = nn.Linear(r, base.out_features, bias=False)
-        nn.init.zeros_(self.lora_b.weight)
-
-    def forward(self, x):
-        return self.base(x) + self.lora_b(self.lora_a(x))
-
 
 model = llama()
 qk.quantize_(model, qk.NF4WeightOnlyConfig(), filter_fn=linears)
-for p in model.parameters():  # quantized weights are frozen already; freeze the float ones too
-    if not isinstance(p, qk.AffineQuantizedTensor):
-        p.requires_grad_(False)
 torch.manual_seed(1)
-for layer in model.model.layers:
-    for parent in (layer.self_attn, layer.mlp):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, LoRALinear(child))
+qk.add_lora_(model, rank=8)  # freezes the float parameters; every Linear but lm_head gets B A (B = 0)
 full_bytes = sum(p.packed_nbytes() for p in model.parameters() if isinstance(p, qk.AffineQuantizedTensor))
 for layer in model.model.layers:
     fully_shard(layer)

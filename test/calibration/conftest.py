@@ -1,12 +1,2 @@
-import pytest
-import torch
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The calibration tests run models of a few thousand parameters: a second thread only adds synchronization,
-    and on a busy 2-core host OpenMP's waits made each forward pass about 100x slower (0.35 s vs 2 ms)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+"""Tiny models: one torch thread (see one_torch_thread in test/common.py)."""
+from ..common import one_torch_thread  # noqa: F401  (an autouse fixture: every test here)

@@ -17,33 +17,13 @@ BASE_CONFIGS = {
 STEPS, BATCH, SEQ = 20, 4, 16
 
 
-class LoRALinear(nn.Module):
-    """A frozen (quantized) Linear plus a trainable low-rank update B A (B starts at zero)."""
-
-    def __init__(self, base: nn.Linear, rank: int = 8):
-        super().__init__()
-        self.base = base
-        self.lora_a = nn.Linear(base.in_features, rank, bias=False)
-        self.lora_b = nn.Linear(rank, base.out_features, bias=False)
-        nn.init.zeros_(self.lora_b.weight)
-
-    def forward(self, x):
-        return self.base(x) + self.lora_b(self.lora_a(x))
-
 
 def qlora_llama(config_name: str):
     model = tiny_llama()
     qk.quantize_(model, BASE_CONFIGS[config_name](),
                  filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn != "lm_head")
-    for p in model.parameters():
-        if not isinstance(p, qk.AffineQuantizedTensor):
-            p.requires_grad_(False)
     torch.manual_seed(1)  # the same adapters in every process
-    for layer in model.model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(parent, name, LoRALinear(child))
+    qk.add_lora_(model, rank=8)  # freezes the float parameters, wraps every Linear but lm_head
     return model
 
 
