@@ -86,3 +86,28 @@ def fsdp_qlora(rank: int, world: int, names) -> dict:
     finally:
         qk.AffineQuantizedTensor.fsdp_pre_all_gather = pre
     return results
+
+
+QAT_STEPS = 6
+
+
+def _qat_llama():
+    model = tiny_llama()
+    qk.prepare_qat_(model, qk.QATConfig(qk.Int4WeightOnlyConfig(group_size=32)),
+                    filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn != "lm_head")
+    return model
+
+
+def fsdp_qat(rank: int, world: int) -> dict:
+    """Quantization-aware training: float weights sharded by FSDP2, gathered whole before each forward, where
+    the fake quantizer sees the full weight (its groups never straddle a shard)."""
+    from torch.distributed.fsdp import fully_shard
+    batches = _batches()[:QAT_STEPS]
+    per = BATCH // world
+    single = _train(_qat_llama(), batches)
+    model = _qat_llama()
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    sharded = _train(model, batches[:, rank * per:(rank + 1) * per], _mean_over_ranks)
+    return {"single": single, "fsdp": sharded}
