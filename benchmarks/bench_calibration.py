@@ -45,8 +45,13 @@ ROWS = {  # name -> (config, the row its delta is compared with)
     "int8-static-smoothquant": (qk.SmoothQuantConfig(qk.Int8StaticActivationInt8WeightConfig()), "int8-dynamic"),
     "int8-static-smoothquant-a0.8": (qk.SmoothQuantConfig(qk.Int8StaticActivationInt8WeightConfig(), alpha=0.8),
                                      "int8-dynamic"),
+    "int8-static-percentile": (qk.Int8StaticActivationInt8WeightConfig(observer="percentile"), "int8-dynamic"),
+    "int8-static-smoothquant-a0.8-percentile": (
+        qk.SmoothQuantConfig(qk.Int8StaticActivationInt8WeightConfig(observer="percentile"), alpha=0.8),
+        "int8-dynamic"),
 }
-ON_REQUEST = ("int4-gptq-act-order", "int8-static-smoothquant-a0.8")
+ON_REQUEST = ("int4-gptq-act-order", "int8-static-smoothquant-a0.8", "int8-static-percentile",
+              "int8-static-smoothquant-a0.8-percentile")
 CALIB_START, CALIB_WINDOW = 8192, 256
 
 
