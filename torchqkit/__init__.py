@@ -4,12 +4,12 @@
     report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=128))
 """
 from . import kernels
-from .api.configs import (AWQConfig, GPTQConfig, Int8StaticActivationInt8WeightConfig, SmoothQuantConfig)
-from .api.configs import (Float8DynamicActivationFloat8WeightConfig, Float8StaticActivationFloat8WeightConfig,
-                          Float8WeightOnlyConfig, Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
-                          Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig,
-                          MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig, NF4WeightOnlyConfig,
-                          QuantConfig, config_from_dict, known_configs)
+from .api.configs import (AWQConfig, Float8DynamicActivationFloat8WeightConfig,
+                          Float8StaticActivationFloat8WeightConfig, Float8WeightOnlyConfig, GPTQConfig,
+                          Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
+                          Int8DynamicActivationIntxWeightConfig, Int8StaticActivationInt8WeightConfig,
+                          Int8WeightOnlyConfig, IntxWeightOnlyConfig, MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig,
+                          NF4WeightOnlyConfig, QuantConfig, SmoothQuantConfig, config_from_dict, known_configs)
 from .api.calibrate import CalibrationData
 from .api.module_configs import ModuleConfigs
 from .api.quantize import QuantizationError, quantize_
@@ -24,8 +24,8 @@ from .integrations import hf_registration
 from .integrations.gguf import GGUFError, from_gguf
 from .serialization import (CheckpointError, load_quantized, quantize_checkpoint, register_safe_globals,
                             save_quantized)
-from .training import (FakeQuantizedLinear, Float8TrainingLinear, LoRALinear, add_lora_, QATConfig, convert_qat_, enable_float8_training_,
-                       float8_training_status, prepare_qat_)
+from .training import (FakeQuantizedLinear, Float8TrainingLinear, LoRALinear, QATConfig, add_lora_, convert_qat_,
+                       enable_float8_training_, float8_training_status, prepare_qat_)
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
 from .distributed import ShardingError, shard_multiple
 
