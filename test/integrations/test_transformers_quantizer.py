@@ -170,3 +170,14 @@ def test_registered_only_when_transformers_quantizers_load():
             "assert M['torchqkit'].__name__ == 'TorchqkitHfQuantizer' and C['torchqkit'] is torchqkit.TorchqkitConfig")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_failed_registration_leaves_transformers_importable():
+    """Registration runs inside transformers' import: if it fails (say a transformers without WeightConverter
+    loading), transformers must still import, with a warning naming what won't work."""
+    code = ("import sys, warnings; warnings.simplefilter('always'); import torchqkit; "
+            "sys.modules['torchqkit.integrations.transformers_quantizer'] = None; "  # its import now fails
+            "from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING as M; assert 'torchqkit' not in M")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "could not register quant_method 'torchqkit'" in proc.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import warnings
 
 __all__ = ["install", "register"]
 
@@ -19,7 +20,7 @@ _QUANTIZER_MODULE = "torchqkit.integrations.transformers_quantizer"
 def install() -> None:
     """Register now if transformers' quantizers are imported, else when they are; no-op without transformers."""
     if _TRIGGER in sys.modules:
-        register()
+        _register_or_warn()
         return
     if any(isinstance(f, _RegisterOnImport) for f in sys.meta_path):
         return
@@ -39,6 +40,19 @@ def register() -> None:
     importlib.import_module(_QUANTIZER_MODULE).register_with_transformers()
 
 
+def _register_or_warn() -> None:
+    """Registration runs inside transformers' own import: a transformers torchqkit can't plug into (4.x has no
+    WeightConverter loading) must still import, so a failure here is a warning, never an exception."""
+    try:
+        register()
+    except Exception as e:  # noqa: BLE001 - any failure: transformers must keep working without us
+        import transformers
+        warnings.warn(f"torchqkit: could not register quant_method 'torchqkit' with transformers "
+                      f"{getattr(transformers, '__version__', '?')} ({type(e).__name__}: {e}); transformers' "
+                      f"from_pretrained won't read torchqkit checkpoints (torchqkit.from_pretrained still does). "
+                      f"torchqkit's transformers integration needs transformers >= 5", stacklevel=2)
+
+
 class _RegisterOnImport:
     """A meta-path finder that only wraps the loader of transformers.quantizers.auto, once."""
 
@@ -54,7 +68,7 @@ class _RegisterOnImport:
 
                 def exec_then_register(module, _exec=exec_module):
                     _exec(module)
-                    register()
+                    _register_or_warn()
 
                 spec.loader.exec_module = exec_then_register
                 return spec
