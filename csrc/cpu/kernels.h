@@ -114,6 +114,9 @@ struct LowbitArgs {
 void linear_lowbit_dot(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1);
 // Prefill (larger M): rows [n0, n1), decoded once per block of rows and k into an fp32 L2 buffer.
 void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1);
+// Rows [n0, n1) dequantized to fp32, row n at dst + (n - n0) * ldd, columns [0, K) plus zeros up to the next
+// multiple of 16 (ldd >= that): the weight an sgemm multiplies (the prefill below AVX-512).
+void linear_lowbit_decode(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1, float* dst, int64_t ldd);
 // The level TORCHQKIT_CPU_ISA allows (defined in registration.cpp, shared by every op family's glue).
 Isa selected_isa_for_ops();
 

@@ -167,6 +167,16 @@ void dot(const LowbitArgs& p, int64_t n0, int64_t n1) {
   }
 }
 
+void decode(const LowbitArgs& p, int64_t n0, int64_t n1, float* dst, int64_t ldd) {
+  const int64_t k16 = (p.K + 15) / 16 * 16;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = p.w + n * p.ldw;
+    float* d = dst + (n - n0) * ldd;
+    for (int64_t k = 0; k < p.K; ++k) d[k] = weight(p, row, n, k);
+    for (int64_t k = p.K; k < k16; ++k) d[k] = 0.f;
+  }
+}
+
 }  // namespace scalar
 
 // Fn<decoder>::run(p, a...) for the format of p, the decoder types taken from an ISA level's Decoders.
@@ -712,6 +722,12 @@ void prefill(const LowbitArgs& p, int64_t n0, int64_t n1) {
 }
 
 template <class D> struct PrefillFn { static void run(const LowbitArgs& p, int64_t n0, int64_t n1) { prefill<D>(p, n0, n1); } };
+// Whole rows: chunks of 16 up to K rounded up to 16 (a partial last chunk decodes the zero padding of chunk_ptr).
+template <class D> struct DecodeFn {
+  static void run(const LowbitArgs& p, int64_t n0, int64_t n1, float* dst, int64_t ldd) {
+    decode_rows<D>(p, n0, n1, 0, p.K, dst, ldd);
+  }
+};
 
 // This level's decoders, for by_format.
 struct Decoders {
@@ -749,6 +765,11 @@ void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1)
     case Isa::kAvx2: return by_format<avx2::Decoders, avx2::PrefillFn>(p, n0, n1);
     default: return scalar::dot(p, n0, n1);
   }
+}
+
+void linear_lowbit_decode(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1, float* dst, int64_t ldd) {
+  if (lowbit_isa(isa) == Isa::kScalar) return scalar::decode(p, n0, n1, dst, ldd);
+  by_format<avx2::Decoders, avx2::DecodeFn>(p, n0, n1, dst, ldd);  // AVX-512 CPUs run AVX2 too
 }
 
 }  // namespace torchqkit_cpu

@@ -79,7 +79,7 @@ def _reference(w, x, bias):
 
 
 # (M, K, N): M = 1 (decode), 3 (odd, dot kernel), 7 (nf4 / float8: dot kernel, a pass of 4 tokens + 3; intx: fp32
-# blocks), 17 (prefill path, odd); N not a multiple of 4 / 16;
+# blocks), 17 (prefill path, odd), 130 (below AVX-512: rows dequantized for ATen's sgemm); N not a multiple of 4 / 16;
 # K at the smallest legal size for each format, K not a multiple of 16 (tail chunk), K > one prefill block.
 WEIGHTS = {
     "nf4_b2_minK": lambda: _nf4(5, 2, 2, False),
@@ -116,7 +116,7 @@ def weights():
 
 @needs_ext
 @isa_param
-@pytest.mark.parametrize("m", [1, 3, 7, 17])
+@pytest.mark.parametrize("m", [1, 3, 7, 17, 130])  # 130: below AVX-512, blocks dequantized for ATen's sgemm
 @pytest.mark.parametrize("name", list(WEIGHTS))
 def test_kernel_matches_dequantized_reference(monkeypatch, weights, isa, m, name):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
@@ -131,7 +131,7 @@ def test_kernel_matches_dequantized_reference(monkeypatch, weights, isa, m, name
 
 @needs_ext
 @isa_param
-@pytest.mark.parametrize("m", [1, 40])
+@pytest.mark.parametrize("m", [1, 40, 130])
 def test_unaligned_inputs(monkeypatch, weights, isa, m):
     # safetensors can hand out tensors that are not 16-byte aligned: every pointer is odd here.
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
