@@ -98,6 +98,20 @@ def _contents(directory):
 
 
 @torch.no_grad()
+def test_whole_model_pickles(float_dir, tmp_path):
+    """torch.save(model) keeps working on models transformers loaded through the quantizer (model.hf_quantizer
+    holds no open file)."""
+    import io
+    model = _quantized_on_load(float_dir, qk.Int4WeightOnlyConfig(group_size=32))
+    model.save_pretrained(tmp_path)
+    for m in (model, transformers.AutoModelForCausalLM.from_pretrained(tmp_path)):
+        buf = io.BytesIO()
+        torch.save(m, buf)
+        buf.seek(0)
+        assert torch.equal(torch.load(buf, weights_only=False)(IDS).logits, m(IDS).logits)
+
+
+@torch.no_grad()
 def test_transformers_shards_load_with_both(float_dir, tmp_path):
     """transformers writes one whole-model header into every shard and may split a weight's tensors."""
     model = _quantized_on_load(float_dir, qk.Int4WeightOnlyConfig(group_size=32))

@@ -105,6 +105,7 @@ class TorchqkitHfQuantizer(HfQuantizer):
         if self.pre_quantized:
             self.checkpoint = _open_checkpoint_of(checkpoint_files)
             self.checkpoint.close()  # headers are all we need: transformers reads the tensors
+            self.checkpoint.readers = {}  # closed files can't be pickled with the model (torch.save(model))
             _check_against_model(self.checkpoint, model)
             if self.quantization_config.format_version > FORMAT_VERSION:
                 raise CheckpointError(f"{self.checkpoint.path.parent / 'config.json'}: quantization_config has "
@@ -163,6 +164,7 @@ class TorchqkitHfQuantizer(HfQuantizer):
                 isinstance(op, TorchqkitDeserialize) for op in getattr(c, "operations", ()))]
         if self.pre_quantized:
             _check_loaded(self.checkpoint, model)
+            self.checkpoint = None  # loading is over; the model keeps this quantizer (model.hf_quantizer)
             return model
         report = complete_quantization_(model, self.configs, self.loaded, strict=self.quantization_config.strict)
         model.torchqkit_report = report
