@@ -99,8 +99,6 @@ class ActivationQuantSpec:
             x2d = torch.where(row_ok, x2d, float("nan"))  # NaN codes: float8 has them
         else:
             scale = torch.where(row_ok, scale, float("nan"))  # int8 is per token: the row's own scale
-        if scale.shape[0] != 1:
-            block = (1, x2d.shape[1])
         q = quantize_affine(x2d, self.qdtype, block, scale, zp, check_finite=False, name="activation")
         return QuantizedActivation(q, scale, zp)
 
@@ -124,7 +122,15 @@ class ActivationQuantSpec:
         return s + (f" static_scale={self.static_scale:g}" if self.static_scale is not None else " dynamic")
 
 
-def _check_static_scale(static_scale) -> None:
+def static_scale_problem(static_scale) -> str | None:
+    """Why a static activation scale (a divisor) can't be right, or None: it must be a finite number > 0."""
     if static_scale is not None and not (type(static_scale) in (int, float) and math.isfinite(static_scale)
                                          and static_scale > 0):
-        raise ValueError(f"static_scale must be a finite positive float, got {static_scale!r:.40}")
+        return f"static_scale is {static_scale!r:.40}: it must be a finite positive float"
+    return None
+
+
+def _check_static_scale(static_scale) -> None:
+    problem = static_scale_problem(static_scale)
+    if problem is not None:
+        raise ValueError(problem)

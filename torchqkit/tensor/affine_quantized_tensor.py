@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..core.primitives import ZeroPointDomain, dequantize_affine
 from ..core.qdtype import QDType
-from .activation import ActivationQuantSpec, KernelPreference
+from .activation import ActivationQuantSpec, KernelPreference, static_scale_problem
 from .dispatch import GENERIC_OPS, UnsupportedOpError
 from .fsdp import post_all_gather, pre_all_gather
 
@@ -120,10 +120,10 @@ class AffineQuantizedTensor(torch.Tensor):
         negative ones are valid encodings (GGUF's Q4_0 stores d = max / -8, negative whenever a block's extreme
         is positive; an all-zero block has d = 0) and pass. A qdata on the meta device is skipped, which lets a
         loader check everything else without reading the codes (serialization/qparams.py; ``__setstate__``)."""
-        static = None if self.act_quant is None else self.act_quant.static_scale
-        if static is not None and not (type(static) in (int, float) and math.isfinite(static) and static > 0):
-            # A doctored pickle can hold anything here: unpickling skips ActivationQuantSpec.__post_init__.
-            return f"act_quant static_scale is {static}, not a finite positive number"
+        # A doctored pickle can hold anything here: unpickling skips ActivationQuantSpec.__post_init__.
+        problem = None if self.act_quant is None else static_scale_problem(self.act_quant.static_scale)
+        if problem is not None:
+            return f"act_quant {problem}"
         for name, t in self.inner_tensors().items():
             if t is None or t.is_meta or not t.is_floating_point() or (name == "qdata" and not codes):
                 continue
