@@ -30,6 +30,7 @@
 
 #include "avx2_reduce.h"
 #include "kernels.h"
+#include "sgemm_prefill.h"
 
 namespace torchqkit_cpu {
 namespace {
@@ -518,10 +519,9 @@ void prefill(const Int4Args& p, const at::Tensor& x2, at::Tensor& out) {
 
 // Note [int4 prefill below AVX-512]: without AVX-512 there is no fp32 panel micro-kernel here, and the decode
 // kernel (one pass per 1-2 tokens) re-decodes every weight byte M / 2 times: 18x slower than fp32 F.linear at
-// M = 256 on AVX2. From kSgemmMinM tokens on, blocks of kSgemmRows weight rows are dequantized once, in natural
-// k order, and multiplied by ATen's fp32 GEMM (oneDNN / MKL, which run at the CPU's own best ISA).
+// M = 256 on AVX2. From kSgemmMinM tokens on, n-tiles are dequantized in natural k order (dequant_natural) for
+// prefill_by_sgemm (sgemm_prefill.h).
 constexpr int64_t kSgemmMinM = 16;  // AVX2, 4096^2: M = 8 breaks even with the decode kernel, M = 32 is 3x faster
-constexpr int64_t kSgemmRows = 512;  // 8 MB of fp32 rows at K = 4096
 
 // n-tiles [i0, i1) -> dst[8 (i - i0) + r][k], k in natural order (Note [Tensor-core tiled int4]), row stride ldd.
 void dequant_natural(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int64_t ldd) {
@@ -557,19 +557,6 @@ void dequant_natural(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int6
       }
     }
   }
-}
-
-void prefill_by_sgemm(const Int4Args& p, const at::Tensor& x2, at::Tensor& out) {
-  const int64_t Kt = p.NC * 16 * p.T;
-  at::Tensor w = at::empty({std::min(kSgemmRows, 8 * p.NT), Kt}, x2.options());
-  for (int64_t n0 = 0; n0 < p.N; n0 += kSgemmRows) {
-    const int64_t i0 = n0 / 8, i1 = std::min(p.NT, (n0 + kSgemmRows) / 8), nb = std::min(kSgemmRows, p.N - n0);
-    at::parallel_for(i0, i1, 4, [&](int64_t a, int64_t b) {
-      dequant_natural(p, a, b, w.data_ptr<float>() + 8 * (a - i0) * Kt, Kt);
-    });
-    out.narrow(1, n0, nb).copy_(at::mm(x2, w.narrow(0, 0, nb).narrow(1, 0, p.K).t()));
-  }
-  if (p.bias) out.add_(at::from_blob(const_cast<float*>(p.bias), {p.N}, x2.options()));
 }
 
 at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale_and_zero,
@@ -616,7 +603,10 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
     return out.to(dt).reshape(shape);
   }
   if (isa != Isa::kAvx512Vnni && M >= kSgemmMinM) {
-    prefill_by_sgemm(p, x2, out);
+    // Whole n-tiles of 8 rows: the buffer holds the last tile's padding rows, the GEMM reads the first N.
+    prefill_by_sgemm(x2, N, Kt, 8, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
+      dequant_natural(p, r0 / 8, (r1 + 7) / 8, dst, Kt);
+    });
     return out.to(dt).reshape(shape);
   }
   at::Tensor xp = at::empty({M, NC, 8, 16}, x2.options());

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "sgemm_prefill.h"
 #include "../common/aten_glue.h"
 
 namespace torchqkit_cpu {
@@ -31,27 +32,11 @@ using torchqkit_glue::out_shape;
 int64_t dot_max_m(LowbitFormat fmt) { return fmt == LowbitFormat::kIntx ? 4 : 8; }
 constexpr int64_t kDotBlockRows = 16;
 constexpr int64_t kPrefillBlockRows = 64;  // rows per parallel task (decoded 32 at a time, linear_lowbit.cpp)
-// Below AVX-512 the register-tiled prefill kernel ran at 0.5-0.6x fp32 F.linear (AVX2, 4096^2, M = 256): from
-// kSgemmMinM tokens on, blocks of kSgemmRows rows are dequantized once (in parallel) and multiplied by ATen's
-// sgemm, outside the parallel region (nested OpenMP is what made sgemm slow inside it), as int4 does: 0.9-1.2x
-// at M = 256. Not from 16 as int4: at M = 16-64 this path measured anywhere from 0.4x to 1.0x fp32 from run to
-// run (the decode's parallel region handing over to sgemm's threads), the prefill kernel a steady 0.6-1.2x.
+// Below AVX-512 the register-tiled prefill kernel ran at 0.5-0.6x fp32 F.linear (AVX2, 4096^2, M = 256); from
+// kSgemmMinM tokens on, rows are dequantized by linear_lowbit_decode for prefill_by_sgemm (sgemm_prefill.h):
+// 0.9-1.3x at M = 256. Not from 16 as int4: at M = 16-64 that path measured anywhere from 0.4x to 1.0x fp32 from
+// run to run (the decode's parallel region handing over to sgemm's threads), the prefill kernel a steady 0.6-1.2x.
 constexpr int64_t kSgemmMinM = 128;
-constexpr int64_t kSgemmRows = 512;  // 8 MB of fp32 rows at K = 4096
-
-void prefill_by_sgemm(Isa isa, const LowbitArgs& p, const at::Tensor& xp, at::Tensor& out) {
-  const int64_t ldd = xp.size(1);  // K rounded up to 16, zero-padded
-  at::Tensor w = at::empty({std::min(kSgemmRows, p.N), ldd}, xp.options());
-  for (int64_t n0 = 0; n0 < p.N; n0 += kSgemmRows) {
-    const int64_t nb = std::min(kSgemmRows, p.N - n0);
-    at::parallel_for(0, (nb + kDotBlockRows - 1) / kDotBlockRows, 1, [&](int64_t b0, int64_t b1) {
-      linear_lowbit_decode(isa, p, n0 + b0 * kDotBlockRows, n0 + std::min(b1 * kDotBlockRows, nb),
-                           w.data_ptr<float>() + b0 * kDotBlockRows * ldd, ldd);
-    });
-    out.narrow(1, n0, nb).copy_(at::mm(xp, w.narrow(0, 0, nb).t()));
-  }
-  if (p.bias) out.add_(at::from_blob(const_cast<float*>(p.bias), {p.N}, xp.options()));
-}
 
 void check_x(const at::Tensor& x, int64_t k, const char* op) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == k, op, ": x has ", x.size(-1), " features but the weight has K = ", k);
@@ -92,7 +77,9 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
         linear_lowbit_dot(isa, p, b0 * kDotBlockRows, std::min(b1 * kDotBlockRows, N));
       });
     } else if (isa != Isa::kAvx512Vnni && M >= kSgemmMinM) {
-      prefill_by_sgemm(isa, p, xp, out);
+      prefill_by_sgemm(xp, N, K16, kDotBlockRows, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
+        linear_lowbit_decode(isa, p, r0, r1, dst, K16);
+      });
     } else {
       at::parallel_for(0, (N + kPrefillBlockRows - 1) / kPrefillBlockRows, 1, [&](int64_t b0, int64_t b1) {
         linear_lowbit_prefill(isa, p, b0 * kPrefillBlockRows, std::min(b1 * kPrefillBlockRows, N));
