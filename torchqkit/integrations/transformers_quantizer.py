@@ -35,8 +35,8 @@ from ..api.quantize import as_module_configs, complete_quantization_, patch_extr
 from ..hf import QUANT_METHOD, quantization_record
 from ..serialization.entries import INNER_SEP
 from ..serialization.safetensors_file import CheckpointError
-from ..serialization.save_load import (FORMAT_VERSION, decode_config, encode_config, flat_state_dict,
-                                       open_checkpoint, read_quantized_weight)
+from ..serialization.save_load import (FORMAT_VERSION, check_model_shapes, decode_config, encode_config,
+                                       flat_state_dict, open_checkpoint, read_quantized_weight)
 from ..serialization.save_load import torchqkit_version as current_version
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 
@@ -270,14 +270,11 @@ def _open_checkpoint_of(checkpoint_files):
 def _check_against_model(ckpt, model: nn.Module) -> None:
     """Every quantized weight the checkpoint holds is a weight of the model with the same shape, before any load."""
     params = dict(model.named_parameters(remove_duplicate=False))
-    for name, attrs in ckpt.weights.items():
+    for name in ckpt.weights:
         if name not in params:
             raise CheckpointError(f"{ckpt.path}: quantized weight {name!r} is not a parameter of "
                                   f"{type(model).__name__}: the checkpoint was saved from another architecture")
-        shape = attrs["logical_shape"][::-1] if attrs["transposed"] else attrs["logical_shape"]
-        if tuple(params[name].shape) != tuple(shape):
-            raise CheckpointError(f"{ckpt.path}: quantized weight {name!r} has shape {list(shape)}, the model's is "
-                                  f"{list(params[name].shape)}")
+    check_model_shapes(ckpt, {name: params[name] for name in ckpt.weights})
 
 
 def _check_loaded(ckpt, model: nn.Module) -> None:

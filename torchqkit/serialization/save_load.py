@@ -49,7 +49,8 @@ from .shard_index import check_save_id, read_index, resolve_checkpoint_path, wri
 from .strict_json import parse_json
 
 __all__ = ["save_quantized", "load_quantized", "SaveSummary", "FORMAT_VERSION", "read_checkpoint_info",
-           "flat_state_dict", "open_checkpoint", "read_quantized_weight", "encode_config", "decode_config"]
+           "flat_state_dict", "open_checkpoint", "read_quantized_weight", "check_model_shapes", "encode_config",
+           "decode_config"]
 
 FORMAT_VERSION = 1
 _VERSION = re.compile(r"\d+(\.\d+){0,3}[\w.+-]{0,20}")  # quoted in errors only if it looks like one
@@ -263,7 +264,7 @@ def load_quantized(model: nn.Module, path) -> nn.Module:
     try:
         expected = target.state_dict(keep_vars=True)
         _check_names(ckpt, expected)
-        _check_model_shapes(ckpt, expected)
+        check_model_shapes(ckpt, expected)
         # Tensor-parallel (DTensor) entries: this rank reads, and checks, only its part of each.
         shards = plan_shards(ckpt, expected)
         check_qparams(ckpt, skip={ckpt.tied.get(n, n) for n in shards})
@@ -437,7 +438,9 @@ def _check_names(ckpt: _Checkpoint, expected: dict) -> None:
                               + (f" (and {len(extra) - 1} more: {extra[1:6]})" if len(extra) > 1 else ""))
 
 
-def _check_model_shapes(ckpt: _Checkpoint, expected: dict) -> None:
+def check_model_shapes(ckpt: _Checkpoint, expected: dict) -> None:
+    """Each of ``expected``'s tensors (state name -> the model's tensor) has the checkpoint's shape and kind of
+    dtype; CheckpointError naming the file and tensor otherwise."""
     for name, cur in expected.items():
         name = ckpt.tied.get(name, name)
         if name in ckpt.weights:
