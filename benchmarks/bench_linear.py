@@ -236,7 +236,7 @@ def main():
     print(f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs, torch {torch.__version__} "
           f"({torch.get_num_threads()} threads, ATen CPU capability {torch.backends.cpu.get_cpu_capability()}), "
           f"torchqkit {torchqkit.__version__}")
-    for op in kernels.schemas.OPS:
+    for op in ("torchqkit::linear_int8wo_plain", "torchqkit::linear_int8da_int8_plain"):
         path, why = kernels.cpu_backend(op)
         print(f"  {op}: {path} ({why})")
     bw = read_bandwidth()

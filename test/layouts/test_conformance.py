@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import torchqkit as qk
 from torchqkit.core import choose_qparams_affine, dequantize_affine, quantize_affine
 from torchqkit.layouts import all_layouts
-from torchqkit.tensor.reference import reference_linear
+from torchqkit.layouts.routes import reference_linear
 
 from .conformance_cases import CASES, all_cases
 
@@ -36,7 +36,7 @@ def _slice_step(aqt, dim, at_least=1):
     """A slice length along ``dim`` that the layout can cut twice in a row (whole blocks and storage tiles,
     see Layout.slice_multiple), or the whole dim when it can't."""
     size, b = aqt.logical_shape[dim], aqt.block_size[dim]
-    m = aqt.qlayout.slice_multiple(aqt.qdtype, aqt.block_size, aqt.logical_shape, dim)
+    m = aqt.qlayout.slice_multiple(aqt.weight_format, dim)
     m = m if b == size else math.lcm(m, b)
     if b == size and m == 1:
         return size  # one block and no tiles: slicing shrinks the block; the whole dim is the useful case

@@ -118,6 +118,6 @@ def test_unsupported_shapes_and_qdtypes_are_reported():
     assert len(report.quantized) == 2 and model[0].weight.qdata.shape == (128, 128)
     with torch.no_grad():
         assert sqnr(ref, model(x)) > 25
-    assert "not int8" in qk.Float8Layout().supports(Q.int8, (1, 64), (8, 64), qk.ZeroPointDomain.NONE)
+    assert "not int8" in qk.Float8Layout().supports(qk.layouts.WeightFormat.of(Q.int8, (1, 64), (8, 64), "none"))
     with pytest.raises(ValueError, match="PerBlock"):
         qk.Float8WeightOnlyConfig(granularity=qk.PerGroup(32))

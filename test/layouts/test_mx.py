@@ -102,7 +102,7 @@ def test_partial_last_block_is_padded_inside():
     (Q.float8_e4m3fn, (1, 32), qk.ZeroPointDomain.FLOAT, "no zero point"),
 ])
 def test_supports_gives_reasons(qdtype, block, zpd, match):
-    reason = qk.MXLayout().supports(qdtype, block, (16, 64), zpd)
+    reason = qk.MXLayout().supports(qk.layouts.WeightFormat.of(qdtype, block, (16, 64), zpd))
     assert reason is not None and __import__("re").search(match, reason)
 
 

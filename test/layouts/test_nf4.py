@@ -129,8 +129,8 @@ def test_config_and_supports_reasons():
     with pytest.raises(ValueError, match="positive even int"):
         qk.NF4WeightOnlyConfig(block_size=33)
     layout = qk.NF4Layout()
-    assert "not int4" in layout.supports(Q.int4, (1, 64), (8, 128), qk.ZeroPointDomain.NONE)
-    assert "needs blocks of (1, 64)" in layout.supports(Q.nf4, (1, 32), (8, 128), qk.ZeroPointDomain.NONE)
+    assert "not int4" in layout.supports(qk.layouts.WeightFormat.of(Q.int4, (1, 64), (8, 128), "none"))
+    assert "needs blocks of (1, 64)" in layout.supports(qk.layouts.WeightFormat.of(Q.nf4, (1, 32), (8, 128), "none"))
     model = nn.Sequential(nn.Linear(96, 16), nn.Linear(128, 16))  # 96: one block and a half, padded inside
     report = qk.quantize_(model, qk.NF4WeightOnlyConfig(), strict=True)
     assert len(report.quantized) == 2 and model[0].weight.qdata.shape == (16, 64)

@@ -20,7 +20,7 @@ def _pack(codes, qdtype, layout=None):
     """Pack given codes with one scale per row through the layout."""
     layout = layout or qk.PackedIntxLayout()
     parts = PlainParts(codes, torch.ones(codes.shape[0], 1), None)
-    return layout.pack(parts, qdtype, (1, codes.shape[1]), qk.ZeroPointDomain.NONE)["qdata"]
+    return layout.pack(parts, qk.layouts.WeightFormat.of(qdtype, (1, codes.shape[1]), codes.shape, "none"))["qdata"]
 
 
 # ------------------------------------------------------------------------------------------ pinned bytes
@@ -72,8 +72,8 @@ def test_every_code_value_survives_packing():
         for qdtype in (Q.INT[bits], Q.UINT[bits]):
             codes = torch.arange(int(qdtype.qmin), int(qdtype.qmax) + 1).repeat(3)[None, :].to(qdtype.storage_dtype)
             layout = qk.PackedIntxLayout()
-            aqt = qk.AffineQuantizedTensor(layout.pack(PlainParts(codes, torch.ones(1, 1), None), qdtype,
-                                                       (1, codes.shape[1]), qk.ZeroPointDomain.NONE),
+            aqt = qk.AffineQuantizedTensor(layout.pack(PlainParts(codes, torch.ones(1, 1), None),
+                                                       qk.layouts.WeightFormat.of(qdtype, (1, codes.shape[1]), codes.shape, "none")),
                                            qdtype, (1, codes.shape[1]), tuple(codes.shape), torch.float32, layout,
                                            qk.ZeroPointDomain.NONE)
             assert torch.equal(layout.unpack(aqt).qdata, codes), qdtype.name
@@ -174,7 +174,7 @@ def test_ternary_slices_cut_at_plane_groups():
     (qk.PackedIntxLayout(ternary=True), Q.int2, qk.ZeroPointDomain.INT, "ternary=False"),
 ])
 def test_supports_names_the_reason(layout, qdtype, zpd, reason):
-    text = layout.supports(qdtype, (1, 32), (16, 64), zpd)
+    text = layout.supports(qk.layouts.WeightFormat.of(qdtype, (1, 32), (16, 64), zpd))
     assert text is not None and reason in text
 
 

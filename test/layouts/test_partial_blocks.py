@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import torchqkit as qk
-from torchqkit.tensor.reference import reference_linear
+from torchqkit.layouts.routes import reference_linear
 
 from ..kernels.cpu_kernel_testing import cpu_levels, gen
 from .conformance_cases import all_cases
@@ -51,7 +51,7 @@ def test_padding_is_storage_only(layout, kwargs, shape):
     assert tuple(aqt.shape) == shape and aqt.dequantize().shape == shape
     # Bytes: at least the codes of the logical weight, and the padding is counted (not hidden).
     assert aqt.packed_nbytes() >= shape[0] * shape[1] * aqt.qdtype.bits // 8
-    specs = aqt.qlayout.packed_specs(aqt.qdtype, aqt.block_size, aqt.logical_shape, aqt.zero_point_domain)
+    specs = aqt.qlayout.packed_specs(aqt.weight_format)
     for name, t in aqt.inner_tensors().items():
         if t is not None:
             assert tuple(t.shape) == specs[name].shape, name

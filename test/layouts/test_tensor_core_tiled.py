@@ -27,8 +27,8 @@ def _pack_codes(codes, group_size, inner_k_tiles):
     """Pack given uint4 codes (scale 1, zero 0) through the layout."""
     n, k = codes.shape
     parts = qk.layouts.PlainParts(codes, torch.ones(n, k // group_size), torch.zeros(n, k // group_size))
-    return qk.TensorCoreTiledLayout(inner_k_tiles=inner_k_tiles).pack(parts, Q.uint4, (1, group_size),
-                                                                       qk.ZeroPointDomain.FLOAT)
+    return qk.TensorCoreTiledLayout(inner_k_tiles=inner_k_tiles).pack(
+        parts, qk.layouts.WeightFormat.of(Q.uint4, (1, group_size), (n, k), "float"))
 
 
 def _words_from_docstring(codes, inner_k_tiles):
@@ -176,8 +176,8 @@ def test_weights_it_cannot_take_are_reported_with_the_reason(config, reason):
     (dict(qdtype=Q.uint4, block_size=(8, 64), zero_point_domain=qk.ZeroPointDomain.FLOAT), "groups of"),
 ])
 def test_supports_names_the_reason(kwargs, reason):
-    text = qk.TensorCoreTiledLayout().supports(kwargs["qdtype"], kwargs["block_size"], (64, 128),
-                                               kwargs["zero_point_domain"])
+    text = qk.TensorCoreTiledLayout().supports(
+        qk.layouts.WeightFormat.of(kwargs["qdtype"], kwargs["block_size"], (64, 128), kwargs["zero_point_domain"]))
     assert text is not None and reason in text
 
 

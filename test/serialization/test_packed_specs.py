@@ -12,7 +12,7 @@ from ..layouts.conformance_cases import all_cases
 
 
 def _specs(w):
-    return w.qlayout.packed_specs(w.qdtype, w.block_size, w.logical_shape, w.zero_point_domain)
+    return w.qlayout.packed_specs(w.weight_format)
 
 
 def _assert_matches(w):
@@ -32,7 +32,7 @@ def test_packed_specs_match_pack(layout_cls, case_id, shape, kwargs):
     w = qk.quantize_weight(torch.randn(shape, generator=torch.Generator().manual_seed(0)),
                            kwargs.pop("qdtype"), kwargs.pop("granularity"), layout, **kwargs)
     _assert_matches(w)
-    rows = layout.slice_multiple(w.qdtype, w.block_size, w.logical_shape, 0)
+    rows = layout.slice_multiple(w.weight_format, 0)
     if rows < shape[0]:
         _assert_matches(w[rows:])  # a slice to the end: the shard a tensor-parallel rank keeps
 

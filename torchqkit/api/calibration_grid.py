@@ -91,5 +91,5 @@ class ConfigGrid:
         """The handler's tensor with these codes (same qparams grid, layout and attributes)."""
         p = self.probe
         parts = PlainParts(codes.to(p.qdtype.storage_dtype), scale, zero_point)
-        tensors = p.qlayout.pack(parts, p.qdtype, p.block_size, p.zero_point_domain)
+        tensors = p.qlayout.pack(parts, p.weight_format)
         return AffineQuantizedTensor(tensors, **p.attributes())

@@ -11,7 +11,7 @@ from ..core.granularity import Granularity, validate_block_size
 from ..core.primitives import (MappingType, ZeroPointDomain, choose_qparams_affine, default_zero_point_domain,
                                quantize_affine)
 from ..core.qdtype import QDType
-from ..layouts.base import Layout, PlainParts
+from ..layouts.base import Layout, PlainParts, WeightFormat
 from ..tensor.activation import ActivationQuantSpec, KernelPreference
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 
@@ -65,7 +65,7 @@ def weight_qparams(
         _check_hqq(mapping, calibration, scale_rounding, stochastic, name)
     zpd = ZeroPointDomain(zero_point_domain if zero_point_domain is not None
                           else default_zero_point_domain(qdtype, mapping))
-    reason = layout.supports(qdtype, block_size, tuple(weight.shape), zpd)
+    reason = layout.supports(WeightFormat.of(qdtype, block_size, weight.shape, zpd))
     if reason is not None:
         raise UnsupportedWeight(f"{name}: {reason}")
     w = weight.detach()
@@ -111,7 +111,8 @@ def quantize_weight(
     codes = quantize_affine(weight.detach(), qdtype, qp.block_size, qp.scale, qp.zero_point,
                             zero_point_domain=qp.zero_point_domain, stochastic=stochastic, generator=generator,
                             check_finite=False, name=name)
-    tensors = layout.pack(PlainParts(codes, qp.scale, qp.zero_point), qdtype, qp.block_size, qp.zero_point_domain)
+    tensors = layout.pack(PlainParts(codes, qp.scale, qp.zero_point),
+                          WeightFormat.of(qdtype, qp.block_size, weight.shape, qp.zero_point_domain))
     return AffineQuantizedTensor(tensors, qdtype, qp.block_size, tuple(weight.shape), weight.dtype, layout,
                                  qp.zero_point_domain, act_quant=act_quant, kernel_preference=kernel_preference)
 

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..api.quantize import patch_extra_repr
 from ..api.report import LayerReport, QuantizationReport
+from ..layouts.base import WeightFormat
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .gguf_blocks import BLOCK_FORMATS, decode_blocks
 
@@ -152,7 +153,7 @@ def _load_tensor(model, tensor, hf_name, arch, config) -> LayerReport:
         if rows is not None:
             parts = type(parts)(*(None if p is None else p[rows] for p in parts))
         layout = fmt.layout()
-        tensors = layout.pack(parts, fmt.qdtype, (1, fmt.group), fmt.zero_point_domain)
+        tensors = layout.pack(parts, WeightFormat.of(fmt.qdtype, (1, fmt.group), parts.qdata.shape, fmt.zero_point_domain))
         weight = AffineQuantizedTensor(tensors, fmt.qdtype, (1, fmt.group), shape, torch.float32, layout,
                                        fmt.zero_point_domain)
         module.weight = nn.Parameter(weight, requires_grad=False)

@@ -20,10 +20,8 @@ config.json the quantization_config that torchqkit.save_pretrained writes; both 
 """
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
-import torch
 from torch import nn
 from transformers.core_model_loading import ConversionOps
 from transformers.quantizers.base import HfQuantizer

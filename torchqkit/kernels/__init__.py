@@ -1,8 +1,9 @@
 """Which implementation serves each quantized op, and why.
 
-Importing this package defines every ``torchqkit::`` custom op (``schemas.py``) with its pure-PyTorch
-reference (``reference.py``), then loads the C++ CPU extension ``torchqkit._C_cpu`` if setup.py built it.
-Without it every op still runs, on its reference, and ``status()`` says why.
+Importing this package defines every ``torchqkit::`` custom op (one module each under ``ops/``, through
+``registry.define_linear_op``: schema, fake, reference, autograd), then loads the C++ CPU extension
+``torchqkit._C_cpu`` if setup.py built it. Without it every op still runs, on its reference, and ``status()``
+says why. Which ops have a C++ kernel is read from the dispatcher, never listed by hand.
 
 The extension picks its ISA level at run time (AVX-512 VNNI, AVX2 + FMA, or scalar); the environment
 variable ``TORCHQKIT_CPU_ISA=avx512_vnni|avx2|scalar`` forces a lower level (read on every call).
@@ -20,10 +21,13 @@ import os
 
 import torch
 
-from . import reference, schemas
-from ..tensor.activation import KernelPreference  # tensor/activation.py imports nothing from kernels/
+from . import ops, reference  # noqa: F401  (ops: defines every op)
+from .registry import OPS, op_def
+from .preference import KernelPreference
 
-__all__ = ["status", "format_status", "cpu_backend", "KERNEL_ACT_DTYPES", "CPU_EXTENSION_LOADED", "CPU_EXTENSION_REASON"]
+__all__ = ["status", "format_status", "cpu_backend", "choose_backend", "linear_op", "backend_status",
+           "register_status_rows", "KernelPreference", "KERNEL_ACT_DTYPES", "CPU_EXTENSION_LOADED",
+           "CPU_EXTENSION_REASON"]
 
 
 def _load_cpu_extension() -> tuple[bool, str]:
@@ -64,8 +68,8 @@ _LOWBIT_NOTES = {  # see Note [Low-bit decode] in csrc/cpu/linear_lowbit.cpp
             "blocks + dot tiles",
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
 }
-_CPU_KERNEL_NOTES.update(dict.fromkeys(schemas.LOWBIT_CPU_OPS, _LOWBIT_NOTES))
-_CPU_OPS = schemas.OPS + schemas.LOWBIT_CPU_OPS  # ops with a C++ CPU kernel (status() lists them)
+_CPU_KERNEL_NOTES.update(dict.fromkeys(("torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo", "torchqkit::linear_intxwo",
+                                         "torchqkit::linear_mxwo"), _LOWBIT_NOTES))
 _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_int4.cpp
     "avx512_vnni": "M < 32: tiled words streamed once per 4 tokens, nibbles -> fp32 by vpermps (dot kernel); "
                    "M >= 32: n-tiles dequantized to fp32 + the 6x32 FMA panel micro-kernel",
@@ -74,40 +78,44 @@ _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_i
     "scalar": "plain loops (M >= 16: dequantized blocks + ATen's fp32 GEMM): the CPU has no AVX2+FMA, or "
               "TORCHQKIT_CPU_ISA forced it",
 }
-_CPU_OPS += ("torchqkit::linear_int4wo_tiled",)
-_CPU_KERNEL_NOTES[schemas.INT8DA_INT4_OP] = {  # see Note [int8 x int4 VNNI] in csrc/cpu/linear_int4.cpp
+_CPU_KERNEL_NOTES["torchqkit::linear_int8da_int4_packed"] = {  # see Note [int8 x int4 VNNI] in csrc/cpu/linear_int4.cpp
     "avx512_vnni": "vpdpbusd on low / high nibbles (128 k per zmm, exact int32 per lane, per-lane group scales) "
                    "against the per-call quantized, permuted activation; 4 tokens per pass, every M",
     "avx2": "vpmaddubsw + vpmaddwd on low / high nibbles (64 k per ymm, exact int32 per lane) against the "
             "permuted activation; 2 tokens per pass, every M",
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
 }
-_CPU_OPS += (schemas.INT8DA_INT4_OP,)
 KERNEL_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the C++ kernels take
+# Ops the C++ CPU extension registered a kernel for (status() lists them), read from the dispatcher.
+_CPU_OPS = tuple(op for op in OPS if CPU_EXTENSION_LOADED and torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"))
 
 
 def cpu_backend(op: str) -> tuple[str, str]:
     """(backend, reason) serving custom op ``op`` (e.g. "torchqkit::linear_int8wo_plain") on CPU."""
-    if op not in _CPU_OPS:
-        raise ValueError(f"unknown op {op!r}; torchqkit ops with CPU kernels: {list(_CPU_OPS)}")
+    op_def(op)  # unknown ops raise, naming the known ones
     if not CPU_EXTENSION_LOADED:
         return "reference", CPU_EXTENSION_REASON
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"):
-        return "reference", "the C++ CPU extension has no kernel for this op"
+    if op not in _CPU_OPS:
+        return "reference", "csrc/cpu has no kernel for this op: its pure-PyTorch reference runs on CPU"
     isa = torch.ops.torchqkit_cpu.isa()
     forced = os.environ.get("TORCHQKIT_CPU_ISA")
     why = f"forced by TORCHQKIT_CPU_ISA={forced}" if forced else "best level this CPU runs"
     return f"cpp {isa}", f"{why}; {_CPU_KERNEL_NOTES[op][isa]}"
 
 
+_STATUS_SOURCES: list = []  # callables returning status() rows, registered by the packages above (layouts/)
+
+
+def register_status_rows(source) -> None:
+    """Add ``source()`` (a list of rows: layout, linear, path, why) to what status() reports. layouts/ registers
+    its routes here, so this package never imports the layouts above it."""
+    _STATUS_SOURCES.append(source)
+
+
 def status() -> list[dict]:
-    """One row per (layout, linear kind), then one per custom op: the path that serves it on CPU and why."""
-    from ..layouts.base import all_layouts
-    rows = []
-    for layout in all_layouts():
-        for row in getattr(layout, "linear_paths", lambda: [])():
-            rows.append({"layout": layout.name, **row})
-    for op in _CPU_OPS:
+    """One row per (layout, linear case), then one per custom op: the path that serves it on CPU and why."""
+    rows = [row for source in _STATUS_SOURCES for row in source()]
+    for op in (_CPU_OPS if CPU_EXTENSION_LOADED else tuple(OPS)):
         path, why = cpu_backend(op)
         rows.append({"layout": "(op)", "linear": op, "path": path, "why": why})
     rows += backend_status()
@@ -232,8 +240,7 @@ def _why_not(backend: str, op: str, device: str) -> str | None:
 
 def choose_backend(op: str, device: str | torch.device, preference=KernelPreference.AUTO) -> tuple[str, str]:
     """(backend, why) for ``op`` on ``device`` under ``preference``; raises when a named backend can't serve."""
-    if op not in schemas.ALL_OPS:
-        raise ValueError(f"unknown op {op!r}; torchqkit ops: {list(schemas.ALL_OPS)}")
+    op_def(op)  # unknown ops raise, naming the known ones
     dev = torch.device(device).type
     preference = KernelPreference(preference)
     if preference is not KernelPreference.AUTO:
@@ -259,14 +266,14 @@ def linear_op(op: str, device, preference=KernelPreference.AUTO):
     if backend == "triton":
         return getattr(torch.ops.torchqkit_triton, name)
     if backend == "reference":
-        return getattr(reference, f"{name}_ref")
+        return op_def(op).reference
     return getattr(torch.ops.torchqkit, name)  # the dispatch key picks the C++ kernel
 
 
 def backend_status(devices=("cpu", "cuda")) -> list[dict]:
     """One row per (op, device): what is registered and what KernelPreference.AUTO would use, and why."""
     rows = []
-    for op in schemas.ALL_OPS:
+    for op in OPS:
         for dev in devices:
             can = [b for b in ("cuda", "cpu", "triton", "reference") if _why_not(b, op, dev) is None]
             backend, why = choose_backend(op, dev)

@@ -3,7 +3,8 @@
 A layout is one file with a frozen dataclass (its knobs), ``supports`` (why it can't take a tensor,
 or None), ``pack`` / ``unpack`` to and from the plain form (unpacked codes of the logical shape,
 scale and zero point of the oracle's shapes), ``packed_specs`` (the shapes and dtypes ``pack`` stores, which
-checkpoint loaders check files against), its op entries, and ``@register_layout``.
+checkpoint loaders check files against), its ``routes`` (which op serves each linear case: routes.py), its
+other op entries (slice), and ``@register_layout``.
 Its packed bytes are device-independent: the same on CPU and CUDA.
 """
 from __future__ import annotations
@@ -15,9 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from ..core.primitives import ZeroPointDomain, num_blocks
-from ..tensor.dispatch import OpTable
+from .op_table import OpTable
+from .routes import Route, quantized_linear
+from .slicing import slice_quantized
 
-__all__ = ["Layout", "PlainParts", "PackedSpec", "scale_specs", "register_layout", "layout_class", "all_layouts",
+__all__ = ["Layout", "WeightFormat", "PlainParts", "PackedSpec", "scale_specs", "register_layout", "layout_class", "all_layouts",
            "pad_features", "crop_features"]
 
 
@@ -26,6 +29,20 @@ class PlainParts(NamedTuple):
     qdata: torch.Tensor
     scale: torch.Tensor
     zero_point: torch.Tensor | None
+
+
+class WeightFormat(NamedTuple):
+    """What a layout is asked to store: the values ``supports``, ``packed_specs``, ``slice_multiple`` and ``pack``
+    all read (``AffineQuantizedTensor.weight_format`` gives a tensor's). ``shape`` is the logical (unpadded) shape."""
+    qdtype: object                      # core.qdtype.QDType
+    block_size: tuple[int, ...]
+    shape: tuple[int, ...]
+    zero_point_domain: ZeroPointDomain
+
+    @classmethod
+    def of(cls, qdtype, block_size, shape, zero_point_domain) -> "WeightFormat":
+        return cls(qdtype, tuple(int(b) for b in block_size), tuple(int(s) for s in shape),
+                   ZeroPointDomain(zero_point_domain))
 
 
 class PackedSpec(NamedTuple):
@@ -79,21 +96,34 @@ class Layout:
     # True when, for block_size[0] == 1, every inner tensor holds one row per weight row along dim 0 (codes,
     # scales, zero points), so any set of rows is an index_select of each: see ``gather_rows``.
     row_major: ClassVar[bool] = False
+    # The cases its linear serves with a kernel, most specific first (routes.py); anything else: the reference.
+    routes: ClassVar[tuple[Route, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.ops = OpTable(cls.__name__)  # each layout its own table; never inherited
+        cls.ops.implements(F.linear)(quantized_linear)  # one linear for every layout, driven by its routes
+        cls.ops.implements(torch.ops.aten.slice.Tensor)(slice_quantized)  # one slice, cut by each layout's narrow
 
-    def supports(self, qdtype, block_size, shape, zero_point_domain) -> str | None:
+    def supports(self, fmt: WeightFormat) -> str | None:
         """Why this layout can't store such a tensor, or None if it can."""
         return None
 
-    def slice_multiple(self, qdtype, block_size, shape, dim: int) -> int:
+    def slice_multiple(self, fmt: WeightFormat, dim: int) -> int:
         """Slices along ``dim`` (of the stored, untransposed shape) must start and end at multiples of this;
         an end at the dim's size is always allowed. Default: whole blocks, or 1 when the dim is a single
         block (which then shrinks with the slice). A layout that stores tiles or packed bytes returns a
         multiple of the block size that also cuts whole tiles / bytes, so every slice can alias storage."""
+        block_size, shape = fmt.block_size, fmt.shape
         return 1 if block_size[dim] == shape[dim] else block_size[dim]
+
+    def narrow(self, aqt, cut) -> tuple[dict, "Layout"]:
+        """(inner tensors, layout) of the slice ``cut`` (a slicing.BlockSlice, already checked) of ``aqt``.
+        Default: ``qdata`` narrowed by stored elements, every other tensor (scales, zero points) by blocks.
+        A layout that packs codes or scales differently overrides this."""
+        tensors = {name: (None if t is None else t.narrow(cut.dim, *(cut.stored if name == "qdata" else cut.blocks)))
+                   for name, t in aqt.inner_tensors().items() if name in self.tensor_names}
+        return tensors, self
 
     def stored_scale(self, scale: torch.Tensor) -> torch.Tensor:
         """The scale ``unpack`` returns for a tensor whose oracle scale was ``scale``. Default: ``scale`` itself
@@ -111,12 +141,12 @@ class Layout:
             return None
         return {name: None if t is None else t.index_select(0, rows) for name, t in tensors.items()}
 
-    def packed_specs(self, qdtype, block_size, shape, zero_point_domain) -> dict[str, "PackedSpec"]:
+    def packed_specs(self, fmt: WeightFormat) -> dict[str, "PackedSpec"]:
         """Shape and allowed dtypes of every inner tensor ``pack`` stores (None ones left out) for a weight of
         logical ``shape``. Loaders check files against it, so a header can't lie about shapes."""
         raise NotImplementedError(f"{type(self).__name__} does not declare packed_specs")
 
-    def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain) -> dict[str, torch.Tensor | None]:
+    def pack(self, parts: PlainParts, fmt: WeightFormat) -> dict[str, torch.Tensor | None]:
         raise NotImplementedError
 
     def unpack(self, aqt) -> PlainParts:

@@ -12,27 +12,20 @@ x = float(q) * scale, elements saturated at the format's max when quantized.
 Linear: with float8 dynamic / static activations and per-tensor / per-row weight scales it runs
 ``torch._scaled_mm`` (layouts/scaled_mm.py, shared with PlainLayout); weight-only (any scale granularity,
 float32 / bfloat16 / float16 activations) runs ``torchqkit::linear_fp8wo`` on these bytes (C++ CPU kernels);
-per-block scales with float8 activations, KernelPreference.REFERENCE: the reference, dequantize + F.linear.
+per-block scales with float8 activations: the reference, dequantize + F.linear (routes below).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
-from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ..core.primitives import ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind
-from ..kernels import KERNEL_ACT_DTYPES, cpu_backend
-from ..tensor.activation import KernelPreference
-from ..tensor.dispatch import fill_defaults
-from ..tensor.reference import reference_linear
-from .base import Layout, PackedSpec, PlainParts, crop_features, pad_features, register_layout, scale_specs
-from .scaled_mm import scaled_mm_applies, scaled_mm_linear
-from .slicing import block_slice
+from .base import (Layout, PackedSpec, PlainParts, WeightFormat, crop_features, pad_features, register_layout,
+                   scale_specs)
+from .routes import Route
+from .scaled_mm import SCALED_MM_ROUTE
 
-aten = torch.ops.aten
 
 
 @register_layout("float8")
@@ -41,7 +34,8 @@ class Float8Layout(Layout):
     tensor_names = ("qdata", "scale")
     row_major = True
 
-    def supports(self, qdtype, block_size, shape, zero_point_domain):
+    def supports(self, fmt: WeightFormat):
+        qdtype, block_size, shape, zero_point_domain = fmt
         if qdtype.kind is not QKind.FLOAT8:
             return f"Float8Layout stores float8_e4m3fn / float8_e5m2 codes, not {qdtype.name}"
         if ZeroPointDomain(zero_point_domain) is not ZeroPointDomain.NONE:
@@ -50,11 +44,13 @@ class Float8Layout(Layout):
             return f"Float8Layout stores 2-d weights, got shape {tuple(shape)}"
         return None
 
-    def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
+    def packed_specs(self, fmt: WeightFormat):
+        qdtype, block_size, shape, zero_point_domain = fmt
         return {"qdata": PackedSpec(padded_shape(shape, block_size), (qdtype.storage_dtype,)),
                 **scale_specs(shape, block_size, zero_point_domain)}
 
-    def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
+    def pack(self, parts: PlainParts, fmt: WeightFormat):
+        qdtype, block_size = fmt.qdtype, fmt.block_size
         if parts.qdata.dtype != qdtype.storage_dtype:
             raise ValueError(f"Float8Layout.pack: codes must be {qdtype.storage_dtype}, got {parts.qdata.dtype}")
         qdata = pad_to(parts.qdata, padded_shape(parts.qdata.shape, block_size))
@@ -67,43 +63,16 @@ class Float8Layout(Layout):
     def __repr__(self) -> str:
         return "Float8Layout()"
 
-    @staticmethod
-    def linear_paths() -> list[dict]:
-        """What serves F.linear for each kind of float8 weight (read by torchqkit.kernels.status())."""
-        fp8, fp8_why = cpu_backend(_FP8_OP)
-        return [
-            {"linear": "float8 act x per-tensor / per-row float8 weight", "path": "aten._scaled_mm",
-             "why": "torch's CPU _scaled_mm is itself a slow reference implementation"},
-            {"linear": "float8 act x per-block (e.g. 128x128) float8 weight", "path": "reference",
-             "why": "_scaled_mm has no scales inside K; fake-quantized activation + dequantized weight"},
-            {"linear": "weight-only float8 (per tensor / row / block scales)", "path": f"{_FP8_OP} ({fp8})",
-             "why": fp8_why},
-            {"linear": "any, KernelPreference.REFERENCE", "path": "reference", "why": "chosen explicitly"},
-        ]
+
+def _fp8_call(fn, w, x, bias):
+    # Rows padded to whole blocks (e.g. 128 x 128) run with a zero-padded bias and are cropped off.
+    rows, cols = w.qdata.shape
+    bias = None if bias is None else pad_features(bias, rows)
+    return crop_features(fn(pad_features(x, cols), w.qdata, w.scale, bias), w.logical_shape[0])
 
 
-_FP8_OP = "torchqkit::linear_fp8wo"
-
-
-@Float8Layout.ops.implements(F.linear)
-def _linear(w, x, bias):
-    if scaled_mm_applies(w):
-        return scaled_mm_linear(w, x, bias)
-    if w.act_quant is None and w.kernel_preference is KernelPreference.AUTO and x.dtype in KERNEL_ACT_DTYPES:
-        # Rows padded to whole blocks (e.g. 128 x 128) run with a zero-padded bias and are cropped off.
-        rows, cols = w.qdata.shape
-        bias = None if bias is None else pad_features(bias, rows)
-        y = torch.ops.torchqkit.linear_fp8wo(pad_features(x, cols), w.qdata, w.scale, bias)
-        return crop_features(y, w.logical_shape[0])
-    return reference_linear(w, x, bias)
-
-
-@Float8Layout.ops.implements(aten.slice.Tensor)
-def _slice(func, args, kwargs):
-    """Whole blocks along either dim; both inner tensors are views of the original storage."""
-    self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
-    cut = block_slice(self, dim, start, end, step)
-    out = self.with_changes({"qdata": self.qdata.narrow(cut.dim, *cut.stored),
-                             "scale": self.scale.narrow(cut.dim, *cut.blocks)},
-                            logical_shape=cut.logical_shape, block_size=cut.block_size)
-    return return_and_correct_aliasing(func, args, kwargs, out)
+Float8Layout.routes = (
+    SCALED_MM_ROUTE,
+    Route("weight-only float8 (per tensor / row / block scales)", lambda w, x: w.act_quant is None,
+          op="torchqkit::linear_fp8wo", call=_fp8_call),
+)

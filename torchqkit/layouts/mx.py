@@ -26,19 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ..core.primitives import ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import float8_e4m3fn, float8_e5m2, fp4_e2m1
-from ..kernels import KERNEL_ACT_DTYPES, cpu_backend
-from ..tensor.activation import KernelPreference
-from ..tensor.dispatch import fill_defaults
-from ..tensor.reference import reference_linear
-from .base import Layout, PackedSpec, PlainParts, pad_features, register_layout
-from .slicing import block_slice
+from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
+from .routes import Route
 
-aten = torch.ops.aten
 MX_BLOCK = 32
 E8M0_BIAS = 127
 _ELEMENTS = (float8_e4m3fn, float8_e5m2, fp4_e2m1)
@@ -51,7 +44,8 @@ class MXLayout(Layout):
     tensor_names = ("qdata", "scale")
     row_major = True
 
-    def supports(self, qdtype, block_size, shape, zero_point_domain):
+    def supports(self, fmt: WeightFormat):
+        qdtype, block_size, shape, zero_point_domain = fmt
         if qdtype not in _ELEMENTS:
             return f"MXLayout stores {', '.join(q.name for q in _ELEMENTS)} elements, not {qdtype.name}"
         if ZeroPointDomain(zero_point_domain) is not ZeroPointDomain.NONE:
@@ -61,16 +55,18 @@ class MXLayout(Layout):
                     f"{tuple(block_size)} for shape {tuple(shape)}")
         return None
 
-    def slice_multiple(self, qdtype, block_size, shape, dim: int) -> int:
+    def slice_multiple(self, fmt: WeightFormat, dim: int) -> int:
         # MX blocks are 32 elements by definition: a slice along K never shrinks one.
         return MX_BLOCK if dim == 1 else 1
 
-    def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
+    def packed_specs(self, fmt: WeightFormat):
+        qdtype, block_size, shape, _ = fmt
         n, k = padded_shape(shape, block_size)
         qdata = PackedSpec((n, k // 2), (torch.uint8,)) if qdtype is fp4_e2m1 else PackedSpec((n, k), (qdtype.storage_dtype,))
         return {"qdata": qdata, "scale": PackedSpec((n, k // MX_BLOCK), (torch.uint8,))}
 
-    def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
+    def pack(self, parts: PlainParts, fmt: WeightFormat):
+        qdtype, block_size = fmt.qdtype, fmt.block_size
         codes = pad_to(parts.qdata, padded_shape(parts.qdata.shape, block_size))
         if qdtype is fp4_e2m1:
             codes = (codes[:, 1::2] << 4) | codes[:, 0::2]
@@ -83,15 +79,14 @@ class MXLayout(Layout):
             q = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(q.shape[0], -1)
         return PlainParts(q[:n, :k], _from_e8m0(aqt.scale), None)
 
+    def narrow(self, aqt, cut):
+        """Whole 32-element blocks along K, any rows along N; both inner tensors are views."""
+        per_byte = 2 if (aqt.qdtype is fp4_e2m1 and cut.dim == 1) else 1
+        return {"qdata": aqt.qdata.narrow(cut.dim, cut.stored[0] // per_byte, cut.stored[1] // per_byte),
+                "scale": aqt.scale.narrow(cut.dim, *cut.blocks)}, self
+
     def __repr__(self) -> str:
         return "MXLayout()"
-
-    @staticmethod
-    def linear_paths() -> list[dict]:
-        path, why = cpu_backend(_MX_OP)
-        return [{"linear": "MXFP8 / MXFP4 weight-only", "path": f"{_MX_OP} ({path})", "why": why},
-                {"linear": "any, KernelPreference.REFERENCE, or activations not float32/bfloat16/float16",
-                 "path": "reference", "why": "chosen explicitly / no kernel for that activation dtype"}]
 
 
 def _to_e8m0(scale: torch.Tensor) -> torch.Tensor:
@@ -114,23 +109,10 @@ def _from_e8m0(e: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
-_MX_OP = "torchqkit::linear_mxwo"
+def _mx_call(fn, w, x, bias):
+    return fn(pad_features(x, MX_BLOCK * w.scale.shape[1]), w.qdata, w.scale, bias)
 
 
-@MXLayout.ops.implements(F.linear)
-def _linear(w, x, bias):
-    if w.act_quant is not None or w.kernel_preference is not KernelPreference.AUTO or x.dtype not in KERNEL_ACT_DTYPES:
-        return reference_linear(w, x, bias)  # weight-only kernel: fake-quantized activations take the reference
-    return torch.ops.torchqkit.linear_mxwo(pad_features(x, MX_BLOCK * w.scale.shape[1]), w.qdata, w.scale, bias)
-
-
-@MXLayout.ops.implements(aten.slice.Tensor)
-def _slice(func, args, kwargs):
-    """Whole 32-element blocks along K, any rows along N; both inner tensors are views."""
-    self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
-    cut = block_slice(self, dim, start, end, step)
-    per_byte = 2 if (self.qdtype is fp4_e2m1 and cut.dim == 1) else 1
-    out = self.with_changes({"qdata": self.qdata.narrow(cut.dim, cut.stored[0] // per_byte, cut.stored[1] // per_byte),
-                             "scale": self.scale.narrow(cut.dim, *cut.blocks)},
-                            logical_shape=cut.logical_shape, block_size=cut.block_size)
-    return return_and_correct_aliasing(func, args, kwargs, out)
+MXLayout.routes = (
+    Route("MXFP8 / MXFP4 weight-only", lambda w, x: w.act_quant is None, op="torchqkit::linear_mxwo", call=_mx_call),
+)

@@ -29,10 +29,9 @@ A slice that starts inside a group of 256 (any in_features slice, most out_featu
 keep the 8-bit absmax: it stores its dequantized absmax in float32 (bit-exact, NF4Layout without
 double_quant) while qdata stays a view; out_features slices starting on a group boundary keep it.
 
-Linear (KernelPreference.AUTO, float32 / bfloat16 / float16 activations) runs ``torchqkit::linear_nf4wo`` on
-these bytes as stored (C++ CPU kernels decode the double-quantized absmax per block); its autograd formula
-gives the input (and bias) gradients, so QLoRA adapters train through the frozen weight.
-KernelPreference.REFERENCE or other activation dtypes: dequantize + F.linear.
+Linear (routes below; float32 / bfloat16 / float16 activations) runs ``torchqkit::linear_nf4wo`` on these bytes
+as stored (C++ CPU kernels decode the double-quantized absmax per block); its autograd formula gives the input
+(and bias) gradients, so QLoRA adapters train through the frozen weight.
 """
 from __future__ import annotations
 
@@ -40,19 +39,13 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ..core.primitives import (ZeroPointDomain, choose_qparams_affine, dequantize_affine, pad_to, padded_shape,
                                quantize_affine)
 from ..core.qdtype import int8, nf4
-from ..kernels import KERNEL_ACT_DTYPES, cpu_backend
-from ..tensor.activation import KernelPreference
-from ..tensor.dispatch import fill_defaults
-from ..tensor.reference import reference_linear
-from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, pad_features, register_layout
-from .slicing import block_slice
+from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
+from .routes import Route
 
-aten = torch.ops.aten
 DQ_GROUP = 256  # absmax values per second-level scale (QLoRA)
 NF4_ZERO_CODE = 7  # the level 0.0: what padding past K holds
 _DQ_NAMES = ("scale_codes", "scale_block_scale", "scale_offset")
@@ -72,7 +65,8 @@ class NF4Layout(Layout):
                              f"got {self.block_size!r}")
         object.__setattr__(self, "double_quant", bool(self.double_quant))
 
-    def supports(self, qdtype, block_size, shape, zero_point_domain):
+    def supports(self, fmt: WeightFormat):
+        qdtype, block_size, shape, zero_point_domain = fmt
         if qdtype is not nf4:
             return f"NF4Layout stores nf4 codes, not {qdtype.name}"
         if ZeroPointDomain(zero_point_domain) is not ZeroPointDomain.NONE:
@@ -82,12 +76,12 @@ class NF4Layout(Layout):
                     f"2-d weight, got block_size {tuple(block_size)} for shape {tuple(shape)}")
         return None
 
-    def slice_multiple(self, qdtype, block_size, shape, dim: int) -> int:
+    def slice_multiple(self, fmt: WeightFormat, dim: int) -> int:
         # Along K, a slice must keep whole bytes (two codes) even when K is one block.
-        return max(super().slice_multiple(qdtype, block_size, shape, dim), 2 if dim == 1 else 1)
+        return max(super().slice_multiple(fmt, dim), 2 if dim == 1 else 1)
 
-    def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
-        n, k = padded_shape(shape, block_size)
+    def packed_specs(self, fmt: WeightFormat):
+        n, k = padded_shape(fmt.shape, fmt.block_size)
         blocks = (n, k // self.block_size)
         specs = {"qdata": PackedSpec((n, k // 2), (torch.uint8,))}
         if not self.double_quant:
@@ -96,7 +90,8 @@ class NF4Layout(Layout):
                 "scale_block_scale": PackedSpec((-(-n * blocks[1] // DQ_GROUP),), (torch.float32,)),
                 "scale_offset": PackedSpec((1,), (torch.float32,))}
 
-    def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
+    def pack(self, parts: PlainParts, fmt: WeightFormat):
+        block_size = fmt.block_size
         codes = pad_to(parts.qdata, padded_shape(parts.qdata.shape, block_size), NF4_ZERO_CODE)
         qdata = (codes[:, 0::2] << 4) | codes[:, 1::2]
         tensors = {"qdata": qdata.contiguous(), "scale": parts.scale, **dict.fromkeys(_DQ_NAMES)}
@@ -113,6 +108,25 @@ class NF4Layout(Layout):
             return PlainParts(codes, aqt.scale, None)
         return PlainParts(codes, _double_dequantize(aqt.scale_codes, aqt.scale_block_scale, aqt.scale_offset), None)
 
+    def narrow(self, aqt, cut):
+        """qdata is always a view. See Note [NF4 double quantization] for when the 8-bit absmax survives."""
+        per_byte = 2 if cut.dim else 1
+        tensors, layout = {"qdata": aqt.qdata.narrow(cut.dim, cut.stored[0] // per_byte, cut.stored[1] // per_byte)}, self
+        blocks_per_row = aqt.scale_codes.shape[1] if self.double_quant else 0
+        if not self.double_quant:
+            tensors["scale"] = aqt.scale.narrow(cut.dim, *cut.blocks)
+        elif cut.dim == 0 and (cut.blocks[0] * blocks_per_row) % DQ_GROUP == 0:
+            first, count = cut.blocks[0] * blocks_per_row // DQ_GROUP, -(-cut.blocks[1] * blocks_per_row // DQ_GROUP)
+            tensors.update(scale_codes=aqt.scale_codes.narrow(0, *cut.blocks),
+                           scale_block_scale=aqt.scale_block_scale.narrow(0, first, count))
+        else:
+            absmax = _double_dequantize(aqt.scale_codes, aqt.scale_block_scale, aqt.scale_offset)
+            tensors.update(scale=absmax.narrow(cut.dim, *cut.blocks).contiguous(), **dict.fromkeys(_DQ_NAMES))
+            layout = replace(layout, double_quant=False)
+        if cut.block_size[1] != layout.block_size:  # K was one block and the slice shrank it
+            layout = replace(layout, block_size=cut.block_size[1])
+        return tensors, layout
+
     def gather_rows(self, aqt, rows):
         # Double quantization shares one second-level scale across 256 consecutive blocks of several rows.
         return None if self.double_quant else super().gather_rows(aqt, rows)
@@ -123,14 +137,6 @@ class NF4Layout(Layout):
 
     def __repr__(self) -> str:
         return f"NF4Layout(block_size={self.block_size}, double_quant={self.double_quant})"
-
-    @staticmethod
-    def linear_paths() -> list[dict]:
-        path, why = cpu_backend(_NF4_OP)
-        return [{"linear": "nf4 weight-only, single or double quant (QLoRA training included)",
-                 "path": f"{_NF4_OP} ({path})", "why": why},
-                {"linear": "any, KernelPreference.REFERENCE, or activations not float32/bfloat16/float16",
-                 "path": "reference", "why": "chosen explicitly / no kernel for that activation dtype"}]
 
 
 def _double_quantize(absmax: torch.Tensor):
@@ -149,36 +155,12 @@ def _double_dequantize(codes: torch.Tensor, block_scale: torch.Tensor, offset: t
     return (vals[:codes.numel()] + offset).reshape(codes.shape)
 
 
-_NF4_OP = "torchqkit::linear_nf4wo"
+def _nf4_call(fn, w, x, bias):
+    return fn(pad_features(x, 2 * w.qdata.shape[1]), w.qdata, w.scale, w.scale_codes, w.scale_block_scale,
+              w.scale_offset, w.qlayout.block_size, bias)
 
 
-@NF4Layout.ops.implements(F.linear)
-def _linear(w, x, bias):
-    if w.kernel_preference is not KernelPreference.AUTO or x.dtype not in KERNEL_ACT_DTYPES:
-        return reference_linear(w, x, bias)
-    return torch.ops.torchqkit.linear_nf4wo(pad_features(x, 2 * w.qdata.shape[1]), w.qdata, w.scale, w.scale_codes,
-                                            w.scale_block_scale, w.scale_offset, w.qlayout.block_size, bias)
-
-
-@NF4Layout.ops.implements(aten.slice.Tensor)
-def _slice(func, args, kwargs):
-    """qdata is always a view. See Note [NF4 double quantization] for when the 8-bit absmax survives."""
-    self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
-    cut = block_slice(self, dim, start, end, step)
-    qdata = self.qdata.narrow(cut.dim, cut.stored[0] // (2 if cut.dim else 1), cut.stored[1] // (2 if cut.dim else 1))
-    tensors, layout = {"qdata": qdata}, self.qlayout
-    blocks_per_row = self.scale_codes.shape[1] if layout.double_quant else 0
-    if not layout.double_quant:
-        tensors["scale"] = self.scale.narrow(cut.dim, *cut.blocks)
-    elif cut.dim == 0 and (cut.blocks[0] * blocks_per_row) % DQ_GROUP == 0:
-        first, count = cut.blocks[0] * blocks_per_row // DQ_GROUP, -(-cut.blocks[1] * blocks_per_row // DQ_GROUP)
-        tensors.update(scale_codes=self.scale_codes.narrow(0, *cut.blocks),
-                       scale_block_scale=self.scale_block_scale.narrow(0, first, count))
-    else:
-        absmax = _double_dequantize(self.scale_codes, self.scale_block_scale, self.scale_offset)
-        tensors.update(scale=absmax.narrow(cut.dim, *cut.blocks).contiguous(), **dict.fromkeys(_DQ_NAMES))
-        layout = replace(layout, double_quant=False)
-    if cut.block_size[1] != layout.block_size:  # K was one block and the slice shrank it
-        layout = replace(layout, block_size=cut.block_size[1])
-    out = self.with_changes(tensors, logical_shape=cut.logical_shape, block_size=cut.block_size, qlayout=layout)
-    return return_and_correct_aliasing(func, args, kwargs, out)
+NF4Layout.routes = (
+    Route("nf4 weight-only, single or double quant (QLoRA training included)",
+          lambda w, x: w.act_quant is None, op="torchqkit::linear_nf4wo", call=_nf4_call),
+)

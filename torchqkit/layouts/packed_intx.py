@@ -8,9 +8,9 @@ codes are 0 and never read back):
 See Note [Packed intx bits] and Note [Ternary bit planes] for the byte formats. Each row starts on a
 byte boundary, so slicing out_features is a row view; slices along in_features cut at whole bytes.
 
-Linear: weight-only, not ternary, float32 / bfloat16 / float16 activations: ``torchqkit::linear_intxwo`` on
-these bytes (C++ CPU kernels); ternary planes, int8 dynamic activations and KernelPreference.REFERENCE run
-the reference (dequantize + F.linear). ``linear_paths`` reports which.
+Linear (routes below): weight-only, not ternary: ``torchqkit::linear_intxwo`` on these bytes (C++ CPU kernels);
+int8 dynamic activations x int4: ``torchqkit::linear_int8da_int4_packed``; ternary planes and other activation
+quantization run the reference (dequantize + F.linear). ``torchqkit.kernels.status()`` reports which.
 
 Note [Packed intx bits]
 ~~~~~~~~~~~~~~~~~~~~~~~
@@ -41,18 +41,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind, int2, int4
-from ..kernels import KERNEL_ACT_DTYPES, cpu_backend
-from ..tensor.activation import KernelPreference
-from ..tensor.dispatch import fill_defaults
-from ..tensor.reference import reference_linear
-from .base import Layout, PackedSpec, PlainParts, pad_features, register_layout, scale_specs
-from .slicing import block_slice
+from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout, scale_specs
+from .routes import Route
 
-aten = torch.ops.aten
 
 
 @register_layout("packed_intx")
@@ -68,7 +62,8 @@ class PackedIntxLayout(Layout):
         if not isinstance(self.ternary, bool):
             raise ValueError(f"PackedIntxLayout: ternary must be True or False, got {self.ternary!r}")
 
-    def supports(self, qdtype, block_size, shape, zero_point_domain):
+    def supports(self, fmt: WeightFormat):
+        qdtype, block_size, shape, zero_point_domain = fmt
         if qdtype.kind is not QKind.INT:
             return f"PackedIntxLayout stores integer codes, not {qdtype.name}"
         if qdtype.bits >= 8:
@@ -80,9 +75,10 @@ class PackedIntxLayout(Layout):
                     f"with zero point domain {ZeroPointDomain(zero_point_domain).value}; use ternary=False")
         return None
 
-    def slice_multiple(self, qdtype, block_size, shape, dim):
+    def slice_multiple(self, fmt: WeightFormat, dim: int) -> int:
+        qdtype, block_size, shape, _ = fmt
         if dim == 0:
-            return super().slice_multiple(qdtype, block_size, shape, dim)
+            return super().slice_multiple(fmt, dim)
         # Cut at whole bytes: the smallest code count whose bits fill whole bytes (ternary: 8-code planes).
         unit = 8 if self.ternary else 8 // math.gcd(qdtype.bits, 8)
         return unit if block_size[1] == shape[1] else math.lcm(unit, block_size[1])
@@ -91,12 +87,26 @@ class PackedIntxLayout(Layout):
         """Bytes one row of ``k`` codes takes."""
         return 2 * -(-k // 8) if self.ternary else -(-k * qdtype.bits // 8)
 
-    def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
+    def narrow(self, aqt, cut):
+        """Rows along out_features; whole bytes (and blocks) along in_features: always a view."""
+        begin = cut.codes[0]
+        if cut.dim == 0:
+            qdata = aqt.qdata.narrow(0, begin, cut.codes[1])
+        else:
+            first = self.row_bytes(aqt.qdtype, begin)  # begin cuts at a whole byte (slice_multiple)
+            qdata = aqt.qdata.narrow(1, first, self.row_bytes(aqt.qdtype, begin + cut.stored[1]) - first)
+        scales = {name: None if t is None else t.narrow(cut.dim, *cut.blocks)
+                  for name, t in (("scale", aqt.scale), ("zero_point", aqt.zero_point))}
+        return {"qdata": qdata, **scales}, self
+
+    def packed_specs(self, fmt: WeightFormat):
+        qdtype, block_size, shape, zero_point_domain = fmt
         stored_k = padded_shape(shape, block_size)[1]
         return {"qdata": PackedSpec((shape[0], self.row_bytes(qdtype, stored_k)), (torch.uint8,)),
                 **scale_specs(shape, block_size, zero_point_domain)}
 
-    def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
+    def pack(self, parts: PlainParts, fmt: WeightFormat):
+        qdtype, block_size = fmt.qdtype, fmt.block_size
         codes = pad_to(parts.qdata, (parts.qdata.shape[0], padded_shape(parts.qdata.shape, block_size)[1]))
         if self.ternary:
             bad = int((codes == -2).sum())
@@ -119,19 +129,6 @@ class PackedIntxLayout(Layout):
             fields = _unpack_bits(aqt.qdata, aqt.qdtype.bits, k)
             codes = (fields.to(torch.int16) + int(aqt.qdtype.qmin)).to(aqt.qdtype.storage_dtype)
         return PlainParts(codes, aqt.scale, aqt.zero_point)
-
-    @staticmethod
-    def linear_paths() -> list[dict]:
-        """What serves F.linear for a packed intx weight (read by torchqkit.kernels.status())."""
-        path, why = cpu_backend(_INTX_OP)
-        da_path, da_why = cpu_backend(_INT8DA_INT4_OP)
-        return [{"linear": "1..7-bit int weight-only (any zero point domain, per-group / per-row)",
-                 "path": f"{_INTX_OP} ({path})", "why": why},
-                {"linear": "int8 dynamic act (per token) x int4 (symmetric / int zero point), per group of 8..128 "
-                           "(dividing 128) or multiples of 128, or per channel",
-                 "path": f"{_INT8DA_INT4_OP} ({da_path})", "why": da_why},
-                {"linear": "ternary bit planes, other int8 dynamic act, KernelPreference.REFERENCE, other act dtypes",
-                 "path": "reference", "why": "dequantize + F.linear: no kernel reads ternary planes yet"}]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -182,17 +179,16 @@ def _unpack_ternary(packed: torch.Tensor, k: int) -> torch.Tensor:
 # ops
 # ------------------------------------------------------------------------------------------------
 
-_INTX_OP = "torchqkit::linear_intxwo"
-_INT8DA_INT4_OP = "torchqkit::linear_int8da_int4_packed"
+def _stored_k(w) -> int:
+    return padded_shape(w.logical_shape, w.block_size)[1]  # kernels read whole groups (zero-padded x)
 
 
 def _int8_int4_applies(w, x) -> bool:
     """int8 dynamic per-token act x int4 (symmetric or integer zero point), per group of 8 k dividing 128
     (or a multiple of 128) or per channel: the torchqkit::linear_int8da_int4_packed kernel takes it."""
     spec = w.act_quant
-    if (spec is None or w.qlayout.ternary or w.kernel_preference is not KernelPreference.AUTO
-            or x.dtype not in KERNEL_ACT_DTYPES or w.qdtype != int4 or spec.qdtype.kind is not QKind.INT
-            or spec.mapping not in (MappingType.SYMMETRIC, MappingType.ASYMMETRIC)
+    if (spec is None or w.qlayout.ternary or w.qdtype != int4 or spec.qdtype.kind is not QKind.INT
+            or spec.static_scale is not None or spec.mapping not in (MappingType.SYMMETRIC, MappingType.ASYMMETRIC)
             or ZeroPointDomain(w.zero_point_domain) not in (ZeroPointDomain.NONE, ZeroPointDomain.INT)
             or w.block_size[0] != 1):
         return False
@@ -200,34 +196,20 @@ def _int8_int4_applies(w, x) -> bool:
     return g == k or (g % 8 == 0 and (128 % g == 0 or g % 128 == 0))
 
 
-@PackedIntxLayout.ops.implements(F.linear)
-def _linear(w, x, bias):
-    stored_k = padded_shape(w.logical_shape, w.block_size)[1]  # kernels read whole groups (zero-padded x)
-    if _int8_int4_applies(w, x):
-        return torch.ops.torchqkit.linear_int8da_int4_packed(pad_features(x, stored_k), w.qdata, w.scale, w.zero_point,
-                                                             bias, w.act_quant.mapping is MappingType.SYMMETRIC)
-    if (w.qlayout.ternary or w.act_quant is not None or w.kernel_preference is not KernelPreference.AUTO
-            or x.dtype not in KERNEL_ACT_DTYPES):
-        return reference_linear(w, x, bias)
-    return torch.ops.torchqkit.linear_intxwo(pad_features(x, stored_k), w.qdata, w.scale, w.zero_point, w.qdtype.bits,
-                                             w.qdtype.signed, ZeroPointDomain(w.zero_point_domain).value, bias)
+def _int8_int4_call(fn, w, x, bias):
+    return fn(pad_features(x, _stored_k(w)), w.qdata, w.scale, w.zero_point, bias,
+              w.act_quant.mapping is MappingType.SYMMETRIC)
 
 
-@PackedIntxLayout.ops.implements(aten.slice.Tensor)
-def _slice(func, args, kwargs):
-    """Rows along out_features; whole bytes (and blocks) along in_features: always a view."""
-    self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
-    cut = block_slice(self, dim, start, end, step)
-    begin, length = cut.codes
-    layout, qdtype = self.qlayout, self.qdtype
-    if cut.dim == 0:
-        qdata = self.qdata.narrow(0, begin, length)
-    else:
-        first = layout.row_bytes(qdtype, begin)  # begin cuts at a whole byte (slice_multiple)
-        qdata = self.qdata.narrow(1, first, layout.row_bytes(qdtype, begin + cut.stored[1]) - first)
-    tensors = {"qdata": qdata}
-    for name in ("scale", "zero_point"):
-        t = getattr(self, name)
-        tensors[name] = None if t is None else t.narrow(cut.dim, *cut.blocks)
-    out = self.with_changes(tensors, logical_shape=cut.logical_shape, block_size=cut.block_size)
-    return return_and_correct_aliasing(func, args, kwargs, out)
+def _intx_call(fn, w, x, bias):
+    return fn(pad_features(x, _stored_k(w)), w.qdata, w.scale, w.zero_point, w.qdtype.bits, w.qdtype.signed,
+              ZeroPointDomain(w.zero_point_domain).value, bias)
+
+
+PackedIntxLayout.routes = (
+    Route("1..7-bit int weight-only (any zero point domain, per-group / per-row), not ternary",
+          lambda w, x: w.act_quant is None and not w.qlayout.ternary, op="torchqkit::linear_intxwo", call=_intx_call),
+    Route("int8 dynamic act (per token) x int4 (symmetric / int zero point), per group of 8..128 (dividing 128) "
+          "or multiples of 128, or per channel", _int8_int4_applies,
+          op="torchqkit::linear_int8da_int4_packed", call=_int8_int4_call),
+)

@@ -1,39 +1,59 @@
-"""The ``torch._scaled_mm`` linear shared by every layout that stores float8 codes as torch float8 tensors
+"""The float8 x float8 linear shared by every layout that stores float8 codes as torch float8 tensors
 (PlainLayout, Float8Layout): float8 activations x float8 weights with per-tensor or per-row scales.
 
-The weight's ``qdata`` must be the (N, K) float8 codes and ``scale`` (1, 1) or (N, 1) float scales.
+The weight's ``qdata`` must be the (N, K) float8 codes and ``scale`` (1, 1) or (N, 1) float scales. AUTO runs
+``torch._scaled_mm`` (cuBLASLt on a GPU); KernelPreference.TRITON runs ``torchqkit::scaled_mm_fp8_rowwise``'s
+Triton kernel on the same codes, with both scales expanded to rows.
 """
 from __future__ import annotations
 
 import torch
 
 from ..core.qdtype import QKind
-from ..tensor.activation import KernelPreference
-from ..tensor.reference import flatten_tokens
+from .routes import Route, flatten_tokens
 
-__all__ = ["scaled_mm_applies", "scaled_mm_linear"]
+__all__ = ["SCALED_MM_ROUTE", "scaled_mm_applies", "scaled_mm_linear"]
 
 
-def scaled_mm_applies(w) -> bool:
+def scaled_mm_applies(w, x=None) -> bool:
     """True when ``F.linear(x, w)`` can run on ``torch._scaled_mm``: float8 activation quantization and a
     float8 weight with one scale per tensor or per row (``_scaled_mm`` has no scales inside K)."""
     spec = w.act_quant
-    if spec is None or w.kernel_preference is KernelPreference.REFERENCE:
+    if spec is None:
         return False
     per_row = w.block_size == (1, w.logical_shape[1])
     per_tensor = w.block_size == w.logical_shape
     return spec.qdtype.kind is QKind.FLOAT8 and w.qdtype.kind is QKind.FLOAT8 and (per_row or per_tensor)
 
 
-def scaled_mm_linear(w, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _quantized_rows(w, x: torch.Tensor):
+    """(float8 codes (M, K), scale_a, scale_b): per-row scales for both when either is per row, else scalars."""
     n = w.logical_shape[0]
     x2 = flatten_tokens(x)
     qa = w.act_quant.quantize(x2)
     scale_a, scale_b = qa.scale.to(torch.float32), w.scale.reshape(1, -1).to(torch.float32)
     if scale_a.numel() != 1 or scale_b.numel() != 1:  # _scaled_mm wants both row-wise or both scalar
-        scale_a, scale_b = scale_a.expand(x2.shape[0], 1).contiguous(), scale_b.expand(1, n).contiguous()
-    else:
-        scale_a, scale_b = scale_a.reshape(()), scale_b.reshape(())
-    out = torch._scaled_mm(qa.qdata, w.qdata.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=x.dtype)
-    out = out.reshape(*x.shape[:-1], n)
+        return qa.qdata, scale_a.expand(x2.shape[0], 1).contiguous(), scale_b.expand(1, n).contiguous()
+    return qa.qdata, scale_a.reshape(()), scale_b.reshape(())
+
+
+def scaled_mm_linear(w, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    qa, scale_a, scale_b = _quantized_rows(w, x)
+    out = torch._scaled_mm(qa, w.qdata.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=x.dtype)
+    out = out.reshape(*x.shape[:-1], w.logical_shape[0])
     return out if bias is None else out + bias
+
+
+def _rowwise_call(fn, w, x, bias):
+    qa, scale_a, scale_b = _quantized_rows(w, x)
+    m, n = qa.shape[0], w.logical_shape[0]
+    out = fn(qa, w.qdata, scale_a.expand(m, 1).contiguous(), scale_b.reshape(-1, 1).expand(n, 1).contiguous(),
+             bias, x.dtype)
+    return out.reshape(*x.shape[:-1], n)
+
+
+SCALED_MM_ROUTE = Route(
+    "float8 act x per-tensor / per-row float8 weight", scaled_mm_applies,
+    op="torchqkit::scaled_mm_fp8_rowwise", call=_rowwise_call, aten=scaled_mm_linear, aten_name="aten._scaled_mm",
+    why="torch._scaled_mm (cuBLASLt on a GPU; torch's CPU _scaled_mm is itself a slow reference implementation)",
+    act_dtypes=(torch.float32, torch.bfloat16, torch.float16))

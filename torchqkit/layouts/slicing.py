@@ -12,9 +12,12 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from ..core.primitives import num_blocks, padded_shape
+from torch.utils._python_dispatch import return_and_correct_aliasing
 
-__all__ = ["BlockSlice", "block_slice", "cut_multiple"]
+from ..core.primitives import num_blocks, padded_shape
+from .op_table import fill_defaults
+
+__all__ = ["BlockSlice", "block_slice", "cut_multiple", "slice_quantized"]
 
 
 class BlockSlice(NamedTuple):
@@ -54,5 +57,15 @@ def cut_multiple(aqt, sdim: int) -> int:
     """Where a slice along ``sdim`` (of the stored, untransposed shape) may start and end: multiples of this
     (an end at the dim's size is always allowed). Tensor-parallel sharding checks its cuts against it."""
     b, size = aqt.block_size[sdim], aqt.logical_shape[sdim]
-    m = aqt.qlayout.slice_multiple(aqt.qdtype, aqt.block_size, aqt.logical_shape, sdim)
+    m = aqt.qlayout.slice_multiple(aqt.weight_format, sdim)
     return math.lcm(m, b) if b != size else m  # several blocks along this dim: never cut one
+
+
+def slice_quantized(func, args, kwargs):
+    """``aten.slice.Tensor`` for every layout: ``block_slice`` checks the cut, the layout's ``narrow`` hook cuts its
+    inner tensors (views of the storage wherever the layout allows)."""
+    self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
+    cut = block_slice(self, dim, start, end, step)
+    tensors, layout = self.qlayout.narrow(self, cut)
+    out = self.with_changes(tensors, logical_shape=cut.logical_shape, block_size=cut.block_size, qlayout=layout)
+    return return_and_correct_aliasing(func, args, kwargs, out)

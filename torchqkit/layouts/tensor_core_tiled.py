@@ -8,9 +8,9 @@ See Note [Tensor-core tiled int4] for the exact bit arrangement. Tensors (T = in
 where N8 = out_features rounded up to 8 and Kt = in_features rounded up to lcm(g, 16 T). The padding
 holds code 8, scale 1, zero 0 (the value 0.0); ``unpack`` / ``dequantize`` / ``shape`` never show it.
 
-Linear (KernelPreference.AUTO) runs the custom op ``torchqkit::linear_int4wo_tiled`` on these bytes as stored
+Linear (its route, below) runs the custom op ``torchqkit::linear_int4wo_tiled`` on these bytes as stored
 (C++ CPU kernel, csrc/cpu/linear_int4.cpp; its pure-torch reference where no backend is built);
-``linear_paths`` / ``torchqkit.kernels.status()`` name the backend.
+``torchqkit.kernels.status()`` names the backend.
 
 Note [Tensor-core tiled int4]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -56,19 +56,12 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ..core.primitives import ZeroPointDomain, padded_shape
 from ..core.qdtype import uint4
-from ..kernels import KERNEL_ACT_DTYPES, cpu_backend, linear_op
-from ..tensor.activation import KernelPreference
-from ..tensor.dispatch import fill_defaults
-from ..tensor.reference import reference_linear
-from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, pad_features, register_layout
-from .slicing import block_slice
+from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
+from .routes import Route
 
-aten = torch.ops.aten
 
 GROUP_SIZES = (32, 64, 128, 256)
 INNER_K_TILES = (2, 4, 8)
@@ -94,7 +87,8 @@ class TensorCoreTiledLayout(Layout):
     def k_chunk(self) -> int:
         return K_TILE * self.inner_k_tiles
 
-    def supports(self, qdtype, block_size, shape, zero_point_domain):
+    def supports(self, fmt: WeightFormat):
+        qdtype, block_size, shape, zero_point_domain = fmt
         if qdtype != uint4:
             return (f"TensorCoreTiledLayout stores uint4 codes (Int4WeightOnlyConfig), not {qdtype.name}; "
                     f"use PackedIntxLayout or PlainLayout for other integer formats")
@@ -108,7 +102,8 @@ class TensorCoreTiledLayout(Layout):
                     f"got block_size {tuple(block_size)}")
         return None
 
-    def slice_multiple(self, qdtype, block_size, shape, dim):
+    def slice_multiple(self, fmt: WeightFormat, dim: int) -> int:
+        block_size = fmt.block_size
         # Whole n-tiles along out_features; whole groups and whole k-chunks along in_features.
         return N_TILE if dim == 0 else math.lcm(block_size[1], self.k_chunk)
 
@@ -117,13 +112,15 @@ class TensorCoreTiledLayout(Layout):
         n, k = shape
         return _round_up(n, N_TILE), _round_up(k, math.lcm(group_size, self.k_chunk))
 
-    def packed_specs(self, qdtype, block_size, shape, zero_point_domain):
+    def packed_specs(self, fmt: WeightFormat):
+        block_size, shape = fmt.block_size, fmt.shape
         g, t = block_size[1], self.inner_k_tiles
         n8, kt = self.padded_shape(shape, g)
         return {"qdata": PackedSpec((n8 // N_TILE, kt // self.k_chunk, 32, t // 2), (torch.int32,)),
                 "scale_and_zero": PackedSpec((kt // g, n8, 2), FLOAT_DTYPES)}
 
-    def pack(self, parts: PlainParts, qdtype, block_size, zero_point_domain):
+    def pack(self, parts: PlainParts, fmt: WeightFormat):
+        block_size = fmt.block_size
         codes, scale, zero = parts
         if zero is None or zero.dtype != scale.dtype or not scale.dtype.is_floating_point:
             got = "none" if zero is None else zero.dtype
@@ -141,21 +138,28 @@ class TensorCoreTiledLayout(Layout):
         scale_and_zero[:groups, :n, 1] = zero.t()
         return {"qdata": _tile(padded, self.inner_k_tiles), "scale_and_zero": scale_and_zero}
 
+    def narrow(self, aqt, cut):
+        """Whole n-tiles along out_features, whole k-chunks (and groups) along in_features: always a view."""
+        begin, length = cut.codes
+        to_end = begin + length == aqt.logical_shape[cut.dim]  # keep the padded tail tile
+        qdata, sz = aqt.qdata, aqt.scale_and_zero
+        if cut.dim == 0:
+            t0 = begin // N_TILE
+            t1 = qdata.shape[0] if to_end else (begin + length) // N_TILE
+            qdata, sz = qdata[t0:t1], sz[:, t0 * N_TILE: t1 * N_TILE]
+        else:
+            chunk, g = self.k_chunk, aqt.block_size[1]
+            c0 = begin // chunk
+            c1 = qdata.shape[1] if to_end else (begin + length) // chunk
+            qdata, sz = qdata[:, c0:c1], sz[c0 * chunk // g: c1 * chunk // g]
+        return {"qdata": qdata, "scale_and_zero": sz}, self
+
     def unpack(self, aqt) -> PlainParts:
         n, k = aqt.logical_shape
         g = aqt.block_size[1]
         codes = _untile(aqt.qdata, self.inner_k_tiles)[:n, :k]
         sz = aqt.scale_and_zero[: -(-k // g), :n]
         return PlainParts(codes, sz[..., 0].t().contiguous(), sz[..., 1].t().contiguous())
-
-    @staticmethod
-    def linear_paths() -> list[dict]:
-        """What serves F.linear for a tiled int4 weight on CPU (read by torchqkit.kernels.status())."""
-        path, why = cpu_backend(_INT4_OP)
-        return [{"linear": "int4 weight-only (uint4, group-wise float zero point), f32 / bf16 / f16 activations",
-                 "path": f"{_INT4_OP} ({path})", "why": why},
-                {"linear": "any, KernelPreference.REFERENCE, or activations not float32/bfloat16/float16",
-                 "path": "reference", "why": "dequantize + F.linear: chosen explicitly / no kernel for that dtype"}]
 
 
 def _round_up(x: int, m: int) -> int:
@@ -194,38 +198,12 @@ def _untile(words: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
 # ops
 # ------------------------------------------------------------------------------------------------
 
-_INT4_OP = "torchqkit::linear_int4wo_tiled"
-
-
-@TensorCoreTiledLayout.ops.implements(F.linear)
-def _linear(w, x, bias):
-    """AUTO: the custom op (the dispatch key picks the backend); REFERENCE or another activation dtype:
-    dequantize + F.linear; TRITON / CUDA: the backend kernels.linear_op names (an error if it can't serve)."""
-    pref = w.kernel_preference
-    if pref is KernelPreference.REFERENCE or x.dtype not in KERNEL_ACT_DTYPES:
-        return reference_linear(w, x, bias)
-    fn = torch.ops.torchqkit.linear_int4wo_tiled if pref is KernelPreference.AUTO else linear_op(_INT4_OP, x.device, pref)
+def _int4_call(fn, w, x, bias):
     x = pad_features(x, padded_shape(w.logical_shape, w.block_size)[1])  # whole groups: every backend's contract
     return fn(x, w.qdata, w.scale_and_zero, w.block_size[1], w.logical_shape[0], bias)
 
 
-@TensorCoreTiledLayout.ops.implements(aten.slice.Tensor)
-def _slice(func, args, kwargs):
-    """Whole n-tiles along out_features, whole k-chunks (and groups) along in_features: always a view."""
-    self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
-    cut = block_slice(self, dim, start, end, step)
-    begin, length = cut.codes
-    to_end = begin + length == self.logical_shape[cut.dim]  # keep the padded tail tile
-    qdata, sz = self.qdata, self.scale_and_zero
-    if cut.dim == 0:
-        t0 = begin // N_TILE
-        t1 = qdata.shape[0] if to_end else (begin + length) // N_TILE
-        qdata, sz = qdata[t0:t1], sz[:, t0 * N_TILE: t1 * N_TILE]
-    else:
-        chunk, g = self.qlayout.k_chunk, self.block_size[1]
-        c0 = begin // chunk
-        c1 = qdata.shape[1] if to_end else (begin + length) // chunk
-        qdata, sz = qdata[:, c0:c1], sz[c0 * chunk // g: c1 * chunk // g]
-    out = self.with_changes({"qdata": qdata, "scale_and_zero": sz}, logical_shape=cut.logical_shape,
-                            block_size=cut.block_size)
-    return return_and_correct_aliasing(func, args, kwargs, out)
+TensorCoreTiledLayout.routes = (
+    Route("int4 weight-only (uint4, group-wise float zero point)", lambda w, x: w.act_quant is None,
+          op="torchqkit::linear_int4wo_tiled", call=_int4_call),
+)

@@ -26,7 +26,7 @@ from ..core import granularity as _granularity
 from ..core.granularity import validate_block_size
 from ..core.primitives import MappingType, ZeroPointDomain
 from ..core.qdtype import qdtype_from_name
-from ..layouts.base import layout_class
+from ..layouts.base import WeightFormat, layout_class
 from ..tensor.activation import ActivationQuantSpec, KernelPreference
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .safetensors_file import CheckpointError
@@ -72,7 +72,7 @@ def decode_entry(entry) -> dict:
     layout = _decode_layout(entry["layout"])
     qdtype = qdtype_from_name(_string(entry, "qdtype"))
     zpd = ZeroPointDomain(_string(entry, "zero_point_domain"))
-    reason = layout.supports(qdtype, tuple(block_size), tuple(shape), zpd)
+    reason = layout.supports(WeightFormat.of(qdtype, block_size, shape, zpd))
     if reason is not None:
         raise ValueError(f"layout can't hold this weight: {reason}")
     if _string(entry, "dtype") not in ORIG_DTYPES:
@@ -92,8 +92,8 @@ def decode_entry(entry) -> dict:
 def check_tensors(attrs: dict, stored: list[str], shapes: dict[str, tuple], dtypes: dict[str, torch.dtype]) -> None:
     """The stored inner tensors are exactly the ones the layout packs, with the shapes and dtypes it packs."""
     layout = attrs["qlayout"]
-    specs = layout.packed_specs(attrs["qdtype"], attrs["block_size"], attrs["logical_shape"],
-                                attrs["zero_point_domain"])
+    specs = layout.packed_specs(WeightFormat.of(attrs["qdtype"], attrs["block_size"], attrs["logical_shape"],
+                                                attrs["zero_point_domain"]))
     if sorted(stored) != sorted(specs):
         raise ValueError(f"{layout!r} stores {sorted(specs)} for this weight, the entry lists {sorted(stored)}")
     for inner, spec in specs.items():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
 
 import torch
 
@@ -12,16 +11,9 @@ from ..core.granularity import Granularity, PerRow, PerTensor, PerToken
 from ..core.primitives import (MappingType, ZeroPointDomain, choose_qparams_affine,
                                dequantize_affine, quantize_affine)
 from ..core.qdtype import QDType, QKind
+from ..kernels.preference import KernelPreference
 
 __all__ = ["ActivationQuantSpec", "KernelPreference", "QuantizedActivation"]
-
-
-class KernelPreference(str, Enum):
-    """Which implementation serves a quantized op; stored on the tensor, shown in its repr."""
-    AUTO = "auto"            # the fastest path torchqkit has for this layout and device
-    REFERENCE = "reference"  # dequantize (and fake-quantize activations), then a float matmul
-    TRITON = "triton"        # the Triton kernel (a GPU, or TRITON_INTERPRET=1 on CPU); an error if there is none
-    CUDA = "cuda"            # the CUDA C++ kernel (csrc/cuda); an error if there is none for the op / device
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from ..core.primitives import ZeroPointDomain, dequantize_affine
 from ..core.qdtype import QDType
 from .activation import ActivationQuantSpec, KernelPreference, static_scale_problem
+from ..layouts.base import WeightFormat
 from .dispatch import GENERIC_OPS, UnsupportedOpError
 from .fsdp import post_all_gather, pre_all_gather
 
@@ -75,6 +76,11 @@ class AffineQuantizedTensor(torch.Tensor):
     # ------------------------------------------------------------------ structure
     def inner_tensors(self) -> dict:
         return {n: getattr(self, n) for n in self.qlayout.tensor_names}
+
+    @property
+    def weight_format(self) -> WeightFormat:
+        """(qdtype, block_size, logical shape, zero point domain): what the layout's protocol reads."""
+        return WeightFormat(self.qdtype, self.block_size, self.logical_shape, self.zero_point_domain)
 
     def attributes(self) -> dict:
         return {a: getattr(self, a) for a in _ATTRS}

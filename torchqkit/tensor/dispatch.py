@@ -1,60 +1,10 @@
-"""Op tables: each owner (a Layout class, or the generic AffineQuantizedTensor ops) keeps its own
-``{op: fn}`` dict. Lookup is an exact dict hit, never "the first predicate that matches".
-
-This is also the one place that formats the error for an op nobody implements.
-"""
+"""The op table of AffineQuantizedTensor itself (filled by generic_ops.py); the table type and the lookup
+error live with the layouts (layouts/op_table.py), which own the per-layout tables."""
 from __future__ import annotations
 
-from typing import Callable
+from ..layouts.op_table import OpTable, UnsupportedOpError, fill_defaults
 
 __all__ = ["OpTable", "UnsupportedOpError", "fill_defaults", "GENERIC_OPS"]
-
-
-class UnsupportedOpError(NotImplementedError):
-    def __init__(self, op, layout, supported):
-        names = sorted(_op_name(o) for o in supported)
-        super().__init__(
-            f"AffineQuantizedTensor with layout {layout!r} has no implementation of {_op_name(op)}. "
-            f"Ops it supports: {', '.join(names)}. To run anything else, call .dequantize() on the "
-            f"weight first (this materializes the float weight; torchqkit never does it for you).")
-
-
-def _op_name(op) -> str:
-    if hasattr(op, "_schema"):  # an aten OpOverload: "aten::mm"
-        return str(op._schema.name) + ("" if op._overloadname == "default" else f".{op._overloadname}")
-    return f"{op.__module__}.{op.__qualname__}"
-
-
-class OpTable:
-    def __init__(self, owner: str):
-        self.owner = owner
-        self.fns: dict[object, Callable] = {}
-
-    def implements(self, *ops):
-        def deco(fn):
-            for op in ops:
-                if op in self.fns:
-                    raise RuntimeError(f"{self.owner}: {_op_name(op)} registered twice")
-                self.fns[op] = fn
-            return fn
-        return deco
-
-    def get(self, op):
-        return self.fns.get(op)
-
-    def __contains__(self, op) -> bool:
-        return op in self.fns
-
-
-def fill_defaults(args, n: int, defaults_tail):
-    """Pad positional ``args`` to ``n`` entries with the last entries of ``defaults_tail``."""
-    args = list(args)
-    if n - len(defaults_tail) > len(args):
-        raise RuntimeError("not enough defaults to fill arguments")
-    for i in range(len(args), n):
-        args.append(defaults_tail[i - n + len(defaults_tail)])
-    return args
-
 
 # Ops every layout gets from AffineQuantizedTensor itself (filled by generic_ops.py); a layout's own
 # table is consulted first.

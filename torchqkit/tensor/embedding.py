@@ -68,7 +68,7 @@ def row_tile(weight: AffineQuantizedTensor) -> int:
     widened to whole blocks, the rule ``layouts.slicing.block_slice`` applies along the stored dim."""
     sdim = 1 if weight.transposed else 0
     size, block = weight.logical_shape[sdim], weight.block_size[sdim]
-    m = weight.qlayout.slice_multiple(weight.qdtype, weight.block_size, weight.logical_shape, sdim)
+    m = weight.qlayout.slice_multiple(weight.weight_format, sdim)
     return m if block == size else math.lcm(m, block)
 
 

@@ -56,7 +56,7 @@ def pre_all_gather(w, outer_size, world: int | None = None) -> tuple[tuple[torch
             f"{w.block_size}: its scales span several rows. Quantize per row along out_features (every weight-only "
             f"config's default) or keep this layer out of fully_shard.")
     full_shape = (int(outer_size[0]), int(outer_size[1]))
-    specs = w.qlayout.packed_specs(w.qdtype, w.block_size, full_shape, w.zero_point_domain)
+    specs = w.qlayout.packed_specs(w.weight_format._replace(shape=full_shape))
     gathered, plan, shared = [], [], {}
     for name, t in w.inner_tensors().items():
         if t is None:

@@ -7,7 +7,7 @@ import torch
 
 import torchqkit as qk
 from torchqkit import kernels
-from torchqkit.kernels import schemas
+from torchqkit.kernels.registry import OPS
 from torchqkit.tensor.activation import KernelPreference
 
 
@@ -26,7 +26,7 @@ def test_triton_preference_on_cpu_runs_the_interpreted_kernel():
 
 
 def test_auto_on_cpu_never_picks_the_interpreter():
-    for op in schemas.ALL_OPS:
+    for op in OPS:
         backend, why = kernels.choose_backend(op, "cpu")
         assert backend in ("cpu", "reference"), (op, backend)
         if backend == "reference":
@@ -61,7 +61,7 @@ def test_unknown_op_is_rejected():
 
 def test_status_lists_every_op_on_every_device():
     rows = [r for r in kernels.status() if r["layout"] == "(backend)"]
-    assert sorted(r["linear"] for r in rows) == sorted(f"{op} on {d}" for op in schemas.ALL_OPS for d in ("cpu", "cuda"))
+    assert sorted(r["linear"] for r in rows) == sorted(f"{op} on {d}" for op in OPS for d in ("cpu", "cuda"))
     mx = next(r for r in rows if r["linear"] == "torchqkit::linear_mxwo on cpu")
     assert mx["path"] == "cpu" and "usable: cpu, triton, reference" in mx["why"]
     # An op without a C++ CPU kernel: the reference is the fastest usable one and the row says why.

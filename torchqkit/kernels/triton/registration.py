@@ -12,6 +12,8 @@ import os
 import torch
 import triton
 
+from ..registry import op_def
+
 __all__ = ["INTERPRET", "TRITON_OPS", "register", "gpu_family", "matmul_configs", "gemv_configs", "dot_precision"]
 
 # Read once, like triton itself (it decides at @triton.jit time): conftest.py sets it before any import.
@@ -19,9 +21,11 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 TRITON_OPS: dict[str, str] = {}  # "torchqkit::op" -> "torchqkit_triton::op"
 
 
-def register(op: str, schema_fn, fake_fn):
-    """Register launcher ``schema_fn`` as ``torchqkit_triton::<op>`` (``op`` names the torchqkit op it mirrors)."""
+def register(op: str, schema_fn):
+    """Register launcher ``schema_fn`` as ``torchqkit_triton::<op>`` (``op`` names the torchqkit op it mirrors, whose
+    fake impl it shares: kernels/registry.py)."""
     name = f"torchqkit_triton::{op}"
+    fake_fn = op_def(f"torchqkit::{op}").fake
     if INTERPRET:
         custom = torch.library.custom_op(name, schema_fn, mutates_args=())
         custom.register_fake(fake_fn)

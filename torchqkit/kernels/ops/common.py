@@ -1,0 +1,38 @@
+"""Pieces several op references share: the float32 linear they end in, per-token int8 activations (the oracle's
+numerics, as the C++ kernels compute them) and block-scale expansion."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...core.primitives import MappingType, ZeroPointDomain, choose_qparams_affine, quantize_affine
+from ...core.qdtype import int8
+
+__all__ = ["linear_f32", "int8_activation_rows", "expand_blocks", "check_features"]
+
+
+def linear_f32(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear in float32 (the kernels accumulate in float32), returned in x's dtype."""
+    return F.linear(x.float(), w, None if bias is None else bias.float()).to(x.dtype)
+
+
+def int8_activation_rows(x2: torch.Tensor, act_symmetric: bool):
+    """Per-token int8 quantization as the ops do it: (codes minus zero point, as float32; scale (M, 1))."""
+    k = x2.shape[1]
+    mapping = MappingType.SYMMETRIC if act_symmetric else MappingType.ASYMMETRIC
+    zpd = ZeroPointDomain.NONE if act_symmetric else ZeroPointDomain.INT
+    a_scale, a_zp = choose_qparams_affine(x2, int8, (1, k), mapping=mapping, zero_point_domain=zpd,
+                                          scale_dtype=torch.float32, check_finite=False, name="activation")
+    qa = quantize_affine(x2, int8, (1, k), a_scale, a_zp, check_finite=False, name="activation").float()
+    # A row holding NaN / Inf gives a NaN output row (as F.linear on the float row would), whatever its codes.
+    a_scale = torch.where(torch.isfinite(x2).all(1, keepdim=True), a_scale, float("nan"))
+    return (qa if a_zp is None else qa - a_zp.float()), a_scale
+
+
+def expand_blocks(scale: torch.Tensor, shape) -> torch.Tensor:
+    """(N / bn, K / bk) -> (N, K) float32, repeating each block's scale."""
+    return scale.float().repeat_interleave(shape[0] // scale.shape[0], 0).repeat_interleave(shape[1] // scale.shape[1], 1)
+
+
+def check_features(x, k: int, name: str) -> None:
+    torch._check(x.shape[-1] == k, lambda: f"{name}: x has {x.shape[-1]} features but the weight has K = {k}")

@@ -1,0 +1,34 @@
+"""torchqkit::linear_int8wo_plain(x, qdata, scale, bias): weight-only int8 linear on PlainLayout bytes.
+
+y = x @ (qdata * scale).T + bias. x: (..., K) float32 / bfloat16 / float16; qdata: (N, K) int8 codes (symmetric,
+no zero point); scale: (N, G), G dividing K (G = 1: per channel, else group size K / G); bias: (N) or None.
+Returns (..., N) in x.dtype; computed in float32. Backends: csrc/cpu/linear_int8.cpp, kernels/triton.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...core.primitives import dequantize_affine
+from ...core.qdtype import int8
+from ..registry import define_linear_op
+from .common import check_features, linear_f32
+
+__all__ = ["int8_plain_weight", "linear_int8wo_plain_ref"]
+
+
+def int8_plain_weight(qdata, scale, k=None):
+    """(N, K) int8 codes and (N, G) scales -> the float32 (N, K) weight."""
+    scale = scale.reshape(qdata.shape[0], -1)
+    return dequantize_affine(qdata, int8, (1, qdata.shape[1] // scale.shape[1]), scale, output_dtype=torch.float32,
+                             name="weight")
+
+
+def linear_int8wo_plain_ref(x, qdata, scale, bias=None):
+    return linear_f32(x, int8_plain_weight(qdata, scale), bias)
+
+
+define_linear_op(
+    "torchqkit::linear_int8wo_plain", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor",
+    reference=linear_int8wo_plain_ref, weight=int8_plain_weight,
+    out_features=lambda x, qdata, *_: qdata.shape[0],
+    check=lambda x, qdata, *_: check_features(x, qdata.shape[1], "linear_int8wo_plain"))

@@ -1,0 +1,51 @@
+"""torchqkit::linear_intxwo(x, qdata, scale, zero_point, bits, signed, zero_point_domain, bias).
+
+PackedIntxLayout bytes (not ternary): qdata (N, ceil(K * bits / 8)) uint8, bits 1..7, each row a little-endian
+stream of offset-binary fields u = q - qmin (Note [Packed intx bits]); scale (N / bn, K / bk) and zero_point
+(same shape, or None) as the oracle stores them; zero_point_domain "none" | "int" | "float".
+w = dequantize_affine(u + qmin, int<bits> / uint<bits>, (bn, bk), scale, zero_point). Returns (..., N).
+Backends: csrc/cpu/linear_lowbit.cpp.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...core.primitives import dequantize_affine
+from ...core.qdtype import INT, UINT
+from ..registry import define_linear_op
+from .common import linear_f32
+
+__all__ = ["intx_fields", "intx_weight", "linear_intxwo_ref"]
+
+
+def intx_fields(qdata, bits, k):
+    """(N, ceil(K * bits / 8)) uint8 -> (N, K) int64 offset-binary fields (Note [Packed intx bits], layouts)."""
+    bit = torch.arange(k, device=qdata.device) * bits
+    byte = bit // 8
+    word = qdata[:, byte].long() | (qdata[:, (byte + 1).clamp(max=qdata.shape[1] - 1)].long() << 8)
+    return (word >> (bit % 8)) & ((1 << bits) - 1)
+
+
+def intx_weight(qdata, scale, zero_point, bits, signed, zero_point_domain, k):
+    qdtype = (INT if signed else UINT)[bits]
+    codes = intx_fields(qdata, bits, k) + int(qdtype.qmin)
+    block = (qdata.shape[0] // scale.shape[0], k // scale.shape[1])
+    return dequantize_affine(codes, qdtype, block, scale, zero_point, zero_point_domain=zero_point_domain,
+                             name="packed intx weight")
+
+
+def linear_intxwo_ref(x, qdata, scale, zero_point, bits, signed, zero_point_domain, bias=None):
+    return linear_f32(x, intx_weight(qdata, scale, zero_point, bits, signed, zero_point_domain, x.shape[-1]), bias)
+
+
+def _check(x, qdata, scale, zero_point, bits, *_):
+    torch._check(qdata.dim() == 2 and qdata.shape[1] == -(-x.shape[-1] * bits // 8),
+                 lambda: f"linear_intxwo: qdata must be (N, ceil(K * bits / 8)) for K = {x.shape[-1]}, bits = {bits}, "
+                         f"got {tuple(qdata.shape)}")
+
+
+define_linear_op(
+    "torchqkit::linear_intxwo",
+    "(Tensor x, Tensor qdata, Tensor scale, Tensor? zero_point, int bits, bool signed, str zero_point_domain, "
+    "Tensor? bias=None) -> Tensor",
+    reference=linear_intxwo_ref, weight=intx_weight, out_features=lambda x, qdata, *_: qdata.shape[0], check=_check)

@@ -1,0 +1,39 @@
+"""torchqkit::linear_mxwo(x, qdata, scale, bias): weight-only MX (OCP microscaling) formats.
+
+MXLayout bytes: qdata (N, K/2) uint8 MXFP4 (low nibble first) or (N, K) float8 MXFP8; scale (N, K/32) uint8 E8M0.
+Backends: csrc/cpu/linear_lowbit_ops.cpp, kernels/triton.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...core.qdtype import fp4_e2m1
+from ..registry import define_linear_op
+from .common import check_features, linear_f32
+
+__all__ = ["mx_weight", "linear_mxwo_ref"]
+
+MX_BLOCK = 32
+
+
+def mx_weight(qdata, scale, k=None):
+    """MXLayout bytes -> (N, K) float32 weight (e2m1 levels from core/qdtype)."""
+    if qdata.dtype == torch.uint8:  # MXFP4, low nibble first
+        codes = torch.stack([qdata & 0xF, qdata >> 4], dim=-1).reshape(qdata.shape[0], -1).long()
+        elems = torch.tensor(fp4_e2m1.levels, dtype=torch.float32, device=qdata.device)[codes]
+    else:
+        elems = qdata.float()
+    e = scale.to(torch.int32)
+    x_scale = torch.where(e == 0, 0x00400000, e << 23).view(torch.float32)  # E8M0: 2^(e - 127)
+    return elems * x_scale.repeat_interleave(MX_BLOCK, 1)
+
+
+def linear_mxwo_ref(x, qdata, scale, bias=None):
+    return linear_f32(x, mx_weight(qdata, scale), bias)
+
+
+define_linear_op(
+    "torchqkit::linear_mxwo", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor",
+    reference=linear_mxwo_ref, weight=mx_weight,
+    out_features=lambda x, qdata, *_: qdata.shape[0],
+    check=lambda x, qdata, scale, *_: check_features(x, MX_BLOCK * scale.shape[1], "linear_mxwo"))

@@ -1,0 +1,115 @@
+"""Routes: which implementation serves ``F.linear`` for each case a layout stores, declared once per layout.
+
+A layout lists its ``routes``, most specific first. ``quantized_linear`` (every layout's ``F.linear`` entry) takes
+the first route whose ``applies(w, x)`` holds and whose activation dtypes include ``x.dtype``; no route matching
+means the reference (dequantize, fake-quantize the activation, ``F.linear``). ``route_rows`` turns the same
+declarations into the rows of ``torchqkit.kernels.status()``, so the report can't drift from the code.
+
+Note [Kernel preference]
+~~~~~~~~~~~~~~~~~~~~~~~~
+- AUTO: a route's aten path (``aten``) if it has one, else its torchqkit op through ``torch.ops.torchqkit``: the
+  dispatch key picks the backend (C++ CPU, C++ CUDA, Triton registered on the CUDA key, or the op's reference
+  where nothing is built; ``status()`` says which and why). Cases no kernel takes run the reference, and
+  ``status()`` lists them.
+- REFERENCE: always the reference.
+- TRITON / CUDA: exactly that backend of the route's torchqkit op (``kernels.linear_op``), or a RuntimeError naming
+  the layout, the case, the op and the reason. Never a silent reference or another backend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels import KERNEL_ACT_DTYPES, cpu_backend, linear_op
+from ..kernels.preference import KernelPreference
+
+__all__ = ["Route", "quantized_linear", "reference_linear", "route_for", "route_rows", "flatten_tokens"]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One case of a layout's linear and what serves it.
+
+    case:       what the case is, for status() ("int4 weight-only, group-wise float zero point")
+    applies:    (w, x) -> bool, cheap checks on the weight's fields (and x's dtype / device where they matter)
+    op:         the torchqkit custom op serving it ("torchqkit::linear_nf4wo"), or None (aten path only)
+    call:       (fn, w, x, bias) -> y: runs ``fn`` (any backend of ``op``: same schema) on the layout's tensors
+    aten:       (w, x, bias) -> y: a torch path AUTO takes instead of ``op`` (e.g. ``torch._int_mm``)
+    aten_name:  that path's name in status(); why: why it serves this case (status())
+    act_dtypes: activation dtypes the route takes; other dtypes fall through to the next route
+    """
+    case: str
+    applies: Callable
+    op: str | None = None
+    call: Callable | None = None
+    aten: Callable | None = None
+    aten_name: str = ""
+    why: str = ""
+    act_dtypes: tuple[torch.dtype, ...] = KERNEL_ACT_DTYPES
+
+
+def flatten_tokens(x: torch.Tensor) -> torch.Tensor:
+    """(..., K) -> (M, K)."""
+    return x.reshape(-1, x.shape[-1])
+
+
+def reference_linear(w, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Dequantize the weight (and fake-quantize the activation when the weight carries an ActivationQuantSpec),
+    then a float ``F.linear``: the definition every route's kernel is tested against."""
+    if w.act_quant is not None:
+        x = w.act_quant.fake_quantize(flatten_tokens(x)).reshape(x.shape)
+    return F.linear(x, w.dequantize(), bias)
+
+
+def route_for(w, x: torch.Tensor) -> Route | None:
+    """The route serving ``F.linear(x, w)``, or None (the reference)."""
+    for route in type(w.qlayout).routes:
+        if x.dtype in route.act_dtypes and route.applies(w, x):
+            return route
+    return None
+
+
+def quantized_linear(w, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, w, bias)`` for any layout, following the weight's KernelPreference (Note [Kernel preference])."""
+    pref = w.kernel_preference
+    if pref is KernelPreference.REFERENCE:
+        return reference_linear(w, x, bias)
+    route = route_for(w, x)
+    if pref is KernelPreference.AUTO:
+        if route is None:
+            return reference_linear(w, x, bias)
+        if route.aten is not None:
+            return route.aten(w, x, bias)
+        return route.call(getattr(torch.ops.torchqkit, route.op.split("::")[1]), w, x, bias)
+    where = f"{type(w.qlayout).__name__} weight {tuple(w.shape)} with {x.dtype} activations"
+    if route is None or route.op is None:
+        served = "the reference" if route is None else f"{route.aten_name} only ({route.case})"
+        raise RuntimeError(f"{where}: KernelPreference.{pref.name} asks for the {pref.value} backend, but no torchqkit "
+                           f"op serves this case; it runs on {served}. Use KernelPreference.AUTO or REFERENCE "
+                           f"(torchqkit.kernels.status() lists each layout's cases).")
+    try:
+        fn = linear_op(route.op, x.device, pref)
+    except RuntimeError as e:
+        raise RuntimeError(f"{where} ({route.case}): {e}") from None
+    return route.call(fn, w, x, bias)
+
+
+_REFERENCE_ROW = {"linear": "any other case, KernelPreference.REFERENCE, or activations not float32 / bfloat16 / "
+                            "float16", "path": "reference",
+                  "why": "dequantize + F.linear (fake-quantized activations): chosen explicitly / no kernel for it"}
+
+
+def route_rows(layout_cls) -> list[dict]:
+    """status() rows of one layout: a row per route (the backend serving it on CPU), then the reference row."""
+    rows = []
+    for route in layout_cls.routes:
+        if route.aten is not None:
+            path, why = route.aten_name, route.why
+        else:
+            backend, why = cpu_backend(route.op)
+            path = f"{route.op} ({backend})"
+        rows.append({"layout": layout_cls.name, "linear": route.case, "path": path, "why": why})
+    return rows + [{"layout": layout_cls.name, **_REFERENCE_ROW}]
