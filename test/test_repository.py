@@ -1,6 +1,7 @@
-"""Repository contracts: the README's set-up commands are what CI runs, and the tutorials run."""
+"""Repository contracts: the README's set-up commands are what CI runs, the tutorials run, the packages keep their layers."""
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -31,3 +32,37 @@ def test_tutorial_runs(script):
     proc = subprocess.run([sys.executable, str(ROOT / "tutorials" / script)], capture_output=True, text=True,
                           timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+# Packages from the bottom up (README "Architecture"): a module imports only from its own package or one of a
+# lower rank, and never another package's private (_underscore) names.
+_LAYERS = (("files", "version"), ("core",), ("kernels",), ("layouts",), ("tensor",), ("algorithms",), ("api",),
+           ("training", "distributed"), ("serialization",), ("hf",), ("integrations",), ("eval",),
+           ("demo", "cli"), ("__main__", "__init__"))
+_RANK = {name: rank for rank, names in enumerate(_LAYERS) for name in names}
+
+
+def _relative_imports(path: Path):
+    """(target package, imported names) of every relative import in ``path``, lazy ones included."""
+    rel = path.relative_to(ROOT / "torchqkit").parts
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = list(rel[:-1])[: len(rel) - node.level] if node.level > 1 else list(rel[:-1])
+            parts = base + (node.module.split(".") if node.module else [])
+            target = parts[0].removesuffix(".py") if parts else "__init__"
+            yield target, [a.name for a in node.names]
+
+
+def test_packages_import_only_the_layers_below_them():
+    wrong = []
+    for path in sorted((ROOT / "torchqkit").rglob("*.py")):
+        rel = path.relative_to(ROOT / "torchqkit").parts
+        package = rel[0].removesuffix(".py")
+        for target, names in _relative_imports(path):
+            if target == package:
+                continue
+            if _RANK[target] >= _RANK[package] and not {target, package} <= {"__main__", "__init__"}:
+                wrong.append(f"{path.relative_to(ROOT)} imports {target} (layer {_RANK[target]} >= {_RANK[package]})")
+            wrong += [f"{path.relative_to(ROOT)} imports private {target}.{n}" for n in names
+                      if n.startswith("_") and not n.startswith("__")]
+    assert not wrong, "\n".join(wrong)

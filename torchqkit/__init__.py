@@ -29,7 +29,7 @@ from .training import (FakeQuantizedLinear, Float8TrainingLinear, LoRALinear, QA
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
 from .distributed import ShardingError, shard_multiple
 
-__version__ = "0.1.0"
+from .version import __version__
 
 register_safe_globals()
 hf_registration.install()  # transformers learns quant_method "torchqkit" (free until transformers is used)

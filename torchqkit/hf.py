@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .serialization.atomic import atomic_write_bytes
+from .files.atomic_write import atomic_write_bytes
 from .serialization.save_load import (FORMAT_VERSION, SaveSummary, encode_config, load_quantized, save_quantized,
                                       torchqkit_version)
-from .serialization.strict_json import parse_json
+from .files.strict_json import parse_json
 from .tensor.affine_quantized_tensor import AffineQuantizedTensor
 
 __all__ = ["save_pretrained", "from_pretrained", "quantization_record", "QUANT_METHOD"]

@@ -12,6 +12,7 @@ import json
 import re
 from pathlib import Path
 
+from ..files import atomic_write_bytes, parse_json
 from .configs.base import QuantConfig, config_from_dict
 
 __all__ = ["ModuleConfigs"]
@@ -71,14 +72,12 @@ class ModuleConfigs:
 
     def to_json(self, path) -> None:
         """Write the configs as JSON; the file is replaced atomically (never left half-written)."""
-        from ..serialization.atomic import atomic_write_bytes  # serialization imports this module
         atomic_write_bytes(path, (json.dumps(self.to_dict(), indent=2) + "\n").encode())
 
     @classmethod
     def from_json(cls, path) -> "ModuleConfigs":
         """Read a file written by ``to_json``. Bad files raise ValueError naming the file (not JSON, not UTF-8,
         nested too deeply, an invalid config); never RecursionError or UnicodeDecodeError."""
-        from ..serialization.strict_json import parse_json  # serialization imports this module
         path = Path(path)
         data = parse_json(path.read_bytes(), str(path))
         try:

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from torchqkit import demo
-from torchqkit.serialization.strict_json import parse_json
+from torchqkit.files.strict_json import parse_json
 
 __all__ = ["add_quantize_parser", "parse_config_arg"]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from .atomic import check_destination, finish_temp, fsync_directory, temp_file, unlink_quietly
-from .strict_json import parse_json
+from ..files.atomic_write import check_destination, finish_temp, fsync_directory, temp_file, unlink_quietly
+from ..files.strict_json import parse_json
 
 __all__ = ["CheckpointError", "SafetensorsReader", "SafetensorsWriter", "DTYPES", "open_checkpoint_file"]
 

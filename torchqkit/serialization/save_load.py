@@ -39,6 +39,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..files.strict_json import parse_json
+from ..version import __version__
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .atomic import INDEX_SUFFIX, CheckpointFiles
 from .dtensor_load import holds_quantized, plan_shards, read_shard
@@ -46,7 +48,6 @@ from .entries import INNER_SEP, check_tensors, decode_entry, encode_entry, entry
 from .qparams import check_qparams
 from .safetensors_file import CheckpointError, SafetensorsReader, SafetensorsWriter
 from .shard_index import check_save_id, read_index, resolve_checkpoint_path, write_index
-from .strict_json import parse_json
 
 __all__ = ["save_quantized", "load_quantized", "SaveSummary", "FORMAT_VERSION", "read_checkpoint_info",
            "flat_state_dict", "open_checkpoint", "read_quantized_weight", "check_model_shapes", "encode_config",
@@ -205,7 +206,6 @@ def encode_config(config):
 
 
 def torchqkit_version() -> str:
-    from .. import __version__
     return __version__
 
 

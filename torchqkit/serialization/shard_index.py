@@ -6,9 +6,9 @@ import json
 import os
 from pathlib import Path
 
+from ..files.strict_json import parse_json
 from .atomic import INDEX_SUFFIX, CheckpointFiles
 from .safetensors_file import CheckpointError, open_checkpoint_file
-from .strict_json import parse_json
 
 __all__ = ["resolve_checkpoint_path", "read_index", "write_index", "check_save_id"]
 
