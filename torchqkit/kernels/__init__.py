@@ -149,7 +149,6 @@ def format_status() -> str:
 # chosen by AUTO (it is a test vehicle, orders of magnitude slower than the reference). TRITON, CUDA and
 # REFERENCE name one backend: if it can't serve the op on that device, linear_op raises, saying why.
 
-CUDA_OPS = ("torchqkit::linear_int4wo_tiled", "torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo")  # csrc/cuda
 _AUTO_ORDER = {"cuda": ("cuda", "triton", "reference"), "cpu": ("cpu", "reference")}
 _PREFERRED = {KernelPreference.CUDA: "cuda", KernelPreference.TRITON: "triton", KernelPreference.REFERENCE: "reference"}
 
@@ -169,6 +168,8 @@ def _load_cuda_extension() -> tuple[bool, str]:
 
 
 CUDA_EXTENSION_LOADED, CUDA_EXTENSION_REASON = _load_cuda_extension()
+# Ops csrc/cuda registered a kernel for, read from the dispatcher before any Triton kernel joins the CUDA key.
+CUDA_OPS = tuple(op for op in OPS if CUDA_EXTENSION_LOADED and torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA"))
 _TRITON: list = []  # [module or None, reason], filled on first use (importing triton takes a while)
 
 
@@ -227,12 +228,12 @@ def _why_not(backend: str, op: str, device: str) -> str | None:
         return None
     if backend != device:
         return f"the C++ {backend} kernels don't run on {device} tensors"
-    if device == "cuda" and op not in CUDA_OPS:
-        return f"csrc/cuda has no kernel for {op}"
     loaded, why = (CUDA_EXTENSION_LOADED, CUDA_EXTENSION_REASON) if device == "cuda" else (CPU_EXTENSION_LOADED,
                                                                                           CPU_EXTENSION_REASON)
     if not loaded:
         return why
+    if device == "cuda" and op not in CUDA_OPS:
+        return f"csrc/cuda has no kernel for {op}"
     if not torch._C._dispatch_has_kernel_for_dispatch_key(op, device.upper()):
         return f"the C++ {device} extension has no kernel for {op}"
     return None
