@@ -15,6 +15,7 @@ from torch.library import wrap_triton
 
 from .decode import e4m3fn_to_f32, e5m2_to_f32
 from .registration import gpu_family, matmul_configs, register
+from .tiles import store_output, tile_offsets
 
 _E5M2 = {torch.float8_e4m3fn: False, torch.float8_e5m2: True}
 
@@ -35,9 +36,7 @@ def _fp8_rowwise_kernel(
     A_E5M2: tl.constexpr, B_E5M2: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
+    rm, rn, rk = tile_offsets(BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
@@ -48,10 +47,7 @@ def _fp8_rowwise_kernel(
         acc = tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
     # ---- epilogue: row scales, bias ----
     acc *= tl.load(sa_ptr + rm, mask=rm < M, other=0.0)[:, None] * tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(rm < M)[:, None] & (rn < N)[None, :])
+    store_output(out_ptr, acc, rm, rn, N, M, N, bias_ptr, HAS_BIAS)
 
 
 def scaled_mm_fp8_rowwise(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,

@@ -11,6 +11,7 @@ from torch.library import wrap_triton
 
 from .decode import e4m3fn_to_f32, e5m2_to_f32
 from .registration import dot_precision, gpu_family, matmul_configs, register
+from .tiles import load_x_tile, store_output, tile_offsets
 
 _E5M2 = {torch.float8_e4m3fn: False, torch.float8_e5m2: True}
 
@@ -32,23 +33,18 @@ def _fp8_wo_kernel(
     E5M2: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
+    rm, rn, rk = tile_offsets(BLOCK_M, BLOCK_N, BLOCK_K)
     scale_cols = K // SCALE_BK
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm < M)[:, None] & (kk < K)[None, :], other=0.0)
+        x = load_x_tile(x_ptr, rm, kk, stride_xm, M, K)
         wmask = (kk < K)[:, None] & (rn < N)[None, :]
         byte = tl.load(q_ptr + rn[None, :] * K + kk[:, None], mask=wmask, other=0).to(tl.int32)
         elem = e5m2_to_f32(byte) if E5M2 else e4m3fn_to_f32(byte)
         s = tl.load(scale_ptr + (rn // SCALE_BN)[None, :] * scale_cols + (kk // SCALE_BK)[:, None], mask=wmask, other=0.0)
         acc = tl.dot(x, (elem * s).to(x.dtype), acc, input_precision=DOT_PRECISION)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(rm < M)[:, None] & (rn < N)[None, :])
+    store_output(out_ptr, acc, rm, rn, stride_om, M, N, bias_ptr, HAS_BIAS)
 
 
 def linear_fp8wo(x: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor,

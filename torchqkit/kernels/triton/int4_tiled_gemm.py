@@ -16,6 +16,7 @@ from torch.library import wrap_triton
 from . import int4_tiled_gemv
 from .decode import int4_tiled_tile
 from .registration import dot_precision, gpu_family, matmul_configs, register
+from .tiles import load_x_tile, store_output, tile_offsets
 
 GEMV_MAX_M = 4  # decode: a few tokens; above this the weight tile is reused across M in the GEMM
 
@@ -37,21 +38,15 @@ def _int4_tiled_gemm_kernel(
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
+    rm, rn, rk = tile_offsets(BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # ---- K loop: unpack the tile's nibbles, dequantize, one tl.dot ----
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm < M)[:, None] & (kk < K)[None, :], other=0.0)
+        x = load_x_tile(x_ptr, rm, kk, stride_xm, M, K)
         w = int4_tiled_tile(q_ptr, sz_ptr, rn, kk, N, K, GROUP, NUM_CHUNKS, WORDS, N8)
         acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
-    # ---- epilogue ----
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(rm < M)[:, None] & (rn < N)[None, :])
+    store_output(out_ptr, acc, rm, rn, stride_om, M, N, bias_ptr, HAS_BIAS)
 
 
 def check_int4_tiled(x, qdata, scale_and_zero, group_size, out_features):

@@ -11,6 +11,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from .registration import dot_precision, gpu_family, matmul_configs, register
+from .tiles import load_x_tile, store_output, tile_offsets
 
 
 @triton.autotune(configs=matmul_configs(gpu_family()), key=["M", "N", "K"])
@@ -31,24 +32,18 @@ def _int8_wo_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # ---- tile coordinates ----
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
+    rm, rn, rk = tile_offsets(BLOCK_M, BLOCK_N, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # ---- K loop: load codes + scales, dequantize (BLOCK_K, BLOCK_N), one tl.dot ----
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm < M)[:, None] & (kk < K)[None, :], other=0.0)
+        x = load_x_tile(x_ptr, rm, kk, stride_xm, M, K)
         wmask = (kk < K)[:, None] & (rn < N)[None, :]
         q = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None], mask=wmask, other=0)
         s = tl.load(scale_ptr + rn[None, :] * stride_sn + (kk // GROUP)[:, None], mask=wmask, other=0.0)
         w = (q.to(tl.float32) * s.to(tl.float32)).to(x.dtype)
         acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
-    # ---- epilogue: bias, cast, store ----
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(rm < M)[:, None] & (rn < N)[None, :])
+    store_output(out_ptr, acc, rm, rn, stride_om, M, N, bias_ptr, HAS_BIAS)
 
 
 def linear_int8wo_plain(x: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor,

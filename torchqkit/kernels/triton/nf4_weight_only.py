@@ -14,6 +14,7 @@ from torch.library import wrap_triton
 
 from .decode import nf4_level
 from .registration import dot_precision, gpu_family, matmul_configs, register
+from .tiles import load_x_tile, store_output, tile_offsets
 
 
 @triton.autotune(configs=matmul_configs(gpu_family()), key=["M", "N", "K", "DOUBLE_QUANT"])
@@ -35,14 +36,12 @@ def _nf4_kernel(
     DOUBLE_QUANT: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
+    rm, rn, rk = tile_offsets(BLOCK_M, BLOCK_N, BLOCK_K)
     blocks_per_row = K // BLOCK_SIZE_Q
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm < M)[:, None] & (kk < K)[None, :], other=0.0)
+        x = load_x_tile(x_ptr, rm, kk, stride_xm, M, K)
         wmask = (kk < K)[:, None] & (rn < N)[None, :]
         # ---- codes: high nibble for even k ----
         byte = tl.load(q_ptr + rn[None, :] * (K // 2) + (kk // 2)[:, None], mask=wmask, other=0).to(tl.int32)
@@ -57,10 +56,7 @@ def _nf4_kernel(
             absmax = tl.load(absmax_ptr + blk, mask=wmask, other=0.0)
         w = tl.where(wmask, level * absmax, 0.0)
         acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(rm < M)[:, None] & (rn < N)[None, :])
+    store_output(out_ptr, acc, rm, rn, stride_om, M, N, bias_ptr, HAS_BIAS)
 
 
 def linear_nf4wo(x: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor | None, scale_codes: torch.Tensor | None,
