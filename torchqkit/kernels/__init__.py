@@ -30,18 +30,23 @@ __all__ = ["status", "format_status", "cpu_backend", "choose_backend", "linear_o
            "CPU_EXTENSION_REASON"]
 
 
-def _load_cpu_extension() -> tuple[bool, str]:
-    if os.environ.get("TORCHQKIT_DISABLE_CPU_EXTENSION") == "1":
-        return False, "TORCHQKIT_DISABLE_CPU_EXTENSION=1 skipped the C++ CPU extension"
-    spec = importlib.util.find_spec("torchqkit._C_cpu")
+def _load_extension(module: str, what: str, not_built: str) -> tuple[bool, str]:
+    """(loaded, why): load the compiled library ``module`` (its kernels register on the torchqkit ops)."""
+    spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
-        return False, ("the C++ CPU extension torchqkit._C_cpu is not built (setup.py could not compile it; "
-                       "see the pip build log, then `pip install --no-build-isolation -e .`)")
+        return False, f"the {what} {module} is not built ({not_built})"
     try:
         torch.ops.load_library(spec.origin)
     except OSError as e:  # e.g. built against another torch: undefined symbols
         return False, f"loading {spec.origin} failed: {e}"
-    return True, f"C++ CPU extension {os.path.basename(spec.origin)} loaded"
+    return True, f"{what} {os.path.basename(spec.origin)} loaded"
+
+
+def _load_cpu_extension() -> tuple[bool, str]:
+    if os.environ.get("TORCHQKIT_DISABLE_CPU_EXTENSION") == "1":
+        return False, "TORCHQKIT_DISABLE_CPU_EXTENSION=1 skipped the C++ CPU extension"
+    return _load_extension("torchqkit._C_cpu", "C++ CPU extension", "setup.py could not compile it; see the pip "
+                           "build log, then `pip install --no-build-isolation -e .`")
 
 
 CPU_EXTENSION_LOADED, CPU_EXTENSION_REASON = _load_cpu_extension()
@@ -156,15 +161,8 @@ _PREFERRED = {KernelPreference.CUDA: "cuda", KernelPreference.TRITON: "triton", 
 def _load_cuda_extension() -> tuple[bool, str]:
     if torch.version.cuda is None:
         return False, "torch is a CPU build (torch.version.cuda is None): the CUDA extension can't exist"
-    spec = importlib.util.find_spec("torchqkit._C_cuda")
-    if spec is None or spec.origin is None:
-        return False, ("the CUDA extension torchqkit._C_cuda is not built (setup.py builds it when torch has CUDA; "
-                       "see the pip build log)")
-    try:
-        torch.ops.load_library(spec.origin)
-    except OSError as e:
-        return False, f"loading {spec.origin} failed: {e}"
-    return True, f"CUDA extension {os.path.basename(spec.origin)} loaded"
+    return _load_extension("torchqkit._C_cuda", "CUDA extension",
+                           "setup.py builds it when torch has CUDA; see the pip build log")
 
 
 CUDA_EXTENSION_LOADED, CUDA_EXTENSION_REASON = _load_cuda_extension()

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["OpDef", "OPS", "define_linear_op", "op_def"]
+__all__ = ["OpDef", "OPS", "define_linear_op", "define_weight_only_op", "op_def"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,22 @@ def define_linear_op(name: str, schema: str, *, reference: Callable, out_feature
         _register_weight_autograd(name, weight, arg_names.index("bias"))
     OPS[name] = OpDef(name, reference, fake, weight)
     return OPS[name]
+
+
+def define_weight_only_op(name: str, schema: str, *, weight: Callable, out_features: Callable,
+                          check: Callable | None = None) -> OpDef:
+    """A weight-only linear (x, *weight args, bias): its reference is ``F.linear`` in float32 on the decoded weight,
+    ``weight(*weight args, k=K)``, returned in x's dtype, so the decoder is the op's whole definition."""
+    short = name.split("::")[1]
+    bias_index = [a.name for a in torch._C.parse_schema(f"{short}{schema}").arguments].index("bias")
+
+    def reference(x, *args):
+        bias = args[bias_index - 1] if len(args) >= bias_index else None
+        w = weight(*args[:bias_index - 1], k=x.shape[-1])
+        return F.linear(x.float(), w, None if bias is None else bias.float()).to(x.dtype)
+
+    reference.__name__ = reference.__qualname__ = f"{short}_ref"
+    return define_linear_op(name, schema, reference=reference, weight=weight, out_features=out_features, check=check)
 
 
 def _register_weight_autograd(name: str, weight: Callable, bias_index: int) -> None:

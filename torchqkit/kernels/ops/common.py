@@ -1,19 +1,13 @@
-"""Pieces several op references share: the float32 linear they end in, per-token int8 activations (the oracle's
-numerics, as the C++ kernels compute them) and block-scale expansion."""
+"""Pieces several op modules share: per-token int8 activations (the oracle's numerics, as the C++ kernels
+compute them), block-scale expansion and the fake impls' feature check."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ...core.primitives import MappingType, ZeroPointDomain, choose_qparams_affine, quantize_affine
 from ...core.qdtype import int8
 
-__all__ = ["linear_f32", "int8_activation_rows", "expand_blocks", "check_features"]
-
-
-def linear_f32(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear in float32 (the kernels accumulate in float32), returned in x's dtype."""
-    return F.linear(x.float(), w, None if bias is None else bias.float()).to(x.dtype)
+__all__ = ["int8_activation_rows", "expand_blocks", "check_features"]
 
 
 def int8_activation_rows(x2: torch.Tensor, act_symmetric: bool):

@@ -5,8 +5,8 @@ Backends: csrc/cpu/linear_lowbit.cpp, csrc/cuda/fp8_gemv.cu, kernels/triton.
 """
 from __future__ import annotations
 
-from ..registry import define_linear_op
-from .common import check_features, expand_blocks, linear_f32
+from ..registry import define_weight_only_op
+from .common import check_features, expand_blocks
 
 __all__ = ["fp8_weight", "linear_fp8wo_ref"]
 
@@ -16,12 +16,9 @@ def fp8_weight(qdata, scale, k=None):
     return qdata.float() * expand_blocks(scale, qdata.shape)
 
 
-def linear_fp8wo_ref(x, qdata, scale, bias=None):
-    return linear_f32(x, fp8_weight(qdata, scale), bias)
-
-
-define_linear_op(
+OP = define_weight_only_op(
     "torchqkit::linear_fp8wo", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor",
-    reference=linear_fp8wo_ref, weight=fp8_weight,
+    weight=fp8_weight,
     out_features=lambda x, qdata, *_: qdata.shape[0],
     check=lambda x, qdata, *_: check_features(x, qdata.shape[1], "linear_fp8wo"))
+linear_fp8wo_ref = OP.reference

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import define_linear_op
-from .common import linear_f32
+from ..registry import define_weight_only_op
 
 __all__ = ["int4_tiled_codes", "int4_tiled_weight", "linear_int4wo_tiled_ref"]
 
@@ -34,16 +33,11 @@ def int4_tiled_weight(qdata, scale_and_zero, group_size, n, k):
     return (q - 8) * sz[..., 0].t() + sz[..., 1].t()
 
 
-def linear_int4wo_tiled_ref(x, qdata, scale_and_zero, group_size, out_features, bias=None):
-    return linear_f32(x, int4_tiled_weight(qdata, scale_and_zero, group_size, out_features, x.shape[-1]), bias)
-
-
-define_linear_op(
+OP = define_weight_only_op(
     "torchqkit::linear_int4wo_tiled",
     "(Tensor x, Tensor qdata, Tensor scale_and_zero, int group_size, int out_features, Tensor? bias=None) -> Tensor",
-    reference=linear_int4wo_tiled_ref,
-    weight=lambda qdata, scale_and_zero, group_size, out_features, k: int4_tiled_weight(
-        qdata, scale_and_zero, group_size, out_features, k),
+    weight=int4_tiled_weight,
     out_features=lambda x, qdata, scale_and_zero, group_size, out_features, *_: out_features,
     check=lambda x, qdata, *_: torch._check(
         qdata.dim() == 4, lambda: f"linear_int4wo_tiled: qdata must be 4-d tiles, got {tuple(qdata.shape)}"))
+linear_int4wo_tiled_ref = OP.reference

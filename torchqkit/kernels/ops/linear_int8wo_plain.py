@@ -10,8 +10,8 @@ import torch
 
 from ...core.primitives import dequantize_affine
 from ...core.qdtype import int8
-from ..registry import define_linear_op
-from .common import check_features, linear_f32
+from ..registry import define_weight_only_op
+from .common import check_features
 
 __all__ = ["int8_plain_weight", "linear_int8wo_plain_ref"]
 
@@ -23,12 +23,9 @@ def int8_plain_weight(qdata, scale, k=None):
                              name="weight")
 
 
-def linear_int8wo_plain_ref(x, qdata, scale, bias=None):
-    return linear_f32(x, int8_plain_weight(qdata, scale), bias)
-
-
-define_linear_op(
+OP = define_weight_only_op(
     "torchqkit::linear_int8wo_plain", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor",
-    reference=linear_int8wo_plain_ref, weight=int8_plain_weight,
+    weight=int8_plain_weight,
     out_features=lambda x, qdata, *_: qdata.shape[0],
     check=lambda x, qdata, *_: check_features(x, qdata.shape[1], "linear_int8wo_plain"))
+linear_int8wo_plain_ref = OP.reference

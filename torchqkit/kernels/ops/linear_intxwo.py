@@ -12,8 +12,7 @@ import torch
 
 from ...core.primitives import dequantize_affine
 from ...core.qdtype import INT, UINT
-from ..registry import define_linear_op
-from .common import linear_f32
+from ..registry import define_weight_only_op
 
 __all__ = ["intx_fields", "intx_weight", "linear_intxwo_ref"]
 
@@ -34,18 +33,15 @@ def intx_weight(qdata, scale, zero_point, bits, signed, zero_point_domain, k):
                              name="packed intx weight")
 
 
-def linear_intxwo_ref(x, qdata, scale, zero_point, bits, signed, zero_point_domain, bias=None):
-    return linear_f32(x, intx_weight(qdata, scale, zero_point, bits, signed, zero_point_domain, x.shape[-1]), bias)
-
-
 def _check(x, qdata, scale, zero_point, bits, *_):
     torch._check(qdata.dim() == 2 and qdata.shape[1] == -(-x.shape[-1] * bits // 8),
                  lambda: f"linear_intxwo: qdata must be (N, ceil(K * bits / 8)) for K = {x.shape[-1]}, bits = {bits}, "
                          f"got {tuple(qdata.shape)}")
 
 
-define_linear_op(
+OP = define_weight_only_op(
     "torchqkit::linear_intxwo",
     "(Tensor x, Tensor qdata, Tensor scale, Tensor? zero_point, int bits, bool signed, str zero_point_domain, "
     "Tensor? bias=None) -> Tensor",
-    reference=linear_intxwo_ref, weight=intx_weight, out_features=lambda x, qdata, *_: qdata.shape[0], check=_check)
+    weight=intx_weight, out_features=lambda x, qdata, *_: qdata.shape[0], check=_check)
+linear_intxwo_ref = OP.reference

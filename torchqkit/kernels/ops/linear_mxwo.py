@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from ...core.qdtype import fp4_e2m1
-from ..registry import define_linear_op
-from .common import check_features, linear_f32
+from ..registry import define_weight_only_op
+from .common import check_features
 
 __all__ = ["mx_weight", "linear_mxwo_ref"]
 
@@ -28,12 +28,9 @@ def mx_weight(qdata, scale, k=None):
     return elems * x_scale.repeat_interleave(MX_BLOCK, 1)
 
 
-def linear_mxwo_ref(x, qdata, scale, bias=None):
-    return linear_f32(x, mx_weight(qdata, scale), bias)
-
-
-define_linear_op(
+OP = define_weight_only_op(
     "torchqkit::linear_mxwo", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor",
-    reference=linear_mxwo_ref, weight=mx_weight,
+    weight=mx_weight,
     out_features=lambda x, qdata, *_: qdata.shape[0],
     check=lambda x, qdata, scale, *_: check_features(x, MX_BLOCK * scale.shape[1], "linear_mxwo"))
+linear_mxwo_ref = OP.reference

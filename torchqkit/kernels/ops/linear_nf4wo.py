@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from ...core.qdtype import nf4
-from ..registry import define_linear_op
-from .common import check_features, linear_f32
+from ..registry import define_weight_only_op
+from .common import check_features
 
 __all__ = ["nf4_absmax", "nf4_weight", "linear_nf4wo_ref"]
 
@@ -32,14 +32,11 @@ def nf4_weight(qdata, scale, scale_codes, scale_block_scale, scale_offset, block
     return levels[codes] * absmax.repeat_interleave(block_size, 1)
 
 
-def linear_nf4wo_ref(x, qdata, scale, scale_codes, scale_block_scale, scale_offset, block_size, bias=None):
-    return linear_f32(x, nf4_weight(qdata, scale, scale_codes, scale_block_scale, scale_offset, block_size), bias)
-
-
-define_linear_op(
+OP = define_weight_only_op(
     "torchqkit::linear_nf4wo",
     "(Tensor x, Tensor qdata, Tensor? scale, Tensor? scale_codes, Tensor? scale_block_scale, Tensor? scale_offset, "
     "int block_size, Tensor? bias=None) -> Tensor",
-    reference=linear_nf4wo_ref, weight=nf4_weight,
+    weight=nf4_weight,
     out_features=lambda x, qdata, *_: qdata.shape[0],
     check=lambda x, qdata, *_: check_features(x, 2 * qdata.shape[1], "linear_nf4wo"))
+linear_nf4wo_ref = OP.reference
