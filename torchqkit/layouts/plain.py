@@ -97,7 +97,7 @@ PlainLayout.routes = (
     Route("int8 static per-tensor act (calibrated scale), or the symmetric_no_clipping_err mapping, x per-row "
           "symmetric int weight", lambda w, x: _int_act_per_row_weight(w),
           aten=lambda w, x, bias: _int8_dynamic_linear(w, x, bias), aten_name="aten._int_mm",
-          why="the fused int8 kernel computes per-token symmetric / asymmetric scales inside; this case quantizes x "
+          why="the fused int8 kernel computes per-token scales inside (symmetric / asymmetric); this case quantizes x "
               "in Python, then torch._int_mm and a rescale: exact, one extra pass over x", act_dtypes=_ANY_FLOAT),
     SCALED_MM_ROUTE,
 )
