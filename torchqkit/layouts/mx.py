@@ -29,6 +29,7 @@ import torch
 
 from ..core.primitives import ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import float8_e4m3fn, float8_e5m2, fp4_e2m1
+from ..kernels.ops.common import split_nibbles
 from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
 from .routes import Route
 
@@ -76,7 +77,7 @@ class MXLayout(Layout):
         q = aqt.qdata
         n, k = aqt.logical_shape
         if aqt.qdtype is fp4_e2m1:
-            q = torch.stack([q & 0xF, q >> 4], dim=-1).reshape(q.shape[0], -1)
+            q = split_nibbles(q, high_first=False)
         return PlainParts(q[:n, :k], _from_e8m0(aqt.scale), None)
 
     def narrow(self, aqt, cut):

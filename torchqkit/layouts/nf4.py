@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from ..core.primitives import (ZeroPointDomain, choose_qparams_affine, dequantize_affine, pad_to, padded_shape,
                                quantize_affine)
 from ..core.qdtype import int8, nf4
+from ..kernels.ops.common import split_nibbles
 from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
 from .routes import Route
 
@@ -103,7 +104,7 @@ class NF4Layout(Layout):
     def unpack(self, aqt) -> PlainParts:
         n, k = aqt.logical_shape
         q = aqt.qdata
-        codes = torch.stack([q >> 4, q & 0xF], dim=-1).reshape(n, -1)[:, :k]
+        codes = split_nibbles(q, high_first=True)[:, :k]
         if not self.double_quant:
             return PlainParts(codes, aqt.scale, None)
         return PlainParts(codes, _double_dequantize(aqt.scale_codes, aqt.scale_block_scale, aqt.scale_offset), None)

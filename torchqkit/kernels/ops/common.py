@@ -7,7 +7,7 @@ import torch
 from ...core.primitives import MappingType, ZeroPointDomain, choose_qparams_affine, quantize_affine
 from ...core.qdtype import int8
 
-__all__ = ["int8_activation_rows", "expand_blocks", "check_features"]
+__all__ = ["int8_activation_rows", "expand_blocks", "check_features", "split_nibbles"]
 
 
 def int8_activation_rows(x2: torch.Tensor, act_symmetric: bool):
@@ -30,3 +30,13 @@ def expand_blocks(scale: torch.Tensor, shape) -> torch.Tensor:
 
 def check_features(x, k: int, name: str) -> None:
     torch._check(x.shape[-1] == k, lambda: f"{name}: x has {x.shape[-1]} features but the weight has K = {k}")
+
+
+def split_nibbles(packed: torch.Tensor, high_first: bool) -> torch.Tensor:
+    """(N, B) uint8, two 4-bit codes per byte -> (N, 2 B) uint8 codes: byte j holds codes 2j and 2j + 1, code 2j in
+    the high nibble when ``high_first`` (NF4, bitsandbytes' order) else in the low one (MXFP4, packed int4).
+
+    A broadcast shift, not torch.stack of the two halves: inductor lowers such a stack to a separate cat that
+    unpacks the whole tensor, where the shift fuses into the consumer (a gather then decodes only its rows)."""
+    shifts = torch.tensor([4, 0] if high_first else [0, 4], dtype=torch.uint8, device=packed.device)
+    return ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(packed.shape[0], -1)

@@ -10,15 +10,14 @@ from __future__ import annotations
 import torch
 
 from ..registry import define_linear_op
-from .common import int8_activation_rows
+from .common import int8_activation_rows, split_nibbles
 
 __all__ = ["int4_packed_weight", "linear_int8da_int4_packed_ref"]
 
 
 def int4_packed_weight(qdata, scale, zero_point, k):
     """PackedIntxLayout int4 bytes -> the float32 (N, K) weight."""
-    n = qdata.shape[0]
-    u = torch.stack([qdata & 0xF, qdata >> 4], dim=-1).reshape(n, -1)[:, :k].float()
+    u = split_nibbles(qdata, high_first=False)[:, :k].float()
     g = k // scale.shape[1]
     c = 8.0 if zero_point is None else 8.0 + zero_point.float().repeat_interleave(g, 1)
     return (u - c) * scale.float().repeat_interleave(g, 1)

@@ -9,7 +9,7 @@ import torch
 
 from ...core.qdtype import fp4_e2m1
 from ..registry import define_weight_only_op
-from .common import check_features
+from .common import check_features, split_nibbles
 
 __all__ = ["mx_weight", "linear_mxwo_ref"]
 
@@ -19,7 +19,7 @@ MX_BLOCK = 32
 def mx_weight(qdata, scale, k=None):
     """MXLayout bytes -> (N, K) float32 weight (e2m1 levels from core/qdtype)."""
     if qdata.dtype == torch.uint8:  # MXFP4, low nibble first
-        codes = torch.stack([qdata & 0xF, qdata >> 4], dim=-1).reshape(qdata.shape[0], -1).long()
+        codes = split_nibbles(qdata, high_first=False).long()
         elems = torch.tensor(fp4_e2m1.levels, dtype=torch.float32, device=qdata.device)[codes]
     else:
         elems = qdata.float()

@@ -10,7 +10,7 @@ import torch
 
 from ...core.qdtype import nf4
 from ..registry import define_weight_only_op
-from .common import check_features
+from .common import check_features, split_nibbles
 
 __all__ = ["nf4_absmax", "nf4_weight", "linear_nf4wo_ref"]
 
@@ -26,7 +26,7 @@ def nf4_absmax(scale, scale_codes, scale_block_scale, scale_offset):
 
 def nf4_weight(qdata, scale, scale_codes, scale_block_scale, scale_offset, block_size, k=None):
     """NF4Layout bytes -> the float32 (N, K) weight (levels from core/qdtype)."""
-    codes = torch.stack([qdata >> 4, qdata & 0xF], dim=-1).reshape(qdata.shape[0], -1).long()
+    codes = split_nibbles(qdata, high_first=True).long()
     levels = torch.tensor(nf4.levels, dtype=torch.float32, device=qdata.device)
     absmax = nf4_absmax(scale, scale_codes, scale_block_scale, scale_offset)
     return levels[codes] * absmax.repeat_interleave(block_size, 1)
