@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind, int2, int4
+from ..kernels.ops.linear_intxwo import intx_fields
 from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout, scale_specs
 from .routes import Route
 
@@ -126,7 +127,7 @@ class PackedIntxLayout(Layout):
         if self.ternary:
             codes = _unpack_ternary(aqt.qdata, k)
         else:
-            fields = _unpack_bits(aqt.qdata, aqt.qdtype.bits, k)
+            fields = intx_fields(aqt.qdata, aqt.qdtype.bits, k)  # the op references' decoder
             codes = (fields.to(torch.int16) + int(aqt.qdtype.qmin)).to(aqt.qdtype.storage_dtype)
         return PlainParts(codes, aqt.scale, aqt.zero_point)
 
@@ -145,16 +146,6 @@ def _pack_bits(fields: torch.Tensor, bits: int) -> torch.Tensor:
     out = (words.unsqueeze(-1) >> torch.arange(0, 8 * bits, 8, device=dev)) & 0xFF
     return out.reshape(n, k8 // 8 * bits)[:, : -(-k * bits // 8)].to(torch.uint8)
 
-
-def _unpack_bits(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
-    """Inverse of _pack_bits: (N, ceil(K * bits / 8)) uint8 -> (N, K) uint8 fields."""
-    n = packed.shape[0]
-    k8 = -(-k // 8) * 8
-    x = F.pad(packed.to(torch.int64), (0, k8 // 8 * bits - packed.shape[1])).reshape(n, k8 // 8, bits)
-    dev = packed.device
-    words = (x << torch.arange(0, 8 * bits, 8, device=dev)).sum(-1)
-    out = (words.unsqueeze(-1) >> torch.arange(0, 8 * bits, bits, device=dev)) & ((1 << bits) - 1)
-    return out.reshape(n, k8)[:, :k].to(torch.uint8)
 
 
 def _pack_ternary(codes: torch.Tensor) -> torch.Tensor:

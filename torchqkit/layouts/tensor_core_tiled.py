@@ -59,6 +59,7 @@ import torch
 
 from ..core.primitives import ZeroPointDomain, padded_shape
 from ..core.qdtype import uint4
+from ..kernels.ops.linear_int4wo_tiled import int4_tiled_codes
 from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
 from .routes import Route
 
@@ -157,7 +158,7 @@ class TensorCoreTiledLayout(Layout):
     def unpack(self, aqt) -> PlainParts:
         n, k = aqt.logical_shape
         g = aqt.block_size[1]
-        codes = _untile(aqt.qdata, self.inner_k_tiles)[:n, :k]
+        codes = int4_tiled_codes(aqt.qdata)[:n, :k]
         sz = aqt.scale_and_zero[: -(-k // g), :n]
         return PlainParts(codes, sz[..., 0].t().contiguous(), sz[..., 1].t().contiguous())
 
@@ -171,9 +172,9 @@ def _round_up(x: int, m: int) -> int:
 # ------------------------------------------------------------------------------------------------
 # Dims of the codes (N8, Kt) split as
 #   (i, r, j, w, u, h, c, e):  n = 8 i + r,  k = 16 T j + 16 (2 w + u) + 8 h + 2 c + e
-# and of the words as (i, j, r, c, w, e, u, h): lane l = 4 r + c, nibble p = 4 e + 2 u + h.
+# and of the words as (i, j, r, c, w, e, u, h): lane l = 4 r + c, nibble p = 4 e + 2 u + h. The inverse (words
+# -> codes) is kernels/ops/linear_int4wo_tiled.int4_tiled_codes, the one decoder every reader uses.
 _TO_WORDS = (0, 2, 1, 6, 3, 7, 4, 5)
-_FROM_WORDS = (0, 2, 1, 4, 6, 7, 3, 5)
 
 
 def _tile(codes: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
@@ -185,13 +186,6 @@ def _tile(codes: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
     word_bytes = (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).contiguous()
     return word_bytes.view(torch.int32).squeeze(-1)
 
-
-def _untile(words: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
-    nt, nc, _, nw = words.shape
-    word_bytes = words.contiguous().view(torch.uint8).reshape(nt, nc, 32, nw, 4)
-    nibbles = torch.stack([word_bytes & 0xF, word_bytes >> 4], dim=-1)  # nibble p = byte p // 2, high if p odd
-    nibbles = nibbles.reshape(nt, nc, N_TILE, 4, nw, 2, 2, 2).permute(_FROM_WORDS)
-    return nibbles.reshape(nt * N_TILE, nc * K_TILE * inner_k_tiles)
 
 
 # ------------------------------------------------------------------------------------------------

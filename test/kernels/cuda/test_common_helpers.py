@@ -72,7 +72,7 @@ def test_int4_tiled_positions_match_the_layout(selftest, tmp_path, mode, tiles):
     path.write_bytes(q.contiguous().numpy().tobytes())
     got = [[int(v) for v in line.split()] for line in _run(selftest, mode, path, q.shape[0] * 8, q.shape[1],
                                                                q.shape[3]).splitlines()]
-    want = int4_tiled_codes(q)
+    want = int4_tiled_codes(q).long()
     assert torch.tensor(got).equal(want)
     assert want[:19, :lin.in_features].equal(lin.weight.qlayout.unpack(lin.weight).qdata.long())
 
@@ -89,7 +89,7 @@ def test_mma_kernel_b_fragments_hold_the_right_codes(selftest, tmp_path, tiles):
     path.write_bytes(q.contiguous().numpy().tobytes())
     rows = torch.tensor([[int(v) for v in line.split()] for line in
                          _run(selftest, "fragments", path, q.shape[0] * 8, q.shape[1], q.shape[3]).splitlines()])
-    codes = int4_tiled_codes(q)
+    codes = int4_tiled_codes(q).long()
     assert len(rows) == codes.numel() and len(set(map(tuple, rows[:, :2].tolist()))) == codes.numel()
     assert rows[:, 2].equal(codes[rows[:, 0], rows[:, 1]])
 

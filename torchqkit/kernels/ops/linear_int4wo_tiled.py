@@ -13,16 +13,23 @@ from ..registry import define_weight_only_op
 __all__ = ["int4_tiled_codes", "int4_tiled_weight", "linear_int4wo_tiled_ref"]
 
 
+# Dims of the words as (i, j, r, c, w, e, u, h) -> of the codes (i, r, j, w, u, h, c, e), where n = 8 i + r and
+# k = 16 T j + 16 (2 w + u) + 8 h + 2 c + e (Note [Tensor-core tiled int4] in layouts/tensor_core_tiled.py).
+FROM_WORDS = (0, 2, 1, 4, 6, 7, 3, 5)
+
+
 def int4_tiled_codes(qdata):
-    """int32 [N8/8][Kt/(16T)][32][T/2] tiles -> (N8, Kt) codes; Note [Tensor-core tiled int4] (layouts)."""
-    nc, nw = qdata.shape[1], qdata.shape[3]
-    chunk = 32 * nw  # 16 T
-    n = torch.arange(qdata.shape[0] * 8, device=qdata.device)
-    k = torch.arange(nc * chunk, device=qdata.device)
-    rem = k % chunk
-    t, h, c, e = rem // 16, (rem % 16) // 8, (rem % 8) // 2, rem % 2
-    word = qdata[(n // 8)[:, None], (k // chunk)[None, :], (4 * (n % 8))[:, None] + c[None, :], (t // 2)[None, :]]
-    return (word.to(torch.int64) >> (4 * (4 * e + 2 * (t % 2) + h))[None, :]) & 0xF
+    """int32 [N8/8][Kt/(16T)][32][T/2] tiles -> (N8, Kt) uint8 codes: the one decoder of the tiled bytes (the
+    layout's unpack and every reference use it)."""
+    nt, nc, _, nw = qdata.shape
+    word_bytes = qdata.contiguous().view(torch.uint8).reshape(nt, nc, 32, nw, 4)
+    # Nibble p = byte p // 2, high if p odd. A broadcast shift rather than torch.stack of the two halves:
+    # inductor lowers that stack to a separate cat that unpacks the whole weight, where a pointwise shift
+    # fuses into the consumer (an embedding gather then decodes only the rows it reads).
+    shifts = torch.arange(0, 8, 4, dtype=torch.uint8, device=qdata.device)
+    nibbles = (word_bytes.unsqueeze(-1) >> shifts) & 0xF
+    nibbles = nibbles.reshape(nt, nc, 8, 4, nw, 2, 2, 2).permute(FROM_WORDS)
+    return nibbles.reshape(nt * 8, nc * 32 * nw)
 
 
 def int4_tiled_weight(qdata, scale_and_zero, group_size, n, k):
