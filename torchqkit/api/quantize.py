@@ -32,7 +32,7 @@ from .quantize_weight import UnsupportedWeight
 from .report import LayerReport, QuantizationReport
 
 __all__ = ["quantize_", "plan_quantize", "as_module_configs", "quantize_layer", "complete_quantization_",
-           "QuantizationError", "patch_extra_repr"]
+           "QuantizationError", "patch_extra_repr", "quantize_named_weight"]
 
 
 class QuantizationError(ValueError):
@@ -235,6 +235,27 @@ def quantize_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device=N
     what calibration did, for the report.
     Shared weights are not considered here: quantize_ decides them (Note [Shared weights])."""
     weight = getattr(module, "weight", None) if weight is None else weight
+    return quantize_named_weight(fqn, weight, configs, device, calibrated=calibrated, note=note,
+                                 problem=lambda: _module_problem(module, weight))
+
+
+def _module_problem(module: nn.Module, weight) -> str | None:
+    if not isinstance(module, nn.Linear):
+        return f"{type(module).__name__} is not an nn.Linear; torchqkit quantizes Linear weights"
+    if isinstance(weight, AffineQuantizedTensor):
+        return "weight is already quantized"
+    if weight.is_meta:
+        return ("weight is on the meta device: load real weights first (or load a quantized checkpoint with "
+                "load_state_dict(assign=True))")
+    return None
+
+
+def quantize_named_weight(fqn: str, weight: torch.Tensor, configs: ModuleConfigs, device=None, *, calibrated=None,
+                          note: str = "", problem=None):
+    """Quantize one float weight as ``configs`` says for the layer ``fqn``: (its report entry, the quantized weight
+    or None). Touches nothing. ``problem``: a callable giving why the layer can't be quantized (or None), asked
+    once a config selects it. quantize_layer (modules) and quantize_checkpoint (tensors read from a file) both
+    decide each weight here."""
     nbytes = _nbytes(weight)
     key, config = configs.lookup(fqn)
     if key is None:
@@ -242,14 +263,9 @@ def quantize_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device=N
     if config is None:
         return LayerReport(fqn, "kept", "-", f"ModuleConfigs[{key!r}] is None", nbytes, nbytes), None
     desc = config.describe()
-    if not isinstance(module, nn.Linear):
-        return LayerReport(fqn, "skipped", desc, f"{type(module).__name__} is not an nn.Linear; torchqkit "
-                           f"quantizes Linear weights", nbytes, nbytes), None
-    if isinstance(weight, AffineQuantizedTensor):
-        return LayerReport(fqn, "skipped", desc, "weight is already quantized", nbytes, nbytes), None
-    if weight.is_meta:
-        return LayerReport(fqn, "skipped", desc, "weight is on the meta device: load real weights first "
-                           "(or load a quantized checkpoint with load_state_dict(assign=True))", nbytes, nbytes), None
+    reason = None if problem is None else problem()
+    if reason is not None:
+        return LayerReport(fqn, "skipped", desc, reason, nbytes, nbytes), None
     w = weight.detach() if device is None else weight.detach().to(device)
     try:
         if isinstance(calibrated, UnsupportedWeight):

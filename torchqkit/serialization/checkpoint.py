@@ -27,8 +27,7 @@ import torch
 from torch import nn
 
 from ..api.configs.base import handler_for
-from ..api.quantize import QuantizationError, as_module_configs
-from ..api.quantize_weight import UnsupportedWeight
+from ..api.quantize import QuantizationError, as_module_configs, quantize_named_weight
 from ..api.report import LayerReport, QuantizationReport
 from .atomic import INDEX_SUFFIX, CheckpointFiles
 from .entries import INNER_SEP, encode_entry
@@ -108,24 +107,16 @@ def _nothing_quantized(report: QuantizationReport, dst) -> str:
 def _convert_one(reader: SafetensorsReader, name: str, configs, out: "_ShardedOutput", strict: bool) -> LayerReport:
     tensor = reader.read(name)  # the only reference: freed once packed, before the packed form is written
     fqn = name.removesuffix(".weight")
-    nbytes = tensor.numel() * tensor.element_size()
-    key, config = configs.lookup(fqn)
-    if config is None:
-        reason = ("no config matched (no exact name, pattern or _default)" if key is None
-                  else f"ModuleConfigs[{key!r}] is None")
+    entry, w = quantize_named_weight(fqn, tensor, configs)
+    if w is None:
+        if strict and entry.status == "skipped":
+            raise QuantizationError(f"quantize_checkpoint(strict=True): {fqn}: {entry.reason}")
         out.add(name, [(name, tensor)], None)
-        return LayerReport(fqn, "kept", "-", reason, nbytes, nbytes)
-    try:
-        w = handler_for(config)(config, tensor, name)
-    except (UnsupportedWeight, ValueError) as e:
-        if strict:
-            raise QuantizationError(f"quantize_checkpoint(strict=True): {fqn}: {e}") from None
-        out.add(name, [(name, tensor)], None)
-        return LayerReport(fqn, "skipped", config.describe(), str(e), nbytes, nbytes)
+        return entry
     del tensor
-    inner = [(f"{name}{INNER_SEP}{n}", t) for n, t in w.inner_tensors().items() if t is not None]
-    out.add(name, inner, encode_entry(w))
-    return LayerReport(fqn, "quantized", config.describe(), "", nbytes, w.packed_nbytes())
+    out.add(name, [(f"{name}{INNER_SEP}{n}", t) for n, t in w.inner_tensors().items() if t is not None],
+            encode_entry(w))
+    return entry
 
 
 def _refuse_quantized_source(readers: list[SafetensorsReader]) -> None:
