@@ -37,6 +37,9 @@ def test_packed_specs_match_pack(layout_cls, case_id, shape, kwargs):
         _assert_matches(w[rows:])  # a slice to the end: the shard a tensor-parallel rank keeps
 
 
-def test_every_layout_declares_packed_specs():
+def test_layouts_that_pack_codes_declare_their_own_packed_specs():
+    """The default (one code per element, the oracle's scales) fits the plain and float8 layouts only; every layout
+    that packs codes into bytes or tiles must say what it stores."""
+    one_code_per_element = {qk.PlainLayout, qk.Float8Layout}
     for cls in all_layouts():
-        assert cls.packed_specs is not qk.Layout.packed_specs, cls.__name__
+        assert (cls.packed_specs is qk.Layout.packed_specs) == (cls in one_code_per_element), cls.__name__

@@ -15,7 +15,7 @@ from typing import ClassVar, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..core.primitives import ZeroPointDomain, num_blocks
+from ..core.primitives import ZeroPointDomain, num_blocks, padded_shape
 from .op_table import OpTable
 from .routes import Route, quantized_linear
 from .slicing import slice_quantized
@@ -143,8 +143,12 @@ class Layout:
 
     def packed_specs(self, fmt: WeightFormat) -> dict[str, "PackedSpec"]:
         """Shape and allowed dtypes of every inner tensor ``pack`` stores (None ones left out) for a weight of
-        logical ``shape``. Loaders check files against it, so a header can't lie about shapes."""
-        raise NotImplementedError(f"{type(self).__name__} does not declare packed_specs")
+        logical ``shape``. Loaders check files against it, so a header can't lie about shapes. Default: one code per
+        element in the qdtype's storage dtype, block-padded (Note [Partial blocks]), and the oracle's scale (and
+        zero point); a layout that packs codes or scales differently overrides this."""
+        qdtype, block_size, shape, zero_point_domain = fmt
+        return {"qdata": PackedSpec(padded_shape(shape, block_size), (qdtype.storage_dtype,)),
+                **scale_specs(shape, block_size, zero_point_domain)}
 
     def pack(self, parts: PlainParts, fmt: WeightFormat) -> dict[str, torch.Tensor | None]:
         raise NotImplementedError

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 from ..core.primitives import ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind
-from .base import (Layout, PackedSpec, PlainParts, WeightFormat, crop_features, pad_features, register_layout,
-                   scale_specs)
+from .base import Layout, PlainParts, WeightFormat, crop_features, pad_features, register_layout
 from .routes import Route
 from .scaled_mm import SCALED_MM_ROUTE
 
@@ -43,11 +42,6 @@ class Float8Layout(Layout):
         if len(shape) != 2:
             return f"Float8Layout stores 2-d weights, got shape {tuple(shape)}"
         return None
-
-    def packed_specs(self, fmt: WeightFormat):
-        qdtype, block_size, shape, zero_point_domain = fmt
-        return {"qdata": PackedSpec(padded_shape(shape, block_size), (qdtype.storage_dtype,)),
-                **scale_specs(shape, block_size, zero_point_domain)}
 
     def pack(self, parts: PlainParts, fmt: WeightFormat):
         qdtype, block_size = fmt.qdtype, fmt.block_size

@@ -20,7 +20,7 @@ import torch
 
 from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind
-from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout, scale_specs
+from .base import Layout, PlainParts, WeightFormat, pad_features, register_layout
 from .routes import Route, flatten_tokens
 from .scaled_mm import SCALED_MM_ROUTE
 
@@ -37,11 +37,6 @@ class PlainLayout(Layout):
         if qdtype.kind is QKind.CODEBOOK:
             return f"PlainLayout stores integer and float8 codes, not {qdtype.name} (use its own layout)"
         return None
-
-    def packed_specs(self, fmt: WeightFormat):
-        qdtype, block_size, shape, zero_point_domain = fmt
-        return {"qdata": PackedSpec(padded_shape(shape, block_size), (qdtype.storage_dtype,)),
-                **scale_specs(shape, block_size, zero_point_domain)}
 
     def pack(self, parts: PlainParts, fmt: WeightFormat):
         block_size = fmt.block_size
