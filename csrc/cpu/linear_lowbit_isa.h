@@ -27,11 +27,19 @@ using F = V::F;
 // ================================================================ decoders: one step -> W vectors (k order)
 
 // 4-bit codes through a 16-entry table: nf4 (element 2j = byte j's high nibble) and fp4 e2m1 (low nibble).
-// The nibbles are put in k order in bytes (one unpack), then widened and looked up.
+// In k order (decode_rows) the nibbles are interleaved in bytes (one unpack) before the lookups. The dot kernel
+// takes them in "dot order" instead, which skips the masks and unpacks: vector t < W / 2 holds the low
+// nibbles of bytes [t L, t L + L), vector W / 2 + t their high nibbles (the lookup reads a lane's low 4 bits
+// only), and x is permuted once per call to match (k_of).
 template <bool kHighFirst>
 struct Lut4 {
   static constexpr int kBytes = 16, kRead = 16;
+  static constexpr bool kPermuted = true;
   static int64_t row_bytes(const LowbitArgs& p) { return p.K / 2; }
+  static int k_of(int t, int j) {  // the k (within a step) of lane j of dot-order vector t
+    const bool high = t >= W / 2;
+    return 2 * ((t % (W / 2)) * V::L + j) + (high == kHighFirst ? 0 : 1);
+  }
   V::Lut16 lut;
   explicit Lut4(const float* table) : lut(V::lut16(table)) {}
   template <int T = 0>
@@ -45,6 +53,11 @@ struct Lut4 {
     levels16(kHighFirst ? _mm_unpacklo_epi8(hi, lo) : _mm_unpacklo_epi8(lo, hi), w);
     levels16(kHighFirst ? _mm_unpackhi_epi8(hi, lo) : _mm_unpackhi_epi8(lo, hi), w + W / 2);
   }
+  void dot_order(const uint8_t* b, F (&w)[W]) const {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    levels16(v, w);
+    levels16(_mm_srli_epi16(v, 4), w + W / 2);
+  }
 };
 struct Nf4 : Lut4<true> { explicit Nf4(const LowbitArgs&) : Lut4(kNf4) {} };
 struct Fp4 : Lut4<false> { explicit Fp4(const LowbitArgs&) : Lut4(kFp4) {} };
@@ -52,25 +65,39 @@ struct Fp4 : Lut4<false> { explicit Fp4(const LowbitArgs&) : Lut4(kFp4) {} };
 // float8 through fp16 (vcvtph2ps converts exactly). e5m2 is the high byte of an fp16. e4m3fn:
 // (byte << 8) >> 1 (arithmetic) is s s eeee mmm 0000000; clearing bit 14 leaves the fp16 with sign s,
 // exponent 0eeee and mantissa mmm0000000, whose value is the e4m3 value / 256 (subnormals included; the glue
-// folds 256 into the scale). eeee mmm = 1111 111 is NaN: its fp16 exponent is set to all ones.
+// folds 256 into the scale). eeee mmm = 1111 111 is NaN: a step holding one (never in weights quantized from
+// finite values, but the format allows it) takes a slower decode that sets those fp16 exponents to all ones.
 template <bool kE4m3>
 struct F8 {
   static constexpr int kBytes = 32, kRead = 32;
+  static constexpr bool kPermuted = false;
   static int64_t row_bytes(const LowbitArgs& p) { return p.K; }
   explicit F8(const LowbitArgs&) {}
-  void operator()(const uint8_t* b, F (&w)[W]) const { vectors(b, w); }
-  template <int T = 0>
+  static bool has_nan(const uint8_t* b) {
+    const __m128i m = _mm_set1_epi8(0x7F);
+    const __m128i a = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), m);
+    const __m128i c = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)), m);
+    return _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(a, m), _mm_cmpeq_epi8(c, m))) != 0;
+  }
+  void operator()(const uint8_t* b, F (&w)[W]) const {
+    if (kE4m3 && has_nan(b)) return vectors<0, true>(b, w);
+    vectors<0, false>(b, w);
+  }
+  void dot_order(const uint8_t* b, F (&w)[W]) const { (*this)(b, w); }
+  template <int T, bool kNan>
   void vectors(const uint8_t* b, F (&w)[W]) const {
     const V::H u = V::hi16<T>(b);
     if constexpr (kE4m3) {
-      const V::H em = V::and_h(u, V::set1_h(0x7F00));
-      const V::H h = V::and_h(V::srai1_h(u), V::set1_h(static_cast<int16_t>(0xBFFF)));
-      const V::H nan = V::and_h(V::cmpeq_h(em, V::set1_h(0x7F00)), V::set1_h(0x7C00));
-      w[T] = V::half_to_f(V::or_h(h, nan));
+      V::H h = V::and_h(V::srai1_h(u), V::set1_h(static_cast<int16_t>(0xBFFF)));
+      if constexpr (kNan) {
+        const V::H em = V::and_h(u, V::set1_h(0x7F00));
+        h = V::or_h(h, V::and_h(V::cmpeq_h(em, V::set1_h(0x7F00)), V::set1_h(0x7C00)));
+      }
+      w[T] = V::half_to_f(h);
     } else {
       w[T] = V::half_to_f(u);
     }
-    if constexpr (T + 1 < W) vectors<T + 1>(b, w);
+    if constexpr (T + 1 < W) vectors<T + 1, kNan>(b, w);
   }
 };
 
@@ -80,6 +107,7 @@ struct F8 {
 template <int B>
 struct Intx {
   static constexpr int kBytes = 4 * B, kRead = 2 * B + 16;
+  static constexpr bool kPermuted = false;
   static int64_t row_bytes(const LowbitArgs& p) { return (p.K * B + 7) / 8; }
   V::I ctrl[16 / V::L], shifts[16 / V::L], mask, neg_offset;
   explicit Intx(const LowbitArgs& p) : mask(V::set1_i((1 << B) - 1)), neg_offset(V::set1_i(-p.code_offset)) {
@@ -106,17 +134,20 @@ struct Intx {
     half(b, w);
     half(b + 2 * B, w + W / 2);
   }
+  void dot_order(const uint8_t* b, F (&w)[W]) const { (*this)(b, w); }
 };
 
 // Decoded fp32 weights (the prefill's L2 blocks): rows are whole steps, so no step is ever a tail.
 struct F32 {
   static constexpr int kBytes = 4 * kStep, kRead = kBytes;
+  static constexpr bool kPermuted = false;
   static int64_t row_bytes(const LowbitArgs& p) { return (p.K + kStep - 1) / kStep * kBytes; }
   F32() = default;
   explicit F32(const LowbitArgs&) {}
   void operator()(const uint8_t* b, F (&w)[W]) const {
     for (int t = 0; t < W; ++t) w[t] = V::loadu(reinterpret_cast<const float*>(b) + t * V::L);
   }
+  void dot_order(const uint8_t* b, F (&w)[W]) const { (*this)(b, w); }
 };
 
 // This level's decoders, for by_format.
@@ -159,7 +190,7 @@ __attribute__((always_inline)) inline void dot_step(F (&acc)[MB][NB], const D& d
 #pragma GCC unroll 4
   for (int i = 0; i < NB; ++i) {
     F w[W];
-    dec(src[i], w);
+    dec.dot_order(src[i], w);
     if constexpr (A == Acc::kScaled)
       for (int t = 0; t < W; ++t) w[t] = V::mul(w[t], sv[i]);
 #pragma GCC unroll 4
@@ -213,8 +244,29 @@ __attribute__((always_inline)) inline void group_steps(F (&sum)[MB][NB], const D
   }
 }
 
+// Scales of the G groups of the row whose scale row starts at base, without scale_mul: the stored fp32 row
+// itself, or E8M0 exponents / double-quantized absmax decoded into dst (once per block of rows, in a loop the
+// compiler vectorizes, so the dot loop reads one float per group and row).
+inline const float* scale_row(const LowbitArgs& p, int64_t base, float* dst) {
+  if (p.scale) return p.scale + base;
+  if (p.scale_e8m0) {
+    const uint8_t* e = p.scale_e8m0 + base;
+    for (int64_t g = 0; g < p.G; ++g) {  // 2^(e - 127): float bits e << 23; e = 0 is the subnormal 2^-127
+      const uint32_t bits = std::max<uint32_t>(static_cast<uint32_t>(e[g]) << 23, 0x00400000u);
+      std::memcpy(dst + g, &bits, 4);
+    }
+    return dst;
+  }
+  for (int64_t g = 0; g < p.G; ++g) {
+    const int64_t i = base + g;
+    dst[g] = static_cast<float>(p.dq_codes[i]) * p.dq_scale[i >> 8] + p.dq_offset;
+  }
+  return dst;
+}
+
 template <class D, int MB, Acc A>
-void dot_tile(const LowbitArgs& p, const D& dec, const float* xsum, int64_t m0, int64_t n0, int nr) {
+void dot_tile(const LowbitArgs& p, const D& dec, const float* const (&srow)[NB], const float* xsum, int64_t m0,
+              int64_t n0, int nr) {
   const int64_t nst = (p.K + kStep - 1) / kStep, rb = D::row_bytes(p), nfull = full_steps<D>(rb, nst);
   const int64_t spg = A == Acc::kRow ? nst : p.g / kStep;  // steps per group
   const uint8_t* wr[NB];
@@ -235,7 +287,7 @@ void dot_tile(const LowbitArgs& p, const D& dec, const float* xsum, int64_t m0, 
   for (int64_t c0 = 0, gi = 0; c0 < nst; c0 += spg, ++gi) {
     const int64_t c1 = std::min(nst, c0 + spg);
     if constexpr (A != Acc::kRow)
-      for (int i = 0; i < NB; ++i) sv[i] = V::set1(scale_at(p, base[i], gi));
+      for (int i = 0; i < NB; ++i) sv[i] = V::set1(srow[i][gi]);
     F gacc[MB][NB];
     for (int m = 0; m < MB; ++m)
       for (int i = 0; i < NB; ++i) gacc[m][i] = V::zero();
@@ -251,7 +303,7 @@ void dot_tile(const LowbitArgs& p, const D& dec, const float* xsum, int64_t m0, 
 #pragma GCC unroll 16
     for (int i = 0; i < NB; ++i) red[m][i] = V::reduce(acc[m][i]);
   for (int i = 0; i < nr; ++i) {
-    const float s = A == Acc::kRow ? scale_at(p, base[i], 0) : 1.f;
+    const float s = (A == Acc::kRow ? srow[i][0] : 1.f) * p.scale_mul;
     for (int m = 0; m < MB; ++m) {
       const float off = p.offset ? offset_dot(p.offset + base[i], xsum + (m0 + m) * p.G, p.G) : 0.f;
       store(p, m0 + m, n0 + i, red[m][i] * s + off);
@@ -260,25 +312,40 @@ void dot_tile(const LowbitArgs& p, const D& dec, const float* xsum, int64_t m0, 
 }
 
 template <class D, int MB>
-void dot_tile_for(const LowbitArgs& p, const D& dec, const float* xsum, int64_t m0, int64_t n0, int nr) {
-  if (p.G == 1) return dot_tile<D, MB, Acc::kRow>(p, dec, xsum, m0, n0, nr);
-  if constexpr (MB == 1) return dot_tile<D, 1, Acc::kGroup>(p, dec, xsum, m0, n0, nr);
-  else return dot_tile<D, MB, Acc::kScaled>(p, dec, xsum, m0, n0, nr);
+void dot_tile_for(const LowbitArgs& p, const D& dec, const float* const (&srow)[NB], const float* xsum, int64_t m0,
+                  int64_t n0, int nr) {
+  if (p.G == 1) return dot_tile<D, MB, Acc::kRow>(p, dec, srow, xsum, m0, n0, nr);
+  if constexpr (MB == 1) return dot_tile<D, 1, Acc::kGroup>(p, dec, srow, xsum, m0, n0, nr);
+  else return dot_tile<D, MB, Acc::kScaled>(p, dec, srow, xsum, m0, n0, nr);
 }
 
 // Rows [n0, n1) x all tokens, in tiles of NB rows x up to kMaxMB tokens. Groups must be whole steps (or one
 // per row): see steps_aligned.
 template <class D>
-void dot_aligned(const LowbitArgs& p, const D& dec, int64_t n0, int64_t n1) {
-  const std::vector<float> xsum = group_sums(p);
+void dot_aligned(const LowbitArgs& p_in, const D& dec, int64_t n0, int64_t n1) {
+  const std::vector<float> xsum = group_sums(p_in);
+  LowbitArgs p = p_in;
+  std::vector<float> xperm;
+  if constexpr (D::kPermuted) {  // x in the decoder's dot order, step by step
+    xperm.resize(p.M * p.ldx);
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int64_t c = 0; c < p.ldx / kStep; ++c)
+        for (int t = 0; t < W; ++t)
+          for (int j = 0; j < V::L; ++j)
+            xperm[m * p.ldx + c * kStep + t * V::L + j] = p.x[m * p.ldx + c * kStep + D::k_of(t, j)];
+    p.x = xperm.data();
+  }
+  std::vector<float> sbuf(NB * p.G);
   for (int64_t n = n0; n < n1; n += NB) {
     const int nr = static_cast<int>(std::min<int64_t>(NB, n1 - n));
+    const float* srow[NB];
+    for (int i = 0; i < NB; ++i) srow[i] = scale_row(p, scale_base(p, n + std::min(i, nr - 1)), sbuf.data() + i * p.G);
     for (int64_t m = 0; m < p.M; m += kMaxMB) {
       switch (std::min<int64_t>(kMaxMB, p.M - m)) {
-        case 1: dot_tile_for<D, 1>(p, dec, xsum.data(), m, n, nr); break;
-        case 2: dot_tile_for<D, 2>(p, dec, xsum.data(), m, n, nr); break;
-        case 3: if constexpr (kMaxMB >= 3) dot_tile_for<D, 3>(p, dec, xsum.data(), m, n, nr); break;
-        default: if constexpr (kMaxMB >= 4) dot_tile_for<D, 4>(p, dec, xsum.data(), m, n, nr); break;
+        case 1: dot_tile_for<D, 1>(p, dec, srow, xsum.data(), m, n, nr); break;
+        case 2: dot_tile_for<D, 2>(p, dec, srow, xsum.data(), m, n, nr); break;
+        case 3: if constexpr (kMaxMB >= 3) dot_tile_for<D, 3>(p, dec, srow, xsum.data(), m, n, nr); break;
+        default: if constexpr (kMaxMB >= 4) dot_tile_for<D, 4>(p, dec, srow, xsum.data(), m, n, nr); break;
       }
     }
   }

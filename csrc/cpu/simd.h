@@ -9,7 +9,7 @@
 //   bytes           u8_to_i32<T>(c): bytes [T L, T L + L) of c zero-extended to int32 lanes;
 //                   hi16<T>(b): bytes b[T L, T L + L) as 16-bit lanes holding byte << 8
 //   16-bit          and_h, or_h, srai1_h (arithmetic >> 1), cmpeq_h, set1_h, half_to_f (fp16 bits -> fp32)
-//   Lut16           a 16-entry fp32 table in registers; lookup(t, i) = table[i & 15] per lane (i in 0..15)
+//   Lut16           a 16-entry fp32 table in registers; lookup(t, i) = table[i & 15] per lane (reads bits 0..3 only)
 //
 // Each struct's member functions carry their ISA's target attribute, so this header is included once at the
 // top of a file; the code that uses V is compiled inside that file's matching `#pragma GCC target` region
