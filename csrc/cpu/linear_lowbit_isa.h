@@ -102,15 +102,20 @@ struct F8 {
 };
 
 // 16 fields of B bits = 2 B bytes (<= 14) per half step, broadcast to every 128-bit lane: lane j of vector t
-// takes the two bytes holding field i = t L + j (pshufb), shifts right by (i B) % 8 and keeps B bits; then
-// level = field + code_offset (the glue's qmin, in integers: exact).
+// takes the two bytes holding field i = t L + j (pshufb), shifts right by (i B) % 8; then level = (B low bits)
+// + code_offset (the glue's qmin). When 2^B levels fit the one-instruction table (V::kPermEntries), the table
+// (field + code_offset, repeated) does mask, offset and conversion at once; else in integers, then converted.
 template <int B>
 struct Intx {
   static constexpr int kBytes = 4 * B, kRead = 2 * B + 16;
-  static constexpr bool kPermuted = false;
+  static constexpr bool kPermuted = false, kTable = (1 << B) <= V::kPermEntries;
   static int64_t row_bytes(const LowbitArgs& p) { return (p.K * B + 7) / 8; }
   V::I ctrl[16 / V::L], shifts[16 / V::L], mask, neg_offset;
+  F table;
   explicit Intx(const LowbitArgs& p) : mask(V::set1_i((1 << B) - 1)), neg_offset(V::set1_i(-p.code_offset)) {
+    alignas(64) float levels[V::L];
+    for (int j = 0; j < V::L; ++j) levels[j] = static_cast<float>(j % (1 << B) + p.code_offset);
+    table = V::loadu(levels);
     for (int t = 0; t < 16 / V::L; ++t) {
       alignas(64) int8_t c[4 * V::L];
       alignas(64) int32_t s[V::L];
@@ -127,8 +132,11 @@ struct Intx {
   }
   void half(const uint8_t* b, F* w) const {
     const V::I d = V::broadcast128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
-    for (int t = 0; t < 16 / V::L; ++t)
-      w[t] = V::cvt(V::sub_i(V::and_i(V::srlv(V::shuffle_bytes(d, ctrl[t]), shifts[t]), mask), neg_offset));
+    for (int t = 0; t < 16 / V::L; ++t) {
+      const V::I f = V::srlv(V::shuffle_bytes(d, ctrl[t]), shifts[t]);
+      if constexpr (kTable) w[t] = V::perm(table, f);
+      else w[t] = V::cvt(V::sub_i(V::and_i(f, mask), neg_offset));
+    }
   }
   void operator()(const uint8_t* b, F (&w)[W]) const {
     half(b, w);

@@ -10,6 +10,8 @@
 //                   hi16<T>(b): bytes b[T L, T L + L) as 16-bit lanes holding byte << 8
 //   16-bit          and_h, or_h, srai1_h (arithmetic >> 1), cmpeq_h, set1_h, half_to_f (fp16 bits -> fp32)
 //   Lut16           a 16-entry fp32 table in registers; lookup(t, i) = table[i & 15] per lane (reads bits 0..3 only)
+//   kPermEntries    entries of the one-instruction table lookup perm(table, i) = table[i % kPermEntries] (a vector
+//                   as the table: 16 for vpermps zmm, 8 for vpermps ymm)
 //
 // Each struct's member functions carry their ISA's target attribute, so this header is included once at the
 // top of a file; the code that uses V is compiled inside that file's matching `#pragma GCC target` region
@@ -66,6 +68,8 @@ struct Vec512 {
   struct Lut16 { __m512 t; };
   TQK_AVX512 Lut16 lut16(const float* table) { return {_mm512_loadu_ps(table)}; }
   TQK_AVX512 F lookup(const Lut16& t, I i) { return _mm512_permutexvar_ps(i, t.t); }  // reads i's low 4 bits
+  static constexpr int kPermEntries = 16;
+  TQK_AVX512 F perm(F table, I i) { return _mm512_permutexvar_ps(i, table); }
 };
 
 struct Vec256 {
@@ -111,6 +115,9 @@ struct Vec256 {
   TQK_AVX2 H cmpeq_h(H a, H b) { return _mm_cmpeq_epi16(a, b); }
   TQK_AVX2 H set1_h(int16_t v) { return _mm_set1_epi16(v); }
   TQK_AVX2 F half_to_f(H h) { return _mm256_cvtph_ps(h); }
+
+  static constexpr int kPermEntries = 8;
+  TQK_AVX2 F perm(F table, I i) { return _mm256_permutevar8x32_ps(table, i); }
 
   // vpermps reads 3 index bits: two 8-entry halves, the code's bit 3 (moved to the sign bit) picks one.
   struct Lut16 { __m256 lo, hi; };
