@@ -185,14 +185,16 @@ inline int64_t full_steps(int64_t rb, int64_t nst) {
 }
 
 // ================================================================ dot kernel (decode, small M)
-constexpr int NB = 4;                          // weight rows per tile
-constexpr int kMaxMB = V::L == 16 ? 4 : 2;     // tokens per tile (register budget: 32 zmm / 16 ymm)
+constexpr int kRows = 4;  // weight rows per block (scales decoded once per block, then one or two tiles)
+constexpr int kMaxMB = 4;  // tokens per tile
+// Rows per tile of MB tokens: the MB x NB accumulators fit the registers (32 zmm; 16 ymm: 2 x 4 or 4 x 2).
+template <int MB> constexpr int kNB = V::L == 16 || MB <= 2 ? 4 : 2;
 constexpr int64_t kPfBytes = 4096;             // Note [decode prefetch] in linear_int4.cpp
 
 enum class Acc { kRow, kGroup, kScaled };  // Note [Group scales once per group]; kScaled: several tokens
 
 // One step of NB rows x MB tokens. A function, not a lambda: Note [accumulators in registers] in kernels.h.
-template <class D, int MB, Acc A>
+template <class D, int MB, int NB, Acc A>
 __attribute__((always_inline)) inline void dot_step(F (&acc)[MB][NB], const D& dec, const uint8_t* const (&src)[NB],
                                                     const float* const (&xr)[MB], const F (&sv)[NB], int64_t c) {
 #pragma GCC unroll 4
@@ -232,7 +234,7 @@ inline float offset_dot(const float* off, const float* xs, int64_t G) {
 }
 
 // Steps [c0, c1) of one group (or row) into sum; steps past nfull read through step_ptr's copy.
-template <class D, int MB, Acc A>
+template <class D, int MB, int NB, Acc A>
 __attribute__((always_inline)) inline void group_steps(F (&sum)[MB][NB], const D& dec, const uint8_t* const (&wr)[NB],
                                                        const float* const (&xr)[MB], const F (&sv)[NB],
                                                        uint8_t (&tmp)[NB][32], int64_t c0, int64_t c1, int64_t nfull,
@@ -243,12 +245,12 @@ __attribute__((always_inline)) inline void group_steps(F (&sum)[MB][NB], const D
       for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + c * D::kBytes + kPfBytes), _MM_HINT_T1);
     const uint8_t* src[NB];
     for (int i = 0; i < NB; ++i) src[i] = wr[i] + c * D::kBytes;
-    dot_step<D, MB, A>(sum, dec, src, xr, sv, c);
+    dot_step<D, MB, NB, A>(sum, dec, src, xr, sv, c);
   }
   for (; c < c1; ++c) {
     const uint8_t* src[NB];
     for (int i = 0; i < NB; ++i) src[i] = step_ptr<D>(wr[i], c, rb, tmp[i]);
-    dot_step<D, MB, A>(sum, dec, src, xr, sv, c);
+    dot_step<D, MB, NB, A>(sum, dec, src, xr, sv, c);
   }
 }
 
@@ -272,9 +274,9 @@ inline const float* scale_row(const LowbitArgs& p, int64_t base, float* dst) {
   return dst;
 }
 
-template <class D, int MB, Acc A>
-void dot_tile(const LowbitArgs& p, const D& dec, const float* const (&srow)[NB], const float* xsum, int64_t m0,
-              int64_t n0, int nr) {
+template <class D, int MB, int NB, Acc A>
+void dot_tile(const LowbitArgs& p, const D& dec, const float* const* srow, const float* xsum, int64_t m0, int64_t n0,
+              int nr) {
   const int64_t nst = (p.K + kStep - 1) / kStep, rb = D::row_bytes(p), nfull = full_steps<D>(rb, nst);
   const int64_t spg = A == Acc::kRow ? nst : p.g / kStep;  // steps per group
   const uint8_t* wr[NB];
@@ -299,8 +301,8 @@ void dot_tile(const LowbitArgs& p, const D& dec, const float* const (&srow)[NB],
     F gacc[MB][NB];
     for (int m = 0; m < MB; ++m)
       for (int i = 0; i < NB; ++i) gacc[m][i] = V::zero();
-    if constexpr (A == Acc::kGroup) group_steps<D, MB, A>(gacc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb);
-    else group_steps<D, MB, A>(acc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb);
+    if constexpr (A == Acc::kGroup) group_steps<D, MB, NB, A>(gacc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb);
+    else group_steps<D, MB, NB, A>(acc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb);
     if constexpr (A == Acc::kGroup)
 #pragma GCC unroll 4
       for (int i = 0; i < NB; ++i) acc[0][i] = V::fmadd(gacc[0][i], sv[i], acc[0][i]);
@@ -319,15 +321,20 @@ void dot_tile(const LowbitArgs& p, const D& dec, const float* const (&srow)[NB],
   }
 }
 
+// Rows [n0, n0 + nr) (nr <= kRows) x tokens [m0, m0 + MB), in tiles of kNB<MB> rows.
 template <class D, int MB>
-void dot_tile_for(const LowbitArgs& p, const D& dec, const float* const (&srow)[NB], const float* xsum, int64_t m0,
-                  int64_t n0, int nr) {
-  if (p.G == 1) return dot_tile<D, MB, Acc::kRow>(p, dec, srow, xsum, m0, n0, nr);
-  if constexpr (MB == 1) return dot_tile<D, 1, Acc::kGroup>(p, dec, srow, xsum, m0, n0, nr);
-  else return dot_tile<D, MB, Acc::kScaled>(p, dec, srow, xsum, m0, n0, nr);
+void dot_tiles(const LowbitArgs& p, const D& dec, const float* const* srow, const float* xsum, int64_t m0,
+               int64_t n0, int nr) {
+  constexpr int NB = kNB<MB>;
+  for (int r = 0; r < nr; r += NB) {
+    const int rr = std::min(NB, nr - r);
+    if (p.G == 1) dot_tile<D, MB, NB, Acc::kRow>(p, dec, srow + r, xsum, m0, n0 + r, rr);
+    else if constexpr (MB == 1) dot_tile<D, 1, NB, Acc::kGroup>(p, dec, srow + r, xsum, m0, n0 + r, rr);
+    else dot_tile<D, MB, NB, Acc::kScaled>(p, dec, srow + r, xsum, m0, n0 + r, rr);
+  }
 }
 
-// Rows [n0, n1) x all tokens, in tiles of NB rows x up to kMaxMB tokens. Groups must be whole steps (or one
+// Rows [n0, n1) x all tokens, in blocks of kRows rows x up to kMaxMB tokens. Groups must be whole steps (or one
 // per row): see steps_aligned.
 template <class D>
 void dot_aligned(const LowbitArgs& p_in, const D& dec, int64_t n0, int64_t n1) {
@@ -343,17 +350,18 @@ void dot_aligned(const LowbitArgs& p_in, const D& dec, int64_t n0, int64_t n1) {
             xperm[m * p.ldx + c * kStep + t * V::L + j] = p.x[m * p.ldx + c * kStep + D::k_of(t, j)];
     p.x = xperm.data();
   }
-  std::vector<float> sbuf(NB * p.G);
-  for (int64_t n = n0; n < n1; n += NB) {
-    const int nr = static_cast<int>(std::min<int64_t>(NB, n1 - n));
-    const float* srow[NB];
-    for (int i = 0; i < NB; ++i) srow[i] = scale_row(p, scale_base(p, n + std::min(i, nr - 1)), sbuf.data() + i * p.G);
+  std::vector<float> sbuf(kRows * p.G);
+  for (int64_t n = n0; n < n1; n += kRows) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRows, n1 - n));
+    const float* srow[kRows];
+    for (int i = 0; i < kRows; ++i)
+      srow[i] = scale_row(p, scale_base(p, n + std::min(i, nr - 1)), sbuf.data() + i * p.G);
     for (int64_t m = 0; m < p.M; m += kMaxMB) {
       switch (std::min<int64_t>(kMaxMB, p.M - m)) {
-        case 1: dot_tile_for<D, 1>(p, dec, srow, xsum.data(), m, n, nr); break;
-        case 2: dot_tile_for<D, 2>(p, dec, srow, xsum.data(), m, n, nr); break;
-        case 3: if constexpr (kMaxMB >= 3) dot_tile_for<D, 3>(p, dec, srow, xsum.data(), m, n, nr); break;
-        default: if constexpr (kMaxMB >= 4) dot_tile_for<D, 4>(p, dec, srow, xsum.data(), m, n, nr); break;
+        case 1: dot_tiles<D, 1>(p, dec, srow, xsum.data(), m, n, nr); break;
+        case 2: dot_tiles<D, 2>(p, dec, srow, xsum.data(), m, n, nr); break;
+        case 3: dot_tiles<D, 3>(p, dec, srow, xsum.data(), m, n, nr); break;
+        default: dot_tiles<D, 4>(p, dec, srow, xsum.data(), m, n, nr); break;
       }
     }
   }
@@ -395,7 +403,7 @@ void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_
 
 // ================================================================ dot-tile prefill
 // A block of kPrefillRows rows x kPrefillK columns decoded to fp32 (L2), then the dot tiles run over it with
-// kMaxMB tokens x NB rows per tile (the x tile stays in L1), accumulating k blocks into the output.
+// kMaxMB tokens x kNB rows per tile (the x tile stays in L1), accumulating k blocks into the output.
 template <class D>
 void prefill(const LowbitArgs& p, int64_t n0, int64_t n1) {
   std::vector<float> buf(kPrefillRows * kPrefillK);
