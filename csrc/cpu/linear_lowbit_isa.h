@@ -8,7 +8,8 @@
 //
 // Note [Low-bit decode steps]: every format turns one step of kStep = 32 consecutive weights of a row
 // (starting on a byte: 16 bytes of nf4 / fp4, 32 of float8, 4 * bits of intx) into W = 32 / L vectors of fp32
-// levels in k order. Rows start on a byte in every layout, so step c of a row starts at byte c * kBytes.
+// levels in k order (the dot kernel takes nf4 / fp4 in a cheaper "dot order" with x permuted to match: Lut4).
+// Rows start on a byte in every layout, so step c of a row starts at byte c * kBytes.
 // A step whose reads (kRead bytes, which may pass the step's own bytes) would leave the row is copied into a
 // zeroed stack buffer first; the glue pads x with zero columns up to a multiple of 32, so the lanes past K
 // add nothing.
@@ -16,7 +17,8 @@
 // Note [Group scales once per group]: levels are multiplied by their group's scale once per group, not per
 // weight: with one token (kGroup) sum_k x * level runs over the group in its own accumulator, which then
 // goes into the row's accumulator times the scale (one FMA per group); with one scale per row (kRow, e.g.
-// float8 per row, or decoded fp32 blocks) the product happens once, after the row. Offsets (intx zero
+// float8 per row, or decoded fp32 blocks) the product happens once, after the row; with several tokens
+// (kScaled) the decoded levels are scaled once and shared by the tokens' FMAs. Offsets (intx zero
 // points) never touch a weight: sum_k x * o(group) = o(group) * (sum of x over the group), those sums
 // computed once per call (xsum) and combined with a row's offsets after its dot product.
 
