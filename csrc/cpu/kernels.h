@@ -86,13 +86,15 @@ void gemm_u8s8_6x32(int R, const uint8_t* a, int64_t lda, const int8_t* panel, i
 //   y[m, n] = sum_k x[m, k] * (level(n, k) * s(n, k / g) + o(n, k / g)) + bias[n]
 // level: nf4 codebook value; fp4 e2m1 value (MXFP4: low nibble first, unlike nf4); float8 e4m3fn value / 256
 // (scale_mul = 256 puts it back), e5m2 value;
-// intx: the unsigned field u (offset binary; the glue folds qmin and the zero point into o).
+// intx: the unsigned field u plus code_offset (the glue folds qmin, and the code midpoint of a float-domain zero
+// point, into code_offset, and the rest of the zero point into o).
 enum class LowbitFormat : int { kNf4 = 0, kFloat8E4m3 = 1, kFloat8E5m2 = 2, kIntx = 3, kFp4E2m1 = 4 };
 
 struct LowbitArgs {
   LowbitFormat fmt;
   int bits;               // intx: 1..7
-  const float* x;         // (M, K) fp32, row stride ldx >= K rounded up to 16; columns K..ldx-1 are zero
+  int code_offset = 0;    // intx: level = u + code_offset
+  const float* x;         // (M, K) fp32, row stride ldx >= K rounded up to 32; columns K..ldx-1 are zero
   int64_t M, K, ldx;
   const uint8_t* w;       // (N, row bytes), row stride ldw
   int64_t N, ldw;
@@ -110,12 +112,13 @@ struct LowbitArgs {
   bool accumulate;        // out += result (prefill k blocks); false: out = result
 };
 
-// Decode (small M): rows [n0, n1), weights decoded in registers, each byte read once per 4 tokens.
+// Decode (small M): rows [n0, n1), weights decoded in registers, each byte read once per tile of tokens.
 void linear_lowbit_dot(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1);
 // Prefill (larger M): rows [n0, n1), decoded once per block of rows and k into an fp32 L2 buffer.
 void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1);
-// Rows [n0, n1) dequantized to fp32, row n at dst + (n - n0) * ldd, columns [0, K) plus zeros up to the next
-// multiple of 16 (ldd >= that): the weight an sgemm multiplies (the prefill below AVX-512).
+// Rows [n0, n1) dequantized to fp32, row n at dst + (n - n0) * ldd, columns [0, K) plus finite values up to the
+// next multiple of 32 (ldd >= that; x's zero columns cancel them): the weight an sgemm multiplies (the prefill
+// below AVX-512).
 void linear_lowbit_decode(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1, float* dst, int64_t ldd);
 // The level TORCHQKIT_CPU_ISA allows (defined in registration.cpp, shared by every op family's glue).
 Isa selected_isa_for_ops();

@@ -54,10 +54,11 @@ at::Tensor block_scales(const at::Tensor& s, int64_t n, int64_t k, const char* w
 
 // Fills the activation / output / bias fields of p, runs the kernels, returns (..., N) in x.dtype.
 at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor>& bias, const char* op) {
-  const int64_t N = p.N, K = p.K, K16 = (K + 15) / 16 * 16;
+  // x padded with zero columns to whole decode steps of 32 (Note [Low-bit decode steps] in linear_lowbit_isa.h)
+  const int64_t N = p.N, K = p.K, K32 = (K + 31) / 32 * 32;
   at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat);
   const int64_t M = x2.size(0);
-  at::Tensor xp = K16 == K ? x2.contiguous() : at::constant_pad_nd(x2, {0, K16 - K}, 0);
+  at::Tensor xp = K32 == K ? x2.contiguous() : at::constant_pad_nd(x2, {0, K32 - K}, 0);
   at::Tensor b;
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, op, ": bias must have shape (", N, "), got ", bias->sizes());
@@ -67,7 +68,7 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
   if (M > 0 && N > 0) {
     p.x = xp.data_ptr<float>();
     p.M = M;
-    p.ldx = K16;
+    p.ldx = K32;
     p.bias = b.defined() ? b.data_ptr<float>() : nullptr;
     p.out = out.data_ptr<float>();
     p.ldo = N;
@@ -77,8 +78,8 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
         linear_lowbit_dot(isa, p, b0 * kDotBlockRows, std::min(b1 * kDotBlockRows, N));
       });
     } else if (isa != Isa::kAvx512Vnni && M >= kSgemmMinM) {
-      prefill_by_sgemm(xp, N, K16, kDotBlockRows, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
-        linear_lowbit_decode(isa, p, r0, r1, dst, K16);
+      prefill_by_sgemm(xp, N, K32, kDotBlockRows, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
+        linear_lowbit_decode(isa, p, r0, r1, dst, K32);
       });
     } else {
       at::parallel_for(0, (N + kPrefillBlockRows - 1) / kPrefillBlockRows, 1, [&](int64_t b0, int64_t b1) {
@@ -204,20 +205,21 @@ at::Tensor linear_intxwo(const at::Tensor& x, const at::Tensor& qdata, const at:
               zero_point.has_value() ? "given" : "missing");
   const at::Tensor s = block_scales(scale, N, K, "scale", op);
   const int64_t qmin = is_signed ? -(int64_t(1) << (bits - 1)) : 0, qmax = qmin + (int64_t(1) << bits) - 1;
-  // w = (u + qmin) * s [- z * s | + z - mid * s]  ==  u * s + offset   (u: the stored unsigned field)
+  // w = (u + qmin) * s [- z * s | + z - mid * s]  ==  (u + code_offset) * s + offset  (u: the stored unsigned
+  // field). The integer parts go into code_offset (exact, decoded in integers); offset keeps only the zero point.
+  int64_t code_offset = qmin;
   at::Tensor off;
-  if (zpd == "none") {
-    if (qmin != 0) off = s * (double)qmin;
-  } else {
+  if (zpd != "none") {
     TORCH_CHECK(zero_point->sizes() == scale.sizes(), op, ": zero_point must have the scale's shape ", scale.sizes());
     const at::Tensor z = zero_point->to(at::kFloat);
     const int64_t mid = (qmin + qmax + 1) / 2;  // the oracle's code_midpoint (qmin + qmax + 1 >= 0 here)
-    off = zpd == "int" ? ((double)qmin - z) * s : s * (double)(qmin - mid) + z;
-    off = off.contiguous();
+    if (zpd == "float") code_offset = qmin - mid;
+    off = (zpd == "int" ? -z * s : z).contiguous();
   }
   const at::Tensor w = rows(qdata);
   LowbitArgs p = weight_args(w, LowbitFormat::kIntx, N, K);
   p.bits = (int)bits;
+  p.code_offset = (int)code_offset;
   p.scale = s.data_ptr<float>();
   p.offset = off.defined() ? off.data_ptr<float>() : nullptr;
   p.G = s.size(1);

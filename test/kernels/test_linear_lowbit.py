@@ -54,9 +54,10 @@ def _fp8(n, k, qdtype, granularity):
     return qk.quantize_weight(_float_weight(n, k), qdtype, granularity, qk.Float8Layout(), scale_dtype=torch.float32)
 
 
-def _intx(n, k, bits, granularity, mapping="symmetric", signed=True):
+def _intx(n, k, bits, granularity, mapping="symmetric", signed=True, zero_point_domain=None):
     qdtype = getattr(Q, f"{'' if signed else 'u'}int{bits}")
-    return qk.quantize_weight(_float_weight(n, k), qdtype, granularity, qk.PackedIntxLayout(), mapping=mapping)
+    return qk.quantize_weight(_float_weight(n, k), qdtype, granularity, qk.PackedIntxLayout(), mapping=mapping,
+                              zero_point_domain=zero_point_domain)
 
 
 def _mx(n, k, qdtype):
@@ -129,13 +130,54 @@ def test_kernel_matches_dequantized_reference(monkeypatch, weights, isa, m, name
         assert_rel(_call(w, x, b), _reference(w, x, b), TOL[dtype], f"{isa} {name} M={m} {dtype}")
 
 
+# The dot kernel (decode) on every token count it tiles differently (1..9: AVX-512 tiles of 4 tokens, AVX2 of 2;
+# intx switches to fp32 blocks above 4), on weights whose groups are whole 32-weight decode steps, with K not
+# a multiple of 64 (a partial last step: the zero-padded copy), N odd (a short last tile of rows), and each
+# decode route: nf4 / fp4 tables in dot order, float8 per row and per group (the e4m3 scale factor applied per
+# row), intx through the one-instruction table (<= 3 / 4 bits) or integer conversion, with each zero point domain.
+DOT_WEIGHTS = {
+    "nf4_b32_K96_N13": lambda: _nf4(13, 96, 32, False),
+    "nf4_b64_dq_K320_N7": lambda: _nf4(7, 320, 64, True),
+    "mxfp4_K160_N9": lambda: _mx(9, 160, Q.fp4_e2m1),
+    "mxfp8_e4m3_K224_N11": lambda: _mx(11, 224, Q.float8_e4m3fn),
+    "e4m3_g32_K224_N15": lambda: _fp8(15, 224, Q.float8_e4m3fn, qk.PerBlock((1, 32))),
+    "e5m2_row_K97_N5": lambda: _fp8(5, 97, Q.float8_e5m2, qk.PerRow()),
+    "int2_g64_asym_K192_N11": lambda: _intx(11, 192, 2, qk.PerGroup(64), "asymmetric"),
+    "int3_g32_K96_N9": lambda: _intx(9, 96, 3, qk.PerGroup(32)),
+    "uint4_g32_float_zp_K160_N7": lambda: _intx(7, 160, 4, qk.PerGroup(32), "asymmetric", signed=False,
+                                                zero_point_domain=qk.ZeroPointDomain.FLOAT),
+    "int5_row_K41_N13": lambda: _intx(13, 41, 5, qk.PerRow()),
+    "int7_g32_asym_K96_N3": lambda: _intx(3, 96, 7, qk.PerGroup(32), "asymmetric"),
+}
+
+
+@pytest.fixture(scope="module")
+def dot_weights():
+    return {name: make() for name, make in DOT_WEIGHTS.items()}
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("name", list(DOT_WEIGHTS))
+def test_dot_kernel_every_token_count(monkeypatch, dot_weights, isa, name):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = dot_weights[name]
+    n, k = w.shape
+    bias = torch.randn(n, generator=gen(2))
+    for m in range(1, 10):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = _act(m, k, dtype, seed=m)
+            assert_rel(_call(w, x, bias.to(dtype)), _reference(w, x, bias.to(dtype)), TOL[dtype],
+                       f"{isa} {name} M={m} {dtype}")
+
+
 @needs_ext
 @isa_param
 @pytest.mark.parametrize("m", [1, 40, 130])
 def test_unaligned_inputs(monkeypatch, weights, isa, m):
     # safetensors can hand out tensors that are not 16-byte aligned: every pointer is odd here.
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
-    for name in ("nf4_b64_dq", "e4m3_row", "int5_g32"):
+    for name in ("nf4_b64_dq", "e4m3_row", "int5_g32", "mxfp4", "int2_g32"):
         w = weights[name]
         n, k = w.shape
         x, bias = _act(m, k, torch.float32), torch.randn(n, generator=gen(3))
@@ -206,12 +248,22 @@ def test_fp4_codes_in_the_kernel_are_the_oracles():
         assert out.reshape(2).tolist() == [0.0, value]
 
 
-def test_float8_special_codes():
-    # Every e4m3fn / e5m2 byte (subnormals, the largest values, NaN, inf) decodes as torch's float8 does.
+@needs_ext
+@isa_param
+def test_float8_special_codes(monkeypatch, isa):
+    # Every e4m3fn / e5m2 byte (subnormals, the largest values, NaN, inf) decodes as torch's float8 does: one code
+    # per row (a partial decode step); every finite code in one row (whole steps); a NaN code among finite ones.
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
         codes = torch.arange(256, dtype=torch.uint8).view(dt).reshape(256, 1)
         out = FP8(torch.ones(1, 1), codes, torch.ones(1, 1), None).reshape(256)
         torch.testing.assert_close(out, codes.float().reshape(256), rtol=0, atol=0, equal_nan=True)
+        finite = codes.reshape(256)[codes.float().reshape(256).isfinite()]
+        out = FP8(torch.eye(finite.numel()), finite.reshape(1, -1), torch.ones(1, 1), None).reshape(-1)
+        torch.testing.assert_close(out, finite.float(), rtol=0, atol=0)
+        row = finite[:64].clone().reshape(1, 64)
+        row.view(torch.uint8)[0, 37] = 0x7F  # NaN in both formats
+        assert FP8(torch.ones(2, 64), row, torch.ones(1, 1), None).isnan().all()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,438 @@
+// The low-bit weight-only kernels written once over a vector-width traits struct `V` (simd.h): decoders, the
+// dot kernel (decode, small M), the fp32 block decode and the dot-tile prefill.
+//
+// NO include guard on purpose: linear_lowbit.cpp includes this file once inside each ISA's
+// `#pragma GCC target` region, in that ISA's namespace, after `using V = Vec512;` (or Vec256), so every
+// function here is compiled for that ISA (a function template takes the target of the region it is defined
+// in, not of its caller). A next ISA is one more region and one more traits struct, not a copy of this code.
+//
+// Note [Low-bit decode steps]: every format turns one step of kStep = 32 consecutive weights of a row
+// (starting on a byte: 16 bytes of nf4 / fp4, 32 of float8, 4 * bits of intx) into W = 32 / L vectors of fp32
+// levels in k order (the dot kernel takes nf4 / fp4 in a cheaper "dot order" with x permuted to match: Lut4).
+// Rows start on a byte in every layout, so step c of a row starts at byte c * kBytes.
+// A step whose reads (kRead bytes, which may pass the step's own bytes) would leave the row is copied into a
+// zeroed stack buffer first; the glue pads x with zero columns up to a multiple of 32, so the lanes past K
+// add nothing.
+//
+// Note [Group scales once per group]: levels are multiplied by their group's scale once per group, not per
+// weight: with one token (kGroup) sum_k x * level runs over the group in its own accumulator, which then
+// goes into the row's accumulator times the scale (one FMA per group); with one scale per row (kRow, e.g.
+// float8 per row, or decoded fp32 blocks) the product happens once, after the row; with several tokens
+// (kScaled) the decoded levels are scaled once and shared by the tokens' FMAs. Offsets (intx zero
+// points) never touch a weight: sum_k x * o(group) = o(group) * (sum of x over the group), those sums
+// computed once per call (xsum) and combined with a row's offsets after its dot product.
+
+constexpr int kStep = 32;
+constexpr int W = kStep / V::L;  // vectors per step
+using F = V::F;
+
+// ================================================================ decoders: one step -> W vectors (k order)
+
+// 4-bit codes through a 16-entry table: nf4 (element 2j = byte j's high nibble) and fp4 e2m1 (low nibble).
+// In k order (decode_rows) the nibbles are interleaved in bytes (one unpack) before the lookups. The dot kernel
+// takes them in "dot order" instead, which skips the masks and unpacks: vector t < W / 2 holds the low
+// nibbles of bytes [t L, t L + L), vector W / 2 + t their high nibbles (the lookup reads a lane's low 4 bits
+// only), and x is permuted once per call to match (k_of).
+template <bool kHighFirst>
+struct Lut4 {
+  static constexpr int kBytes = 16, kRead = 16;
+  static constexpr bool kPermuted = true;
+  static int64_t row_bytes(const LowbitArgs& p) { return p.K / 2; }
+  static int k_of(int t, int j) {  // the k (within a step) of lane j of dot-order vector t
+    const bool high = t >= W / 2;
+    return 2 * ((t % (W / 2)) * V::L + j) + (high == kHighFirst ? 0 : 1);
+  }
+  V::Lut16 lut;
+  explicit Lut4(const float* table) : lut(V::lut16(table)) {}
+  template <int T = 0>
+  void levels16(__m128i codes, F* w) const {
+    w[T] = V::lookup(lut, V::u8_to_i32<T>(codes));
+    if constexpr (T + 1 < 16 / V::L) levels16<T + 1>(codes, w);
+  }
+  void operator()(const uint8_t* b, F (&w)[W]) const {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), m = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+    levels16(kHighFirst ? _mm_unpacklo_epi8(hi, lo) : _mm_unpacklo_epi8(lo, hi), w);
+    levels16(kHighFirst ? _mm_unpackhi_epi8(hi, lo) : _mm_unpackhi_epi8(lo, hi), w + W / 2);
+  }
+  void dot_order(const uint8_t* b, F (&w)[W]) const {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    levels16(v, w);
+    levels16(_mm_srli_epi16(v, 4), w + W / 2);
+  }
+};
+struct Nf4 : Lut4<true> { explicit Nf4(const LowbitArgs&) : Lut4(kNf4) {} };
+struct Fp4 : Lut4<false> { explicit Fp4(const LowbitArgs&) : Lut4(kFp4) {} };
+
+// float8 through fp16 (vcvtph2ps converts exactly). e5m2 is the high byte of an fp16. e4m3fn:
+// (byte << 8) >> 1 (arithmetic) is s s eeee mmm 0000000; clearing bit 14 leaves the fp16 with sign s,
+// exponent 0eeee and mantissa mmm0000000, whose value is the e4m3 value / 256 (subnormals included; the glue
+// folds 256 into the scale). eeee mmm = 1111 111 is NaN: a step holding one (never in weights quantized from
+// finite values, but the format allows it) takes a slower decode that sets those fp16 exponents to all ones.
+template <bool kE4m3>
+struct F8 {
+  static constexpr int kBytes = 32, kRead = 32;
+  static constexpr bool kPermuted = false;
+  static int64_t row_bytes(const LowbitArgs& p) { return p.K; }
+  explicit F8(const LowbitArgs&) {}
+  static bool has_nan(const uint8_t* b) {
+    const __m128i m = _mm_set1_epi8(0x7F);
+    const __m128i a = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), m);
+    const __m128i c = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)), m);
+    return _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(a, m), _mm_cmpeq_epi8(c, m))) != 0;
+  }
+  void operator()(const uint8_t* b, F (&w)[W]) const {
+    if (kE4m3 && has_nan(b)) return vectors<0, true>(b, w);
+    vectors<0, false>(b, w);
+  }
+  void dot_order(const uint8_t* b, F (&w)[W]) const { (*this)(b, w); }
+  template <int T, bool kNan>
+  void vectors(const uint8_t* b, F (&w)[W]) const {
+    const V::H u = V::hi16<T>(b);
+    if constexpr (kE4m3) {
+      V::H h = V::and_h(V::srai1_h(u), V::set1_h(static_cast<int16_t>(0xBFFF)));
+      if constexpr (kNan) {
+        const V::H em = V::and_h(u, V::set1_h(0x7F00));
+        h = V::or_h(h, V::and_h(V::cmpeq_h(em, V::set1_h(0x7F00)), V::set1_h(0x7C00)));
+      }
+      w[T] = V::half_to_f(h);
+    } else {
+      w[T] = V::half_to_f(u);
+    }
+    if constexpr (T + 1 < W) vectors<T + 1, kNan>(b, w);
+  }
+};
+
+// 16 fields of B bits = 2 B bytes (<= 14) per half step, broadcast to every 128-bit lane: lane j of vector t
+// takes the two bytes holding field i = t L + j (pshufb), shifts right by (i B) % 8; then level = (B low bits)
+// + code_offset (the glue's qmin). When 2^B levels fit the one-instruction table (V::kPermEntries), the table
+// (field + code_offset, repeated) does mask, offset and conversion at once; else in integers, then converted.
+template <int B>
+struct Intx {
+  static constexpr int kBytes = 4 * B, kRead = 2 * B + 16;
+  static constexpr bool kPermuted = false, kTable = (1 << B) <= V::kPermEntries;
+  static int64_t row_bytes(const LowbitArgs& p) { return (p.K * B + 7) / 8; }
+  V::I ctrl[16 / V::L], shifts[16 / V::L], mask, neg_offset;
+  F table;
+  explicit Intx(const LowbitArgs& p) : mask(V::set1_i((1 << B) - 1)), neg_offset(V::set1_i(-p.code_offset)) {
+    alignas(64) float levels[V::L];
+    for (int j = 0; j < V::L; ++j) levels[j] = static_cast<float>(j % (1 << B) + p.code_offset);
+    table = V::loadu(levels);
+    for (int t = 0; t < 16 / V::L; ++t) {
+      alignas(64) int8_t c[4 * V::L];
+      alignas(64) int32_t s[V::L];
+      for (int j = 0; j < V::L; ++j) {
+        const int bit = (t * V::L + j) * B;
+        c[4 * j] = static_cast<int8_t>(bit / 8);
+        c[4 * j + 1] = static_cast<int8_t>(bit / 8 + 1);  // <= 14: inside the 16 loaded bytes
+        c[4 * j + 2] = c[4 * j + 3] = static_cast<int8_t>(0x80);
+        s[j] = bit % 8;
+      }
+      ctrl[t] = V::load_i(c);
+      shifts[t] = V::load_i(s);
+    }
+  }
+  void half(const uint8_t* b, F* w) const {
+    const V::I d = V::broadcast128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    for (int t = 0; t < 16 / V::L; ++t) {
+      const V::I f = V::srlv(V::shuffle_bytes(d, ctrl[t]), shifts[t]);
+      if constexpr (kTable) w[t] = V::perm(table, f);
+      else w[t] = V::cvt(V::sub_i(V::and_i(f, mask), neg_offset));
+    }
+  }
+  void operator()(const uint8_t* b, F (&w)[W]) const {
+    half(b, w);
+    half(b + 2 * B, w + W / 2);
+  }
+  void dot_order(const uint8_t* b, F (&w)[W]) const { (*this)(b, w); }
+};
+
+// Decoded fp32 weights (the prefill's L2 blocks): rows are whole steps, so no step is ever a tail.
+struct F32 {
+  static constexpr int kBytes = 4 * kStep, kRead = kBytes;
+  static constexpr bool kPermuted = false;
+  static int64_t row_bytes(const LowbitArgs& p) { return (p.K + kStep - 1) / kStep * kBytes; }
+  F32() = default;
+  explicit F32(const LowbitArgs&) {}
+  void operator()(const uint8_t* b, F (&w)[W]) const {
+    for (int t = 0; t < W; ++t) w[t] = V::loadu(reinterpret_cast<const float*>(b) + t * V::L);
+  }
+  void dot_order(const uint8_t* b, F (&w)[W]) const { (*this)(b, w); }
+};
+
+// This level's decoders, for by_format.
+struct Decoders {
+  using nf4 = Nf4;
+  using fp4 = Fp4;
+  using e4m3 = F8<true>;
+  using e5m2 = F8<false>;
+  template <int B> using intx = Intx<B>;
+};
+
+// Step c of a row: a pointer into the row, or (when its reads would leave the row) a zero-padded copy in tmp.
+template <class D>
+inline const uint8_t* step_ptr(const uint8_t* row, int64_t c, int64_t rb, uint8_t (&tmp)[32]) {
+  static_assert(D::kRead <= 32 || D::kRead == D::kBytes, "a tail copy must hold the step's reads");
+  const int64_t b0 = c * D::kBytes;
+  if (b0 + D::kRead <= rb) return row + b0;
+  std::memset(tmp, 0, sizeof(tmp));
+  std::memcpy(tmp, row + b0, rb - b0);
+  return tmp;
+}
+
+// Steps of a row whose reads stay inside it (the rest go through step_ptr's copy).
+template <class D>
+inline int64_t full_steps(int64_t rb, int64_t nst) {
+  return rb < D::kRead ? 0 : std::min(nst, (rb - D::kRead) / D::kBytes + 1);
+}
+
+// ================================================================ dot kernel (decode, small M)
+constexpr int kRows = 4;  // weight rows per block (scales decoded once per block, then one or two tiles)
+constexpr int kMaxMB = 4;  // tokens per tile
+// Rows per tile of MB tokens: the MB x NB accumulators fit the registers (32 zmm; 16 ymm: 2 x 4 or 4 x 2).
+template <int MB> constexpr int kNB = V::L == 16 || MB <= 2 ? 4 : 2;
+constexpr int64_t kPfBytes = 4096;             // Note [decode prefetch] in linear_int4.cpp
+
+enum class Acc { kRow, kGroup, kScaled };  // Note [Group scales once per group]; kScaled: several tokens
+
+// One step of NB rows x MB tokens. A function, not a lambda: Note [accumulators in registers] in kernels.h.
+template <class D, int MB, int NB, Acc A>
+__attribute__((always_inline)) inline void dot_step(F (&acc)[MB][NB], const D& dec, const uint8_t* const (&src)[NB],
+                                                    const float* const (&xr)[MB], const F (&sv)[NB], int64_t c) {
+#pragma GCC unroll 4
+  for (int i = 0; i < NB; ++i) {
+    F w[W];
+    dec.dot_order(src[i], w);
+    if constexpr (A == Acc::kScaled)
+      for (int t = 0; t < W; ++t) w[t] = V::mul(w[t], sv[i]);
+#pragma GCC unroll 4
+    for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 4
+      for (int t = 0; t < W; ++t) acc[m][i] = V::fmadd(V::loadu(xr[m] + kStep * c + V::L * t), w[t], acc[m][i]);
+  }
+}
+
+// Sums of x over each group, per token: xsum[m * G + g] (the offsets' side of Note [Group scales once per group]).
+inline std::vector<float> group_sums(const LowbitArgs& p) {
+  std::vector<float> xsum(p.offset ? p.M * p.G : 0);
+  for (int64_t m = 0; m < (p.offset ? p.M : 0); ++m)
+    for (int64_t g = 0; g < p.G; ++g) {
+      const float* x = p.x + m * p.ldx + g * p.g;
+      float s = 0.f;
+      for (int64_t k = 0; k < p.g; ++k) s += x[k];
+      xsum[m * p.G + g] = s;
+    }
+  return xsum;
+}
+
+// sum_g offset[base + g] * xs[g]
+inline float offset_dot(const float* off, const float* xs, int64_t G) {
+  F v = V::zero();
+  int64_t g = 0;
+  for (; g + V::L <= G; g += V::L) v = V::fmadd(V::loadu(off + g), V::loadu(xs + g), v);
+  float s = V::reduce(v);
+  for (; g < G; ++g) s += off[g] * xs[g];
+  return s;
+}
+
+// Steps [c0, c1) of one group (or row) into sum; steps past nfull read through step_ptr's copy.
+template <class D, int MB, int NB, Acc A>
+__attribute__((always_inline)) inline void group_steps(F (&sum)[MB][NB], const D& dec, const uint8_t* const (&wr)[NB],
+                                                       const float* const (&xr)[MB], const F (&sv)[NB],
+                                                       uint8_t (&tmp)[NB][32], int64_t c0, int64_t c1, int64_t nfull,
+                                                       int64_t rb) {
+  int64_t c = c0;
+  for (const int64_t cf = std::min(c1, nfull); c < cf; ++c) {
+    if (((c * D::kBytes) & 63) < D::kBytes)  // a new cache line: Note [decode prefetch] in linear_int4.cpp
+      for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + c * D::kBytes + kPfBytes), _MM_HINT_T1);
+    const uint8_t* src[NB];
+    for (int i = 0; i < NB; ++i) src[i] = wr[i] + c * D::kBytes;
+    dot_step<D, MB, NB, A>(sum, dec, src, xr, sv, c);
+  }
+  for (; c < c1; ++c) {
+    const uint8_t* src[NB];
+    for (int i = 0; i < NB; ++i) src[i] = step_ptr<D>(wr[i], c, rb, tmp[i]);
+    dot_step<D, MB, NB, A>(sum, dec, src, xr, sv, c);
+  }
+}
+
+// Scales of the G groups of the row whose scale row starts at base, without scale_mul: the stored fp32 row
+// itself, or E8M0 exponents / double-quantized absmax decoded into dst (once per block of rows, in a loop the
+// compiler vectorizes, so the dot loop reads one float per group and row).
+inline const float* scale_row(const LowbitArgs& p, int64_t base, float* dst) {
+  if (p.scale) return p.scale + base;
+  if (p.scale_e8m0) {
+    const uint8_t* e = p.scale_e8m0 + base;
+    for (int64_t g = 0; g < p.G; ++g) {  // 2^(e - 127): float bits e << 23; e = 0 is the subnormal 2^-127
+      const uint32_t bits = std::max<uint32_t>(static_cast<uint32_t>(e[g]) << 23, 0x00400000u);
+      std::memcpy(dst + g, &bits, 4);
+    }
+    return dst;
+  }
+  for (int64_t g = 0; g < p.G; ++g) {
+    const int64_t i = base + g;
+    dst[g] = static_cast<float>(p.dq_codes[i]) * p.dq_scale[i >> 8] + p.dq_offset;
+  }
+  return dst;
+}
+
+template <class D, int MB, int NB, Acc A>
+void dot_tile(const LowbitArgs& p, const D& dec, const float* const* srow, const float* xsum, int64_t m0, int64_t n0,
+              int nr) {
+  const int64_t nst = (p.K + kStep - 1) / kStep, rb = D::row_bytes(p), nfull = full_steps<D>(rb, nst);
+  const int64_t spg = A == Acc::kRow ? nst : p.g / kStep;  // steps per group
+  const uint8_t* wr[NB];
+  int64_t base[NB];
+  for (int i = 0; i < NB; ++i) {
+    const int64_t n = n0 + std::min(i, nr - 1);  // a short tile repeats its last row
+    wr[i] = p.w + n * p.ldw;
+    base[i] = scale_base(p, n);
+  }
+  const float* xr[MB];
+  for (int m = 0; m < MB; ++m) xr[m] = p.x + (m0 + m) * p.ldx;
+  F acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < NB; ++i) acc[m][i] = V::zero();
+  alignas(64) uint8_t tmp[NB][32];
+  F sv[NB];
+  for (int i = 0; i < NB; ++i) sv[i] = V::set1(1.f);
+  for (int64_t c0 = 0, gi = 0; c0 < nst; c0 += spg, ++gi) {
+    const int64_t c1 = std::min(nst, c0 + spg);
+    if constexpr (A != Acc::kRow)
+      for (int i = 0; i < NB; ++i) sv[i] = V::set1(srow[i][gi]);
+    F gacc[MB][NB];
+    for (int m = 0; m < MB; ++m)
+      for (int i = 0; i < NB; ++i) gacc[m][i] = V::zero();
+    if constexpr (A == Acc::kGroup) group_steps<D, MB, NB, A>(gacc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb);
+    else group_steps<D, MB, NB, A>(acc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb);
+    if constexpr (A == Acc::kGroup)
+#pragma GCC unroll 4
+      for (int i = 0; i < NB; ++i) acc[0][i] = V::fmadd(gacc[0][i], sv[i], acc[0][i]);
+  }
+  float red[MB][NB];  // every acc index a compile-time constant: Note [accumulators in registers]
+#pragma GCC unroll 16
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 16
+    for (int i = 0; i < NB; ++i) red[m][i] = V::reduce(acc[m][i]);
+  for (int i = 0; i < nr; ++i) {
+    const float s = (A == Acc::kRow ? srow[i][0] : 1.f) * p.scale_mul;
+    for (int m = 0; m < MB; ++m) {
+      const float off = p.offset ? offset_dot(p.offset + base[i], xsum + (m0 + m) * p.G, p.G) : 0.f;
+      store(p, m0 + m, n0 + i, red[m][i] * s + off);
+    }
+  }
+}
+
+// Rows [n0, n0 + nr) (nr <= kRows) x tokens [m0, m0 + MB), in tiles of kNB<MB> rows.
+template <class D, int MB>
+void dot_tiles(const LowbitArgs& p, const D& dec, const float* const* srow, const float* xsum, int64_t m0,
+               int64_t n0, int nr) {
+  constexpr int NB = kNB<MB>;
+  for (int r = 0; r < nr; r += NB) {
+    const int rr = std::min(NB, nr - r);
+    if (p.G == 1) dot_tile<D, MB, NB, Acc::kRow>(p, dec, srow + r, xsum, m0, n0 + r, rr);
+    else if constexpr (MB == 1) dot_tile<D, 1, NB, Acc::kGroup>(p, dec, srow + r, xsum, m0, n0 + r, rr);
+    else dot_tile<D, MB, NB, Acc::kScaled>(p, dec, srow + r, xsum, m0, n0 + r, rr);
+  }
+}
+
+// Rows [n0, n1) x all tokens, in blocks of kRows rows x up to kMaxMB tokens. Groups must be whole steps (or one
+// per row): see steps_aligned.
+template <class D>
+void dot_aligned(const LowbitArgs& p_in, const D& dec, int64_t n0, int64_t n1) {
+  const std::vector<float> xsum = group_sums(p_in);
+  LowbitArgs p = p_in;
+  std::vector<float> xperm;
+  if constexpr (D::kPermuted) {  // x in the decoder's dot order, step by step
+    xperm.resize(p.M * p.ldx);
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int64_t c = 0; c < p.ldx / kStep; ++c)
+        for (int t = 0; t < W; ++t)
+          for (int j = 0; j < V::L; ++j)
+            xperm[m * p.ldx + c * kStep + t * V::L + j] = p.x[m * p.ldx + c * kStep + D::k_of(t, j)];
+    p.x = xperm.data();
+  }
+  std::vector<float> sbuf(kRows * p.G);
+  for (int64_t n = n0; n < n1; n += kRows) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRows, n1 - n));
+    const float* srow[kRows];
+    for (int i = 0; i < kRows; ++i)
+      srow[i] = scale_row(p, scale_base(p, n + std::min(i, nr - 1)), sbuf.data() + i * p.G);
+    for (int64_t m = 0; m < p.M; m += kMaxMB) {
+      switch (std::min<int64_t>(kMaxMB, p.M - m)) {
+        case 1: dot_tiles<D, 1>(p, dec, srow, xsum.data(), m, n, nr); break;
+        case 2: dot_tiles<D, 2>(p, dec, srow, xsum.data(), m, n, nr); break;
+        case 3: dot_tiles<D, 3>(p, dec, srow, xsum.data(), m, n, nr); break;
+        default: dot_tiles<D, 4>(p, dec, srow, xsum.data(), m, n, nr); break;
+      }
+    }
+  }
+}
+
+// ================================================================ fp32 block decode
+// Rows [n0, n1), columns [k0, k1) (k0 a multiple of kStep) -> dst[(n - n0) * ldd + (k - k0)], whole steps (up to
+// k1 rounded up to kStep: ldd must leave room). Groups that are not whole steps get per-lane scales.
+template <class D>
+void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_t k1, float* dst, int64_t ldd) {
+  const D dec(p);
+  const int64_t rb = D::row_bytes(p), c0 = k0 / kStep, c1 = (k1 + kStep - 1) / kStep;
+  const bool aligned = steps_aligned(p);
+  alignas(64) uint8_t tmp[32];
+  alignas(64) float sl[kStep], ol[kStep];
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = p.w + n * p.ldw;
+    float* d = dst + (n - n0) * ldd - k0;
+    const int64_t base = scale_base(p, n);
+    for (int64_t c = c0; c < c1; ++c) {
+      F w[W];
+      dec(step_ptr<D>(row, c, rb, tmp), w);
+      if (aligned) {
+        const int64_t gi = p.G == 1 ? 0 : c * kStep / p.g;
+        const F s = V::set1(scale_at(p, base, gi)), o = V::set1(offset_at(p, base, gi));
+        for (int t = 0; t < W; ++t) V::storeu(d + kStep * c + V::L * t, V::fmadd(w[t], s, o));
+      } else {
+        for (int j = 0; j < kStep; ++j) {
+          const int64_t gi = std::min((kStep * c + j) / p.g, p.G - 1);
+          sl[j] = scale_at(p, base, gi);
+          ol[j] = offset_at(p, base, gi);
+        }
+        for (int t = 0; t < W; ++t)
+          V::storeu(d + kStep * c + V::L * t, V::fmadd(w[t], V::loadu(sl + V::L * t), V::loadu(ol + V::L * t)));
+      }
+    }
+  }
+}
+
+// ================================================================ dot-tile prefill
+// A block of kPrefillRows rows x kPrefillK columns decoded to fp32 (L2), then the dot tiles run over it with
+// kMaxMB tokens x kNB rows per tile (the x tile stays in L1), accumulating k blocks into the output.
+template <class D>
+void prefill(const LowbitArgs& p, int64_t n0, int64_t n1) {
+  std::vector<float> buf(kPrefillRows * kPrefillK);
+  const float one = 1.f;
+  const F32 f32;
+  for (int64_t b0 = n0; b0 < n1; b0 += kPrefillRows) {
+    const int64_t nb = std::min<int64_t>(kPrefillRows, n1 - b0);
+    for (int64_t k0 = 0; k0 < p.K; k0 += kPrefillK) {
+      const int64_t kc = std::min<int64_t>(kPrefillK, p.K - k0);
+      decode_rows<D>(p, b0, b0 + nb, k0, k0 + kc, buf.data(), kPrefillK);
+      dot_aligned<F32>(block_args(p, buf.data(), &one, b0, nb, k0, kc), f32, 0, nb);
+    }
+  }
+}
+
+// The dot kernel where groups are whole steps; other group sizes (g % 32 != 0, rare: nf4 block_size 16, intx
+// PerGroup(24), ...) run the prefill's decode-to-fp32 blocks, which scale per lane.
+template <class D> struct DotFn {
+  static void run(const LowbitArgs& p, int64_t n0, int64_t n1) {
+    if (steps_aligned(p)) dot_aligned<D>(p, D(p), n0, n1);
+    else prefill<D>(p, n0, n1);
+  }
+};
+
+// Whole rows up to K rounded up to kStep (a partial last step decodes step_ptr's zero padding: finite values).
+template <class D> struct DecodeFn {
+  static void run(const LowbitArgs& p, int64_t n0, int64_t n1, float* dst, int64_t ldd) {
+    decode_rows<D>(p, n0, n1, 0, p.K, dst, ldd);
+  }
+};
