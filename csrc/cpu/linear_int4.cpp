@@ -25,6 +25,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -46,7 +47,6 @@ struct Int4Args {
   int64_t K, N;      // in_features (<= Kt = NC * 16 T), out_features (<= 8 NT)
   const float* xp;   // (M, NC, 8, 16) permuted activation, see Note above; zero where k >= K
   const float* sx;   // (M, G) per-group sums of x
-  const float* s32;  // (G, N8) the scales as float32, row stride N8 (AVX2 decode; nullptr elsewhere)
   int64_t M;
   const float* bias;  // (N) or nullptr
   float* out;        // (M, N), row stride ldo
@@ -118,6 +118,8 @@ void finish_tile(const Int4Args& p, int64_t i, int64_t m0, int mb, const float (
   }
 }
 
+constexpr int64_t kPfChunks = 12;  // Note [decode prefetch] (int4_tiled_dot.inc): 6 KiB ahead at T = 8 (swept 4..64)
+
 // ================================================================================================
 // Scalar: any x86-64 CPU.
 // ================================================================================================
@@ -151,63 +153,110 @@ void dot_tiles(const Int4Args& p, int64_t i0, int64_t i1) {
 }  // namespace scalar
 
 // ================================================================================================
-// AVX2 + FMA: 8 words (64 nibbles) per ymm, per-word scales gathered per block.
+// AVX2 + FMA: 8 words (64 nibbles) per ymm; nibble q -> float by a mask and a conversion (no shift: the
+// activation is pre-divided by 2^(4q), see permute_activation).
 // ================================================================================================
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 
-template <int MB>
-void dot_tile(const Int4Args& p, int64_t i, int64_t m0) {
-  const int64_t T = p.T, bw = 16 * T;
-  const int nv = (int)(bw / 8);  // ymm per block: 2 T
-  const __m256i lo4 = _mm256_set1_epi32(0xF);
-  float srow[128];                // per-word scale of the block (16 T <= 128 words)
-  __m256 acc[MB][16];
-  for (int m = 0; m < MB; ++m)
-    for (int v = 0; v < nv; ++v) acc[m][v] = _mm256_setzero_ps();
-  // T is 2, 4 or 8: b % (T/2) and b / 2T as a mask and a shift (a division by the run-time T in the block
-  // loop had cost more than the nibble arithmetic).
-  const int64_t half = T / 2, n8 = 8 * p.NT, wmask = half - 1, rshift = __builtin_ctzll(2 * T);
-  for (int64_t j = 0; j < p.NC; ++j) {
-    // Word b's scale: row b / 2T, group of k = 16 T j + 32 (b % (T/2)), read from the float32 copy (the
-    // per-word conversions from bf16 / f16 had cost as much as the nibble arithmetic).
-    const float* gs[4];
-    for (int64_t w = 0; w < half; ++w) gs[w] = p.s32 + (16 * T * j + 32 * w) / p.g * n8 + 8 * i;
-    for (int64_t b = 0; b < bw; ++b) srow[b] = gs[b & wmask][b >> rshift];
-    const int32_t* blk = p.q + i * p.ldq + j * bw;
-    for (int v = 0; v < nv; ++v) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 8 * v));
-      __m256 d[MB];
-      for (int m = 0; m < MB; ++m) d[m] = _mm256_setzero_ps();
-      for (int q = 0; q < 8; ++q) {
-        const __m256 u = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(wv, 4 * q), lo4));
-        for (int m = 0; m < MB; ++m) {
-          const float* xp = p.xp + ((m0 + m) * p.NC + j) * 128 + 16 * q + (8 * v) % 16;
-          d[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xp), u, d[m]);
-        }
+// 16 floats (s0, z0, ..., s7, z7) of n-tile i in group gi, as two vectors (rows 0-3, rows 4-7).
+inline void load_sz(const Int4Args& p, int64_t gi, int64_t i, __m256 out[2]) {
+  const int64_t off = gi * p.lds + 16 * i;
+  for (int h = 0; h < 2; ++h) {
+    switch (p.szt) {
+      case SzType::kF32: out[h] = _mm256_loadu_ps(static_cast<const float*>(p.sz) + off + 8 * h); break;
+      case SzType::kBF16: {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p.sz) + off + 8 * h));
+        out[h] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+        break;
       }
-      const __m256 s = _mm256_loadu_ps(srow + 8 * v);
-      for (int m = 0; m < MB; ++m) acc[m][v] = _mm256_fmadd_ps(s, d[m], acc[m][v]);
+      default:
+        out[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p.sz) + off + 8 * h)));
     }
   }
-  float dot[4][8] = {};
-  float lanes[8];
-  for (int m = 0; m < MB; ++m)
-    for (int v = 0; v < nv; ++v) {
-      _mm256_storeu_ps(lanes, acc[m][v]);
-      for (int l = 0; l < 8; ++l) dot[m][(8 * v + l) / (2 * T)] += lanes[l];
-    }
-  finish_tile(p, i, m0, MB, dot, nullptr);
 }
 
-void dot_tiles(const Int4Args& p, int64_t i0, int64_t i1) {
-  for (int64_t i = i0; i < i1; ++i) {
-    int64_t m = 0;
-    for (; m + 2 <= p.M; m += 2) dot_tile<2>(p, i, m);
-    if (m < p.M) dot_tile<1>(p, i, m);
+// Lane scales of the 2 T vectors of a chunk: vector v (words 8 v .. 8 v + 7) lies in one row half (its rows
+// r = b / 2T are 2 v, 2 v + 1 for T = 2, v / (T / 4) otherwise); lane l takes s[r] of its group q = 32 w / g,
+// w = b % (T / 2): one permute per group and a blend per extra group.
+struct LaneMap {
+  __m256i idx[16];    // r: the lane's row, an index into Vec::Group::s
+  __m256 sel[16][4];  // all-ones lanes of group q
+  int groups;         // groups per chunk: 1, 2 or 4
+};
+
+LaneMap lane_map(int64_t T, int64_t g) {
+  LaneMap lm;
+  lm.groups = (int)std::max<int64_t>(1, 16 * T / g);
+  for (int v = 0; v < 2 * T; ++v) {
+    alignas(32) int32_t idx[8];
+    alignas(32) int32_t sel[4][8];
+    for (int l = 0; l < 8; ++l) {
+      const int64_t b = 8 * v + l, r = b / (2 * T), w = b % (T / 2);
+      const int q = lm.groups > 1 ? (int)(32 * w / g) : 0;
+      idx[l] = (int32_t)r;
+      for (int t = 0; t < 4; ++t) sel[t][l] = t == q ? -1 : 0;
+    }
+    lm.idx[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(idx));
+    for (int t = 0; t < 4; ++t) lm.sel[v][t] = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sel[t])));
   }
+  return lm;
 }
+
+struct Vec {
+  static constexpr int W = 8;
+  static constexpr int kMaxMB = 2;
+  using F = __m256;
+  using I = __m256i;
+  static F zero() { return _mm256_setzero_ps(); }
+  static F loadx(const float* x) { return _mm256_loadu_ps(x); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static void storeu(float* d, F v) { _mm256_storeu_ps(d, v); }
+  static I loadw(const int32_t* w) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)); }
+  // u 2^(4q) is exact in float and below 2^31 for q < 7; nibble 7 would turn negative, so it is shifted down.
+  static F nibble(I w, int q) {
+    if (q == 7) return _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 28));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(0xF << (4 * q))));
+  }
+  struct Group { __m256 s; };  // the 8 rows' scales of one group
+  static Group load_group(const Int4Args& p, int64_t gi, int64_t i) {
+    __m256 h[2];
+    load_sz(p, gi, i, h);
+    const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    const __m256 lo = _mm256_permutevar8x32_ps(h[0], even), hi = _mm256_permutevar8x32_ps(h[1], even);
+    return {_mm256_blend_ps(lo, hi, 0xF0)};
+  }
+  static F lane_scale(const LaneMap& lm, const Group* sz, int v) {
+    F s = _mm256_permutevar8x32_ps(sz[0].s, lm.idx[v]);
+    for (int q = 1; q < lm.groups; ++q)
+      s = _mm256_blendv_ps(s, _mm256_permutevar8x32_ps(sz[q].s, lm.idx[v]), lm.sel[v][q]);
+    return s;
+  }
+  template <int MB>
+  static void zero_terms(const Int4Args& p, int64_t i, int64_t m0, float (*zt)[8]) {
+    __m256 zacc[MB][2];
+    for (int m = 0; m < MB; ++m) zacc[m][0] = zacc[m][1] = _mm256_setzero_ps();
+    for (int64_t gi = 0; gi < p.G; ++gi) {
+      __m256 h[2];
+      load_sz(p, gi, i, h);
+      for (int m = 0; m < MB; ++m) {
+        const __m256 sx = _mm256_set1_ps(p.sx[(m0 + m) * p.G + gi]);
+        zacc[m][0] = _mm256_fmadd_ps(h[0], sx, zacc[m][0]);
+        zacc[m][1] = _mm256_fmadd_ps(h[1], sx, zacc[m][1]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      alignas(32) float zl[16];
+      _mm256_store_ps(zl, zacc[m][0]);
+      _mm256_store_ps(zl + 8, zacc[m][1]);
+      for (int r = 0; r < 8; ++r) zt[m][r] = zl[2 * r + 1] - 8.f * zl[2 * r];
+    }
+  }
+};
+
+#include "int4_tiled_dot.inc"
 
 }  // namespace avx2
 #pragma GCC pop_options
@@ -269,93 +318,42 @@ inline __m512 lane_pick(const LaneMap& lm, const __m512* sz, int v, int e) {
   return _mm512_mask_blend_ps(lm.hi[v], a, _mm512_permutex2var_ps(sz[2], idx, sz[3]));
 }
 
-constexpr int64_t kPfChunks = 12;  // Note [decode prefetch]: 6 KiB ahead at T = 8 (swept 4..64 chunks)
-
-template <int T, int MB>
-void dot_tile(const Int4Args& p, const LaneMap& lm, int64_t i, int64_t m0) {
-  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  __m512 acc[MB][T];
-  for (int m = 0; m < MB; ++m)
-    for (int v = 0; v < T; ++v) acc[m][v] = _mm512_setzero_ps();
-  const int64_t chunk = 16 * T;
-  for (int64_t j = 0; j < p.NC; ++j) {
-    __m512 sz[4];
-    const int64_t g0 = chunk * j / p.g;
-    for (int q = 0; q < lm.groups; ++q) sz[q] = load_sz(p, g0 + q, i);
-    const int32_t* blk = p.q + i * p.ldq + j * chunk;
-    const float* xj[MB];
-    for (int m = 0; m < MB; ++m) xj[m] = p.xp + ((m0 + m) * p.NC + j) * 128;
-    // Note [decode prefetch]: the hardware prefetcher alone left M = 1 at about 35% of read bandwidth (the
-    // loop is nearly compute-bound, so its misses don't overlap). Asking for the whole chunk kPfChunks
-    // ahead into L2 (running into the next n-tile; a prefetch past the end never faults) and for the scales
-    // of chunk j + 8 (their rows are 2 N bytes apart: no stream to detect) brought it to 60-70%.
-    const char* pf = reinterpret_cast<const char*>(blk + kPfChunks * chunk);
-    for (int64_t c = 0; c < chunk * 4; c += 64) _mm_prefetch(pf + c, _MM_HINT_T1);
-    if (j + 8 < p.NC)
-      _mm_prefetch(static_cast<const char*>(p.sz) + (chunk * (j + 8) / p.g * p.lds + 16 * i) * (p.szt == SzType::kF32 ? 4 : 2),
-                   _MM_HINT_T0);
-#pragma GCC unroll 8
-    for (int v = 0; v < T; ++v) {
-      const __m512i wv = _mm512_loadu_si512(blk + 16 * v);
-      __m512 d[MB];
-      __m512 u = _mm512_permutexvar_ps(wv, table);
-      for (int m = 0; m < MB; ++m) d[m] = _mm512_mul_ps(_mm512_loadu_ps(xj[m]), u);
-#pragma GCC unroll 7
-      for (int q = 1; q < 8; ++q) {
-        u = _mm512_permutexvar_ps(_mm512_srli_epi32(wv, 4 * q), table);
-        for (int m = 0; m < MB; ++m) d[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xj[m] + 16 * q), u, d[m]);
-      }
-      const __m512 s = lane_pick(lm, sz, v, 0);
-      for (int m = 0; m < MB; ++m) acc[m][v] = _mm512_fmadd_ps(s, d[m], acc[m][v]);
+struct Vec {
+  static constexpr int W = 16;
+  static constexpr int kMaxMB = 4;
+  using F = __m512;
+  using I = __m512i;
+  static F zero() { return _mm512_setzero_ps(); }
+  static F loadx(const float* x) { return _mm512_loadu_ps(x); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static void storeu(float* d, F v) { _mm512_storeu_ps(d, v); }
+  static I loadw(const int32_t* w) { return _mm512_loadu_si512(w); }
+  static F nibble(I w, int q) {  // vpermps reads the low 4 bits of each lane: no mask
+    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_permutexvar_ps(q ? _mm512_srli_epi32(w, 4 * q) : w, table);
+  }
+  using Group = __m512;  // (s0, z0, ..., s7, z7)
+  static Group load_group(const Int4Args& p, int64_t gi, int64_t i) { return load_sz(p, gi, i); }
+  static F lane_scale(const LaneMap& lm, const Group* sz, int v) { return lane_pick(lm, sz, v, 0); }
+  // (s, z) vectors of every group times the group sums of x; lanes 2 r = s, 2 r + 1 = z.
+  template <int MB>
+  static void zero_terms(const Int4Args& p, int64_t i, int64_t m0, float (*zt)[8]) {
+    __m512 zacc[MB];
+    for (int m = 0; m < MB; ++m) zacc[m] = _mm512_setzero_ps();
+    for (int64_t gi = 0; gi < p.G; ++gi) {
+      const __m512 szv = load_sz(p, gi, i);
+      for (int m = 0; m < MB; ++m) zacc[m] = _mm512_fmadd_ps(szv, _mm512_set1_ps(p.sx[(m0 + m) * p.G + gi]), zacc[m]);
+    }
+    for (int m = 0; m < MB; ++m) {
+      alignas(64) float zl[16];
+      _mm512_store_ps(zl, zacc[m]);
+      for (int r = 0; r < 8; ++r) zt[m][r] = zl[2 * r + 1] - 8.f * zl[2 * r];
     }
   }
-  // Zero term: (s, z) vectors of every group times the group sums of x; lanes 2 r = s, 2 r + 1 = z.
-  __m512 zacc[MB];
-  for (int m = 0; m < MB; ++m) zacc[m] = _mm512_setzero_ps();
-  for (int64_t gi = 0; gi < p.G; ++gi) {
-    const __m512 szv = load_sz(p, gi, i);
-    for (int m = 0; m < MB; ++m) zacc[m] = _mm512_fmadd_ps(szv, _mm512_set1_ps(p.sx[(m0 + m) * p.G + gi]), zacc[m]);
-  }
-  float dot[4][8] = {}, zt[4][8];
-  for (int m = 0; m < MB; ++m) {
-    alignas(64) float zl[16];
-    _mm512_store_ps(zl, zacc[m]);
-    for (int r = 0; r < 8; ++r) zt[m][r] = zl[2 * r + 1] - 8.f * zl[2 * r];
-    if (T == 8) {
-      for (int v = 0; v < T; ++v) dot[m][v] = _mm512_reduce_add_ps(acc[m][v]);
-    } else {
-      alignas(64) float lanes[16];
-      for (int v = 0; v < T; ++v) {
-        _mm512_store_ps(lanes, acc[m][v]);
-        for (int l = 0; l < 16; ++l) dot[m][(16 * v + l) / (2 * T)] += lanes[l];
-      }
-    }
-  }
-  finish_tile(p, i, m0, MB, dot, zt);
-}
+};
 
-template <int T>
-void dot_tiles_t(const Int4Args& p, int64_t i0, int64_t i1) {
-  const LaneMap lm = lane_map(T, p.g);
-  for (int64_t i = i0; i < i1; ++i) {
-    int64_t m = 0;
-    for (; m + 4 <= p.M; m += 4) dot_tile<T, 4>(p, lm, i, m);
-    switch (p.M - m) {
-      case 3: dot_tile<T, 3>(p, lm, i, m); break;
-      case 2: dot_tile<T, 2>(p, lm, i, m); break;
-      case 1: dot_tile<T, 1>(p, lm, i, m); break;
-      default: break;
-    }
-  }
-}
-
-void dot_tiles(const Int4Args& p, int64_t i0, int64_t i1) {
-  switch (p.T) {
-    case 8: return dot_tiles_t<8>(p, i0, i1);
-    case 4: return dot_tiles_t<4>(p, i0, i1);
-    default: return dot_tiles_t<2>(p, i0, i1);
-  }
-}
+#include "int4_tiled_dot.inc"
 
 // Prefill: n-tiles [i0, i1) x chunks [j0, j1) -> fp32 rows dst[8 (i - i0) + r][kk], kk = 16 T (j - j0) +
 // 2 T q + (b % 2T): the permuted k order of Note [int4 prefill] (the activation is permuted the same way).
@@ -421,12 +419,18 @@ SzType sz_type(at::ScalarType t, const char* op) {
   }
 }
 
-// xp[m][j][q][l] = x[m][k_of(T, j, l, q)] (0 past K); sx[m][gi] = sum of x[m] over group gi.
+// xp[m][j][q][l] = x[m][k_of(T, j, l, q)] * f[q] (0 past K); sx[m][gi] = sum of x[m] over group gi.
+// f[q] = 1, or with `prescale` (the AVX2 decoder reads nibble q as u 2^(4q), q < 7) 2^(-4q): exact, unless a
+// |x| below 2^-98 loses bits as a subnormal.
 void permute_activation(const float* x, int64_t M, int64_t K, int64_t T, int64_t NC, int64_t g, int64_t G,
-                        float* xp, float* sx) {
+                        bool prescale, float* xp, float* sx) {
   int64_t off[128];  // k - 16 T j of (q, l): the same for every chunk
+  float f[128];
   for (int q = 0; q < 8; ++q)
-    for (int64_t l = 0; l < 16; ++l) off[16 * q + l] = k_of(T, 0, l, q);
+    for (int64_t l = 0; l < 16; ++l) {
+      off[16 * q + l] = k_of(T, 0, l, q);
+      f[16 * q + l] = prescale && q < 7 ? std::ldexp(1.f, -4 * q) : 1.f;
+    }
   at::parallel_for(0, M, 4, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       const float* xr = x + m * K;
@@ -434,9 +438,9 @@ void permute_activation(const float* x, int64_t M, int64_t K, int64_t T, int64_t
         float* dst = xp + (m * NC + j) * 128;
         const int64_t k0 = 16 * T * j;
         if (k0 + 16 * T <= K) {
-          for (int i = 0; i < 128; ++i) dst[i] = xr[k0 + off[i]];
+          for (int i = 0; i < 128; ++i) dst[i] = xr[k0 + off[i]] * f[i];
         } else {
-          for (int i = 0; i < 128; ++i) dst[i] = k0 + off[i] < K ? xr[k0 + off[i]] : 0.f;
+          for (int i = 0; i < 128; ++i) dst[i] = k0 + off[i] < K ? xr[k0 + off[i]] * f[i] : 0.f;
         }
       }
       for (int64_t gi = 0; gi < G; ++gi) {
@@ -595,7 +599,7 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   shape.back() = N;
   if (M == 0) return out.to(dt).reshape(shape);
   Int4Args p{q.data_ptr<int32_t>(), NT, NC, T, q.stride(0), sz.data_ptr(), sz_type(sz.scalar_type(), op),
-             sz.stride(0), g, G, K, N, nullptr, nullptr, nullptr, M, b.defined() ? b.data_ptr<float>() : nullptr,
+             sz.stride(0), g, G, K, N, nullptr, nullptr, M, b.defined() ? b.data_ptr<float>() : nullptr,
              out.data_ptr<float>(), N};
   const Isa isa = selected_isa_for_ops();
   if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM) {
@@ -611,14 +615,10 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   }
   at::Tensor xp = at::empty({M, NC, 8, 16}, x2.options());
   at::Tensor sx = at::empty({M, G}, x2.options());
-  permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, xp.data_ptr<float>(), sx.data_ptr<float>());
+  permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, isa == Isa::kAvx2, xp.data_ptr<float>(),
+                     sx.data_ptr<float>());
   p.xp = xp.data_ptr<float>();
   p.sx = sx.data_ptr<float>();
-  at::Tensor s32;
-  if (isa == Isa::kAvx2) {
-    s32 = sz.select(2, 0).to(at::kFloat).contiguous();  // (G, N8): G * N8 values, once per call
-    p.s32 = s32.data_ptr<float>();
-  }
   at::parallel_for(0, NT, 4, [&](int64_t i0, int64_t i1) {
     switch (isa) {
       case Isa::kAvx512Vnni: return avx512::dot_tiles(p, i0, i1);

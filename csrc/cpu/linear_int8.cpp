@@ -728,7 +728,9 @@ Isa detected_isa() {
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512vnni"))
     return Isa::kAvx512Vnni;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  // F16C came with AVX2 on every CPU (Haswell, Zen); the AVX2 kernels read float16 scales with it.
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    return Isa::kAvx2;
   return Isa::kScalar;
 }
 
