@@ -696,72 +696,20 @@ void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
 }
 }  // namespace scalar
 
-// AVX2 (no VNNI): vpmaddubsw + vpmaddwd instead of vpdpbusd, same lanes as the AVX-512 kernel (Note [int8
-// x int4 VNNI]): 64 weight bytes of a 128-k block are two ymm, lane l of ymm h covering k in
-// [64 h + 8 l, 64 h + 8 l + 8). vpmaddubsw can't saturate: u8 activation codes times nibbles 0..15, two
-// products per int16 <= 2 * 255 * 15.
+// AVX2 (no VNNI): vpmaddubsw + vpmaddwd instead of vpdpbusd, see Note [int8 x int4 on 256 bits].
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
 
-// int32 lane sums of 4 adjacent u8 x (u8 <= 15) products.
-inline __m256i dot4(__m256i a, __m256i u) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(a, u), _mm256_set1_epi16(1));
-}
+struct Dot {
+  // Each int16 of the sum holds 4 products of at most 15 * 128: no saturation.
+  static __m256i pairs(__m256i u_lo, __m256i a_even, __m256i u_hi, __m256i a_odd) {
+    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(u_lo, a_even), _mm256_maddubs_epi16(u_hi, a_odd));
+    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+  }
+};
 
-template <int MB>
-void da_int4_rows(const DaInt4Args& p, int64_t m0, int64_t n, const float* srow, const float* scrow) {
-  const uint8_t* wr = p.w + n * p.ldw;
-  const int64_t row_bytes = (p.K + 1) / 2;
-  const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi8(1);
-  alignas(32) uint8_t tail[64];
-  alignas(32) float ls[16];
-  __m256 acc[MB];
-  __m256i zp[MB];
-  for (int m = 0; m < MB; ++m) {
-    acc[m] = _mm256_setzero_ps();
-    zp[m] = _mm256_set1_epi32(p.zp128[m0 + m]);
-  }
-  for (int64_t k0 = 0; k0 < p.K; k0 += 128) {
-    const int64_t b0 = k0 / 2;
-    const uint8_t* src = wr + b0;
-    if (row_bytes - b0 < 64) {  // the row's last, partial block: zero past its end
-      std::memset(tail, 0, sizeof(tail));
-      std::memcpy(tail, src, row_bytes - b0);
-      src = tail;
-    }
-    for (int l = 0; l < 16; ++l) ls[l] = srow[std::min(p.G - 1, (k0 + 8 * l) / p.g)];  // lanes past K: any
-    for (int h = 0; h < 2; ++h) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * h));
-      const __m256i lo = _mm256_and_si256(wv, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), lo4);
-      const __m256i usum = _mm256_add_epi32(dot4(ones, lo), dot4(ones, hi));
-      const __m256 sv = _mm256_load_ps(ls + 8 * h);
-      for (int m = 0; m < MB; ++m) {
-        const uint8_t* ar = p.ap + (m0 + m) * p.lda + k0 + 32 * h;
-        __m256i d = _mm256_add_epi32(dot4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ar)), lo),
-                                     dot4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ar + 64)), hi));
-        d = _mm256_sub_epi32(d, _mm256_mullo_epi32(zp[m], usum));  // sum (a - z) u, exact
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sv, acc[m]);
-      }
-    }
-  }
-  for (int m = 0; m < MB; ++m) {
-    float corr = 0.f;
-    const float* bs = p.bsum + (m0 + m) * p.G;
-    for (int64_t gi = 0; gi < p.G; ++gi) corr += scrow[gi] * bs[gi];
-    p.out[(m0 + m) * p.ldo + n] = p.a_scale[m0 + m] * (hsum(acc[m]) - corr) + (p.bias ? p.bias[n] : 0.f);
-  }
-}
-
-void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
-  std::vector<float> srow(p.G), scrow(p.G);
-  for (int64_t n = n0; n < n1; ++n) {
-    row_scales(p, n, srow.data(), scrow.data());
-    int64_t m = 0;
-    for (; m + 2 <= p.M; m += 2) da_int4_rows<2>(p, m, n, srow.data(), scrow.data());
-    if (m < p.M) da_int4_rows<1>(p, m, n, srow.data(), scrow.data());
-  }
-}
+#include "int4_packed_dot256.inc"
 
 }  // namespace avx2
 #pragma GCC pop_options
@@ -936,6 +884,7 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte)), ap = panel ? a : at::empty({M, lda}, a.options());
   at::Tensor a_scale = at::empty({M}, x2.options()), zp = at::empty({M}, x2.options().dtype(at::kInt));
   at::Tensor bsum = panel ? at::Tensor() : at::empty({M, G}, x2.options());
+  const bool signed_codes = isa == Isa::kAvx2;
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
     quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a.data_ptr<uint8_t>(), lda,
                   a_scale.data_ptr<float>(), zp.data_ptr<int32_t>(), m0, m1);
@@ -943,7 +892,10 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
     for (int64_t m = m0; m < m1; ++m) {
       const uint8_t* ar = a.data_ptr<uint8_t>() + m * lda;
       uint8_t* pr = ap.data_ptr<uint8_t>() + m * lda;
-      for (int64_t k = 0; k < lda; ++k) pr[(k / 128) * 128 + (k & 1) * 64 + (k % 128) / 2] = ar[k];
+      // The 256-bit kernels take signed codes, padding 0 (Note [int8 x int4 on 256 bits]).
+      const uint8_t flip = signed_codes ? 0x80 : 0;
+      for (int64_t k = 0; k < lda; ++k)
+        pr[(k / 128) * 128 + (k & 1) * 64 + (k % 128) / 2] = k < K ? (uint8_t)(ar[k] ^ flip) : 0;
       const int32_t z = zp.data_ptr<int32_t>()[m];
       for (int64_t gi = 0; gi < G; ++gi) {
         int32_t t = 0;
