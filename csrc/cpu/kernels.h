@@ -49,6 +49,8 @@ struct DynamicActArgs {
   const float* bias;      // (N) or nullptr
   float* out;             // (M, N), row stride ldo
   int64_t ldo;
+  const int16_t* a16 = nullptr;  // the codes a widened to int16, same shape and lda, when
+                                 // dynamic_act_wants_a16 (Note [AVX2 int8 prefill]); else nullptr
 };
 
 // Rows [m0, m1) of x (fp32, row stride ldx) -> shifted codes, scale and 128 + zero point, with the
@@ -62,6 +64,7 @@ void quantize_rows(Isa isa, const float* x, int64_t ldx, int64_t K, bool symmetr
 int64_t weight_only_block_rows(Isa isa, const WeightOnlyArgs& p);
 void linear_weight_only(Isa isa, const WeightOnlyArgs& p, int64_t n0, int64_t n1);
 int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p);
+bool dynamic_act_wants_a16(Isa isa, int64_t M);  // the glue fills DynamicActArgs::a16 when true
 void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1);
 
 // AVX-512 fp32 GEMM micro-kernel of the weight-only panel path (linear_int8.cpp), shared with linear_int4.cpp:

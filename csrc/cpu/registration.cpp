@@ -95,9 +95,14 @@ at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata
       quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a.data_ptr<uint8_t>(), lda,
                     a_scale.data_ptr<float>(), a_zp.data_ptr<int32_t>(), m0, m1);
     });
-    const DynamicActArgs p{a.data_ptr<uint8_t>(), M, K, lda, a_scale.data_ptr<float>(), a_zp.data_ptr<int32_t>(),
+    DynamicActArgs p{a.data_ptr<uint8_t>(), M, K, lda, a_scale.data_ptr<float>(), a_zp.data_ptr<int32_t>(),
                            w.data_ptr<int8_t>(), N, w.stride(0), s.data_ptr<float>(),
                            b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
+    at::Tensor a16;
+    if (dynamic_act_wants_a16(isa, M)) {
+      a16 = a.to(at::kShort);
+      p.a16 = a16.data_ptr<int16_t>();
+    }
     const int64_t block = dynamic_act_block_rows(isa, p);
     at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
       linear_dynamic_act(isa, p, b0 * block, std::min(b1 * block, N));
