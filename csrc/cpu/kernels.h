@@ -16,11 +16,18 @@
 
 namespace torchqkit_cpu {
 
-// Highest first; an environment variable (TORCHQKIT_CPU_ISA) can force a lower level, never a higher one.
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2 };
+// Instruction-set levels. The values are names, not an order: AVX-VNNI (256-bit vpdpbusd: Intel Alder Lake
+// and later clients) and AVX-512 VNNI each exist without the other. TORCHQKIT_CPU_ISA can force any level the
+// CPU supports (isa_supported), never one it lacks.
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kAvxVnni = 3 };
 
-Isa detected_isa();            // what this CPU runs (AVX2 needs FMA too; AVX-512 needs F/BW/VL/DQ + VNNI)
-const char* isa_name(Isa isa);  // "scalar" | "avx2" | "avx512_vnni"
+Isa detected_isa();              // the best level: AVX-512 (F/BW/VL/DQ + VNNI), else AVX-VNNI, else AVX2, else scalar
+bool isa_supported(Isa isa);     // this CPU runs isa's kernels (AVX2 needs FMA and F16C too)
+const char* isa_name(Isa isa);   // "scalar" | "avx2" | "avx_vnni" | "avx512_vnni"
+// The level whose kernels serve `isa` in the op families without an AVX-VNNI variant (int8 weight-only,
+// int8 x int8, int4 weight-only, low-bit): AVX-VNNI -> AVX2, the others unchanged.
+inline Isa base_isa(Isa isa) { return isa == Isa::kAvxVnni ? Isa::kAvx2 : isa; }
+bool cpu_has_avx_vnni_vex();     // the VEX-encoded AVX-VNNI itself (not only AVX-512 VNNI's EVEX ymm form)
 
 // y[m, n] = sum_k x[m, k] * q[n, k] * scale[n, k / g] + bias[n]        (weight-only int8)
 struct WeightOnlyArgs {
@@ -120,7 +127,9 @@ void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1)
 // Rows [n0, n1) dequantized to fp32, row n at dst + (n - n0) * ldd, columns [0, K) plus zeros up to the next
 // multiple of 16 (ldd >= that): the weight an sgemm multiplies (the prefill below AVX-512).
 void linear_lowbit_decode(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1, float* dst, int64_t ldd);
-// The level TORCHQKIT_CPU_ISA allows (defined in registration.cpp, shared by every op family's glue).
+// The level TORCHQKIT_CPU_ISA selects, as base_isa (defined in registration.cpp, shared by every op family's
+// glue); selected_isa_level() without that mapping, for the ops that have AVX-VNNI kernels.
 Isa selected_isa_for_ops();
+Isa selected_isa_level();
 
 }  // namespace torchqkit_cpu

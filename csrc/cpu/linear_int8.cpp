@@ -845,21 +845,47 @@ void gemm_u8s8_6x32(int R, const uint8_t* a, int64_t lda, const int8_t* panel, i
   }
 }
 
-Isa detected_isa() {
+namespace {
+bool cpu_avx512_vnni() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vnni"))
-    return Isa::kAvx512Vnni;
-  // F16C came with AVX2 on every CPU (Haswell, Zen); the AVX2 kernels read float16 scales with it.
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    return Isa::kAvx2;
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+// F16C came with AVX2 on every CPU (Haswell, Zen); the AVX2 kernels read float16 scales with it.
+bool cpu_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+}  // namespace
+
+bool cpu_has_avx_vnni_vex() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avxvnni");
+}
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512Vnni: return cpu_avx512_vnni();
+    // The AVX-VNNI kernels also run as their EVEX encoding (the same instruction on ymm) where AVX-512 VNNI
+    // is there instead (AMD Zen 4): see Note [AVX-VNNI kernels] in linear_int4.cpp.
+    case Isa::kAvxVnni: return cpu_avx2() && (cpu_has_avx_vnni_vex() || cpu_avx512_vnni());
+    case Isa::kAvx2: return cpu_avx2();
+    default: return true;
+  }
+}
+
+Isa detected_isa() {
+  if (cpu_avx512_vnni()) return Isa::kAvx512Vnni;
+  if (cpu_avx2() && cpu_has_avx_vnni_vex()) return Isa::kAvxVnni;
+  if (cpu_avx2()) return Isa::kAvx2;
   return Isa::kScalar;
 }
 
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::kAvx512Vnni: return "avx512_vnni";
+    case Isa::kAvxVnni: return "avx_vnni";
     case Isa::kAvx2: return "avx2";
     default: return "scalar";
   }
