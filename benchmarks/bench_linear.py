@@ -136,7 +136,7 @@ def row(k, n, m, bw, args):
     scale = torch.rand(n, 1, generator=g) * 0.01 + 1e-3
     x = torch.randn(m, k, generator=g)
     wb, xb, sb = w.bfloat16(), x.bfloat16(), scale.reshape(n).bfloat16()
-    opts = dict(cold=m <= 8, min_reps=args.reps, budget_s=args.budget)
+    opts = dict(cold=m <= 8 and not args.hot, min_reps=args.reps, budget_s=args.budget)
     wo, da = torch.ops.torchqkit.linear_int8wo_plain, torch.ops.torchqkit.linear_int8da_int8_plain
     t = {
         "f32": bench(lambda w: F.linear(x, w), w, **opts),
@@ -169,7 +169,7 @@ def int4_row(k, n, m, bw, args, group=128):
                                     zero_point_domain="float")
     x = torch.randn(m, k, generator=g)
     wf, xb = aqt.dequantize().float(), x.bfloat16()
-    opts = dict(cold=m <= 8, min_reps=args.reps, budget_s=args.budget)
+    opts = dict(cold=m <= 8 and not args.hot, min_reps=args.reps, budget_s=args.budget)
     op = torch.ops.torchqkit.linear_int4wo_tiled
     t = {
         "f32": bench(lambda w: F.linear(x, w), wf, **opts),
@@ -224,6 +224,9 @@ def main():
                    help="cuda: the GPU table of bench_linear_cuda.py (refuses to run without a GPU)")
     p.add_argument("--peak-gbs", type=float, default=None, help="--device cuda: the GPU's peak DRAM GB/s")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own, 2 here)")
+    p.add_argument("--hot", action="store_true",
+                   help="decode rows reuse one weight (cached): the kernel's compute speed, apart from the memory bus "
+                        "(which other jobs on a shared host also load)")
     p.add_argument("--stat", choices=sorted(STAT), default="median",
                    help="min: the fastest call of each cell and the fastest bandwidth pass (a shared, loaded host)")
     args = p.parse_args()
