@@ -254,8 +254,9 @@ def main():
         path, why = kernels.cpu_backend(op)
         print(f"  {op}: {path} ({why})")
     bw = read_bandwidth()
-    print(f"read bandwidth (128 MiB sum, same run): {bw:.1f} GB/s; decode rows (M <= 8) read their weight from memory "
-          f"(a ring of copies > {RING_BYTES >> 20} MiB)")
+    where = ("reuse one cached weight (--hot)" if args.hot else
+             f"read their weight from memory (a ring of copies > {RING_BYTES >> 20} MiB)")
+    print(f"read bandwidth (128 MiB sum, same run): {bw:.1f} GB/s; decode rows (M <= 8) {where}")
     formats = args.formats.split(",")
     if "int8" in formats:
         head = ["    K     N    M"] + [f"{c:>9}" for c in ("f32", "bf16", "i8pack", "wo f32", "wo bf16", "da8", "ao8")]
