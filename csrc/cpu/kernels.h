@@ -16,11 +16,18 @@
 
 namespace torchqkit_cpu {
 
-// Highest first; an environment variable (TORCHQKIT_CPU_ISA) can force a lower level, never a higher one.
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2 };
+// Instruction-set levels. The values are names, not an order: AVX-VNNI (256-bit vpdpbusd: Intel Alder Lake
+// and later clients) and AVX-512 VNNI each exist without the other. TORCHQKIT_CPU_ISA can force any level the
+// CPU supports (isa_supported), never one it lacks.
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kAvxVnni = 3 };
 
-Isa detected_isa();            // what this CPU runs (AVX2 needs FMA too; AVX-512 needs F/BW/VL/DQ + VNNI)
-const char* isa_name(Isa isa);  // "scalar" | "avx2" | "avx512_vnni"
+Isa detected_isa();              // the best level: AVX-512 (F/BW/VL/DQ + VNNI), else AVX-VNNI, else AVX2, else scalar
+bool isa_supported(Isa isa);     // this CPU runs isa's kernels (AVX2 needs FMA and F16C too)
+const char* isa_name(Isa isa);   // "scalar" | "avx2" | "avx_vnni" | "avx512_vnni"
+// The level whose kernels serve `isa` in the op families without an AVX-VNNI variant (int8 weight-only,
+// int8 x int8, int4 weight-only, low-bit): AVX-VNNI -> AVX2, the others unchanged.
+inline Isa base_isa(Isa isa) { return isa == Isa::kAvxVnni ? Isa::kAvx2 : isa; }
+bool cpu_has_avx_vnni_vex();     // the VEX-encoded AVX-VNNI itself (not only AVX-512 VNNI's EVEX ymm form)
 
 // y[m, n] = sum_k x[m, k] * q[n, k] * scale[n, k / g] + bias[n]        (weight-only int8)
 struct WeightOnlyArgs {
@@ -49,6 +56,8 @@ struct DynamicActArgs {
   const float* bias;      // (N) or nullptr
   float* out;             // (M, N), row stride ldo
   int64_t ldo;
+  const int16_t* a16 = nullptr;  // the codes a widened to int16, same shape and lda, when
+                                 // dynamic_act_wants_a16 (Note [AVX2 int8 prefill]); else nullptr
 };
 
 // Rows [m0, m1) of x (fp32, row stride ldx) -> shifted codes, scale and 128 + zero point, with the
@@ -62,6 +71,7 @@ void quantize_rows(Isa isa, const float* x, int64_t ldx, int64_t K, bool symmetr
 int64_t weight_only_block_rows(Isa isa, const WeightOnlyArgs& p);
 void linear_weight_only(Isa isa, const WeightOnlyArgs& p, int64_t n0, int64_t n1);
 int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p);
+bool dynamic_act_wants_a16(Isa isa, int64_t M);  // the glue fills DynamicActArgs::a16 when true
 void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1);
 
 // AVX-512 fp32 GEMM micro-kernel of the weight-only panel path (linear_int8.cpp), shared with linear_int4.cpp:
@@ -120,7 +130,9 @@ void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1)
 // next multiple of 32 (ldd >= that; x's zero columns cancel them): the weight an sgemm multiplies (the prefill
 // below AVX-512).
 void linear_lowbit_decode(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1, float* dst, int64_t ldd);
-// The level TORCHQKIT_CPU_ISA allows (defined in registration.cpp, shared by every op family's glue).
+// The level TORCHQKIT_CPU_ISA selects, as base_isa (defined in registration.cpp, shared by every op family's
+// glue); selected_isa_level() without that mapping, for the ops that have AVX-VNNI kernels.
 Isa selected_isa_for_ops();
+Isa selected_isa_level();
 
 }  // namespace torchqkit_cpu

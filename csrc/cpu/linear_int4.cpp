@@ -25,6 +25,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -46,7 +47,6 @@ struct Int4Args {
   int64_t K, N;      // in_features (<= Kt = NC * 16 T), out_features (<= 8 NT)
   const float* xp;   // (M, NC, 8, 16) permuted activation, see Note above; zero where k >= K
   const float* sx;   // (M, G) per-group sums of x
-  const float* s32;  // (G, N8) the scales as float32, row stride N8 (AVX2 decode; nullptr elsewhere)
   int64_t M;
   const float* bias;  // (N) or nullptr
   float* out;        // (M, N), row stride ldo
@@ -118,6 +118,8 @@ void finish_tile(const Int4Args& p, int64_t i, int64_t m0, int mb, const float (
   }
 }
 
+constexpr int64_t kPfChunks = 12;  // Note [decode prefetch] (int4_tiled_dot.inc): 6 KiB ahead at T = 8 (swept 4..64)
+
 // ================================================================================================
 // Scalar: any x86-64 CPU.
 // ================================================================================================
@@ -151,63 +153,112 @@ void dot_tiles(const Int4Args& p, int64_t i0, int64_t i1) {
 }  // namespace scalar
 
 // ================================================================================================
-// AVX2 + FMA: 8 words (64 nibbles) per ymm, per-word scales gathered per block.
+// AVX2 + FMA: 8 words (64 nibbles) per ymm; nibble q -> float by a mask and a conversion (no shift: the
+// activation is pre-divided by 2^(4q), see permute_activation).
 // ================================================================================================
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 
-template <int MB>
-void dot_tile(const Int4Args& p, int64_t i, int64_t m0) {
-  const int64_t T = p.T, bw = 16 * T;
-  const int nv = (int)(bw / 8);  // ymm per block: 2 T
-  const __m256i lo4 = _mm256_set1_epi32(0xF);
-  float srow[128];                // per-word scale of the block (16 T <= 128 words)
-  __m256 acc[MB][16];
-  for (int m = 0; m < MB; ++m)
-    for (int v = 0; v < nv; ++v) acc[m][v] = _mm256_setzero_ps();
-  // T is 2, 4 or 8: b % (T/2) and b / 2T as a mask and a shift (a division by the run-time T in the block
-  // loop had cost more than the nibble arithmetic).
-  const int64_t half = T / 2, n8 = 8 * p.NT, wmask = half - 1, rshift = __builtin_ctzll(2 * T);
-  for (int64_t j = 0; j < p.NC; ++j) {
-    // Word b's scale: row b / 2T, group of k = 16 T j + 32 (b % (T/2)), read from the float32 copy (the
-    // per-word conversions from bf16 / f16 had cost as much as the nibble arithmetic).
-    const float* gs[4];
-    for (int64_t w = 0; w < half; ++w) gs[w] = p.s32 + (16 * T * j + 32 * w) / p.g * n8 + 8 * i;
-    for (int64_t b = 0; b < bw; ++b) srow[b] = gs[b & wmask][b >> rshift];
-    const int32_t* blk = p.q + i * p.ldq + j * bw;
-    for (int v = 0; v < nv; ++v) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 8 * v));
-      __m256 d[MB];
-      for (int m = 0; m < MB; ++m) d[m] = _mm256_setzero_ps();
-      for (int q = 0; q < 8; ++q) {
-        const __m256 u = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(wv, 4 * q), lo4));
-        for (int m = 0; m < MB; ++m) {
-          const float* xp = p.xp + ((m0 + m) * p.NC + j) * 128 + 16 * q + (8 * v) % 16;
-          d[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xp), u, d[m]);
-        }
+// 16 floats (s0, z0, ..., s7, z7) of n-tile i in group gi, as two vectors (rows 0-3, rows 4-7).
+inline void load_sz(const Int4Args& p, int64_t gi, int64_t i, __m256 out[2]) {
+  const int64_t off = gi * p.lds + 16 * i;
+  for (int h = 0; h < 2; ++h) {
+    switch (p.szt) {
+      case SzType::kF32: out[h] = _mm256_loadu_ps(static_cast<const float*>(p.sz) + off + 8 * h); break;
+      case SzType::kBF16: {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p.sz) + off + 8 * h));
+        out[h] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+        break;
       }
-      const __m256 s = _mm256_loadu_ps(srow + 8 * v);
-      for (int m = 0; m < MB; ++m) acc[m][v] = _mm256_fmadd_ps(s, d[m], acc[m][v]);
+      default:
+        out[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p.sz) + off + 8 * h)));
     }
   }
-  float dot[4][8] = {};
-  float lanes[8];
-  for (int m = 0; m < MB; ++m)
-    for (int v = 0; v < nv; ++v) {
-      _mm256_storeu_ps(lanes, acc[m][v]);
-      for (int l = 0; l < 8; ++l) dot[m][(8 * v + l) / (2 * T)] += lanes[l];
-    }
-  finish_tile(p, i, m0, MB, dot, nullptr);
 }
 
-void dot_tiles(const Int4Args& p, int64_t i0, int64_t i1) {
-  for (int64_t i = i0; i < i1; ++i) {
-    int64_t m = 0;
-    for (; m + 2 <= p.M; m += 2) dot_tile<2>(p, i, m);
-    if (m < p.M) dot_tile<1>(p, i, m);
+// Lane scales of the 2 T vectors of a chunk: vector v (words 8 v .. 8 v + 7) lies in one row half (its rows
+// r = b / 2T are 2 v, 2 v + 1 for T = 2, v / (T / 4) otherwise); lane l takes s[r] of its group q = 32 w / g,
+// w = b % (T / 2): one permute per group and a blend per extra group.
+struct LaneMap {
+  __m256i idx[16];    // r: the lane's row, an index into Vec::Group::s
+  __m256 sel[16][4];  // all-ones lanes of group q
+  int groups;         // groups per chunk: 1, 2 or 4
+};
+
+LaneMap lane_map(int64_t T, int64_t g) {
+  LaneMap lm;
+  lm.groups = (int)std::max<int64_t>(1, 16 * T / g);
+  for (int v = 0; v < 2 * T; ++v) {
+    alignas(32) int32_t idx[8];
+    alignas(32) int32_t sel[4][8];
+    for (int l = 0; l < 8; ++l) {
+      const int64_t b = 8 * v + l, r = b / (2 * T), w = b % (T / 2);
+      const int q = lm.groups > 1 ? (int)(32 * w / g) : 0;
+      idx[l] = (int32_t)r;
+      for (int t = 0; t < 4; ++t) sel[t][l] = t == q ? -1 : 0;
+    }
+    lm.idx[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(idx));
+    for (int t = 0; t < 4; ++t) lm.sel[v][t] = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sel[t])));
   }
+  return lm;
 }
+
+struct Vec {
+  static constexpr int W = 8;
+  static constexpr int kMaxMB = 2;
+  using F = __m256;
+  using I = __m256i;
+  static F zero() { return _mm256_setzero_ps(); }
+  static F loadx(const float* x) { return _mm256_loadu_ps(x); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static void storeu(float* d, F v) { _mm256_storeu_ps(d, v); }
+  static float hsum(F v) { return torchqkit_cpu::hsum(v); }
+  static I loadw(const int32_t* w) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)); }
+  // u 2^(4q) is exact in float and below 2^31 for q < 7; nibble 7 would turn negative, so it is shifted down.
+  struct Ctx {};
+  static F nibble(const Ctx&, I w, int q) {
+    if (q == 7) return _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 28));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(0xF << (4 * q))));
+  }
+  struct Group { __m256 s; };  // the 8 rows' scales of one group
+  static Group load_group(const Int4Args& p, int64_t gi, int64_t i) {
+    __m256 h[2];
+    load_sz(p, gi, i, h);
+    const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    const __m256 lo = _mm256_permutevar8x32_ps(h[0], even), hi = _mm256_permutevar8x32_ps(h[1], even);
+    return {_mm256_blend_ps(lo, hi, 0xF0)};
+  }
+  static F lane_scale(const LaneMap& lm, const Group* sz, int v) {
+    F s = _mm256_permutevar8x32_ps(sz[0].s, lm.idx[v]);
+    for (int q = 1; q < lm.groups; ++q)
+      s = _mm256_blendv_ps(s, _mm256_permutevar8x32_ps(sz[q].s, lm.idx[v]), lm.sel[v][q]);
+    return s;
+  }
+  template <int MB>
+  static void zero_terms(const Int4Args& p, int64_t i, int64_t m0, float (*zt)[8]) {
+    __m256 zacc[MB][2];
+    for (int m = 0; m < MB; ++m) zacc[m][0] = zacc[m][1] = _mm256_setzero_ps();
+    for (int64_t gi = 0; gi < p.G; ++gi) {
+      __m256 h[2];
+      load_sz(p, gi, i, h);
+      for (int m = 0; m < MB; ++m) {
+        const __m256 sx = _mm256_set1_ps(p.sx[(m0 + m) * p.G + gi]);
+        zacc[m][0] = _mm256_fmadd_ps(h[0], sx, zacc[m][0]);
+        zacc[m][1] = _mm256_fmadd_ps(h[1], sx, zacc[m][1]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      alignas(32) float zl[16];
+      _mm256_store_ps(zl, zacc[m][0]);
+      _mm256_store_ps(zl + 8, zacc[m][1]);
+      for (int r = 0; r < 8; ++r) zt[m][r] = zl[2 * r + 1] - 8.f * zl[2 * r];
+    }
+  }
+};
+
+#include "int4_tiled_dot.inc"
 
 }  // namespace avx2
 #pragma GCC pop_options
@@ -269,93 +320,48 @@ inline __m512 lane_pick(const LaneMap& lm, const __m512* sz, int v, int e) {
   return _mm512_mask_blend_ps(lm.hi[v], a, _mm512_permutex2var_ps(sz[2], idx, sz[3]));
 }
 
-constexpr int64_t kPfChunks = 12;  // Note [decode prefetch]: 6 KiB ahead at T = 8 (swept 4..64 chunks)
-
-template <int T, int MB>
-void dot_tile(const Int4Args& p, const LaneMap& lm, int64_t i, int64_t m0) {
-  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  __m512 acc[MB][T];
-  for (int m = 0; m < MB; ++m)
-    for (int v = 0; v < T; ++v) acc[m][v] = _mm512_setzero_ps();
-  const int64_t chunk = 16 * T;
-  for (int64_t j = 0; j < p.NC; ++j) {
-    __m512 sz[4];
-    const int64_t g0 = chunk * j / p.g;
-    for (int q = 0; q < lm.groups; ++q) sz[q] = load_sz(p, g0 + q, i);
-    const int32_t* blk = p.q + i * p.ldq + j * chunk;
-    const float* xj[MB];
-    for (int m = 0; m < MB; ++m) xj[m] = p.xp + ((m0 + m) * p.NC + j) * 128;
-    // Note [decode prefetch]: the hardware prefetcher alone left M = 1 at about 35% of read bandwidth (the
-    // loop is nearly compute-bound, so its misses don't overlap). Asking for the whole chunk kPfChunks
-    // ahead into L2 (running into the next n-tile; a prefetch past the end never faults) and for the scales
-    // of chunk j + 8 (their rows are 2 N bytes apart: no stream to detect) brought it to 60-70%.
-    const char* pf = reinterpret_cast<const char*>(blk + kPfChunks * chunk);
-    for (int64_t c = 0; c < chunk * 4; c += 64) _mm_prefetch(pf + c, _MM_HINT_T1);
-    if (j + 8 < p.NC)
-      _mm_prefetch(static_cast<const char*>(p.sz) + (chunk * (j + 8) / p.g * p.lds + 16 * i) * (p.szt == SzType::kF32 ? 4 : 2),
-                   _MM_HINT_T0);
-#pragma GCC unroll 8
-    for (int v = 0; v < T; ++v) {
-      const __m512i wv = _mm512_loadu_si512(blk + 16 * v);
-      __m512 d[MB];
-      __m512 u = _mm512_permutexvar_ps(wv, table);
-      for (int m = 0; m < MB; ++m) d[m] = _mm512_mul_ps(_mm512_loadu_ps(xj[m]), u);
-#pragma GCC unroll 7
-      for (int q = 1; q < 8; ++q) {
-        u = _mm512_permutexvar_ps(_mm512_srli_epi32(wv, 4 * q), table);
-        for (int m = 0; m < MB; ++m) d[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xj[m] + 16 * q), u, d[m]);
-      }
-      const __m512 s = lane_pick(lm, sz, v, 0);
-      for (int m = 0; m < MB; ++m) acc[m][v] = _mm512_fmadd_ps(s, d[m], acc[m][v]);
+struct Vec {
+  static constexpr int W = 16;
+  static constexpr int kMaxMB = 4;
+  using F = __m512;
+  using I = __m512i;
+  static F zero() { return _mm512_setzero_ps(); }
+  static F loadx(const float* x) { return _mm512_loadu_ps(x); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static void storeu(float* d, F v) { _mm512_storeu_ps(d, v); }
+  static float hsum(F v) { return _mm512_reduce_add_ps(v); }
+  static I loadw(const int32_t* w) { return _mm512_loadu_si512(w); }
+  // The nibble table, made once per tile and kept in a register (as a constant, each vpermps re-read it from
+  // memory: 8 more loads per 16 words, 10% slower).
+  struct Ctx {  // an explicit constructor: an implicit one would not get this region's target
+    __m512 table;
+    Ctx() : table(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)) {}
+  };
+  static F nibble(const Ctx& c, I w, int q) {  // vpermps reads the low 4 bits of each lane: no mask
+    return _mm512_permutexvar_ps(q ? _mm512_srli_epi32(w, 4 * q) : w, c.table);
+  }
+  using Group = __m512;  // (s0, z0, ..., s7, z7)
+  static Group load_group(const Int4Args& p, int64_t gi, int64_t i) { return load_sz(p, gi, i); }
+  static F lane_scale(const LaneMap& lm, const Group* sz, int v) { return lane_pick(lm, sz, v, 0); }
+  // (s, z) vectors of every group times the group sums of x; lanes 2 r = s, 2 r + 1 = z.
+  template <int MB>
+  static void zero_terms(const Int4Args& p, int64_t i, int64_t m0, float (*zt)[8]) {
+    __m512 zacc[MB];
+    for (int m = 0; m < MB; ++m) zacc[m] = _mm512_setzero_ps();
+    for (int64_t gi = 0; gi < p.G; ++gi) {
+      const __m512 szv = load_sz(p, gi, i);
+      for (int m = 0; m < MB; ++m) zacc[m] = _mm512_fmadd_ps(szv, _mm512_set1_ps(p.sx[(m0 + m) * p.G + gi]), zacc[m]);
+    }
+    for (int m = 0; m < MB; ++m) {
+      alignas(64) float zl[16];
+      _mm512_store_ps(zl, zacc[m]);
+      for (int r = 0; r < 8; ++r) zt[m][r] = zl[2 * r + 1] - 8.f * zl[2 * r];
     }
   }
-  // Zero term: (s, z) vectors of every group times the group sums of x; lanes 2 r = s, 2 r + 1 = z.
-  __m512 zacc[MB];
-  for (int m = 0; m < MB; ++m) zacc[m] = _mm512_setzero_ps();
-  for (int64_t gi = 0; gi < p.G; ++gi) {
-    const __m512 szv = load_sz(p, gi, i);
-    for (int m = 0; m < MB; ++m) zacc[m] = _mm512_fmadd_ps(szv, _mm512_set1_ps(p.sx[(m0 + m) * p.G + gi]), zacc[m]);
-  }
-  float dot[4][8] = {}, zt[4][8];
-  for (int m = 0; m < MB; ++m) {
-    alignas(64) float zl[16];
-    _mm512_store_ps(zl, zacc[m]);
-    for (int r = 0; r < 8; ++r) zt[m][r] = zl[2 * r + 1] - 8.f * zl[2 * r];
-    if (T == 8) {
-      for (int v = 0; v < T; ++v) dot[m][v] = _mm512_reduce_add_ps(acc[m][v]);
-    } else {
-      alignas(64) float lanes[16];
-      for (int v = 0; v < T; ++v) {
-        _mm512_store_ps(lanes, acc[m][v]);
-        for (int l = 0; l < 16; ++l) dot[m][(16 * v + l) / (2 * T)] += lanes[l];
-      }
-    }
-  }
-  finish_tile(p, i, m0, MB, dot, zt);
-}
+};
 
-template <int T>
-void dot_tiles_t(const Int4Args& p, int64_t i0, int64_t i1) {
-  const LaneMap lm = lane_map(T, p.g);
-  for (int64_t i = i0; i < i1; ++i) {
-    int64_t m = 0;
-    for (; m + 4 <= p.M; m += 4) dot_tile<T, 4>(p, lm, i, m);
-    switch (p.M - m) {
-      case 3: dot_tile<T, 3>(p, lm, i, m); break;
-      case 2: dot_tile<T, 2>(p, lm, i, m); break;
-      case 1: dot_tile<T, 1>(p, lm, i, m); break;
-      default: break;
-    }
-  }
-}
-
-void dot_tiles(const Int4Args& p, int64_t i0, int64_t i1) {
-  switch (p.T) {
-    case 8: return dot_tiles_t<8>(p, i0, i1);
-    case 4: return dot_tiles_t<4>(p, i0, i1);
-    default: return dot_tiles_t<2>(p, i0, i1);
-  }
-}
+#include "int4_tiled_dot.inc"
 
 // Prefill: n-tiles [i0, i1) x chunks [j0, j1) -> fp32 rows dst[8 (i - i0) + r][kk], kk = 16 T (j - j0) +
 // 2 T q + (b % 2T): the permuted k order of Note [int4 prefill] (the activation is permuted the same way).
@@ -421,12 +427,18 @@ SzType sz_type(at::ScalarType t, const char* op) {
   }
 }
 
-// xp[m][j][q][l] = x[m][k_of(T, j, l, q)] (0 past K); sx[m][gi] = sum of x[m] over group gi.
+// xp[m][j][q][l] = x[m][k_of(T, j, l, q)] * f[q] (0 past K); sx[m][gi] = sum of x[m] over group gi.
+// f[q] = 1, or with `prescale` (the AVX2 decoder reads nibble q as u 2^(4q), q < 7) 2^(-4q): exact, unless a
+// |x| below 2^-98 loses bits as a subnormal.
 void permute_activation(const float* x, int64_t M, int64_t K, int64_t T, int64_t NC, int64_t g, int64_t G,
-                        float* xp, float* sx) {
+                        bool prescale, float* xp, float* sx) {
   int64_t off[128];  // k - 16 T j of (q, l): the same for every chunk
+  float f[128];
   for (int q = 0; q < 8; ++q)
-    for (int64_t l = 0; l < 16; ++l) off[16 * q + l] = k_of(T, 0, l, q);
+    for (int64_t l = 0; l < 16; ++l) {
+      off[16 * q + l] = k_of(T, 0, l, q);
+      f[16 * q + l] = prescale && q < 7 ? std::ldexp(1.f, -4 * q) : 1.f;
+    }
   at::parallel_for(0, M, 4, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       const float* xr = x + m * K;
@@ -434,9 +446,9 @@ void permute_activation(const float* x, int64_t M, int64_t K, int64_t T, int64_t
         float* dst = xp + (m * NC + j) * 128;
         const int64_t k0 = 16 * T * j;
         if (k0 + 16 * T <= K) {
-          for (int i = 0; i < 128; ++i) dst[i] = xr[k0 + off[i]];
+          for (int i = 0; i < 128; ++i) dst[i] = xr[k0 + off[i]] * f[i];
         } else {
-          for (int i = 0; i < 128; ++i) dst[i] = k0 + off[i] < K ? xr[k0 + off[i]] : 0.f;
+          for (int i = 0; i < 128; ++i) dst[i] = k0 + off[i] < K ? xr[k0 + off[i]] * f[i] : 0.f;
         }
       }
       for (int64_t gi = 0; gi < G; ++gi) {
@@ -595,7 +607,7 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   shape.back() = N;
   if (M == 0) return out.to(dt).reshape(shape);
   Int4Args p{q.data_ptr<int32_t>(), NT, NC, T, q.stride(0), sz.data_ptr(), sz_type(sz.scalar_type(), op),
-             sz.stride(0), g, G, K, N, nullptr, nullptr, nullptr, M, b.defined() ? b.data_ptr<float>() : nullptr,
+             sz.stride(0), g, G, K, N, nullptr, nullptr, M, b.defined() ? b.data_ptr<float>() : nullptr,
              out.data_ptr<float>(), N};
   const Isa isa = selected_isa_for_ops();
   if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM) {
@@ -611,14 +623,10 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   }
   at::Tensor xp = at::empty({M, NC, 8, 16}, x2.options());
   at::Tensor sx = at::empty({M, G}, x2.options());
-  permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, xp.data_ptr<float>(), sx.data_ptr<float>());
+  permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, isa == Isa::kAvx2, xp.data_ptr<float>(),
+                     sx.data_ptr<float>());
   p.xp = xp.data_ptr<float>();
   p.sx = sx.data_ptr<float>();
-  at::Tensor s32;
-  if (isa == Isa::kAvx2) {
-    s32 = sz.select(2, 0).to(at::kFloat).contiguous();  // (G, N8): G * N8 values, once per call
-    p.s32 = s32.data_ptr<float>();
-  }
   at::parallel_for(0, NT, 4, [&](int64_t i0, int64_t i1) {
     switch (isa) {
       case Isa::kAvx512Vnni: return avx512::dot_tiles(p, i0, i1);
@@ -696,74 +704,56 @@ void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
 }
 }  // namespace scalar
 
-// AVX2 (no VNNI): vpmaddubsw + vpmaddwd instead of vpdpbusd, same lanes as the AVX-512 kernel (Note [int8
-// x int4 VNNI]): 64 weight bytes of a 128-k block are two ymm, lane l of ymm h covering k in
-// [64 h + 8 l, 64 h + 8 l + 8). vpmaddubsw can't saturate: u8 activation codes times nibbles 0..15, two
-// products per int16 <= 2 * 255 * 15.
+// AVX2 (no VNNI): vpmaddubsw + vpmaddwd instead of vpdpbusd, see Note [int8 x int4 on 256 bits].
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
 
-// int32 lane sums of 4 adjacent u8 x (u8 <= 15) products.
-inline __m256i dot4(__m256i a, __m256i u) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(a, u), _mm256_set1_epi16(1));
-}
+struct Dot {
+  // Each int16 of the sum holds 4 products of at most 15 * 128: no saturation.
+  static __m256i pairs(__m256i u_lo, __m256i a_even, __m256i u_hi, __m256i a_odd) {
+    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(u_lo, a_even), _mm256_maddubs_epi16(u_hi, a_odd));
+    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+  }
+};
 
-template <int MB>
-void da_int4_rows(const DaInt4Args& p, int64_t m0, int64_t n, const float* srow, const float* scrow) {
-  const uint8_t* wr = p.w + n * p.ldw;
-  const int64_t row_bytes = (p.K + 1) / 2;
-  const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi8(1);
-  alignas(32) uint8_t tail[64];
-  alignas(32) float ls[16];
-  __m256 acc[MB];
-  __m256i zp[MB];
-  for (int m = 0; m < MB; ++m) {
-    acc[m] = _mm256_setzero_ps();
-    zp[m] = _mm256_set1_epi32(p.zp128[m0 + m]);
-  }
-  for (int64_t k0 = 0; k0 < p.K; k0 += 128) {
-    const int64_t b0 = k0 / 2;
-    const uint8_t* src = wr + b0;
-    if (row_bytes - b0 < 64) {  // the row's last, partial block: zero past its end
-      std::memset(tail, 0, sizeof(tail));
-      std::memcpy(tail, src, row_bytes - b0);
-      src = tail;
-    }
-    for (int l = 0; l < 16; ++l) ls[l] = srow[std::min(p.G - 1, (k0 + 8 * l) / p.g)];  // lanes past K: any
-    for (int h = 0; h < 2; ++h) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * h));
-      const __m256i lo = _mm256_and_si256(wv, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), lo4);
-      const __m256i usum = _mm256_add_epi32(dot4(ones, lo), dot4(ones, hi));
-      const __m256 sv = _mm256_load_ps(ls + 8 * h);
-      for (int m = 0; m < MB; ++m) {
-        const uint8_t* ar = p.ap + (m0 + m) * p.lda + k0 + 32 * h;
-        __m256i d = _mm256_add_epi32(dot4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ar)), lo),
-                                     dot4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ar + 64)), hi));
-        d = _mm256_sub_epi32(d, _mm256_mullo_epi32(zp[m], usum));  // sum (a - z) u, exact
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sv, acc[m]);
-      }
-    }
-  }
-  for (int m = 0; m < MB; ++m) {
-    float corr = 0.f;
-    const float* bs = p.bsum + (m0 + m) * p.G;
-    for (int64_t gi = 0; gi < p.G; ++gi) corr += scrow[gi] * bs[gi];
-    p.out[(m0 + m) * p.ldo + n] = p.a_scale[m0 + m] * (hsum(acc[m]) - corr) + (p.bias ? p.bias[n] : 0.f);
-  }
-}
-
-void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
-  std::vector<float> srow(p.G), scrow(p.G);
-  for (int64_t n = n0; n < n1; ++n) {
-    row_scales(p, n, srow.data(), scrow.data());
-    int64_t m = 0;
-    for (; m + 2 <= p.M; m += 2) da_int4_rows<2>(p, m, n, srow.data(), scrow.data());
-    if (m < p.M) da_int4_rows<1>(p, m, n, srow.data(), scrow.data());
-  }
-}
+#include "int4_packed_dot256.inc"
 
 }  // namespace avx2
+#pragma GCC pop_options
+
+// Note [AVX-VNNI kernels]: the same 256-bit kernel with vpdpbusd in place of vpmaddubsw + vpmaddwd (one
+// instruction per 4 + 4 products, no int16 step), compiled twice: VEX-encoded for CPUs with AVX-VNNI (Intel
+// Alder Lake and later, no AVX-512), and EVEX-encoded on ymm for CPUs with AVX-512 VNNI but not AVX-VNNI (AMD
+// Zen 4), so that the level runs, and is tested, there too. The glue picks the VEX build when the CPU has it.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avxvnni")
+namespace avx_vnni {
+
+struct Dot {
+  static __m256i pairs(__m256i u_lo, __m256i a_even, __m256i u_hi, __m256i a_odd) {
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u_lo, a_even), u_hi, a_odd);
+  }
+};
+
+#include "int4_packed_dot256.inc"
+
+}  // namespace avx_vnni
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512vl,avx512vnni")
+namespace avx_vnni_evex {
+
+struct Dot {
+  static __m256i pairs(__m256i u_lo, __m256i a_even, __m256i u_hi, __m256i a_odd) {
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u_lo, a_even), u_hi, a_odd);
+  }
+};
+
+#include "int4_packed_dot256.inc"
+
+}  // namespace avx_vnni_evex
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -930,12 +920,13 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
   if (M == 0 || N == 0) return out.to(dt).reshape(shape);
-  const Isa isa = selected_isa_for_ops();
+  const Isa isa = selected_isa_level();
   const bool panel = isa == Isa::kAvx512Vnni && M >= avx512::kDaInt4PanelMinM;
   // The panel path reads the codes in natural k order and needs no group sums (Note [int8 x int4 prefill]).
   at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte)), ap = panel ? a : at::empty({M, lda}, a.options());
   at::Tensor a_scale = at::empty({M}, x2.options()), zp = at::empty({M}, x2.options().dtype(at::kInt));
   at::Tensor bsum = panel ? at::Tensor() : at::empty({M, G}, x2.options());
+  const bool signed_codes = isa == Isa::kAvx2 || isa == Isa::kAvxVnni;
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
     quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a.data_ptr<uint8_t>(), lda,
                   a_scale.data_ptr<float>(), zp.data_ptr<int32_t>(), m0, m1);
@@ -943,7 +934,10 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
     for (int64_t m = m0; m < m1; ++m) {
       const uint8_t* ar = a.data_ptr<uint8_t>() + m * lda;
       uint8_t* pr = ap.data_ptr<uint8_t>() + m * lda;
-      for (int64_t k = 0; k < lda; ++k) pr[(k / 128) * 128 + (k & 1) * 64 + (k % 128) / 2] = ar[k];
+      // The 256-bit kernels take signed codes, padding 0 (Note [int8 x int4 on 256 bits]).
+      const uint8_t flip = signed_codes ? 0x80 : 0;
+      for (int64_t k = 0; k < lda; ++k)
+        pr[(k / 128) * 128 + (k & 1) * 64 + (k % 128) / 2] = k < K ? (uint8_t)(ar[k] ^ flip) : 0;
       const int32_t z = zp.data_ptr<int32_t>()[m];
       for (int64_t gi = 0; gi < G; ++gi) {
         int32_t t = 0;
@@ -962,9 +956,11 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
     });
     return out.to(dt).reshape(shape);
   }
+  const bool vex = cpu_has_avx_vnni_vex();
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     switch (isa) {
       case Isa::kAvx512Vnni: return avx512::da_int4(p, n0, n1);
+      case Isa::kAvxVnni: return vex ? avx_vnni::da_int4(p, n0, n1) : avx_vnni_evex::da_int4(p, n0, n1);
       case Isa::kAvx2: return avx2::da_int4(p, n0, n1);
       default: return scalar::da_int4(p, n0, n1);
     }

@@ -205,7 +205,130 @@ void da_tile(const DynamicActArgs& p, int64_t m0, int64_t n0, int nr) {
   }
 }
 
+// ---------------------------------------------------------------- dynamic activation, int16 panel kernel
+// Note [AVX2 int8 prefill]: vpmaddubsw (u8 x s8 -> saturating int16 pairs) can't take the shifted codes
+// a = q + 128 (0..255) against int8 weights exactly: 2 * 255 * 128 overflows int16. vpmaddwd on int16
+// operands is exact (products sum into int32) and, at two per cycle, still does twice the multiply-adds of
+// fp32 FMAs. So the weight is packed per call, 16 rows at a time, into k-pair panels [kc/2][16][2] int16
+// (L1-sized), the activation is widened once per call to int16 by the glue (DynamicActArgs::a16), and a
+// 6 x 16 register tile (12 int32 accumulators) streams over the panel, as the AVX-512 VNNI panel path does.
+constexpr int64_t kPanelCols = 16;
+constexpr int64_t kPanelKc = 512;  // k per panel: 256 pairs x 16 columns x 4 bytes = 16 KiB
+constexpr int kPanelMr = 6;
+
+// 8 x 8 transpose of 32-bit lanes.
+inline void transpose8(__m256i r[8]) {
+  __m256i t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  __m256i u[8];
+  for (int i = 0; i < 2; ++i)
+    for (int h = 0; h < 2; ++h) {
+      u[4 * i + h] = _mm256_unpacklo_epi64(t[4 * i + h], t[4 * i + 2 + h]);
+      u[4 * i + 2 + h] = _mm256_unpackhi_epi64(t[4 * i + h], t[4 * i + 2 + h]);
+    }
+  // u[0..3] hold rows 0-3 (k-pairs 0,1 | 4,5 ; 2,3 | 6,7 ...), u[4..7] rows 4-7: combine 128-bit halves.
+  const int order[4] = {0, 2, 1, 3};
+  for (int j = 0; j < 4; ++j) {
+    r[order[j]] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+    r[order[j] + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+  }
+}
+
+// Rows [col, min(col + 16, n1)) x k [k0, k0 + kc) of w -> panel[kc/2][16] int16 pairs (missing rows and k
+// zero); rowsum[0:16] += each row's sum of codes.
+void pack_panel16(const DynamicActArgs& p, int64_t col, int64_t n1, int64_t k0, int64_t kc, int16_t* panel,
+                  int32_t* rowsum) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  alignas(32) int8_t tail[16];
+  for (int h = 0; h < 2; ++h) {
+    __m256i rs = _mm256_setzero_si256();
+    for (int64_t kk = 0; kk < kc; kk += 16) {
+      __m256i v[8];
+      for (int r = 0; r < 8; ++r) {
+        const int64_t row = col + 8 * h + r;
+        if (row >= n1) { v[r] = _mm256_setzero_si256(); continue; }
+        const int8_t* src = p.w + row * p.ldw + k0 + kk;
+        if (kc - kk < 16) {
+          std::memset(tail, 0, 16);
+          std::memcpy(tail, src, kc - kk);
+          src = tail;
+        }
+        v[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+      }
+      transpose8(v);  // v[c]: k-pair kk/2 + c of rows 8h .. 8h + 7
+      const int64_t np = std::min<int64_t>(8, (kc - kk + 1) / 2);
+      for (int64_t c = 0; c < np; ++c) {
+        rs = _mm256_add_epi32(rs, _mm256_madd_epi16(v[c], ones));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (kk / 2 + c) * 2 * kPanelCols + 16 * h), v[c]);
+      }
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(rowsum + 8 * h),
+                        _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rowsum + 8 * h)), rs));
+  }
+}
+
+// c[R][16] (+)= a16[R rows, 2 np k] . panel. A function, not a lambda: Note [accumulators in registers].
+template <int R>
+void panel_micro(const int16_t* a, int64_t lda, const int16_t* panel, int64_t np, int32_t* c, bool first) {
+  __m256i acc[R][2];
+  for (int m = 0; m < R; ++m)
+    for (int h = 0; h < 2; ++h)
+      acc[m][h] = first ? _mm256_setzero_si256() : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 16 * m + 8 * h));
+  for (int64_t q = 0; q < np; ++q) {
+    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + q * 32));
+    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + q * 32 + 16));
+    for (int m = 0; m < R; ++m) {
+      int32_t pair;
+      std::memcpy(&pair, a + m * lda + 2 * q, 4);
+      const __m256i av = _mm256_set1_epi32(pair);
+      acc[m][0] = _mm256_add_epi32(acc[m][0], _mm256_madd_epi16(av, b0));
+      acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(av, b1));
+    }
+  }
+  for (int m = 0; m < R; ++m)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 16 * m + 8 * h), acc[m][h]);
+}
+
+void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
+  std::vector<int16_t> panel(kPanelKc * kPanelCols);
+  std::vector<int32_t> cbuf((p.M + kPanelMr) * kPanelCols);  // int32 sums of every token, one panel
+  for (int64_t col = n0; col < n1; col += kPanelCols) {
+    alignas(32) int32_t rowsum[kPanelCols] = {};
+    for (int64_t k0 = 0; k0 < p.K; k0 += kPanelKc) {
+      const int64_t kc = std::min(kPanelKc, p.K - k0), np = (kc + 1) / 2;
+      pack_panel16(p, col, n1, k0, kc, panel.data(), rowsum);
+      for (int64_t m = 0; m < p.M; m += kPanelMr) {
+        const int16_t* a = p.a16 + m * p.lda + k0;
+        int32_t* c = cbuf.data() + m * kPanelCols;
+        switch (std::min<int64_t>(kPanelMr, p.M - m)) {
+          case 6: panel_micro<6>(a, p.lda, panel.data(), np, c, k0 == 0); break;
+          case 5: panel_micro<5>(a, p.lda, panel.data(), np, c, k0 == 0); break;
+          case 4: panel_micro<4>(a, p.lda, panel.data(), np, c, k0 == 0); break;
+          case 3: panel_micro<3>(a, p.lda, panel.data(), np, c, k0 == 0); break;
+          case 2: panel_micro<2>(a, p.lda, panel.data(), np, c, k0 == 0); break;
+          default: panel_micro<1>(a, p.lda, panel.data(), np, c, k0 == 0); break;
+        }
+      }
+    }
+    // Epilogue: (sum - zp128 * rowsum) * sa * sw + bias, columns [col, col + nc).
+    const int64_t nc = std::min(kPanelCols, n1 - col);
+    for (int64_t m = 0; m < p.M; ++m) {
+      const int32_t* c = cbuf.data() + m * kPanelCols;
+      for (int64_t j = 0; j < nc; ++j) {
+        const int32_t dot = c[j] - p.a_zp128[m] * rowsum[j];
+        p.out[m * p.ldo + col + j] = (float)dot * (p.a_scale[m] * p.w_scale[col + j]) + (p.bias ? p.bias[col + j] : 0.f);
+      }
+    }
+  }
+}
+
+constexpr int64_t kDaPanelMinM = 16;  // below: the dot kernel
+
 void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
+  if (p.a16 != nullptr && p.M >= kDaPanelMinM) return da_panel(p, n0, n1);
   for (int64_t n = n0; n < n1; n += NB) {
     const int nr = (int)std::min<int64_t>(NB, n1 - n);
     int64_t m = 0;
@@ -722,19 +845,47 @@ void gemm_u8s8_6x32(int R, const uint8_t* a, int64_t lda, const int8_t* panel, i
   }
 }
 
-Isa detected_isa() {
+namespace {
+bool cpu_avx512_vnni() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vnni"))
-    return Isa::kAvx512Vnni;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+// F16C came with AVX2 on every CPU (Haswell, Zen); the AVX2 kernels read float16 scales with it.
+bool cpu_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+}  // namespace
+
+bool cpu_has_avx_vnni_vex() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avxvnni");
+}
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512Vnni: return cpu_avx512_vnni();
+    // The AVX-VNNI kernels also run as their EVEX encoding (the same instruction on ymm) where AVX-512 VNNI
+    // is there instead (AMD Zen 4): see Note [AVX-VNNI kernels] in linear_int4.cpp.
+    case Isa::kAvxVnni: return cpu_avx2() && (cpu_has_avx_vnni_vex() || cpu_avx512_vnni());
+    case Isa::kAvx2: return cpu_avx2();
+    default: return true;
+  }
+}
+
+Isa detected_isa() {
+  if (cpu_avx512_vnni()) return Isa::kAvx512Vnni;
+  if (cpu_avx2() && cpu_has_avx_vnni_vex()) return Isa::kAvxVnni;
+  if (cpu_avx2()) return Isa::kAvx2;
   return Isa::kScalar;
 }
 
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::kAvx512Vnni: return "avx512_vnni";
+    case Isa::kAvxVnni: return "avx_vnni";
     case Isa::kAvx2: return "avx2";
     default: return "scalar";
   }
@@ -761,8 +912,11 @@ void linear_weight_only(Isa isa, const WeightOnlyArgs& p, int64_t n0, int64_t n1
 
 int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p) {
   if (isa == Isa::kAvx512Vnni && p.M >= avx512::kDaPanelMinM) return avx512::PANELS * avx512::NR;
+  if (isa == Isa::kAvx2 && dynamic_act_wants_a16(isa, p.M)) return 8 * avx2::kPanelCols;
   return 16;
 }
+
+bool dynamic_act_wants_a16(Isa isa, int64_t M) { return isa == Isa::kAvx2 && M >= avx2::kDaPanelMinM; }
 
 void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1) {
   switch (isa) {

@@ -22,19 +22,20 @@ using torchqkit_glue::rows;
 using torchqkit_glue::float_bias;
 using torchqkit_glue::out_shape;
 
-// The level the CPU runs, lowered by TORCHQKIT_CPU_ISA=avx512_vnni|avx2|scalar (read on every call so
-// tests can switch levels in-process). Asking for a level the CPU lacks is an error, never a crash.
+// The level the CPU runs, or the one TORCHQKIT_CPU_ISA=avx512_vnni|avx_vnni|avx2|scalar forces (read on every
+// call so tests can switch levels in-process). Asking for a level the CPU lacks is an error, never a crash.
 Isa selected_isa() {
   const Isa detected = detected_isa();
   const char* env = std::getenv("TORCHQKIT_CPU_ISA");
   if (env == nullptr || *env == '\0') return detected;
   Isa wanted;
   if (std::strcmp(env, "avx512_vnni") == 0) wanted = Isa::kAvx512Vnni;
+  else if (std::strcmp(env, "avx_vnni") == 0) wanted = Isa::kAvxVnni;
   else if (std::strcmp(env, "avx2") == 0) wanted = Isa::kAvx2;
   else if (std::strcmp(env, "scalar") == 0) wanted = Isa::kScalar;
-  else TORCH_CHECK(false, "TORCHQKIT_CPU_ISA=", env, " is not one of avx512_vnni, avx2, scalar");
-  TORCH_CHECK(static_cast<int>(wanted) <= static_cast<int>(detected), "TORCHQKIT_CPU_ISA=", env,
-              " but this CPU only runs up to ", isa_name(detected), "; unset it or pick a lower level");
+  else TORCH_CHECK(false, "TORCHQKIT_CPU_ISA=", env, " is not one of avx512_vnni, avx_vnni, avx2, scalar");
+  TORCH_CHECK(isa_supported(wanted), "TORCHQKIT_CPU_ISA=", env, " but this CPU does not run it (its best level is ",
+              isa_name(detected), "); unset it or pick another level");
   return wanted;
 }
 
@@ -65,7 +66,7 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
     const WeightOnlyArgs p{x2.data_ptr<float>(), M, K, K, w.data_ptr<int8_t>(), N, w.stride(0),
                            s.data_ptr<float>(), s.size(1), K / s.size(1),
                            b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
-    const Isa isa = selected_isa();
+    const Isa isa = selected_isa_for_ops();  // no AVX-VNNI variant: its AVX2 kernel
     const int64_t block = weight_only_block_rows(isa, p);
     at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
       linear_weight_only(isa, p, b0 * block, std::min(b1 * block, N));
@@ -87,7 +88,7 @@ at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata
   const int64_t M = x2.size(0), lda = (K + 63) / 64 * 64;
   at::Tensor out = at::empty({M, N}, x2.options());
   if (M > 0 && N > 0) {
-    const Isa isa = selected_isa();
+    const Isa isa = selected_isa_for_ops();  // no AVX-VNNI variant yet: its AVX2 kernels
     at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte));
     at::Tensor a_scale = at::empty({M}, x2.options());
     at::Tensor a_zp = at::empty({M}, x2.options().dtype(at::kInt));
@@ -95,9 +96,14 @@ at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata
       quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a.data_ptr<uint8_t>(), lda,
                     a_scale.data_ptr<float>(), a_zp.data_ptr<int32_t>(), m0, m1);
     });
-    const DynamicActArgs p{a.data_ptr<uint8_t>(), M, K, lda, a_scale.data_ptr<float>(), a_zp.data_ptr<int32_t>(),
+    DynamicActArgs p{a.data_ptr<uint8_t>(), M, K, lda, a_scale.data_ptr<float>(), a_zp.data_ptr<int32_t>(),
                            w.data_ptr<int8_t>(), N, w.stride(0), s.data_ptr<float>(),
                            b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
+    at::Tensor a16;
+    if (dynamic_act_wants_a16(isa, M)) {
+      a16 = a.to(at::kShort);
+      p.a16 = a16.data_ptr<int16_t>();
+    }
     const int64_t block = dynamic_act_block_rows(isa, p);
     at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
       linear_dynamic_act(isa, p, b0 * block, std::min(b1 * block, N));
@@ -108,7 +114,8 @@ at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata
 
 }  // namespace
 
-Isa selected_isa_for_ops() { return selected_isa(); }
+Isa selected_isa_for_ops() { return base_isa(selected_isa()); }
+Isa selected_isa_level() { return selected_isa(); }
 
 }  // namespace torchqkit_cpu
 

@@ -11,20 +11,30 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchqkit import kernels
 
-ISA_LEVELS = ["scalar", "avx2", "avx512_vnni"]
+ISA_LEVELS = ["scalar", "avx2", "avx_vnni", "avx512_vnni"]
 
 
-def cpu_levels(op: str) -> list[str]:
-    """ISA levels (lowest first) the C++ kernel of ``op`` can be forced to here; [] without the kernel."""
+def cpu_levels(op: str, with_avx_vnni: bool = False) -> list[str]:
+    """ISA levels the C++ kernel of ``op`` can be forced to here; [] without the kernel. avx_vnni only with
+    ``with_avx_vnni``: the op families without an AVX-VNNI kernel run their AVX2 code at that level."""
     if not kernels.CPU_EXTENSION_LOADED or not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"):
         return []
-    env = os.environ.pop("TORCHQKIT_CPU_ISA", None)  # ask for the best level, not a forced one
+    env = os.environ.get("TORCHQKIT_CPU_ISA")
+    levels = []
     try:
-        best = torch.ops.torchqkit_cpu.isa()
+        for level in ISA_LEVELS:
+            os.environ["TORCHQKIT_CPU_ISA"] = level
+            try:
+                torch.ops.torchqkit_cpu.isa()  # raises for a level this CPU lacks
+            except RuntimeError:
+                continue
+            levels.append(level)
     finally:
-        if env is not None:
+        if env is None:
+            os.environ.pop("TORCHQKIT_CPU_ISA", None)
+        else:
             os.environ["TORCHQKIT_CPU_ISA"] = env
-    return ISA_LEVELS[: ISA_LEVELS.index(best) + 1]
+    return [lv for lv in levels if with_avx_vnni or lv != "avx_vnni"]
 
 
 def needs_kernel(levels: list[str]):

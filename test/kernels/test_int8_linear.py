@@ -50,8 +50,10 @@ WO_CASES = [
     (1, 1, 1, 1), (3, 1, 37, 1), (1, 100, 37, 1), (3, 100, 47, 4), (17, 16, 33, 1), (17, 96, 65, 12),
     (17, 96, 65, 6), (40, 300, 97, 1), (40, 512, 70, 16), (1, 1030, 37, 1), (8, 520, 129, 65),
 ]
+# DA: M = 257 with K = 1031 crosses the AVX2 int16 panel path's k-block (512) with an odd tail and a last
+# micro-tile of 5 tokens (Note [AVX2 int8 prefill]); N = 21 leaves a partial panel of 16.
 DA_CASES = [(1, 1, 1), (3, 1, 37), (1, 100, 37), (3, 100, 47), (17, 64, 33), (17, 1030, 65), (40, 300, 97),
-            (8, 2100, 40)]
+            (8, 2100, 40), (257, 1031, 21)]
 
 
 @needs_ext
@@ -151,7 +153,7 @@ def test_cpu_kernel_registered_and_reported(monkeypatch, op):
 def test_bad_isa_request_is_an_error(monkeypatch):
     q, s, b = _weight(8, 32, 1)
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx9000")
-    with pytest.raises(RuntimeError, match="not one of avx512_vnni, avx2, scalar"):
+    with pytest.raises(RuntimeError, match="not one of avx512_vnni, avx_vnni, avx2, scalar"):
         WO(torch.randn(2, 32), q, s, b)
 
 

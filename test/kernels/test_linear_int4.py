@@ -19,6 +19,8 @@ OP = torch.ops.torchqkit.linear_int4wo_tiled
 LEVELS = cpu_levels("torchqkit::linear_int4wo_tiled")
 needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
+# The int8 x int4 op also has AVX-VNNI kernels (Note [AVX-VNNI kernels] in csrc/cpu/linear_int4.cpp).
+DA4_LEVELS = cpu_levels("torchqkit::linear_int8da_int4_packed", with_avx_vnni=True)
 
 
 
@@ -53,6 +55,9 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 CASES = [
     (1, 1, 32, 32, 2), (3, 37, 320, 32, 8), (17, 65, 96, 32, 4), (1, 37, 192, 64, 8), (3, 8, 512, 256, 2),
     (17, 24, 384, 128, 8), (40, 37, 320, 64, 8), (40, 65, 256, 256, 4), (33, 9, 64, 32, 2),
+    # M = 5, 9: an odd number of tokens after whole passes (AVX2 takes 2 per pass, AVX-512 4); M = 257: the
+    # prefill paths with a 1-token tail
+    (5, 13, 160, 32, 2), (9, 21, 448, 64, 4), (257, 11, 96, 32, 2),
 ]
 
 
@@ -204,11 +209,11 @@ DA4_CASES = [(1, 1, 8, 8, "symmetric"), (3, 37, 96, 32, "asymmetric"), (17, 19, 
              (40, 40, 512, 128, "asymmetric"), (2, 9, 512, 256, "asymmetric"), (4, 11, 200, 8, "symmetric"),
              (1, 5, 77, 77, "asymmetric"), (3, 33, 1030, 1030, "symmetric"), (16, 70, 200, 8, "asymmetric"),
              (20, 33, 77, 77, "symmetric"), (23, 65, 1030, 1030, "asymmetric"), (18, 9, 512, 256, "symmetric"),
-             (33, 5, 8, 8, "asymmetric")]
+             (33, 5, 8, 8, "asymmetric"), (9, 21, 264, 8, "asymmetric"), (257, 7, 136, 8, "symmetric")]
 
 
 @needs_ext
-@pytest.mark.parametrize("isa", LEVELS or ["none"])
+@pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
 @pytest.mark.parametrize("symmetric", [True, False], ids=["act_sym", "act_asym"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", DA4_CASES, ids=str)
@@ -226,7 +231,7 @@ def test_int8da_int4_matches_reference(monkeypatch, isa, symmetric, dtype, case)
 
 
 @needs_ext
-@pytest.mark.parametrize("isa", LEVELS or ["none"])
+@pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
 @pytest.mark.parametrize("m", [3, 20])
 def test_int8da_int4unaligned(monkeypatch, isa, m):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)

@@ -5,8 +5,9 @@ Importing this package defines every ``torchqkit::`` custom op (one module each 
 ``torchqkit._C_cpu`` if setup.py built it. Without it every op still runs, on its reference, and ``status()``
 says why. Which ops have a C++ kernel is read from the dispatcher, never listed by hand.
 
-The extension picks its ISA level at run time (AVX-512 VNNI, AVX2 + FMA, or scalar); the environment
-variable ``TORCHQKIT_CPU_ISA=avx512_vnni|avx2|scalar`` forces a lower level (read on every call).
+The extension picks its ISA level at run time (AVX-512 VNNI, AVX-VNNI, AVX2 + FMA, or scalar); the environment
+variable ``TORCHQKIT_CPU_ISA=avx512_vnni|avx_vnni|avx2|scalar`` forces any level the CPU runs (read on every call).
+Op families without an AVX-VNNI kernel run their AVX2 kernel at that level, and their status says so.
 ``TORCHQKIT_DISABLE_CPU_EXTENSION=1`` skips loading the extension (checks the reference-only install).
 
 GPU backends: the CUDA extension ``torchqkit._C_cuda`` (csrc/cuda, loaded when torch has CUDA and
@@ -59,7 +60,7 @@ _CPU_KERNEL_NOTES = {
     },
     "torchqkit::linear_int8da_int8_plain": {
         "avx512_vnni": "vpdpbusd (u8 = q + 128 times s8, corrected by row sums); M >= 8: packed panels, 6x32 tiles",
-        "avx2": "exact int16 madd (vpmaddwd) dot kernel for every M",
+        "avx2": "exact int16 madd (vpmaddwd): M < 16 dot kernel; M >= 16 int16 k-pair panels + 6x16 tiles",
         "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
     },
 }
@@ -75,6 +76,7 @@ _LOWBIT_NOTES = {  # see Note [Low-bit decode] in csrc/cpu/linear_lowbit.cpp
 }
 _CPU_KERNEL_NOTES.update(dict.fromkeys(("torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo", "torchqkit::linear_intxwo",
                                          "torchqkit::linear_mxwo"), _LOWBIT_NOTES))
+_AVX2_AT_AVX_VNNI = "no AVX-VNNI kernel: its AVX2 kernel runs. "
 _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_int4.cpp
     "avx512_vnni": "M < 32: tiled words streamed once per 4 tokens, nibbles -> fp32 by vpermps (dot kernel); "
                    "M >= 32: n-tiles dequantized to fp32 + the 6x32 FMA panel micro-kernel",
@@ -86,10 +88,14 @@ _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_i
 _CPU_KERNEL_NOTES["torchqkit::linear_int8da_int4_packed"] = {  # see Note [int8 x int4 VNNI] in csrc/cpu/linear_int4.cpp
     "avx512_vnni": "vpdpbusd on low / high nibbles (128 k per zmm, exact int32 per lane, per-lane group scales) "
                    "against the per-call quantized, permuted activation; 4 tokens per pass, every M",
-    "avx2": "vpmaddubsw + vpmaddwd on low / high nibbles (64 k per ymm, exact int32 per lane) against the "
-            "permuted activation; 2 tokens per pass, every M",
+    "avx_vnni": "the AVX2 kernel with 256-bit vpdpbusd (VEX; EVEX on ymm where only AVX-512 VNNI exists); "
+                "2 tokens per pass, every M",
+    "avx2": "vpmaddubsw + vpmaddwd, unsigned nibbles x signed activation codes (64 k per ymm, exact int32 per "
+            "lane) against the permuted activation; 2 tokens per pass, every M",
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
 }
+for _notes in _CPU_KERNEL_NOTES.values():  # ops without an AVX-VNNI kernel say what serves that level
+    _notes.setdefault("avx_vnni", _AVX2_AT_AVX_VNNI + _notes["avx2"])
 KERNEL_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the C++ kernels take
 # Ops the C++ CPU extension registered a kernel for (status() lists them), read from the dispatcher.
 _CPU_OPS = tuple(op for op in OPS if CPU_EXTENSION_LOADED and torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"))
