@@ -75,7 +75,8 @@ def test_smoothquant_beats_plain_int8_dynamic_and_folds_into_the_norms(llama, id
     assert not torch.equal(layer.input_layernorm.weight, ref.input_layernorm.weight)
     assert "folded into model.layers.0.input_layernorm" in report["model.layers.0.self_attn.q_proj"].reason
     assert "folded into model.layers.0.mlp.up_proj" in report["model.layers.0.mlp.down_proj"].reason
-    assert "not scaled" in report["model.layers.0.self_attn.o_proj"].reason  # GQA: v_proj can't take o_proj's
+    # GQA: v_proj can't take o_proj's scales, so o_proj keeps them (test_input_scale.py)
+    assert "kept on the layer as its input_scale" in report["model.layers.0.self_attn.o_proj"].reason
 
 
 def test_static_int8_and_smoothing_it(llama, ids):

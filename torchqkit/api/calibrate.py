@@ -4,7 +4,9 @@ See Note [Block-by-block calibration] (algorithms/blockwise.py) for the memory p
 1. one pass of the first batch finds which Linears share an input (q/k/v, gate/up) and which op of the block
    produced it (a norm whose output is that input, or the MLP's up_proj for down_proj): the fold targets;
 2. a pass over every batch collects each shared input's statistics (InputStats);
-3. AWQ / SmoothQuant scales are chosen and folded (x / s into the fold target, W s into the Linears);
+3. AWQ / SmoothQuant scales are chosen and folded (x / s into the fold target, W s into the Linears); where
+   there is no fold target, or folding would change the model (a post-norm block), 1 / s stays on each Linear's
+   quantized weight as its ``input_scale`` (see Note [Input scale], tensor/affine_quantized_tensor.py);
 4. every selected Linear of the block is quantized (GPTQ codes, AWQ-clipped weights, static scales, or the
    plain config) and installed, and the block runs again to give the next block its (quantized) inputs.
 Every change is undone at the end (or on any error): quantize_ then swaps the planned weights in as usual,
@@ -25,7 +27,10 @@ from ..algorithms.blockwise import (BlockProgress, capture_block_inputs, check_f
 from ..algorithms.gptq import gptq_codes
 from ..algorithms.observers import InputStats, static_range
 from ..algorithms.smoothquant import smoothing_scales
-from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from ..core.granularity import PerTensor
+from ..core.qdtype import int8
+from ..tensor.activation import ActivationQuantSpec
+from ..tensor.affine_quantized_tensor import INPUT_SCALE, AffineQuantizedTensor
 from .calibration_grid import ConfigGrid
 from .configs.base import handler_for
 from .configs.calibrated import AWQConfig, GPTQConfig, SmoothQuantConfig
@@ -144,6 +149,7 @@ class _Group:
     fold: tuple[str, nn.Module] | None = None
     stats: InputStats | None = None
     smooth: torch.Tensor | None = None
+    on_layer: bool = False  # smooth kept as the members' input_scale (W s quantized, x / s in their linear)
     note: str = ""
 
 
@@ -284,31 +290,34 @@ def _scale_group(g: _Group, linears, undo: _Undo, unchanged) -> None:
     if not alone:
         g.note = f"{name}: not scaled, the Linears sharing this input ({', '.join(g.members)}) have other configs"
         return
-    if g.fold is None:
-        g.note = f"{name}: not scaled, no norm / Linear before this input to fold 1/s into"
-        return
     weights = [linears[f][0].weight.detach() for f in g.members]
     if kind is AWQConfig:
         config = linears[g.members[0]][1]
         grids = [ConfigGrid(linears[f][1].base, w, f"{f}.weight") for f, w in zip(g.members, weights)]
         s, ratio = awq_scales(g.stats.sample(), g.stats.mean_abs, weights, [gr.fake_quantize for gr in grids],
                               config.n_grid)
-        g.note = f"awq: scales mean|x|^{ratio:.2f} folded into {g.fold[0]}"
+        what = f"awq: scales mean|x|^{ratio:.2f}"
     else:
         alpha = linears[g.members[0]][1].alpha
         s = smoothing_scales(g.stats.absmax, weights, alpha)
-        g.note = f"smoothquant: scales folded into {g.fold[0]}"
+        what = f"smoothquant alpha {alpha:g}: scales"
+    g.smooth = s
+    if g.fold is None:
+        g.on_layer = True
+        g.note = f"{what} kept on the layer as its input_scale (no norm / Linear before this input to fold 1/s into)"
+        return
+    g.note = f"{what} folded into {g.fold[0]}"
     mine = _Undo()
     _fold(g.fold[1], s, mine)
     for f, w in zip(g.members, weights):
         mine.set(linears[f][0], "weight", (w.float() * s).to(w.dtype))
     if not unchanged():  # e.g. a post-norm block: the norm's output is also the residual, so 1/s can't go there
         mine.restore()
-        g.note = (f"{name}: not scaled, folding 1/s into {g.fold[0]} would change the model (its output feeds more "
-                  f"than these Linears)")
+        g.on_layer = True
+        g.note = (f"{what} kept on the layer as its input_scale (folding 1/s into {g.fold[0]} would change the "
+                  f"model: its output feeds more than these Linears)")
         return
     undo.adopt(mine)
-    g.smooth = s
 
 
 def _fold(target: nn.Module, s: torch.Tensor, undo: _Undo) -> None:
@@ -324,7 +333,17 @@ def _fold(target: nn.Module, s: torch.Tensor, undo: _Undo) -> None:
 # ------------------------------------------------------------------------------------------------ quantize
 
 def _quantize_member(fqn: str, module: nn.Linear, config, g: _Group) -> AffineQuantizedTensor:
-    weight, name = module.weight.detach(), f"{fqn}.weight"
+    """The member's quantized weight; with the group's scales kept on the layer (``g.on_layer``), W s quantized and
+    1 / s stored as its input_scale."""
+    weight = module.weight.detach()
+    if not g.on_layer:
+        return _quantize_weight(fqn, weight, config, g)
+    scaled = (weight.float() * g.smooth).to(weight.dtype)
+    return _quantize_weight(fqn, scaled, config, g).with_changes({INPUT_SCALE: (1.0 / g.smooth).float()})
+
+
+def _quantize_weight(fqn: str, weight: torch.Tensor, config, g: _Group) -> AffineQuantizedTensor:
+    name = f"{fqn}.weight"
     if isinstance(config, GPTQConfig):
         grid = ConfigGrid(config.base, weight, name)
         codes, scale, zero = gptq_codes(weight, g.stats.hessian.h, grid, damp=config.damp, block=config.block,
@@ -339,7 +358,13 @@ def _quantize_member(fqn: str, module: nn.Linear, config, g: _Group) -> AffineQu
     elif isinstance(config, SmoothQuantConfig):
         config = config.base
     if config.needs_calibration_data():  # static activation scale, after any smoothing
-        r = static_range(g.stats, config.observer, config.percentile, g.smooth)
-        qmax = 127.0 if not hasattr(config, "activation_dtype") else float(config.activation_dtype.qmax)
+        qdtype = getattr(config, "activation_dtype", int8)
+        qmax = float(qdtype.qmax)
+
+        def fake_quantize(x, r):
+            return ActivationQuantSpec(qdtype, PerTensor(), static_scale=max(r, 1e-12) / qmax).fake_quantize(x)
+
+        r = static_range(g.stats, config.observer, config.percentile, g.smooth, fake_quantize=fake_quantize,
+                         weight=weight)
         config = dataclasses.replace(config, act_scale=max(r, 1e-12) / qmax)
     return handler_for(config)(config, weight, name)

@@ -21,7 +21,7 @@ from .base import QuantConfig, register_config
 
 __all__ = ["Int8StaticActivationInt8WeightConfig", "Observer", "needs_static_scale"]
 
-Observer = Literal["minmax", "percentile"]
+Observer = Literal["minmax", "percentile", "mse"]
 
 
 def needs_static_scale(config, weight, name) -> None:
