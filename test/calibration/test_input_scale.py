@@ -120,6 +120,11 @@ def test_compile_and_checkpoints_serve_the_scale(llama, ids, smoothed, tmp_path)
     assert torch.equal(loaded.get_submodule(O_PROJ).weight.input_scale, q.get_submodule(O_PROJ).weight.input_scale)
     assert torch.equal(loaded(ids[4:]).logits, eager)
 
+    qk.save_pretrained(q, tmp_path / "hf", config=qk.SmoothQuantConfig(INT8_DYNAMIC))
+    assert torch.equal(qk.from_pretrained(tmp_path / "hf")(ids[4:]).logits, eager)
+    from transformers import AutoModelForCausalLM
+    assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path / "hf")(ids[4:]).logits, eager)
+
 
 @pytest.mark.filterwarnings("ignore:sharding a weight with dynamic activation quantization")
 def test_slicing_along_k_cuts_the_scale_and_along_n_keeps_it(smoothed):
