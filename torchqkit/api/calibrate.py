@@ -9,12 +9,15 @@ See Note [Block-by-block calibration] (algorithms/blockwise.py) for the memory p
    quantized weight as its ``input_scale`` (see Note [Input scale], tensor/affine_quantized_tensor.py);
 4. every selected Linear of the block is quantized (GPTQ codes, AWQ-clipped weights, static scales, or the
    plain config) and installed, and the block runs again to give the next block its (quantized) inputs.
+Linears outside the blocks (a pooler, an lm_head the user quantizes) are calibrated last, the same way, on one
+more pass of the whole model (its blocks already quantized) with the model as their "block".
 Every change is undone at the end (or on any error): quantize_ then swaps the planned weights in as usual,
 so a failure anywhere leaves the model as it was.
 """
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -112,17 +115,25 @@ def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: Mo
     list_fqn, blocks = find_blocks(model, data.blocks)
     block_names = [_name_of(modules, b) for b in blocks]
     undo, plan = _Undo(), CalibrationPlan()
+    batches = list(data.batches)  # read twice when Linears outside the blocks need calibration too
+    shared = _shared_weights(model)
     try:
-        inputs = capture_block_inputs(model, blocks[0], data.batches)
+        inputs = capture_block_inputs(model, blocks[0], batches)
         progress = BlockProgress(len(blocks), f"{', '.join(needing)} over {list_fqn or 'the model'}",
                                  enabled=data.progress)
         for i, (prefix, block) in enumerate(zip(block_names, blocks)):
             linears = {fqn: (modules[fqn], chosen[fqn]) for fqn in chosen
                        if _inside(fqn, prefix) and chosen[fqn] is not None}
             if linears:
-                _calibrate_block(block, prefix, linears, inputs, data, plan, undo)
+                _calibrate_block(block, prefix, linears, inputs, data, plan, undo, shared)
             inputs = run_block(block, inputs) if i + 1 < len(blocks) else []
             progress.step(i, f"({len(linears)} Linears)")
+        outside = {fqn: (modules[fqn], c) for fqn, c in chosen.items()
+                   if c is not None and blocks[0] is not model and not any(_inside(fqn, p) for p in block_names)}
+        if any(c.needs_calibration_data() for _, c in outside.values()):
+            _calibrate_block(model, "", outside, capture_block_inputs(model, model, batches), data, plan, undo, shared)
+            if data.progress:
+                print(f"[torchqkit calibrate] outside the blocks: {', '.join(outside)}", file=sys.stderr, flush=True)
     finally:
         changed = undo.restore()
     quantized = {id(m) for fqn, w in plan.weights.items() if isinstance(w, AffineQuantizedTensor)
@@ -130,6 +141,16 @@ def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: Mo
     plan.float_updates = [(m, a, p) for m, a, p in changed
                           if not (a == "weight" and id(m) in quantized) and not isinstance(p, AffineQuantizedTensor)]
     return plan
+
+
+def _shared_weights(model: nn.Module) -> set[int]:
+    """ids of parameters held by more than one module (a tied lm_head / embedding): their columns can't be scaled,
+    the other holder (an embedding lookup) would read the scaled weight."""
+    seen: dict[int, int] = {}
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            seen[id(p)] = seen.get(id(p), 0) + 1
+    return {i for i, n in seen.items() if n > 1}
 
 
 def _name_of(modules: dict[str, nn.Module], block: nn.Module) -> str:
@@ -153,7 +174,7 @@ class _Group:
     note: str = ""
 
 
-def _calibrate_block(block, prefix, linears, inputs, data, plan, undo) -> None:
+def _calibrate_block(block, prefix, linears, inputs, data, plan, undo, shared: set[int]) -> None:
     groups = _find_groups(block, prefix, linears, inputs[0])
     total_rows = sum(_rows(inp) for inp in inputs)
     for g in groups:  # statistics only for inputs some config needs them for
@@ -165,7 +186,8 @@ def _calibrate_block(block, prefix, linears, inputs, data, plan, undo) -> None:
     if any(_scaler(g, linears)[0] is not None for g in groups):
         reference = _block_output(block, inputs[0])
         for g in groups:
-            _scale_group(g, linears, undo, lambda: _same_function(_block_output(block, inputs[0]), reference))
+            _scale_group(g, linears, undo, lambda: _same_function(_block_output(block, inputs[0]), reference),
+                         shared)
     for g in groups:
         for fqn in g.members:
             module, config = linears[fqn]
@@ -182,8 +204,11 @@ def _calibrate_block(block, prefix, linears, inputs, data, plan, undo) -> None:
 
 
 def _rows(inp) -> int:
+    """Token rows of one batch: hidden states (..., K) inside a block; token ids (or a dict of them) for a model."""
     x = inp.args[0] if inp.args else next(iter(inp.kwargs.values()))
-    return x.numel() // x.shape[-1]
+    if isinstance(x, dict):
+        x = next(v for v in x.values() if isinstance(v, torch.Tensor))
+    return x.numel() // x.shape[-1] if x.is_floating_point() else x.numel()
 
 
 def _find_groups(block, prefix, linears, first) -> list[_Group]:
@@ -274,7 +299,9 @@ def _scaler(g: _Group, linears):
 
 def _block_output(block, inp) -> torch.Tensor:
     out = run_block(block, [inp])[0]
-    return out.args[0] if out.args else next(iter(out.kwargs.values()))
+    out = out.args[0] if out.args else next(iter(out.kwargs.values()))
+    # a whole model's output: a ModelOutput / dict (logits, embeddings, ...): its first tensor
+    return next(v for v in out.values() if isinstance(v, torch.Tensor)) if isinstance(out, dict) else out
 
 
 def _same_function(out: torch.Tensor, reference: torch.Tensor) -> bool:
@@ -282,13 +309,18 @@ def _same_function(out: torch.Tensor, reference: torch.Tensor) -> bool:
     return bool((out - reference).norm() <= 1e-4 * reference.norm())
 
 
-def _scale_group(g: _Group, linears, undo: _Undo, unchanged) -> None:
+def _scale_group(g: _Group, linears, undo: _Undo, unchanged, shared: set[int]) -> None:
     kind, alone = _scaler(g, linears)
     if kind is None:
         return
     name = "awq" if kind is AWQConfig else "smoothquant"
     if not alone:
         g.note = f"{name}: not scaled, the Linears sharing this input ({', '.join(g.members)}) have other configs"
+        return
+    tied = [f for f in g.members if id(linears[f][0].weight) in shared]
+    if tied:
+        g.note = (f"{name}: not scaled, the weight of {', '.join(tied)} is shared with another module (tied): it "
+                  f"would read the scaled columns")
         return
     weights = [linears[f][0].weight.detach() for f in g.members]
     if kind is AWQConfig:
