@@ -79,16 +79,20 @@ def test_smoothquant_beats_plain_int8_dynamic_and_folds_into_the_norms(llama, id
     assert "kept on the layer as its input_scale" in report["model.layers.0.self_attn.o_proj"].reason
 
 
-def test_static_int8_and_smoothing_it(llama, ids):
+def test_static_int8_smooths_by_default(llama, ids):
     dynamic = _rel_err(llama, _quantize(llama, qk.Int8DynamicActivationInt8WeightConfig(), ids)[0], ids)
-    q, _ = _calibrated(llama, qk.Int8StaticActivationInt8WeightConfig(), ids)
-    static = _rel_err(llama, q, ids)
+    raw, _ = _calibrated(llama, qk.Int8StaticActivationInt8WeightConfig(smoothing=None), ids)
+    q, report = _calibrated(llama, qk.Int8StaticActivationInt8WeightConfig(), ids)
     # One scale per tensor against one per token, on activations with 12x outlier channels: measured 3.9x
-    assert static < 5 * dynamic
-    smoothed, _ = _calibrated(llama, qk.SmoothQuantConfig(qk.Int8StaticActivationInt8WeightConfig()), ids)
-    assert _rel_err(llama, smoothed, ids) < 0.6 * static
+    # unsmoothed, 0.81x smoothed (see Note [Static int8 needs smoothing])
+    assert _rel_err(llama, raw, ids) > 3 * dynamic and _rel_err(llama, q, ids) < 1.2 * dynamic
+    assert "smoothquant alpha 0.8: scales folded into model.layers.0.input_layernorm" in \
+        report["model.layers.0.self_attn.q_proj"].reason
     spec = q.model.layers[0].self_attn.q_proj.weight.act_quant
     assert spec.static_scale is not None and isinstance(spec.granularity, qk.PerTensor)
+    # the wrapper's alpha replaces the base's smoothing
+    _, report = _calibrated(llama, qk.SmoothQuantConfig(qk.Int8StaticActivationInt8WeightConfig(), alpha=0.3), ids)
+    assert report["model.layers.0.self_attn.q_proj"].reason.startswith("smoothquant alpha 0.3")
 
 
 def test_static_scale_is_max_abs_input_over_qmax():

@@ -290,11 +290,26 @@ def _collect(block, linears, groups, inputs) -> None:
 # ------------------------------------------------------------------------------------------------ scaling
 
 def _scaler(g: _Group, linears):
-    kinds = {type(linears[f][1]) for f in g.members}
+    """(AWQConfig, SmoothQuantConfig or None: how this input is scaled; whether every member agrees)."""
+    kinds = {_scaling_kind(linears[f][1]) for f in g.members}
     for kind in (AWQConfig, SmoothQuantConfig):
         if kind in kinds:
-            return kind, kinds == {kind}
+            members = {linears[f][1] for f in g.members}
+            return kind, kinds == {kind} and len({_alpha(c) for c in members}) == 1
     return None, True
+
+
+def _scaling_kind(config):
+    """A static-activation config that calibrates with ``smoothing`` scales its input as SmoothQuant does."""
+    if isinstance(config, (AWQConfig, SmoothQuantConfig)):
+        return type(config)
+    return SmoothQuantConfig if getattr(config, "smoothing", None) is not None and config.act_scale is None else None
+
+
+def _alpha(config) -> float | None:
+    if isinstance(config, SmoothQuantConfig):
+        return config.alpha  # the wrapper's strength replaces its base's own smoothing
+    return getattr(config, "smoothing", None)
 
 
 def _block_output(block, inp) -> torch.Tensor:
@@ -330,7 +345,7 @@ def _scale_group(g: _Group, linears, undo: _Undo, unchanged, shared: set[int]) -
                               config.n_grid)
         what = f"awq: scales mean|x|^{ratio:.2f}"
     else:
-        alpha = linears[g.members[0]][1].alpha
+        alpha = _alpha(linears[g.members[0]][1])
         s = smoothing_scales(g.stats.absmax, weights, alpha)
         what = f"smoothquant alpha {alpha:g}: scales"
     g.smooth = s
