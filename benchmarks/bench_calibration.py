@@ -39,6 +39,7 @@ ROWS = {  # name -> (config, the row its delta is compared with)
     "int4-hqq": (qk.Int4WeightOnlyConfig(group_size=128, algorithm="hqq"), "int4-rtn"),
     "int4-gptq": (qk.GPTQConfig(INT4), "int4-rtn"),
     "int4-gptq-act-order": (qk.GPTQConfig(INT4, act_order=True), "int4-rtn"),
+    "int4-gptq-true-sequential": (qk.GPTQConfig(INT4, true_sequential=True), "int4-rtn"),
     "int4-awq": (qk.AWQConfig(INT4), "int4-rtn"),
     "int8-dynamic": (INT8_DYNAMIC, None),
     "int8-dynamic-smoothquant": (qk.SmoothQuantConfig(INT8_DYNAMIC, alpha=0.5), "int8-dynamic"),
@@ -53,7 +54,7 @@ ROWS = {  # name -> (config, the row its delta is compared with)
     "int8-static-no-smoothing-percentile": (
         qk.Int8StaticActivationInt8WeightConfig(smoothing=None, observer="percentile"), "int8-dynamic"),
 }
-ON_REQUEST = ("int4-gptq-act-order", "int8-static-percentile", "int8-static-smoothing-0.5",
+ON_REQUEST = ("int4-gptq-act-order", "int4-gptq-true-sequential", "int8-static-percentile", "int8-static-smoothing-0.5",
               "int8-static-no-smoothing-mse", "int8-static-no-smoothing-percentile")
 CALIB_START, CALIB_WINDOW = 8192, 256
 

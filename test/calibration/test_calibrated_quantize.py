@@ -67,6 +67,17 @@ def test_int4_methods_beat_round_to_nearest(llama, ids, config, most):
                for m in q.model.layers.modules() if isinstance(m, torch.nn.Linear))
 
 
+def test_true_sequential_gptq_calibrates_later_linears_on_quantized_inputs(llama, ids):
+    plain, _ = _calibrated(llama, qk.GPTQConfig(INT4), ids)
+    q, report = _calibrated(llama, qk.GPTQConfig(INT4, true_sequential=True), ids)
+    assert report["model.layers.0.self_attn.o_proj"].config.startswith("gptq true-sequential")
+    first = "model.layers.0.self_attn.q_proj"  # the first Linears of a block see the same inputs either way
+    assert torch.equal(q.get_submodule(first).weight.dequantize(), plain.get_submodule(first).weight.dequantize())
+    later = "model.layers.0.self_attn.o_proj"
+    assert not torch.equal(q.get_submodule(later).weight.dequantize(), plain.get_submodule(later).weight.dequantize())
+    assert _rel_err(llama, q, ids) < 0.99 * _rel_err(llama, plain, ids)  # measured 0.96x
+
+
 def test_smoothquant_beats_plain_int8_dynamic_and_folds_into_the_norms(llama, ids):
     plain = _rel_err(llama, _quantize(llama, qk.Int8DynamicActivationInt8WeightConfig(), ids)[0], ids)
     q, report = _calibrated(llama, qk.SmoothQuantConfig(qk.Int8DynamicActivationInt8WeightConfig()), ids)

@@ -175,14 +175,24 @@ class _Group:
 
 
 def _calibrate_block(block, prefix, linears, inputs, data, plan, undo, shared: set[int]) -> None:
+    """Calibrate and quantize the Linears of one block. With a true-sequential GPTQ config among them, one group of
+    Linears (one shared input) at a time, in the block's order: each group's statistics then come from a pass with
+    the groups before it already quantized (o_proj sees quantized q/k/v's outputs), one block pass per group."""
     groups = _find_groups(block, prefix, linears, inputs[0])
     total_rows = sum(_rows(inp) for inp in inputs)
+    sequential = any(getattr(config, "true_sequential", False) for _, config in linears.values())
+    for stage in ([g] for g in groups) if sequential else [groups]:
+        _calibrate_groups(block, stage, linears, inputs, data, plan, undo, shared, total_rows)
+
+
+def _calibrate_groups(block, groups, linears, inputs, data, plan, undo, shared, total_rows) -> None:
     for g in groups:  # statistics only for inputs some config needs them for
         if any(linears[f][1].needs_calibration_data() for f in g.members):
             k = linears[g.members[0]][0].in_features
             gptq = any(isinstance(linears[f][1], GPTQConfig) for f in g.members)
             g.stats = InputStats(k, total_rows, hessian=gptq, max_rows=data.max_rows)
-    _collect(block, linears, groups, inputs)
+    if any(g.stats is not None for g in groups):
+        _collect(block, linears, groups, inputs)
     if any(_scaler(g, linears)[0] is not None for g in groups):
         reference = _block_output(block, inputs[0])
         for g in groups:
