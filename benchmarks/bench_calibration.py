@@ -53,9 +53,15 @@ ROWS = {  # name -> (config, the row its delta is compared with)
                                      "int8-dynamic"),
     "int8-static-no-smoothing-percentile": (
         qk.Int8StaticActivationInt8WeightConfig(smoothing=None, observer="percentile"), "int8-dynamic"),
+    # which Linears static scales hurt: unsmoothed static on down_proj only / on all but down_proj, dynamic elsewhere
+    "int8-static-no-smoothing-down_proj-only": ({r"re:.*\.down_proj": qk.Int8StaticActivationInt8WeightConfig(
+        smoothing=None), "_default": INT8_DYNAMIC}, "int8-dynamic"),
+    "int8-static-no-smoothing-but-down_proj": ({r"re:.*\.down_proj": INT8_DYNAMIC, "_default":
+                                                qk.Int8StaticActivationInt8WeightConfig(smoothing=None)}, "int8-dynamic"),
 }
 ON_REQUEST = ("int4-gptq-act-order", "int4-gptq-true-sequential", "int8-static-percentile", "int8-static-smoothing-0.5",
-              "int8-static-no-smoothing-mse", "int8-static-no-smoothing-percentile")
+              "int8-static-no-smoothing-mse", "int8-static-no-smoothing-percentile",
+              "int8-static-no-smoothing-down_proj-only", "int8-static-no-smoothing-but-down_proj")
 CALIB_START, CALIB_WINDOW = 8192, 256
 
 
@@ -218,7 +224,10 @@ def _quantize(model, config, batches, keep_lm_head: bool):
     q = copy.deepcopy(model)
     if config is None:
         return q, 0.0, ""
-    configs = qk.ModuleConfigs({"lm_head": None, "_default": config}) if keep_lm_head else config
+    if isinstance(config, dict):  # per-module configs (a row that mixes)
+        configs = qk.ModuleConfigs({"lm_head": None, **config} if keep_lm_head else config)
+    else:
+        configs = qk.ModuleConfigs({"lm_head": None, "_default": config}) if keep_lm_head else config
     start = time.perf_counter()
     report = qk.quantize_(q, configs, calibration_data=batches)
     return q, time.perf_counter() - start, f"{len(report.quantized)}/{len(report.entries) - keep_lm_head}"
