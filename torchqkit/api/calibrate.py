@@ -4,15 +4,20 @@ See Note [Block-by-block calibration] (algorithms/blockwise.py) for the memory p
 1. one pass of the first batch finds which Linears share an input (q/k/v, gate/up) and which op of the block
    produced it (a norm whose output is that input, or the MLP's up_proj for down_proj): the fold targets;
 2. a pass over every batch collects each shared input's statistics (InputStats);
-3. AWQ / SmoothQuant scales are chosen and folded (x / s into the fold target, W s into the Linears);
+3. AWQ / SmoothQuant scales are chosen and folded (x / s into the fold target, W s into the Linears); where
+   there is no fold target, or folding would change the model (a post-norm block), 1 / s stays on each Linear's
+   quantized weight as its ``input_scale`` (see Note [Input scale], tensor/affine_quantized_tensor.py);
 4. every selected Linear of the block is quantized (GPTQ codes, AWQ-clipped weights, static scales, or the
    plain config) and installed, and the block runs again to give the next block its (quantized) inputs.
+Linears outside the blocks (a pooler, an lm_head the user quantizes) are calibrated last, the same way, on one
+more pass of the whole model (its blocks already quantized) with the model as their "block".
 Every change is undone at the end (or on any error): quantize_ then swaps the planned weights in as usual,
 so a failure anywhere leaves the model as it was.
 """
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -25,7 +30,10 @@ from ..algorithms.blockwise import (BlockProgress, capture_block_inputs, check_f
 from ..algorithms.gptq import gptq_codes
 from ..algorithms.observers import InputStats, static_range
 from ..algorithms.smoothquant import smoothing_scales
-from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from ..core.granularity import PerTensor
+from ..core.qdtype import int8
+from ..tensor.activation import ActivationQuantSpec
+from ..tensor.affine_quantized_tensor import INPUT_SCALE, AffineQuantizedTensor
 from .calibration_grid import ConfigGrid
 from .configs.base import handler_for
 from .configs.calibrated import AWQConfig, GPTQConfig, SmoothQuantConfig
@@ -107,17 +115,25 @@ def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: Mo
     list_fqn, blocks = find_blocks(model, data.blocks)
     block_names = [_name_of(modules, b) for b in blocks]
     undo, plan = _Undo(), CalibrationPlan()
+    batches = list(data.batches)  # read twice when Linears outside the blocks need calibration too
+    shared = _shared_weights(model)
     try:
-        inputs = capture_block_inputs(model, blocks[0], data.batches)
+        inputs = capture_block_inputs(model, blocks[0], batches)
         progress = BlockProgress(len(blocks), f"{', '.join(needing)} over {list_fqn or 'the model'}",
                                  enabled=data.progress)
         for i, (prefix, block) in enumerate(zip(block_names, blocks)):
             linears = {fqn: (modules[fqn], chosen[fqn]) for fqn in chosen
                        if _inside(fqn, prefix) and chosen[fqn] is not None}
             if linears:
-                _calibrate_block(block, prefix, linears, inputs, data, plan, undo)
+                _calibrate_block(block, prefix, linears, inputs, data, plan, undo, shared)
             inputs = run_block(block, inputs) if i + 1 < len(blocks) else []
             progress.step(i, f"({len(linears)} Linears)")
+        outside = {fqn: (modules[fqn], c) for fqn, c in chosen.items()
+                   if c is not None and blocks[0] is not model and not any(_inside(fqn, p) for p in block_names)}
+        if any(c.needs_calibration_data() for _, c in outside.values()):
+            _calibrate_block(model, "", outside, capture_block_inputs(model, model, batches), data, plan, undo, shared)
+            if data.progress:
+                print(f"[torchqkit calibrate] outside the blocks: {', '.join(outside)}", file=sys.stderr, flush=True)
     finally:
         changed = undo.restore()
     quantized = {id(m) for fqn, w in plan.weights.items() if isinstance(w, AffineQuantizedTensor)
@@ -125,6 +141,16 @@ def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: Mo
     plan.float_updates = [(m, a, p) for m, a, p in changed
                           if not (a == "weight" and id(m) in quantized) and not isinstance(p, AffineQuantizedTensor)]
     return plan
+
+
+def _shared_weights(model: nn.Module) -> set[int]:
+    """ids of parameters held by more than one module (a tied lm_head / embedding): their columns can't be scaled,
+    the other holder (an embedding lookup) would read the scaled weight."""
+    seen: dict[int, int] = {}
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            seen[id(p)] = seen.get(id(p), 0) + 1
+    return {i for i, n in seen.items() if n > 1}
 
 
 def _name_of(modules: dict[str, nn.Module], block: nn.Module) -> str:
@@ -144,22 +170,34 @@ class _Group:
     fold: tuple[str, nn.Module] | None = None
     stats: InputStats | None = None
     smooth: torch.Tensor | None = None
+    on_layer: bool = False  # smooth kept as the members' input_scale (W s quantized, x / s in their linear)
     note: str = ""
 
 
-def _calibrate_block(block, prefix, linears, inputs, data, plan, undo) -> None:
+def _calibrate_block(block, prefix, linears, inputs, data, plan, undo, shared: set[int]) -> None:
+    """Calibrate and quantize the Linears of one block. With a true-sequential GPTQ config among them, one group of
+    Linears (one shared input) at a time, in the block's order: each group's statistics then come from a pass with
+    the groups before it already quantized (o_proj sees quantized q/k/v's outputs), one block pass per group."""
     groups = _find_groups(block, prefix, linears, inputs[0])
     total_rows = sum(_rows(inp) for inp in inputs)
+    sequential = any(getattr(config, "true_sequential", False) for _, config in linears.values())
+    for stage in ([g] for g in groups) if sequential else [groups]:
+        _calibrate_groups(block, stage, linears, inputs, data, plan, undo, shared, total_rows)
+
+
+def _calibrate_groups(block, groups, linears, inputs, data, plan, undo, shared, total_rows) -> None:
     for g in groups:  # statistics only for inputs some config needs them for
         if any(linears[f][1].needs_calibration_data() for f in g.members):
             k = linears[g.members[0]][0].in_features
             gptq = any(isinstance(linears[f][1], GPTQConfig) for f in g.members)
             g.stats = InputStats(k, total_rows, hessian=gptq, max_rows=data.max_rows)
-    _collect(block, linears, groups, inputs)
+    if any(g.stats is not None for g in groups):
+        _collect(block, linears, groups, inputs)
     if any(_scaler(g, linears)[0] is not None for g in groups):
         reference = _block_output(block, inputs[0])
         for g in groups:
-            _scale_group(g, linears, undo, lambda: _same_function(_block_output(block, inputs[0]), reference))
+            _scale_group(g, linears, undo, lambda: _same_function(_block_output(block, inputs[0]), reference),
+                         shared)
     for g in groups:
         for fqn in g.members:
             module, config = linears[fqn]
@@ -176,8 +214,11 @@ def _calibrate_block(block, prefix, linears, inputs, data, plan, undo) -> None:
 
 
 def _rows(inp) -> int:
+    """Token rows of one batch: hidden states (..., K) inside a block; token ids (or a dict of them) for a model."""
     x = inp.args[0] if inp.args else next(iter(inp.kwargs.values()))
-    return x.numel() // x.shape[-1]
+    if isinstance(x, dict):
+        x = next(v for v in x.values() if isinstance(v, torch.Tensor))
+    return x.numel() // x.shape[-1] if x.is_floating_point() else x.numel()
 
 
 def _find_groups(block, prefix, linears, first) -> list[_Group]:
@@ -259,16 +300,33 @@ def _collect(block, linears, groups, inputs) -> None:
 # ------------------------------------------------------------------------------------------------ scaling
 
 def _scaler(g: _Group, linears):
-    kinds = {type(linears[f][1]) for f in g.members}
+    """(AWQConfig, SmoothQuantConfig or None: how this input is scaled; whether every member agrees)."""
+    kinds = {_scaling_kind(linears[f][1]) for f in g.members}
     for kind in (AWQConfig, SmoothQuantConfig):
         if kind in kinds:
-            return kind, kinds == {kind}
+            members = {linears[f][1] for f in g.members}
+            return kind, kinds == {kind} and len({_alpha(c) for c in members}) == 1
     return None, True
+
+
+def _scaling_kind(config):
+    """A static-activation config that calibrates with ``smoothing`` scales its input as SmoothQuant does."""
+    if isinstance(config, (AWQConfig, SmoothQuantConfig)):
+        return type(config)
+    return SmoothQuantConfig if getattr(config, "smoothing", None) is not None and config.act_scale is None else None
+
+
+def _alpha(config) -> float | None:
+    if isinstance(config, SmoothQuantConfig):
+        return config.alpha  # the wrapper's strength replaces its base's own smoothing
+    return getattr(config, "smoothing", None)
 
 
 def _block_output(block, inp) -> torch.Tensor:
     out = run_block(block, [inp])[0]
-    return out.args[0] if out.args else next(iter(out.kwargs.values()))
+    out = out.args[0] if out.args else next(iter(out.kwargs.values()))
+    # a whole model's output: a ModelOutput / dict (logits, embeddings, ...): its first tensor
+    return next(v for v in out.values() if isinstance(v, torch.Tensor)) if isinstance(out, dict) else out
 
 
 def _same_function(out: torch.Tensor, reference: torch.Tensor) -> bool:
@@ -276,7 +334,7 @@ def _same_function(out: torch.Tensor, reference: torch.Tensor) -> bool:
     return bool((out - reference).norm() <= 1e-4 * reference.norm())
 
 
-def _scale_group(g: _Group, linears, undo: _Undo, unchanged) -> None:
+def _scale_group(g: _Group, linears, undo: _Undo, unchanged, shared: set[int]) -> None:
     kind, alone = _scaler(g, linears)
     if kind is None:
         return
@@ -284,8 +342,10 @@ def _scale_group(g: _Group, linears, undo: _Undo, unchanged) -> None:
     if not alone:
         g.note = f"{name}: not scaled, the Linears sharing this input ({', '.join(g.members)}) have other configs"
         return
-    if g.fold is None:
-        g.note = f"{name}: not scaled, no norm / Linear before this input to fold 1/s into"
+    tied = [f for f in g.members if id(linears[f][0].weight) in shared]
+    if tied:
+        g.note = (f"{name}: not scaled, the weight of {', '.join(tied)} is shared with another module (tied): it "
+                  f"would read the scaled columns")
         return
     weights = [linears[f][0].weight.detach() for f in g.members]
     if kind is AWQConfig:
@@ -293,22 +353,28 @@ def _scale_group(g: _Group, linears, undo: _Undo, unchanged) -> None:
         grids = [ConfigGrid(linears[f][1].base, w, f"{f}.weight") for f, w in zip(g.members, weights)]
         s, ratio = awq_scales(g.stats.sample(), g.stats.mean_abs, weights, [gr.fake_quantize for gr in grids],
                               config.n_grid)
-        g.note = f"awq: scales mean|x|^{ratio:.2f} folded into {g.fold[0]}"
+        what = f"awq: scales mean|x|^{ratio:.2f}"
     else:
-        alpha = linears[g.members[0]][1].alpha
+        alpha = _alpha(linears[g.members[0]][1])
         s = smoothing_scales(g.stats.absmax, weights, alpha)
-        g.note = f"smoothquant: scales folded into {g.fold[0]}"
+        what = f"smoothquant alpha {alpha:g}: scales"
+    g.smooth = s
+    if g.fold is None:
+        g.on_layer = True
+        g.note = f"{what} kept on the layer as its input_scale (no norm / Linear before this input to fold 1/s into)"
+        return
+    g.note = f"{what} folded into {g.fold[0]}"
     mine = _Undo()
     _fold(g.fold[1], s, mine)
     for f, w in zip(g.members, weights):
         mine.set(linears[f][0], "weight", (w.float() * s).to(w.dtype))
     if not unchanged():  # e.g. a post-norm block: the norm's output is also the residual, so 1/s can't go there
         mine.restore()
-        g.note = (f"{name}: not scaled, folding 1/s into {g.fold[0]} would change the model (its output feeds more "
-                  f"than these Linears)")
+        g.on_layer = True
+        g.note = (f"{what} kept on the layer as its input_scale (folding 1/s into {g.fold[0]} would change the "
+                  f"model: its output feeds more than these Linears)")
         return
     undo.adopt(mine)
-    g.smooth = s
 
 
 def _fold(target: nn.Module, s: torch.Tensor, undo: _Undo) -> None:
@@ -324,7 +390,17 @@ def _fold(target: nn.Module, s: torch.Tensor, undo: _Undo) -> None:
 # ------------------------------------------------------------------------------------------------ quantize
 
 def _quantize_member(fqn: str, module: nn.Linear, config, g: _Group) -> AffineQuantizedTensor:
-    weight, name = module.weight.detach(), f"{fqn}.weight"
+    """The member's quantized weight; with the group's scales kept on the layer (``g.on_layer``), W s quantized and
+    1 / s stored as its input_scale."""
+    weight = module.weight.detach()
+    if not g.on_layer:
+        return _quantize_weight(fqn, weight, config, g)
+    scaled = (weight.float() * g.smooth).to(weight.dtype)
+    return _quantize_weight(fqn, scaled, config, g).with_changes({INPUT_SCALE: (1.0 / g.smooth).float()})
+
+
+def _quantize_weight(fqn: str, weight: torch.Tensor, config, g: _Group) -> AffineQuantizedTensor:
+    name = f"{fqn}.weight"
     if isinstance(config, GPTQConfig):
         grid = ConfigGrid(config.base, weight, name)
         codes, scale, zero = gptq_codes(weight, g.stats.hessian.h, grid, damp=config.damp, block=config.block,
@@ -339,7 +415,13 @@ def _quantize_member(fqn: str, module: nn.Linear, config, g: _Group) -> AffineQu
     elif isinstance(config, SmoothQuantConfig):
         config = config.base
     if config.needs_calibration_data():  # static activation scale, after any smoothing
-        r = static_range(g.stats, config.observer, config.percentile, g.smooth)
-        qmax = 127.0 if not hasattr(config, "activation_dtype") else float(config.activation_dtype.qmax)
+        qdtype = getattr(config, "activation_dtype", int8)
+        qmax = float(qdtype.qmax)
+
+        def fake_quantize(x, r):
+            return ActivationQuantSpec(qdtype, PerTensor(), static_scale=max(r, 1e-12) / qmax).fake_quantize(x)
+
+        r = static_range(g.stats, config.observer, config.percentile, g.smooth, fake_quantize=fake_quantize,
+                         weight=weight)
         config = dataclasses.replace(config, act_scale=max(r, 1e-12) / qmax)
     return handler_for(config)(config, weight, name)

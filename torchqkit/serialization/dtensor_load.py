@@ -131,7 +131,7 @@ def _read_quantized_shard(ckpt, name: str, plan: ShardPlan) -> AffineQuantizedTe
         dim, start, length = plan.cut
         return aten.slice.Tensor(real, dim, start, start + length).map_tensors(torch.clone)
     tensors = {n: (read[n].read_narrow(stored[n], *narrows[n]) if n in parts else None)
-               for n in plan.shard.qlayout.tensor_names}
+               for n in dict.fromkeys((*plan.shard.qlayout.tensor_names, *parts))}  # + an input_scale, each read once
     return AffineQuantizedTensor(tensors, **plan.shard.attributes())
 
 

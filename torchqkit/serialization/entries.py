@@ -26,9 +26,9 @@ from ..core import granularity as _granularity
 from ..core.granularity import validate_block_size
 from ..core.primitives import MappingType, ZeroPointDomain
 from ..core.qdtype import qdtype_from_name
-from ..layouts.base import WeightFormat, layout_class
+from ..layouts.base import FLOAT_DTYPES, PackedSpec, WeightFormat, layout_class
 from ..tensor.activation import ActivationQuantSpec, KernelPreference
-from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from ..tensor.affine_quantized_tensor import INPUT_SCALE, AffineQuantizedTensor
 from .safetensors_file import CheckpointError
 
 __all__ = ["INNER_SEP", "encode_entry", "decode_entry", "check_tensors", "ORIG_DTYPES"]
@@ -90,10 +90,13 @@ def decode_entry(entry) -> dict:
 
 
 def check_tensors(attrs: dict, stored: list[str], shapes: dict[str, tuple], dtypes: dict[str, torch.dtype]) -> None:
-    """The stored inner tensors are exactly the ones the layout packs, with the shapes and dtypes it packs."""
+    """The stored inner tensors are exactly the ones the layout packs, with the shapes and dtypes it packs (plus
+    an optional ``input_scale`` of in_features floats, see Note [Input scale] in tensor/affine_quantized_tensor.py)."""
     layout = attrs["qlayout"]
     specs = layout.packed_specs(WeightFormat.of(attrs["qdtype"], attrs["block_size"], attrs["logical_shape"],
                                                 attrs["zero_point_domain"]))
+    if INPUT_SCALE in stored:
+        specs = {**specs, INPUT_SCALE: PackedSpec((attrs["logical_shape"][-1],), FLOAT_DTYPES)}
     if sorted(stored) != sorted(specs):
         raise ValueError(f"{layout!r} stores {sorted(specs)} for this weight, the entry lists {sorted(stored)}")
     for inner, spec in specs.items():

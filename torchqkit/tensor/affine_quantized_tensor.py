@@ -11,6 +11,9 @@ dequantize-and-run.
 See Note [Transposed view]: ``t()`` never moves data. It flips ``transposed`` and swaps the outer shape,
 so every layout gets transposition for free; ``mm(x, W.t())`` (the forward) is served by the layout's
 linear, ``mm(grad, W)`` (linear's backward w.r.t. the input) by the dequantized weight.
+
+See Note [Input scale]: an optional per-input-channel ``input_scale`` (K,) multiplies x before the layout's
+kernel (AWQ / SmoothQuant scales that no previous op could absorb).
 """
 from __future__ import annotations
 
@@ -27,10 +30,23 @@ from ..layouts.base import WeightFormat
 from .dispatch import GENERIC_OPS, UnsupportedOpError
 from .fsdp import post_all_gather, pre_all_gather
 
-__all__ = ["AffineQuantizedTensor"]
+__all__ = ["AffineQuantizedTensor", "INPUT_SCALE"]
 
 _ATTRS = ("qdtype", "block_size", "logical_shape", "orig_dtype", "qlayout", "zero_point_domain",
           "act_quant", "kernel_preference", "transposed")
+
+# Note [Input scale]
+# ~~~~~~~~~~~~~~~~~~
+# AWQ and SmoothQuant compute x W^T as (x / s)(W s)^T and fold 1 / s into the op that produces x (a norm, a
+# Linear's rows). Where no such op exists (LLaMA's o_proj behind grouped KV heads, BERT's post-norm Linears,
+# whose norm output is also the residual) the quantized weight keeps a = 1 / s itself: ``input_scale`` (K,),
+# a float inner tensor next to the layout's, multiplied into x inside ``linear`` before the layout's kernel
+# (so every kernel, layout and activation quantization sees x * a), while the codes hold W s. It is layer data
+# like the codes: flattened for torch.compile, saved with the checkpoint, cut with a slice along K (sharding),
+# moved by .to(). ``dequantize()`` returns the weight the Linear computes with, codes' weight * a (columns), so
+# F.linear(x, w.dequantize()) stays the reference of w.linear(x). Layouts never see it: their ops run on the
+# tensor without it and AffineQuantizedTensor puts it back (see _without_input_scale).
+INPUT_SCALE = "input_scale"
 
 
 class AffineQuantizedTensor(torch.Tensor):
@@ -41,7 +57,8 @@ class AffineQuantizedTensor(torch.Tensor):
     orig_dtype: outer dtype (dequantize() returns it); qlayout: Layout instance (``Tensor.layout`` is torch's own);
     zero_point_domain: ZeroPointDomain; act_quant: ActivationQuantSpec or None;
     kernel_preference: KernelPreference; transposed: bool, see Note [Transposed view].
-    Inner tensors: whatever ``layout.tensor_names`` lists (plain: qdata, scale, zero_point).
+    Inner tensors: whatever ``layout.tensor_names`` lists (plain: qdata, scale, zero_point), plus the optional
+    ``input_scale``: (K,) float, multiplies the input before the kernel (see Note [Input scale]).
     """
 
     @staticmethod
@@ -59,10 +76,14 @@ class AffineQuantizedTensor(torch.Tensor):
                  zero_point_domain, act_quant: ActivationQuantSpec | None = None,
                  kernel_preference=KernelPreference.AUTO, transposed=False):
         missing = [n for n in qlayout.tensor_names if n not in tensors]
-        if missing or set(tensors) - set(qlayout.tensor_names):
-            raise ValueError(f"{type(qlayout).__name__} stores tensors {qlayout.tensor_names}, got {sorted(tensors)}")
+        if missing or set(tensors) - {*qlayout.tensor_names, INPUT_SCALE}:
+            raise ValueError(f"{type(qlayout).__name__} stores tensors {qlayout.tensor_names} (and an optional "
+                             f"{INPUT_SCALE}), got {sorted(tensors)}")
         for name in qlayout.tensor_names:
             setattr(self, name, tensors[name])
+        self.input_scale = tensors.get(INPUT_SCALE)
+        if self.input_scale is not None:
+            _check_input_scale(self.input_scale, logical_shape)
         self.qdtype = qdtype
         self.block_size = tuple(int(b) for b in block_size)
         self.logical_shape = tuple(int(s) for s in logical_shape)
@@ -75,7 +96,11 @@ class AffineQuantizedTensor(torch.Tensor):
 
     # ------------------------------------------------------------------ structure
     def inner_tensors(self) -> dict:
-        return {n: getattr(self, n) for n in self.qlayout.tensor_names}
+        """The layout's inner tensors (None ones included), then ``input_scale`` when there is one."""
+        tensors = {n: getattr(self, n) for n in self.qlayout.tensor_names}
+        if self.input_scale is not None:
+            tensors[INPUT_SCALE] = self.input_scale
+        return tensors
 
     @property
     def weight_format(self) -> WeightFormat:
@@ -99,13 +124,15 @@ class AffineQuantizedTensor(torch.Tensor):
                                  **attrs)
 
     def __tensor_flatten__(self):
-        names = [n for n in self.qlayout.tensor_names if getattr(self, n) is not None]
+        names = [n for n, t in self.inner_tensors().items() if t is not None]
         return names, tuple(getattr(self, a) for a in _ATTRS)
 
     @staticmethod
     def __tensor_unflatten__(inner_tensors, ctx, outer_size, outer_stride):
         attrs = dict(zip(_ATTRS, ctx))
         tensors = {n: inner_tensors.get(n) for n in attrs["qlayout"].tensor_names}
+        if inner_tensors.get(INPUT_SCALE) is not None:
+            tensors[INPUT_SCALE] = inner_tensors[INPUT_SCALE]
         return AffineQuantizedTensor(tensors, **attrs)
 
     # ------------------------------------------------------------------ numerics
@@ -115,6 +142,8 @@ class AffineQuantizedTensor(torch.Tensor):
         w = dequantize_affine(parts.qdata, self.qdtype, self.block_size, parts.scale, parts.zero_point,
                               zero_point_domain=self.zero_point_domain,
                               output_dtype=output_dtype or self.orig_dtype, name="weight")
+        if self.input_scale is not None:  # the weight the Linear computes with, see Note [Input scale]
+            w = (w.float() * self.input_scale.float()).to(w.dtype)
         return w.t() if self.transposed else w
 
     def qparams_problem(self, codes: bool = True) -> str | None:
@@ -170,7 +199,7 @@ class AffineQuantizedTensor(torch.Tensor):
             raise UnsupportedOpError(F.linear, self.qlayout, self.qlayout.ops.fns)
         if self.act_quant is not None and x.requires_grad and torch.is_grad_enabled():
             return _StraightThroughActivation.apply(x, self, bias, fn)
-        return fn(self, x, bias)
+        return fn(self, _scaled_input(self, x), bias)
 
     # ---------------------------------------------------- FSDP2 (Note [FSDP2 all-gather of packed storage] in fsdp.py)
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
@@ -199,6 +228,8 @@ class AffineQuantizedTensor(torch.Tensor):
             raise RuntimeError(_COPY_INTO_FLOAT.format(dst=f"{args[0].dtype} tensor of shape {tuple(args[0].shape)}",
                                                        src=args[1]))
         self = _first_quantized((*args, *kwargs.values()))
+        if self.input_scale is not None and func in self.qlayout.ops.fns:
+            return _layout_op_with_input_scale(func, args, kwargs)
         fn = self.qlayout.ops.get(func) or GENERIC_OPS.get(func)
         if fn is None:
             raise UnsupportedOpError(func, self.qlayout, {**GENERIC_OPS.fns, **self.qlayout.ops.fns})
@@ -209,17 +240,52 @@ class AffineQuantizedTensor(torch.Tensor):
         # version (hash of torchqkit's sources) and every attribute that changes the traced graph.
         from .code_version import code_version
         attrs = ",".join(f"{a}={getattr(self, a)!r}" for a in _ATTRS)
-        return f"torchqkit:{code_version()}:{attrs}"
+        return f"torchqkit:{code_version()}:{attrs},input_scale={self.input_scale is not None}"
 
     def __repr__(self) -> str:
         act = "None" if self.act_quant is None else f"'{self.act_quant}'"
         t = ", transposed=True" if self.transposed else ""
+        a = "" if self.input_scale is None else f", input_scale=({self.input_scale.shape[0]},)"
         return (f"AffineQuantizedTensor(qdtype={self.qdtype.name}, block_size={self.block_size}, "
                 f"layout={self.qlayout}, shape={tuple(self.shape)}, dtype={self.orig_dtype}, "
-                f"act_quant={act}, kernel={self.kernel_preference.value}{t})")
+                f"act_quant={act}, kernel={self.kernel_preference.value}{a}{t})")
 
 
 _LINEAR_FUNCS = (F.linear, torch.ops.aten.linear.default)
+
+
+def _check_input_scale(a, logical_shape) -> None:
+    k = logical_shape[-1]
+    if not isinstance(a, torch.Tensor) or a.dim() != 1 or a.shape[0] != k or not a.is_floating_point():
+        got = f"{a.dtype} tensor of shape {tuple(a.shape)}" if isinstance(a, torch.Tensor) else type(a).__name__
+        raise ValueError(f"input_scale multiplies the {k} input features of a weight of shape {tuple(logical_shape)}: "
+                         f"it must be a 1-d float tensor of {k} elements, got a {got}")
+
+
+def _scaled_input(w: "AffineQuantizedTensor", x: torch.Tensor) -> torch.Tensor:
+    return x if w.input_scale is None else x * w.input_scale.to(x.dtype)
+
+
+def _layout_op_with_input_scale(func, args, kwargs):
+    """A layout op (slice, ...) on a weight with an input_scale: the layout runs on the weight without it (it
+    knows only its own tensors), and the result gets it back, cut the same way when the op cut K."""
+    w = args[0]
+    out = w.qlayout.ops.get(func)(func, (w.with_changes({INPUT_SCALE: None}), *args[1:]), kwargs)
+    if not isinstance(out, AffineQuantizedTensor):
+        raise NotImplementedError(f"{func} on a quantized weight with an input_scale returned "
+                                  f"{type(out).__name__}; call .dequantize() first")
+    scale = w.input_scale
+    if out.logical_shape[-1] != w.logical_shape[-1]:
+        if func is not torch.ops.aten.slice.Tensor:
+            raise NotImplementedError(f"{func} changes in_features of a quantized weight with an input_scale, and "
+                                      f"only aten.slice knows how to cut the scale with it; call .dequantize() first")
+        start = args[2] if len(args) > 2 and args[2] is not None else 0
+        k = w.logical_shape[-1]
+        start = max(0, min(k, start + k if start < 0 else start))  # as aten.slice clamps (the layout checked it)
+        scale = scale.narrow(0, start, out.logical_shape[-1])
+    _check_input_scale(scale, out.logical_shape)
+    out.input_scale = scale  # on the op's own result: keeps the aliasing it set up
+    return out
 
 
 def _first_quantized(args):
@@ -309,7 +375,7 @@ class _StraightThroughActivation(torch.autograd.Function):
         ctx.w = w
         ctx.bias_shape = None if bias is None else bias.shape
         with torch.no_grad():
-            return fn(w, x, bias)
+            return fn(w, _scaled_input(w, x), bias)
 
     @staticmethod
     def backward(ctx, grad):

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import is_fake
 
-from .affine_quantized_tensor import AffineQuantizedTensor
+from .affine_quantized_tensor import INPUT_SCALE, AffineQuantizedTensor
 from .dispatch import fill_defaults
 
 __all__ = ["embedding", "row_tile", "GAP_ELEMS", "CHUNK_ELEMS"]
@@ -88,7 +88,8 @@ def _gather_rows(weight: AffineQuantizedTensor, indices: torch.Tensor) -> torch.
         raise IndexError(f"index out of range in self: id {bad} in an embedding of {n} rows (quantized weight "
                          f"{tuple(weight.shape)})")
     rows, inverse = torch.unique(flat, sorted=True, return_inverse=True)
-    picked = weight.qlayout.gather_rows(weight, rows)
+    # The layout picks rows of its own tensors; an input_scale (one per column) stays whole (with_changes keeps it)
+    picked = weight.qlayout.gather_rows(weight.with_changes({INPUT_SCALE: None}), rows)
     if picked is not None:  # row-major storage: exactly the rows needed, one index_select per inner tensor
         table = weight.with_changes(picked, logical_shape=(rows.numel(), k)).dequantize()
         return table[inverse].reshape(*indices.shape, k)

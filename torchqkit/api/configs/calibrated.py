@@ -48,15 +48,18 @@ class CalibratedConfig(QuantConfig):
 class GPTQConfig(CalibratedConfig):
     """GPTQ codes for ``base``'s qparams grid: damp (fraction of the mean Hessian diagonal added to it),
     block (columns per lazy batch update), act_order (columns by decreasing Hessian diagonal; implies
-    static_groups), static_groups (every group's qparams from the original weight, not the updated one)."""
+    static_groups), static_groups (every group's qparams from the original weight, not the updated one), true_sequential
+    (inside a decoder block, each set of Linears sharing an input is calibrated after the ones before it are
+    quantized: o_proj's Hessian from quantized q/k/v, down_proj's from quantized gate/up; one block pass each)."""
     damp: float = field(default=0.01, metadata={"gt": 0.0, "le": 1.0})
     block: int = field(default=128, metadata={"ge": 1})
     act_order: bool = False
     static_groups: bool = False
+    true_sequential: bool = False
     BASES = (Int4WeightOnlyConfig, IntxWeightOnlyConfig, Int8WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig)
 
     def describe(self):
-        order = " act-order" if self.act_order else ""
+        order = (" act-order" if self.act_order else "") + (" true-sequential" if self.true_sequential else "")
         return f"gptq{order} ({self.base.describe()})"
 
 

@@ -3,7 +3,22 @@ Float8StaticActivationFloat8WeightConfig.
 
 A static config takes its per-tensor activation scale as ``act_scale``, or, left None, from calibration data
 (``quantize_(..., calibration_data=batches)``): the observer sees every input of the Linear and sets
-scale = range / qmax, the range being max|x| ("minmax") or the ``percentile``-th percentile of |x|.
+scale = range / qmax, the range being max|x| ("minmax"), the ``percentile``-th percentile of |x|, or the range
+that minimises the Linear's output error ("mse", see Note [MSE-optimal activation range] in
+algorithms/observers.py).
+
+Note [Static int8 needs smoothing]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+One int8 scale per tensor, fixed before the data is seen, has 255 levels for every token. LLM Linear inputs
+have channels (and a few tokens) far outside the typical range: on SmolLM2 the down_proj input of layer 11 reaches
+3215 on a few tokens while a typical token's max is 1.5, so min/max puts the step at 25 and every ordinary value
+rounds to zero (``python benchmarks/bench_calibration.py --outliers``: down_proj inputs are the worst in 12 of 12); clipping to the typical range (percentile, or the MSE search alone) destroys those tokens
+instead. Per-token dynamic scales don't have this problem, which is why static scales alone were 35x dynamic's
+perplexity increase there. SmoothQuant (Xiao et al., 2022) moves each channel's range into the weights with
+s_j = max|x_j|^a / max|w_j|^(1 - a) before the scale is observed; the paper's per-tensor static setting (O3) uses
+it, and llm-compressor's int8 W8A8 recipes pair it with a strength of 0.8. So ``smoothing`` (the strength a) is
+on by default, at 0.8, when the scale is calibrated; ``smoothing=None`` observes the raw inputs. Wrapped in
+SmoothQuantConfig, the wrapper's alpha is the one used.
 """
 from __future__ import annotations
 
@@ -21,7 +36,7 @@ from .base import QuantConfig, register_config
 
 __all__ = ["Int8StaticActivationInt8WeightConfig", "Observer", "needs_static_scale"]
 
-Observer = Literal["minmax", "percentile"]
+Observer = Literal["minmax", "percentile", "mse"]
 
 
 def needs_static_scale(config, weight, name) -> None:
@@ -42,8 +57,10 @@ def _int8_static_transform(config, weight, name):
 @dataclass(frozen=True, kw_only=True)
 class Int8StaticActivationInt8WeightConfig(QuantConfig):
     """int8 activations with one static per-tensor scale (symmetric) x int8 per-channel symmetric weights.
-    act_scale None: calibrated by ``observer`` ("minmax" or "percentile" of |x|, see the module docstring)."""
+    act_scale None: calibrated by ``observer`` ("minmax", "percentile" of |x| or "mse", see the module docstring)
+    after SmoothQuant scaling of strength ``smoothing`` (None: none; see Note [Static int8 needs smoothing])."""
     act_scale: float | None = field(default=None, metadata={"gt": 0.0})
+    smoothing: float | None = field(default=0.8, metadata={"ge": 0.0, "le": 1.0})
     observer: Observer = "minmax"
     percentile: float = field(default=99.99, metadata={"gt": 0.0, "le": 100.0})
     layout: Layout = field(default_factory=PlainLayout)
@@ -53,4 +70,6 @@ class Int8StaticActivationInt8WeightConfig(QuantConfig):
 
     def describe(self):
         scale = f"scale {self.act_scale:g}" if self.act_scale is not None else f"calibrated {self.observer}"
+        if self.act_scale is None and self.smoothing is not None:
+            scale += f", smoothing {self.smoothing:g}"
         return f"int8 static act ({scale}) x int8 weight"
