@@ -109,6 +109,19 @@ class Layout:
         """Why this layout can't store such a tensor, or None if it can."""
         return None
 
+    def symmetric_2d_problem(self, fmt: WeightFormat, why_no_zero_point: str, block_k: int | None = None) -> str | None:
+        """The checks supports() shares for codebook and float layouts: no zero point, a 2-d weight, and (when
+        ``block_k`` is given) blocks of (1, block_k) along K."""
+        name = type(self).__name__
+        if ZeroPointDomain(fmt.zero_point_domain) is not ZeroPointDomain.NONE:
+            return f"{name} stores {why_no_zero_point}: no zero point"
+        if len(fmt.shape) != 2:
+            return f"{name} stores 2-d (out_features, in_features) weights, got shape {tuple(fmt.shape)}"
+        if block_k is not None and tuple(fmt.block_size) != (1, block_k):
+            return (f"{self!r} needs blocks of (1, {block_k}) along K, got block_size {tuple(fmt.block_size)} for "
+                    f"shape {tuple(fmt.shape)}")
+        return None
+
     def slice_multiple(self, fmt: WeightFormat, dim: int) -> int:
         """Slices along ``dim`` (of the stored, untransposed shape) must start and end at multiples of this;
         an end at the dim's size is always allowed. Default: whole blocks, or 1 when the dim is a single

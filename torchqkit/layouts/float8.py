@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-from ..core.primitives import ZeroPointDomain, pad_to, padded_shape
+from ..core.primitives import pad_to, padded_shape
 from ..core.qdtype import QKind
 from .base import Layout, PlainParts, WeightFormat, crop_features, pad_features, register_layout
 from .routes import Route
@@ -34,14 +34,9 @@ class Float8Layout(Layout):
     row_major = True
 
     def supports(self, fmt: WeightFormat):
-        qdtype, block_size, shape, zero_point_domain = fmt
-        if qdtype.kind is not QKind.FLOAT8:
-            return f"Float8Layout stores float8_e4m3fn / float8_e5m2 codes, not {qdtype.name}"
-        if ZeroPointDomain(zero_point_domain) is not ZeroPointDomain.NONE:
-            return "Float8Layout stores symmetric float8 codes: no zero point"
-        if len(shape) != 2:
-            return f"Float8Layout stores 2-d weights, got shape {tuple(shape)}"
-        return None
+        if fmt.qdtype.kind is not QKind.FLOAT8:
+            return f"Float8Layout stores float8_e4m3fn / float8_e5m2 codes, not {fmt.qdtype.name}"
+        return self.symmetric_2d_problem(fmt, "symmetric float8 codes")
 
     def pack(self, parts: PlainParts, fmt: WeightFormat):
         qdtype, block_size = fmt.qdtype, fmt.block_size

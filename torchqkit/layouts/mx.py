@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.primitives import ZeroPointDomain, pad_to, padded_shape
+from ..core.primitives import pad_to, padded_shape
 from ..core.qdtype import float8_e4m3fn, float8_e5m2, fp4_e2m1
 from ..kernels.ops.common import split_nibbles
 from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
@@ -46,15 +46,9 @@ class MXLayout(Layout):
     row_major = True
 
     def supports(self, fmt: WeightFormat):
-        qdtype, block_size, shape, zero_point_domain = fmt
-        if qdtype not in _ELEMENTS:
-            return f"MXLayout stores {', '.join(q.name for q in _ELEMENTS)} elements, not {qdtype.name}"
-        if ZeroPointDomain(zero_point_domain) is not ZeroPointDomain.NONE:
-            return "MXLayout stores power-of-two scaled elements: no zero point"
-        if len(shape) != 2 or tuple(block_size) != (1, MX_BLOCK):
-            return (f"MXLayout needs blocks of (1, {MX_BLOCK}) along K of a 2-d weight (OCP MX), got block_size "
-                    f"{tuple(block_size)} for shape {tuple(shape)}")
-        return None
+        if fmt.qdtype not in _ELEMENTS:
+            return f"MXLayout stores {', '.join(q.name for q in _ELEMENTS)} elements, not {fmt.qdtype.name}"
+        return self.symmetric_2d_problem(fmt, "power-of-two scaled elements (OCP MX)", block_k=MX_BLOCK)
 
     def slice_multiple(self, fmt: WeightFormat, dim: int) -> int:
         # MX blocks are 32 elements by definition: a slice along K never shrinks one.

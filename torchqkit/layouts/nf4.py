@@ -40,8 +40,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from ..core.primitives import (ZeroPointDomain, choose_qparams_affine, dequantize_affine, pad_to, padded_shape,
-                               quantize_affine)
+from ..core.primitives import choose_qparams_affine, dequantize_affine, pad_to, padded_shape, quantize_affine
 from ..core.qdtype import int8, nf4
 from ..kernels.ops.common import split_nibbles
 from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
@@ -67,15 +66,9 @@ class NF4Layout(Layout):
         object.__setattr__(self, "double_quant", bool(self.double_quant))
 
     def supports(self, fmt: WeightFormat):
-        qdtype, block_size, shape, zero_point_domain = fmt
-        if qdtype is not nf4:
-            return f"NF4Layout stores nf4 codes, not {qdtype.name}"
-        if ZeroPointDomain(zero_point_domain) is not ZeroPointDomain.NONE:
-            return "NF4Layout stores absmax-scaled codes: no zero point"
-        if len(shape) != 2 or tuple(block_size) != (1, self.block_size):
-            return (f"NF4Layout(block_size={self.block_size}) needs blocks of (1, {self.block_size}) along K of a "
-                    f"2-d weight, got block_size {tuple(block_size)} for shape {tuple(shape)}")
-        return None
+        if fmt.qdtype is not nf4:
+            return f"NF4Layout stores nf4 codes, not {fmt.qdtype.name}"
+        return self.symmetric_2d_problem(fmt, "absmax-scaled codes", block_k=self.block_size)
 
     def slice_multiple(self, fmt: WeightFormat, dim: int) -> int:
         # Along K, a slice must keep whole bytes (two codes) even when K is one block.
