@@ -185,7 +185,11 @@ def _tile(codes: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
 def _untile(words: torch.Tensor, inner_k_tiles: int) -> torch.Tensor:
     nt, nc, _, nw = words.shape
     word_bytes = words.contiguous().view(torch.uint8).reshape(nt, nc, 32, nw, 4)
-    nibbles = torch.stack([word_bytes & 0xF, word_bytes >> 4], dim=-1)  # nibble p = byte p // 2, high if p odd
+    # Nibble p = byte p // 2, high if p odd. A broadcast shift rather than torch.stack of the two halves:
+    # inductor lowers that stack to a separate cat that unpacks the whole weight, where a pointwise shift
+    # fuses into the consumer (an embedding gather then decodes only the rows it reads).
+    shifts = torch.arange(0, 8, 4, dtype=torch.uint8, device=word_bytes.device)
+    nibbles = (word_bytes.unsqueeze(-1) >> shifts) & 0xF
     nibbles = nibbles.reshape(nt, nc, N_TILE, 4, nw, 2, 2, 2).permute(_FROM_WORDS)
     return nibbles.reshape(nt * N_TILE, nc * K_TILE * inner_k_tiles)
 
