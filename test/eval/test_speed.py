@@ -58,6 +58,9 @@ def test_lean_loop_times_every_token():
     times = loop.run(seen.append)
     assert seen == [0, 1, 2, 3, 4] and len(times) == 5 and times == sorted(times)
     assert loop.compile_seconds is None
+    generated = DecodeLoop(model, PROMPT, 5, decode="generate")
+    generated.run()
+    assert len(loop.tokens) == 5 and loop.tokens == generated.tokens
     assert math.isfinite(decode_tokens_per_second(model, PROMPT, new_tokens=5, repeats=1))
 
 

@@ -36,7 +36,7 @@ class DecodeLoop:
     """One greedy decode loop over a fixed prompt, ready to run again and again (a lean loop compiles once).
 
     run(on_token) decodes `new_tokens` tokens and returns the time (time.perf_counter) at which each exists;
-    on_token(i) is called at that moment. compile_seconds: how long the lean loop's first compiled step took
+    on_token(i) is called at that moment; `tokens` then holds the run's new token ids. compile_seconds: how long the lean loop's first compiled step took
     (None until it ran, or when nothing is compiled).
     """
 
@@ -51,6 +51,7 @@ class DecodeLoop:
             raise ValueError(f"new_tokens must be an int >= 2 (the first token comes from the prefill), "
                              f"got {new_tokens!r}")
         self.model, self.new_tokens, self.decode = model, new_tokens, decode
+        self.tokens: list[int] = []
         self.ids = check_token_ids(input_ids, model_vocab_size(model)).unsqueeze(0)
         for tensor in model.parameters():
             self.ids = self.ids.to(tensor.device)
@@ -75,15 +76,16 @@ class DecodeLoop:
         try:
             with torch.no_grad():
                 if self._decoder is not None:
-                    self._decoder.generate(self.ids, self.new_tokens, on_token=stamp)
+                    new = self._decoder.generate(self.ids, self.new_tokens, on_token=stamp)
                 elif self.decode == "generate":
-                    _generate_run(self.model, self.ids, self.new_tokens, stamp)
+                    new = _generate_run(self.model, self.ids, self.new_tokens, stamp)
                 else:
-                    _recompute_run(self.model, self.ids, self.new_tokens, stamp)
+                    new = _recompute_run(self.model, self.ids, self.new_tokens, stamp)
         finally:
             self.model.train(was_training)
         if len(times) != self.new_tokens:
             raise RuntimeError(f"the model generated {len(times)} tokens instead of {self.new_tokens}")
+        self.tokens = new.reshape(-1).tolist()
         return times
 
 
@@ -109,7 +111,8 @@ def decode_tokens_per_second(model: nn.Module, input_ids: torch.Tensor, new_toke
     return (new_tokens - 1) / statistics.median(durations)
 
 
-def _generate_run(model: nn.Module, ids: torch.Tensor, new_tokens: int, stamp: Callable[[int], None]) -> None:
+def _generate_run(model: nn.Module, ids: torch.Tensor, new_tokens: int,
+                  stamp: Callable[[int], None]) -> torch.Tensor:
     from transformers import StoppingCriteria, StoppingCriteriaList
 
     class _Stamps(StoppingCriteria):
@@ -129,13 +132,17 @@ def _generate_run(model: nn.Module, ids: torch.Tensor, new_tokens: int, stamp: C
         pad = getattr(config, "eos_token_id", None)
     if isinstance(pad, (list, tuple)):
         pad = pad[0] if pad else None
-    model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, min_new_tokens=new_tokens,
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, min_new_tokens=new_tokens,
                    max_new_tokens=new_tokens, stopping_criteria=StoppingCriteriaList([_Stamps()]),
                    pad_token_id=pad)
+    return out[0, ids.shape[1]:]
 
 
-def _recompute_run(model: nn.Module, ids: torch.Tensor, new_tokens: int, stamp: Callable[[int], None]) -> None:
+def _recompute_run(model: nn.Module, ids: torch.Tensor, new_tokens: int,
+                   stamp: Callable[[int], None]) -> torch.Tensor:
+    prompt = ids.shape[1]
     for i in range(new_tokens):
         next_id = logits_of(model, ids)[:, -1].argmax(dim=-1, keepdim=True)
         ids = torch.cat([ids, next_id.to(ids.dtype)], dim=1)
         stamp(i)
+    return ids[0, prompt:]
