@@ -33,8 +33,8 @@ import bench_linear  # noqa: E402  (read_bandwidth, cpu_model)
 import bench_model  # noqa: E402  (machine line)
 import llm_models  # noqa: E402
 import torchqkit as qk  # noqa: E402
-from torchqkit.eval import (RECOMMENDED_INDUCTOR_OPTIONS, DecodeLoop, decode_breakdown, eval_text,  # noqa: E402
-                            load_gguf, perplexity, smollm2_gguf_path)
+from torchqkit.eval import (DecodeLoop, decode_breakdown, eval_text, load_gguf, perplexity,  # noqa: E402
+                            smollm2_gguf_path)
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 PEER_PYTHON = "/work/venv-peers/bin/python"
@@ -54,8 +54,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per run (default: 32)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row, median (default: 3)")
     parser.add_argument("--threads", type=int, default=2, help="threads for torch and llama.cpp (default: 2)")
-    parser.add_argument("--inductor", default=json.dumps(RECOMMENDED_INDUCTOR_OPTIONS),
-                        help=f"inductor options (JSON) of the compiled rows (default: {RECOMMENDED_INDUCTOR_OPTIONS})")
+    parser.add_argument("--inductor", default="{}",
+                        help='inductor options (JSON) of the compiled rows, e.g. \'{"freezing": true}\' (default: none)')
     parser.add_argument("--ppl-tokens", type=int, default=512, help="tokens scored for perplexity (0: skip)")
     parser.add_argument("--peer-python", default=PEER_PYTHON, help="a Python with llama-cpp-python ('' to skip)")
     args = parser.parse_args(argv)

@@ -8,7 +8,7 @@
 `python -m torchqkit eval` compares a model before and after quantization (torchqkit/eval/cli.py).
 """
 from .breakdown import DecodeBreakdown, decode_breakdown
-from .decode import RECOMMENDED_INDUCTOR_OPTIONS, LeanDecoder, greedy_decode
+from .decode import LeanDecoder, greedy_decode
 from .models import EVAL_TEXT_SOURCE, ModelLoadError, eval_text, load_gguf, load_hf, smollm2_gguf_path
 from .permute import permute_llama_channels_
 from .perplexity import perplexity
@@ -16,5 +16,5 @@ from .progress import ProgressLine
 from .speed import DECODE_LOOPS, DecodeLoop, decode_tokens_per_second
 
 __all__ = ["perplexity", "decode_tokens_per_second", "DecodeLoop", "DECODE_LOOPS", "greedy_decode", "LeanDecoder",
-           "RECOMMENDED_INDUCTOR_OPTIONS", "decode_breakdown", "DecodeBreakdown", "permute_llama_channels_",
+           "decode_breakdown", "DecodeBreakdown", "permute_llama_channels_",
            "ProgressLine", "ModelLoadError", "load_gguf", "load_hf", "smollm2_gguf_path", "eval_text", "EVAL_TEXT_SOURCE"]

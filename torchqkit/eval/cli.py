@@ -17,7 +17,6 @@ from torchqkit.serialization.cli import parse_config_arg
 from .models import EVAL_TEXT_SOURCE, ModelLoadError, eval_text, load_gguf, load_hf
 from .permute import permute_llama_channels_
 from .perplexity import perplexity
-from .decode import RECOMMENDED_INDUCTOR_OPTIONS
 from .speed import DecodeLoop, decode_tokens_per_second
 
 __all__ = ["add_eval_parser"]
@@ -87,8 +86,8 @@ def add_eval_parser(commands) -> None:
                         help="decode loop timed: lean = torchqkit.eval.LeanDecoder (static KV cache, one-token "
                              "step), generate = transformers' generate() (default: lean)")
     parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the lean loop's one-token step (fullgraph, inductor options "
-                             f"{RECOMMENDED_INDUCTOR_OPTIONS}); the compile time is reported, not timed as decode")
+                        help="torch.compile the lean loop's one-token step (fullgraph); the compile time is "
+                             "reported, not timed as decode")
     parser.add_argument("--permute", action="store_true",
                         help="first permute hidden / intermediate / value-head channels (Llama-style models; "
                              "same function), so a model dequantized from a group-wise GGUF format no longer "
@@ -175,7 +174,7 @@ def _measure(model, ids, window: int, stride: int | None, args: argparse.Namespa
         return ppl, decode_tokens_per_second(model, prompt, new_tokens=args.new_tokens, repeats=args.repeats,
                                              decode=args.decode)
     # One loop for the warm-up (which compiles) and the timed runs, so the compile time can be reported.
-    loop = DecodeLoop(model, prompt, args.new_tokens, compile=True, inductor_options=RECOMMENDED_INDUCTOR_OPTIONS)
+    loop = DecodeLoop(model, prompt, args.new_tokens, compile=True)
     loop.run()
     print(f"{label}: decode step compiled in {loop.compile_seconds:.1f} s (warm-up, not timed)")
     durations = sorted(t[-1] - t[0] for t in (loop.run() for _ in range(args.repeats)))

@@ -18,7 +18,7 @@ from torch import nn
 
 from .perplexity import check_token_ids, model_vocab_size
 
-__all__ = ["LeanDecoder", "greedy_decode", "RECOMMENDED_INDUCTOR_OPTIONS"]
+__all__ = ["LeanDecoder", "greedy_decode"]
 
 # Note [Lean decode]
 # ~~~~~~~~~~~~~~~~~~
@@ -39,9 +39,9 @@ __all__ = ["LeanDecoder", "greedy_decode", "RECOMMENDED_INDUCTOR_OPTIONS"]
 # Tokens equal generate(do_sample=False) with min_new_tokens = max_new_tokens (no early stop at
 # end-of-sequence), up to ties in argmax that a different summation order can flip.
 
-# Inductor options measured on SmolLM2-135M (benchmarks/bench_decode.py): cpp_wrapper moves the compiled
-# graph's Python wrapper (a few hundred kernel calls per step) to C++. Passed per compile, never set globally.
-RECOMMENDED_INDUCTOR_OPTIONS = {"cpp_wrapper": True}
+# Inductor options are passed per compile (torch.compile(options=...)), never set globally. Measured on
+# SmolLM2-135M (README, "Greedy decode"): cpp_wrapper compiles for minutes (a 0.5 MB C++ wrapper for 30
+# layers) and decoded no faster, so the default is inductor's own settings.
 
 
 class LeanDecoder:
@@ -53,7 +53,7 @@ class LeanDecoder:
     max_length: prompt + new tokens of the longest request; the K/V cache holds that many positions.
     compile: torch.compile(fullgraph=True) the one-token step. The first step compiles (seconds to a minute:
         `compile_seconds` says how long); a graph break raises.
-    inductor_options: inductor settings for this compile only (e.g. RECOMMENDED_INDUCTOR_OPTIONS).
+    inductor_options: inductor settings for this compile only, e.g. {"freezing": True}.
     skip_guards: skip dynamo's guard checks after the first step of each call (see Note [Lean decode]).
     """
 
