@@ -158,6 +158,7 @@ def main(argv=None) -> int:
                        same="-" if reference is None or loop_name == "generate" else
                        ("yes" if row["tokens"] == reference else "NO"))
             rows.append(row)
+            print(format_rows([row], bandwidth).splitlines()[1], file=sys.stderr, flush=True)  # progress
         del model
     print(f"machine: {bench_model.machine()}; CPU {bench_linear.cpu_model()}")
     print(f"ISA: TORCHQKIT_CPU_ISA={os.environ.get('TORCHQKIT_CPU_ISA', '(auto)')}, torch CPU capability "
