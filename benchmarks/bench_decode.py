@@ -55,7 +55,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row, median (default: 3)")
     parser.add_argument("--threads", type=int, default=2, help="threads for torch and llama.cpp (default: 2)")
     parser.add_argument("--inductor", default="{}",
-                        help='inductor options (JSON) of the compiled rows, e.g. \'{"freezing": true}\' (default: none)')
+                        help='inductor options (JSON) of the compiled rows, e.g. \'{"freezing": true}\' '
+                             '(default: none)')
     parser.add_argument("--ppl-tokens", type=int, default=512, help="tokens scored for perplexity (0: skip)")
     parser.add_argument("--peer-python", default=PEER_PYTHON, help="a Python with llama-cpp-python ('' to skip)")
     args = parser.parse_args(argv)

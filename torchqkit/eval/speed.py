@@ -36,8 +36,8 @@ class DecodeLoop:
     """One greedy decode loop over a fixed prompt, ready to run again and again (a lean loop compiles once).
 
     run(on_token) decodes `new_tokens` tokens and returns the time (time.perf_counter) at which each exists;
-    on_token(i) is called at that moment; `tokens` then holds the run's new token ids. compile_seconds: how long the lean loop's first compiled step took
-    (None until it ran, or when nothing is compiled).
+    on_token(i) is called at that moment; `tokens` then holds the run's new token ids. compile_seconds: how
+    long the lean loop's first compiled step took (None until it ran, or when nothing is compiled).
     """
 
     def __init__(self, model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *, decode: str = "lean",
