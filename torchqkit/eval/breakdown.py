@@ -19,6 +19,8 @@ __all__ = ["DecodeBreakdown", "decode_breakdown", "KERNEL_GROUPS"]
 # divided by the decode steps. Self time of a multi-threaded op is its wall time on the calling thread
 # (workers included, since it waits for them). "rest" = wall - kernels: everything else a step does. The
 # profiler adds a few microseconds per recorded op, which is why the wall time is not taken from that run.
+# On a busy host the profiled run can be slower than the median of the others: "rest" then comes out small
+# or even negative, a sign to measure again on a quieter machine, not an error to hide.
 # Under torch.compile the norms, rotary embeddings and softmax run inside inductor's generated C++ (not
 # separate profiler events), so they count as "rest" there; the quantized linears stay visible because
 # they are calls of torchqkit's custom ops.
