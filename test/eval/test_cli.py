@@ -52,6 +52,7 @@ def test_eval_float_vs_int8(checkpoint, capsys):
     assert q_ppl == pytest.approx(float_ppl, rel=0.05) and delta == pytest.approx(q_ppl - float_ppl, abs=1e-3)
     float_speed, q_speed, _ = _numbers("decode tokens/s:", out)
     assert float_speed > 0 and q_speed > 0
+    assert ", lean loop, eager" in out
     assert "\rperplexity: 79/79 tokens (100%)" in captured.err
 
 
@@ -60,10 +61,10 @@ def test_eval_module_configs_json_keeps_lm_head(checkpoint, tmp_path, capsys):
     config = tmp_path / "mixed.json"
     config.write_text(json.dumps({"lm_head": None, "_default": {"type": "Int4WeightOnlyConfig", "group_size": 32}}))
     assert cli_main(["eval", "--hf", str(directory), "--config", str(config), "--text", str(text), "--quiet",
-                     "--permute", *FAST]) == 0
+                     "--permute", "--decode", "generate", *FAST]) == 0
     captured = capsys.readouterr()
     assert captured.err == ""
-    assert "channels permuted" in captured.out
+    assert "channels permuted" in captured.out and ", HF generate()" in captured.out
     assert "Linears: 14 quantized, 0 skipped, 1 kept of 15; 1 x ModuleConfigs['lm_head'] is None" in captured.out
     float_ppl, q_ppl, _, _ = _numbers("perplexity:", captured.out)
     assert q_ppl != float_ppl and q_ppl == pytest.approx(float_ppl, rel=0.5)
@@ -109,6 +110,12 @@ def test_stride_above_window_exits_2_before_loading(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")      # never read: the check comes first
     assert cli_main(["eval", "--hf", str(tmp_path), "--config", "int8-wo", "--window", "8", "--stride", "9"]) == 2
     assert "--stride 9 is larger than --window 8" in capsys.readouterr().err
+
+
+def test_compile_with_generate_exits_2_before_loading(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    assert cli_main(["eval", "--hf", str(tmp_path), "--config", "int8-wo", "--decode", "generate", "--compile"]) == 2
+    assert "--compile compiles the lean loop's step: use it with --decode lean" in capsys.readouterr().err
 
 
 def test_text_too_short_exits_2(checkpoint, tmp_path, capsys):

@@ -17,7 +17,7 @@ from torchqkit.serialization.cli import parse_config_arg
 from .models import EVAL_TEXT_SOURCE, ModelLoadError, eval_text, load_gguf, load_hf
 from .permute import permute_llama_channels_
 from .perplexity import perplexity
-from .speed import decode_tokens_per_second
+from .speed import DecodeLoop, decode_tokens_per_second
 
 __all__ = ["add_eval_parser"]
 
@@ -82,6 +82,12 @@ def add_eval_parser(commands) -> None:
                         help="greedy tokens generated per timed decode run (default: 32)")
     parser.add_argument("--repeats", type=_int_at_least(1), default=3, metavar="N",
                         help="timed decode runs; the median is reported (default: 3)")
+    parser.add_argument("--decode", choices=("lean", "generate"), default="lean",
+                        help="decode loop timed: lean = torchqkit.eval.LeanDecoder (static KV cache, one-token "
+                             "step), generate = transformers' generate() (default: lean)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the lean loop's one-token step (fullgraph); the compile time is "
+                             "reported, not timed as decode")
     parser.add_argument("--permute", action="store_true",
                         help="first permute hidden / intermediate / value-head channels (Llama-style models; "
                              "same function), so a model dequantized from a group-wise GGUF format no longer "
@@ -120,6 +126,8 @@ def _quiet_transformers():
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    if args.compile and args.decode != "lean":
+        raise ValueError("--compile compiles the lean loop's step: use it with --decode lean")
     if args.stride is not None and args.stride > args.window:
         raise ValueError(f"--stride {args.stride} is larger than --window {args.window}: tokens in between would "
                          f"never be scored")
@@ -139,7 +147,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     print(f"model: {source} ({type(model).__name__}){', channels permuted' if args.permute else ''}")
     print(f"text: {'torchqkit eval text' if args.text is None else 'given file'}, {ids.numel()} of {available} "
           f"tokens, window {window}, stride {stride or window}; decode: {args.new_tokens} greedy tokens "
-          f"after a {PROMPT_TOKENS}-token prompt, median of {args.repeats}, {torch.get_num_threads()} threads")
+          f"after a {PROMPT_TOKENS}-token prompt, median of {args.repeats}, {torch.get_num_threads()} threads, "
+          f"{_loop_name(args)}")
     float_ppl, float_speed = _measure(model, ids, window, stride, args, "float32")
     _status("quantizing", args.quiet)
     report = torchqkit.quantize_(model, args.config)
@@ -159,9 +168,23 @@ def _measure(model, ids, window: int, stride: int | None, args: argparse.Namespa
              label: str) -> tuple[float, float]:
     _status(f"{label}: perplexity", args.quiet)
     ppl = perplexity(model, ids, window, stride=stride, progress=not args.quiet)
-    _status(f"{label}: decode speed", args.quiet)
+    _status(f"{label}: decode speed ({_loop_name(args)})", args.quiet)
     prompt = ids[:min(PROMPT_TOKENS, ids.numel())]
-    return ppl, decode_tokens_per_second(model, prompt, new_tokens=args.new_tokens, repeats=args.repeats)
+    if not args.compile:
+        return ppl, decode_tokens_per_second(model, prompt, new_tokens=args.new_tokens, repeats=args.repeats,
+                                             decode=args.decode)
+    # One loop for the warm-up (which compiles) and the timed runs, so the compile time can be reported.
+    loop = DecodeLoop(model, prompt, args.new_tokens, compile=True)
+    loop.run()
+    print(f"{label}: decode step compiled in {loop.compile_seconds:.1f} s (warm-up, not timed)")
+    durations = sorted(t[-1] - t[0] for t in (loop.run() for _ in range(args.repeats)))
+    return ppl, (args.new_tokens - 1) / durations[len(durations) // 2]
+
+
+def _loop_name(args: argparse.Namespace) -> str:
+    if args.decode == "generate":
+        return "HF generate()"
+    return "lean loop, compiled step" if args.compile else "lean loop, eager"
 
 
 def _describe(config) -> str:

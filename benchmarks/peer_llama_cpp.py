@@ -1,0 +1,58 @@
+"""Greedy decode tokens/s of llama.cpp (through llama-cpp-python) on a GGUF file, as JSON on stdout.
+
+Run by bench_decode.py with the Python of a venv where llama-cpp-python is installed, never imported by
+torchqkit (llama.cpp is a peer to measure against, not a dependency):
+
+    /work/venv-peers/bin/python benchmarks/peer_llama_cpp.py FILE.gguf --prompt "..." --new-tokens 32 --threads 2
+
+Timing matches torchqkit.eval's Note [Decode timing]: the time at which each new token exists, the first
+one from the prefill; rate = (new_tokens - 1) / (last - first), median of --repeats runs after a warm-up.
+Greedy: llama.cpp's sampler with top_k=1 (argmax), no repetition penalty.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("gguf")
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    import llama_cpp
+
+    llm = llama_cpp.Llama(args.gguf, n_threads=args.threads, n_threads_batch=args.threads, n_ctx=512,
+                          verbose=False)
+    prompt = llm.tokenize(args.prompt.encode(), add_bos=False)
+
+    def run() -> tuple[list[float], list[int]]:
+        llm.reset()
+        times, tokens = [], []
+        for token in llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                  reset=True):
+            times.append(time.perf_counter())
+            tokens.append(token)
+            if len(tokens) == args.new_tokens:
+                break
+        return times, tokens
+
+    run()
+    durations, tokens = [], []
+    for _ in range(args.repeats):
+        times, tokens = run()
+        durations.append(times[-1] - times[0])
+    json.dump({"version": llama_cpp.__version__, "prompt_tokens": prompt,
+               "tok_s": (args.new_tokens - 1) / statistics.median(durations), "tokens": tokens,
+               "system_info": llama_cpp.llama_print_system_info().decode()}, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

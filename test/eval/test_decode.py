@@ -1,0 +1,77 @@
+"""torchqkit.eval.greedy_decode / LeanDecoder: the same tokens as transformers' greedy generate(), eager and
+compiled (one graph calling torchqkit's custom ops), on a tiny seeded LLaMA with a quantized tied lm_head."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torchqkit as qk
+from torchqkit.eval import LeanDecoder, greedy_decode
+
+from .models import tiny_llama
+
+pytest.importorskip("transformers")
+
+PROMPT = torch.tensor([3, 14, 15, 92, 65, 35])
+NEW = 12
+
+
+def generate_reference(model, new_tokens=NEW):
+    """HF greedy generate() that never stops early: the tokens the lean loop must reproduce."""
+    ids = PROMPT.unsqueeze(0)
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, min_new_tokens=new_tokens,
+                              max_new_tokens=new_tokens, pad_token_id=0)
+
+
+def int4_with_tied_head(model):
+    config = qk.Int4WeightOnlyConfig(group_size=32)
+    report = qk.quantize_(model, qk.ModuleConfigs({"lm_head": config, "_default": config}))
+    assert len(report.quantized) == 15  # 2 layers x 7 Linears + the lm_head
+    assert model.lm_head.weight is model.model.embed_tokens.weight   # still tied
+    return model
+
+
+def test_eager_lean_decode_equals_generate():
+    model = tiny_llama(96)
+    expected = generate_reference(model)
+    out = greedy_decode(model, PROMPT, NEW)
+    assert out.shape == (1, PROMPT.numel() + NEW)
+    assert out.tolist() == expected.tolist()
+
+
+def test_compiled_lean_decode_follows_the_model_and_calls_custom_ops():
+    from torch._inductor.utils import run_and_get_code
+
+    model = tiny_llama(96)
+    decoder = LeanDecoder(model, max_length=PROMPT.numel() + NEW, compile=True)
+    assert decoder.generate(PROMPT, NEW).tolist() == generate_reference(model)[0, PROMPT.numel():].tolist()
+    assert decoder.compile_seconds is not None and decoder.compile_seconds > 0
+    # Guards are skipped after each call's first step, never across calls: new values are read by the same
+    # graph, new weight objects (quantized, of another type) recompile at the next call's first step.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1)
+    assert decoder.generate(PROMPT, NEW).tolist() == generate_reference(model)[0, PROMPT.numel():].tolist()
+    int4_with_tied_head(model)
+    expected = generate_reference(model)[0, PROMPT.numel():]
+    tokens, code = run_and_get_code(decoder.generate, PROMPT, NEW)
+    assert tokens.tolist() == expected.tolist()
+    # fullgraph=True: one graph; its 15 quantized linears are calls of the int4 op, not dequantize + mm.
+    step_code = "\n".join(code)
+    assert step_code.count("torchqkit.linear_int4wo_tiled") >= 15
+    assert "extern_kernels.mm(" not in step_code and "extern_kernels.addmm(" not in step_code
+    assert decoder.generate(PROMPT, NEW).tolist() == expected.tolist()   # the recompiled step, guards skipped
+
+
+def test_rejects_what_it_cannot_decode():
+    model = tiny_llama(96)
+    decoder = LeanDecoder(model, max_length=10)
+    with pytest.raises(ValueError, match="needs 11 cache positions; this LeanDecoder holds max_length=10"):
+        decoder.generate(PROMPT, 5)
+    with pytest.raises(ValueError, match="new_tokens must be a positive int"):
+        decoder.generate(PROMPT, 0)
+    with pytest.raises(ValueError, match="inductor_options are for the compiled step"):
+        LeanDecoder(model, 10, inductor_options={"cpp_wrapper": True})
+    with pytest.raises(TypeError, match="Embedding has no `config`.*decode='generate'"):
+        LeanDecoder(nn.Embedding(20, 20), 10)

@@ -1,0 +1,159 @@
+"""A lean greedy decode loop for transformers causal LMs: a static KV cache and a one-token step that
+torch.compile turns into one graph (see Note [Lean decode]).
+
+    from torchqkit.eval import LeanDecoder, greedy_decode
+    ids = greedy_decode(model, prompt_ids, 32, compile=True)          # (1, prompt + 32), like generate()
+    decoder = LeanDecoder(model, max_length=256, compile=True)       # reuse the compiled step across prompts
+    new = decoder.generate(prompt_ids, 32)                            # (32,) new token ids
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .perplexity import check_token_ids, model_vocab_size
+
+__all__ = ["LeanDecoder", "greedy_decode"]
+
+# Note [Lean decode]
+# ~~~~~~~~~~~~~~~~~~
+# HF generate() spends ~20 ms per token of a 135M model in Python: logits processors, stopping criteria,
+# cache bookkeeping, the model's own mask and position code, and one dispatcher trip per op. The loop here
+# keeps only what greedy decoding needs:
+#   1. prefill: one eager forward over the prompt writes the StaticCache (fixed-size K/V tensors, so every
+#      later step has the same shapes) and gives the first token (argmax of the last logits);
+#   2. each step feeds one token at `cache_position` and takes the argmax. With compile=True the step is
+#      `torch.compile(fullgraph=True)`: the whole model forward, mask, cache write and argmax are one
+#      inductor graph in which the quantized linears are calls of torchqkit's custom ops (a graph break
+#      raises instead of running half eager).
+# Dynamo checks a guard per parameter and per tensor-subclass field before each call, milliseconds for a
+# model with hundreds of quantized weights. The first step of every generate() call runs with all guards
+# (a changed model recompiles there); the following steps of that call run under
+# `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`: nothing the guards check can change between two
+# steps of one call, because the loop alone runs the model. skip_guards=False keeps the guards.
+# Tokens equal generate(do_sample=False) with min_new_tokens = max_new_tokens (no early stop at
+# end-of-sequence), up to ties in argmax that a different summation order can flip.
+
+# Inductor options are passed per compile (torch.compile(options=...)), never set globally. Measured on
+# SmolLM2-135M (README, "Greedy decode"): cpp_wrapper compiles for minutes (a 0.5 MB C++ wrapper for 30
+# layers) and decoded no faster, so the default is inductor's own settings.
+
+
+class LeanDecoder:
+    """Greedy decoding of a transformers causal LM (batch 1) with a static KV cache of `max_length` positions.
+
+    model: a transformers causal LM whose forward takes `past_key_values`, `cache_position` and `position_ids`
+        (LLaMA, Mistral, Qwen2, ... under transformers' StaticCache). It is used as it is (eval mode is the
+        caller's choice; decoding runs under torch.no_grad()).
+    max_length: prompt + new tokens of the longest request; the K/V cache holds that many positions.
+    compile: torch.compile(fullgraph=True) the one-token step. The first step compiles (seconds to a minute:
+        `compile_seconds` says how long); a graph break raises.
+    inductor_options: inductor settings for this compile only, e.g. {"freezing": True}.
+    skip_guards: skip dynamo's guard checks after the first step of each call (see Note [Lean decode]).
+    """
+
+    def __init__(self, model: nn.Module, max_length: int, *, compile: bool = False,
+                 inductor_options: dict | None = None, skip_guards: bool = True):
+        _check_model(model)
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+            raise ValueError(f"max_length must be an int >= 2 (prompt + new tokens), got {max_length!r}")
+        if inductor_options and not compile:
+            raise ValueError("inductor_options are for the compiled step: pass compile=True or drop them")
+        from transformers import StaticCache
+
+        self.model = model
+        self.max_length = max_length
+        self.compiled = compile
+        self.skip_guards = skip_guards and compile
+        self.compile_seconds: float | None = None
+        self._cache = StaticCache(config=model.config, max_cache_len=max_length)
+        self._step = (torch.compile(self._forward_one, fullgraph=True, options=dict(inductor_options or {}))
+                      if compile else self._forward_one)
+
+    def generate(self, input_ids: torch.Tensor, new_tokens: int, *,
+                 on_token: Callable[[int], None] | None = None) -> torch.Tensor:
+        """The `new_tokens` greedy token ids (1-d) after the prompt `input_ids` (1-d or (1, T)).
+
+        on_token(i) is called as soon as new token i exists (0 = the prefill's), e.g. to time each token.
+        """
+        ids = check_token_ids(input_ids, model_vocab_size(self.model)).unsqueeze(0)
+        if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+            raise ValueError(f"new_tokens must be a positive int, got {new_tokens!r}")
+        prompt = ids.shape[1]
+        if prompt + new_tokens > self.max_length:
+            raise ValueError(f"a {prompt}-token prompt + {new_tokens} new tokens needs {prompt + new_tokens} cache "
+                             f"positions; this LeanDecoder holds max_length={self.max_length}: build one with a "
+                             f"larger max_length")
+        device = _device_of(self.model)
+        ids = ids.to(device)
+        out = torch.empty(new_tokens, dtype=torch.long, device=device)
+        with torch.no_grad():
+            self._cache.reset()
+            positions = torch.arange(prompt, device=device)
+            logits = self.model(input_ids=ids, cache_position=positions, position_ids=positions.unsqueeze(0),
+                                past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
+            token = logits[:, -1].argmax(dim=-1, keepdim=True)
+            out[0] = token[0, 0]
+            if on_token is not None:
+                on_token(0)
+            for i in range(1, new_tokens):
+                with self._stance(first=i == 1):
+                    token = self._timed_step(token, torch.tensor([prompt + i - 1], device=device))
+                out[i] = token[0, 0]
+                if on_token is not None:
+                    on_token(i)
+        return out
+
+    def _timed_step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        if not self.compiled or self.compile_seconds is not None:
+            return self._step(token, position)
+        start = time.perf_counter()
+        token = self._step(token, position)
+        self.compile_seconds = time.perf_counter() - start
+        return token
+
+    def _stance(self, first: bool):
+        if first or not self.skip_guards:
+            return contextlib.nullcontext()
+        return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+
+    def _forward_one(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=token, cache_position=position, position_ids=position.unsqueeze(0),
+                            past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
+        return logits[:, -1].argmax(dim=-1, keepdim=True)
+
+
+def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *, compile: bool = False,
+                  inductor_options: dict | None = None) -> torch.Tensor:
+    """Prompt + `new_tokens` greedy tokens, shape (1, T + new_tokens), as HF generate(do_sample=False) returns
+    them, through a LeanDecoder (see Note [Lean decode]). To decode several prompts with one compiled step,
+    build a LeanDecoder once and call its generate()."""
+    ids = check_token_ids(input_ids, model_vocab_size(model)).unsqueeze(0)
+    decoder = LeanDecoder(model, ids.shape[1] + new_tokens, compile=compile, inductor_options=inductor_options)
+    new = decoder.generate(ids, new_tokens)
+    return torch.cat([ids.to(new.device), new.unsqueeze(0)], dim=1)
+
+
+def _check_model(model: nn.Module) -> None:
+    config = getattr(model, "config", None)
+    params = inspect.signature(model.forward).parameters
+    # transformers 5 passes cache_position through **kwargs; a forward without **kwargs must name each one.
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    missing = [name for name in ("past_key_values", "cache_position", "position_ids")
+               if name not in params and not (takes_kwargs and name != "past_key_values")]
+    if config is None or missing:
+        what = "no `config`" if config is None else f"a forward without {', '.join(missing)}"
+        raise TypeError(f"LeanDecoder decodes transformers causal LMs with a static KV cache; "
+                        f"{type(model).__name__} has {what}. Use decode='generate' (HF generate) or "
+                        f"decode_tokens_per_second's recompute loop for other modules")
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    return torch.device("cpu")
