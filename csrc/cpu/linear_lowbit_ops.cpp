@@ -1,7 +1,7 @@
 // CPU backend of the low-bit weight-only linear ops: argument checks, scale plumbing, threads, ISA choice.
 //
 // torchqkit::linear_nf4wo, torchqkit::linear_fp8wo and torchqkit::linear_intxwo are defined (schema, fake,
-// reference) in torchqkit/kernels/schemas.py; the kernels are in linear_lowbit.cpp.
+// reference) in torchqkit/kernels/ops/ (one module per op); the kernels are in linear_lowbit.cpp.
 //
 // Two paths (see Note [Low-bit decode] in linear_lowbit.cpp):
 //   M <= dot_max_m: the dot kernel, weights decoded in registers, at::parallel_for over blocks of rows.

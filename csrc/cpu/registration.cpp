@@ -1,6 +1,6 @@
 // CPU backend of the torchqkit int8 linear ops: argument checks, dtype plumbing, threads, ISA choice.
 //
-// The schemas (and fake + reference impls) are defined in Python, torchqkit/kernels/schemas.py; this
+// The schemas (and fake + reference impls) are defined in Python, torchqkit/kernels/ops/ (one module per op); this
 // file only registers the CPU kernels for them. It also defines torchqkit_cpu::isa() so Python can
 // report which ISA level serves the ops.
 #include <ATen/ATen.h>

@@ -1,5 +1,5 @@
 // CUDA backend of the torchqkit ops: argument checks, dtype plumbing, streams. The schemas (with fake and
-// reference impls) are defined in Python, torchqkit/kernels/schemas.py; this file registers CUDA kernels
+// reference impls) are defined in Python, torchqkit/kernels/ops/ (one module per op); this file registers CUDA kernels
 // for three of them. The kernels themselves (*.cu) see no torch header, only kernels.h.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
