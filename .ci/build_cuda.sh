@@ -6,7 +6,7 @@
 #   2. setup.py's CUDAExtension built against it (TORCHQKIT_BUILD_CPU=0, TORCHQKIT_CUDA_REQUIRED=1, gencode
 #      sm80 / sm89 / sm90a), build tree cached next to the venv so a warm run only relinks what changed;
 #   3. the binary must hold code for each architecture, with tensor-core (HMMA) instructions; the library
-#      is loaded and every op torchqkit.kernels.CUDA_OPS claims must have a CUDA kernel registered.
+#      is loaded and every op csrc/cuda/registration.cpp registers must be a torchqkit op with a CUDA kernel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -55,14 +55,19 @@ for arch in sm_80 sm_89 sm_90a; do
 done
 echo "build_cuda: $SO holds sm_80 / sm_89 / sm_90a code, each with HMMA (tensor-core) instructions"
 
-TORCHQKIT_DISABLE_CPU_EXTENSION=1 PYTHONPATH="$REPO" "$VENV/bin/python" - "$SO" <<'PY'
+TORCHQKIT_DISABLE_CPU_EXTENSION=1 PYTHONPATH="$REPO" "$VENV/bin/python" - "$SO" "$REPO/csrc/cuda/registration.cpp" <<'PY'
+import re
 import sys
 import torch
 from torchqkit import kernels  # defines the torchqkit:: schemas the library registers CUDA kernels for
 torch.ops.load_library(sys.argv[1])
-missing = [op for op in kernels.CUDA_OPS if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA")]
-if missing:
-    sys.exit(f"build_cuda: FAILED, no CUDA kernel registered for {missing}")
-print(f"build_cuda: torch {torch.__version__}: CUDA kernels registered for {', '.join(kernels.CUDA_OPS)}")
+# The ops csrc/cuda registers, read from its TORCH_LIBRARY_IMPL block (no list kept by hand).
+declared = [f"torchqkit::{name}" for name in re.findall(r'm\.impl\("(\w+)"', open(sys.argv[2]).read())]
+unknown = [op for op in declared if op not in kernels.registry.OPS]
+missing = [op for op in declared if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA")]
+if not declared or unknown or missing:
+    sys.exit(f"build_cuda: FAILED, csrc/cuda registers {declared}; not torchqkit ops: {unknown}; "
+             f"no CUDA kernel after loading: {missing}")
+print(f"build_cuda: torch {torch.__version__}: CUDA kernels registered for {', '.join(declared)}")
 PY
 echo "build_cuda: OK in $(( $(date +%s) - start )) s"
