@@ -119,6 +119,17 @@ void finish_tile(const Int4Args& p, int64_t i, int64_t m0, int mb, const float (
 }
 
 constexpr int64_t kPfChunks = 12;  // Note [decode prefetch] (int4_tiled_dot.inc): 6 KiB ahead at T = 8 (swept 4..64)
+constexpr int64_t kPfSzChunks = 8;  // the scales' distance, in chunks (Note [decode prefetch])
+
+// Into L1: the scale and zero lines of the `groups` groups of chunk (i, j) + kPfSzChunks, counting chunks in
+// tile order (i, then j); nothing past the last tile.
+inline void prefetch_scales(const Int4Args& p, int groups, int64_t i, int64_t j) {
+  const int64_t f = j + kPfSzChunks, ii = i + f / p.NC, jj = f % p.NC;
+  if (ii >= p.NT) return;
+  const int64_t esz = p.szt == SzType::kF32 ? 4 : 2, g0 = 16 * p.T * jj / p.g;
+  const char* base = static_cast<const char*>(p.sz) + (g0 * p.lds + 16 * ii) * esz;
+  for (int q = 0; q < groups; ++q) _mm_prefetch(base + q * p.lds * esz, _MM_HINT_T0);
+}
 
 // ================================================================================================
 // Scalar: any x86-64 CPU.
@@ -181,7 +192,7 @@ inline void load_sz(const Int4Args& p, int64_t gi, int64_t i, __m256 out[2]) {
 // r = b / 2T are 2 v, 2 v + 1 for T = 2, v / (T / 4) otherwise); lane l takes s[r] of its group q = 32 w / g,
 // w = b % (T / 2): one permute per group and a blend per extra group.
 struct LaneMap {
-  __m256i idx[16];    // r: the lane's row, an index into Vec::Group::s
+  __m256i idx[16];    // r: the lane's row, an index into a group's row scales (Vec::Scales::s)
   __m256 sel[16][4];  // all-ones lanes of group q
   int groups;         // groups per chunk: 1, 2 or 4
 };
@@ -222,18 +233,48 @@ struct Vec {
     if (q == 7) return _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 28));
     return _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(0xF << (4 * q))));
   }
-  struct Group { __m256 s; };  // the 8 rows' scales of one group
-  static Group load_group(const Int4Args& p, int64_t gi, int64_t i) {
+  // The 8 rows' scales of one group.
+  static __m256 load_scales(const Int4Args& p, int64_t gi, int64_t i) {
     __m256 h[2];
     load_sz(p, gi, i, h);
     const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
     const __m256 lo = _mm256_permutevar8x32_ps(h[0], even), hi = _mm256_permutevar8x32_ps(h[1], even);
-    return {_mm256_blend_ps(lo, hi, 0xF0)};
+    return _mm256_blend_ps(lo, hi, 0xF0);
   }
-  static F lane_scale(const LaneMap& lm, const Group* sz, int v) {
-    F s = _mm256_permutevar8x32_ps(sz[0].s, lm.idx[v]);
-    for (int q = 1; q < lm.groups; ++q)
-      s = _mm256_blendv_ps(s, _mm256_permutevar8x32_ps(sz[q].s, lm.idx[v]), lm.sel[v][q]);
+  // Note [g = 32 lane scales]: at T = 8 and g = 32 a chunk has 4 groups and lane l of every vector is in
+  // group l % 4 (w = l % 4), so a vector's scales are the quad (s_r0, s_r1, s_r2, s_r3) of its row r in
+  // every 128-bit lane. Transposing the 4 groups' row vectors into row quads once per chunk (8 shuffles)
+  // and broadcasting a quad per vector (1 shuffle) replaces picking from 4 vectors per vector (4 permutes
+  // and 3 blends on AVX2, 2 two-source permutes and a blend on AVX-512), which made g = 32 cost far more
+  // per byte than g = 128.
+  struct Scales {
+    __m256 s[4];      // group q: rows 0..7
+    __m256 quads[4];  // quads[u]: rows u (low half) and u + 4 (high half), one group per lane of the quad
+  };
+  template <int T, int NG>
+  static Scales chunk_scales(const Int4Args& p, int64_t g0, int64_t i) {
+    Scales sc;
+    for (int q = 0; q < NG; ++q) sc.s[q] = load_scales(p, g0 + q, i);
+    if constexpr (T == 8 && NG == 4) {
+      const __m256 t0 = _mm256_unpacklo_ps(sc.s[0], sc.s[1]), t1 = _mm256_unpacklo_ps(sc.s[2], sc.s[3]);
+      const __m256 t2 = _mm256_unpackhi_ps(sc.s[0], sc.s[1]), t3 = _mm256_unpackhi_ps(sc.s[2], sc.s[3]);
+      sc.quads[0] = _mm256_shuffle_ps(t0, t1, 0x44);
+      sc.quads[1] = _mm256_shuffle_ps(t0, t1, 0xEE);
+      sc.quads[2] = _mm256_shuffle_ps(t2, t3, 0x44);
+      sc.quads[3] = _mm256_shuffle_ps(t2, t3, 0xEE);
+    }
+    return sc;
+  }
+  template <int T, int NG>
+  static F lane_scale(const LaneMap& lm, const Scales& sc, int v) {
+    if constexpr (T == 8 && NG == 4) {  // vector v holds words of row v / 2
+      const int r = v / 2;
+      const __m256 u = sc.quads[r % 4];
+      return r < 4 ? _mm256_permute2f128_ps(u, u, 0x00) : _mm256_permute2f128_ps(u, u, 0x11);
+    }
+    F s = _mm256_permutevar8x32_ps(sc.s[0], lm.idx[v]);
+    for (int q = 1; q < NG; ++q)
+      s = _mm256_blendv_ps(s, _mm256_permutevar8x32_ps(sc.s[q], lm.idx[v]), lm.sel[v][q]);
     return s;
   }
   template <int MB>
@@ -341,21 +382,60 @@ struct Vec {
   static F nibble(const Ctx& c, I w, int q) {  // vpermps reads the low 4 bits of each lane: no mask
     return _mm512_permutexvar_ps(q ? _mm512_srli_epi32(w, 4 * q) : w, c.table);
   }
-  using Group = __m512;  // (s0, z0, ..., s7, z7)
-  static Group load_group(const Int4Args& p, int64_t gi, int64_t i) { return load_sz(p, gi, i); }
-  static F lane_scale(const LaneMap& lm, const Group* sz, int v) { return lane_pick(lm, sz, v, 0); }
+  // See Note [g = 32 lane scales] (AVX2 above): at T = 8, g = 32 vector v is row v, lane l group l % 4.
+  struct Scales {
+    __m512 sz[4];     // group q: (s0, z0, ..., s7, z7)
+    __m512 quads[2];  // quads[h] lane 4 r + q: scale of row 4 h + r, group q
+  };
+  template <int T, int NG>
+  static Scales chunk_scales(const Int4Args& p, int64_t g0, int64_t i) {
+    Scales sc;
+    for (int q = 0; q < NG; ++q) sc.sz[q] = load_sz(p, g0 + q, i);
+    if constexpr (T == 8 && NG == 4) {
+      // pairs lane 2 r + t: scale of row r, group t (of groups 0, 1 / 2, 3)
+      const __m512i pair = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+      const __m512 p01 = _mm512_permutex2var_ps(sc.sz[0], pair, sc.sz[1]);
+      const __m512 p23 = _mm512_permutex2var_ps(sc.sz[2], pair, sc.sz[3]);
+      const __m512i lo = _mm512_setr_epi32(0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
+      const __m512i hi = _mm512_setr_epi32(8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31);
+      sc.quads[0] = _mm512_permutex2var_ps(p01, lo, p23);
+      sc.quads[1] = _mm512_permutex2var_ps(p01, hi, p23);
+    }
+    return sc;
+  }
+  template <int T, int NG>
+  static F lane_scale(const LaneMap& lm, const Scales& sc, int v) {
+    if constexpr (T == 8 && NG == 4) {
+      const __m512 u = sc.quads[v / 4];
+      switch (v % 4) {  // the shuffle's immediate must be a literal
+        case 0: return _mm512_shuffle_f32x4(u, u, 0x00);
+        case 1: return _mm512_shuffle_f32x4(u, u, 0x55);
+        case 2: return _mm512_shuffle_f32x4(u, u, 0xAA);
+        default: return _mm512_shuffle_f32x4(u, u, 0xFF);
+      }
+    }
+    return lane_pick(lm, sc.sz, v, 0);
+  }
   // (s, z) vectors of every group times the group sums of x; lanes 2 r = s, 2 r + 1 = z.
   template <int MB>
   static void zero_terms(const Int4Args& p, int64_t i, int64_t m0, float (*zt)[8]) {
-    __m512 zacc[MB];
-    for (int m = 0; m < MB; ++m) zacc[m] = _mm512_setzero_ps();
-    for (int64_t gi = 0; gi < p.G; ++gi) {
+    // Two chains per token: one FMA chain of G = 20 (K = 576, g = 32) was 80 cycles of latency per tile.
+    __m512 zacc[MB][2];
+    for (int m = 0; m < MB; ++m) zacc[m][0] = zacc[m][1] = _mm512_setzero_ps();
+    int64_t gi = 0;
+    for (; gi + 2 <= p.G; gi += 2)
+      for (int h = 0; h < 2; ++h) {
+        const __m512 szv = load_sz(p, gi + h, i);
+        for (int m = 0; m < MB; ++m)
+          zacc[m][h] = _mm512_fmadd_ps(szv, _mm512_set1_ps(p.sx[(m0 + m) * p.G + gi + h]), zacc[m][h]);
+      }
+    if (gi < p.G) {
       const __m512 szv = load_sz(p, gi, i);
-      for (int m = 0; m < MB; ++m) zacc[m] = _mm512_fmadd_ps(szv, _mm512_set1_ps(p.sx[(m0 + m) * p.G + gi]), zacc[m]);
+      for (int m = 0; m < MB; ++m) zacc[m][0] = _mm512_fmadd_ps(szv, _mm512_set1_ps(p.sx[(m0 + m) * p.G + gi]), zacc[m][0]);
     }
     for (int m = 0; m < MB; ++m) {
       alignas(64) float zl[16];
-      _mm512_store_ps(zl, zacc[m]);
+      _mm512_store_ps(zl, _mm512_add_ps(zacc[m][0], zacc[m][1]));
       for (int r = 0; r < 8; ++r) zt[m][r] = zl[2 * r + 1] - 8.f * zl[2 * r];
     }
   }

@@ -87,6 +87,26 @@ def test_kernel_matches_dequantized_linear(monkeypatch, isa, m):
 
 
 
+# Group 32 at inner_k_tiles 8 (4 groups per chunk) has its own lane-scale route in the decode kernel (Note [g = 32
+# lane scales] in csrc/cpu/linear_int4.cpp), and its scale prefetch runs across n-tiles when K is short. SmolLM2's
+# K = 576 (5 chunks, the last one half padding); 72 rows = 9 n-tiles; M = 1 and 5 (a partial pass after 4 or 2
+# tokens); every scale dtype. Each token's output is compared, so a row or group mixed up shows as a large error.
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m", [1, 5])
+def test_group32_decode_at_smollm2_width(monkeypatch, isa, dtype, m):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = _tiled(72, 576, 32, 8, dtype)
+    assert w.scale_and_zero.shape == (20, 72, 2) and w.qdata.shape == (9, 5, 32, 4)
+    x, b = _act(m, 576, dtype), torch.randn(72, generator=gen(2)).to(dtype)
+    out, ref = OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b))
+    for t in range(m):
+        assert_rel(out[t], ref[t], TOL[dtype], f"{isa} {dtype} token {t}")
+    if dtype == torch.float32:
+        assert_rel(out - b, F.linear(x, w.dequantize()), 2e-5, f"{isa} against the dequantized weight")
+
+
 @needs_ext
 @isa_param
 @pytest.mark.parametrize("m", [1, 40])
