@@ -83,20 +83,6 @@ def _dynamic_int8_call(fn, w, x, bias):
 
 _ANY_FLOAT = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
-PlainLayout.routes = (
-    Route("weight-only symmetric int codes in int8, per-row or group-wise",
-          lambda w, x: w.act_quant is None and _symmetric_int8_codes(w),
-          op="torchqkit::linear_int8wo_plain", call=_weight_only_call),
-    Route("int8 dynamic act (per token, symmetric / asymmetric) x per-row symmetric int8 weight",
-          _dynamic_int8_applies, op="torchqkit::linear_int8da_int8_plain", call=_dynamic_int8_call),
-    Route("int8 static per-tensor act (calibrated scale), or the symmetric_no_clipping_err mapping, x per-row "
-          "symmetric int weight", lambda w, x: _int_act_per_row_weight(w),
-          aten=lambda w, x, bias: _int8_dynamic_linear(w, x, bias), aten_name="aten._int_mm",
-          why="the fused int8 kernel computes per-token scales inside (symmetric / asymmetric); this case quantizes x "
-              "in Python, then torch._int_mm and a rescale: exact, one extra pass over x", act_dtypes=_ANY_FLOAT),
-    SCALED_MM_ROUTE,
-)
-
 
 def _int8_dynamic_linear(w, x, bias):
     n = w.logical_shape[0]
@@ -108,3 +94,18 @@ def _int8_dynamic_linear(w, x, bias):
     out = acc.to(torch.float32) * qa.scale * w.scale.reshape(1, n).to(torch.float32)
     out = out.to(x.dtype).reshape(*x.shape[:-1], n)
     return out if bias is None else out + bias
+
+
+PlainLayout.routes = (
+    Route("weight-only symmetric int codes in int8, per-row or group-wise",
+          lambda w, x: w.act_quant is None and _symmetric_int8_codes(w),
+          op="torchqkit::linear_int8wo_plain", call=_weight_only_call),
+    Route("int8 dynamic act (per token, symmetric / asymmetric) x per-row symmetric int8 weight",
+          _dynamic_int8_applies, op="torchqkit::linear_int8da_int8_plain", call=_dynamic_int8_call),
+    Route("int8 static per-tensor act (calibrated scale), or the symmetric_no_clipping_err mapping, x per-row "
+          "symmetric int weight", lambda w, x: _int_act_per_row_weight(w),
+          aten=_int8_dynamic_linear, aten_name="aten._int_mm",
+          why="the fused int8 kernel computes per-token scales inside (symmetric / asymmetric); this case quantizes x "
+              "in Python, then torch._int_mm and a rescale: exact, one extra pass over x", act_dtypes=_ANY_FLOAT),
+    SCALED_MM_ROUTE,
+)

@@ -18,6 +18,7 @@ Note [Kernel preference]
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import torch
@@ -49,6 +50,11 @@ class Route:
     aten_name: str = ""
     why: str = ""
     act_dtypes: tuple[torch.dtype, ...] = KERNEL_ACT_DTYPES
+
+    @cached_property
+    def dispatched_op(self):
+        """``torch.ops.torchqkit.<op>``, looked up once (every AUTO linear call goes through it)."""
+        return getattr(torch.ops.torchqkit, self.op.split("::")[1])
 
 
 def flatten_tokens(x: torch.Tensor) -> torch.Tensor:
@@ -83,7 +89,7 @@ def quantized_linear(w, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Ten
             return reference_linear(w, x, bias)
         if route.aten is not None:
             return route.aten(w, x, bias)
-        return route.call(getattr(torch.ops.torchqkit, route.op.split("::")[1]), w, x, bias)
+        return route.call(route.dispatched_op, w, x, bias)
     where = f"{type(w.qlayout).__name__} weight {tuple(w.shape)} with {x.dtype} activations"
     if route is None or route.op is None:
         served = "the reference" if route is None else f"{route.aten_name} only ({route.case})"
