@@ -39,6 +39,9 @@ def test_eager_lean_decode_equals_generate():
     out = greedy_decode(model, PROMPT, NEW)
     assert out.shape == (1, PROMPT.numel() + NEW)
     assert out.tolist() == expected.tolist()
+    new = LeanDecoder(model, PROMPT.numel() + NEW).generate(PROMPT, NEW)   # decoded under inference mode
+    assert not new.is_inference()
+    new += 1                                                               # and the caller may modify the ids
 
 
 def test_compiled_lean_decode_follows_the_model_and_calls_custom_ops():

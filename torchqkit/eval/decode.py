@@ -36,6 +36,11 @@ __all__ = ["LeanDecoder", "greedy_decode"]
 # (a changed model recompiles there); the following steps of that call run under
 # `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`: nothing the guards check can change between two
 # steps of one call, because the loop alone runs the model. skip_guards=False keeps the guards.
+# Decoding runs under torch.inference_mode(), not just no_grad: inference mode takes the autograd keys out of
+# dispatch, so each of the ~200 custom-op calls per token skips the Python autograd kernel that
+# torch.library.register_autograd installs (it only checks that nothing needs a gradient, then redispatches).
+# Measured on SmolLM2-135M int4 compiled, 1 thread: 17.1 -> 14.5 ms of CPU per step. The returned ids are
+# cloned out of inference mode, so callers can modify them.
 # Tokens equal generate(do_sample=False) with min_new_tokens = max_new_tokens (no early stop at
 # end-of-sequence), up to ties in argmax that a different summation order can flip.
 
@@ -91,22 +96,26 @@ class LeanDecoder:
                              f"larger max_length")
         device = _device_of(self.model)
         ids = ids.to(device)
+        with torch.inference_mode():
+            out = self._decode(ids, prompt, new_tokens, device, on_token)
+        return out.clone()  # a normal tensor: the caller may modify it outside inference mode
+
+    def _decode(self, ids, prompt: int, new_tokens: int, device, on_token) -> torch.Tensor:
         out = torch.empty(new_tokens, dtype=torch.long, device=device)
-        with torch.no_grad():
-            self._cache.reset()
-            positions = torch.arange(prompt, device=device)
-            logits = self.model(input_ids=ids, cache_position=positions, position_ids=positions.unsqueeze(0),
-                                past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
-            token = logits[:, -1].argmax(dim=-1, keepdim=True)
-            out[0] = token[0, 0]
+        self._cache.reset()
+        positions = torch.arange(prompt, device=device)
+        logits = self.model(input_ids=ids, cache_position=positions, position_ids=positions.unsqueeze(0),
+                            past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
+        token = logits[:, -1].argmax(dim=-1, keepdim=True)
+        out[0] = token[0, 0]
+        if on_token is not None:
+            on_token(0)
+        for i in range(1, new_tokens):
+            with self._stance(first=i == 1):
+                token = self._timed_step(token, torch.tensor([prompt + i - 1], device=device))
+            out[i] = token[0, 0]
             if on_token is not None:
-                on_token(0)
-            for i in range(1, new_tokens):
-                with self._stance(first=i == 1):
-                    token = self._timed_step(token, torch.tensor([prompt + i - 1], device=device))
-                out[i] = token[0, 0]
-                if on_token is not None:
-                    on_token(i)
+                on_token(i)
         return out
 
     def _timed_step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
