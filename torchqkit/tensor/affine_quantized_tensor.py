@@ -307,7 +307,9 @@ def _check_linear_args(w: AffineQuantizedTensor, x, bias) -> None:
     past the row. Shapes are static under torch.compile, so this is a trace-time check (no graph break)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"linear(): input must be a Tensor, not {type(x).__name__}")
-    n, k = w.shape[0], w.shape[-1]
+    # The plain attributes: w.shape on the subclass is a __torch_function__ round trip, on every call.
+    shape = w.logical_shape[::-1] if w.transposed else w.logical_shape
+    n, k = shape[0], shape[-1]
     if x.dim() == 0:
         raise RuntimeError("both arguments to linear need to be at least 1D, but they are 0D and 2D "
                            f"(weight: {w!r})")
