@@ -124,7 +124,11 @@ class AffineQuantizedTensor(torch.Tensor):
                                  **attrs)
 
     def __tensor_flatten__(self):
-        names = [n for n, t in self.inner_tensors().items() if t is not None]
+        # No dict of inner tensors here: dynamo's guards call this for every quantized weight before a compiled
+        # call that checks guards.
+        names = [n for n in self.qlayout.tensor_names if getattr(self, n) is not None]
+        if self.input_scale is not None:
+            names.append(INPUT_SCALE)
         return names, tuple(getattr(self, a) for a in _ATTRS)
 
     @staticmethod
