@@ -11,10 +11,12 @@ import os
 
 import torch
 import triton
+from torch.library import wrap_triton
 
 from ..registry import op_def
 
-__all__ = ["INTERPRET", "TRITON_OPS", "register", "gpu_family", "matmul_configs", "gemv_configs", "dot_precision"]
+__all__ = ["INTERPRET", "TRITON_OPS", "register", "gpu_family", "matmul_configs", "gemv_configs", "dot_precision",
+           "launch_tiled"]
 
 # Read once, like triton itself (it decides at @triton.jit time): conftest.py sets it before any import.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -81,3 +83,11 @@ def dot_precision(dtype: torch.dtype) -> str | None:
     """float32 activations: exact IEEE products (the GPU default would be TF32, looser than the reference).
     Other dtypes: None, the backend's default (naming "tf32" would be refused on AMD targets without it)."""
     return "ieee" if dtype == torch.float32 else None
+
+
+def launch_tiled(kernel, m: int, n: int, *args, **meta) -> None:
+    """Launch an autotuned GEMM ``kernel`` on the (M tiles, N tiles) grid; nothing to do when the output is empty.
+    Always through ``wrap_triton``, so Inductor traces into the kernel when the launcher is a triton_op."""
+    if m and n:
+        grid = lambda cfg: (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))  # noqa: E731
+        wrap_triton(kernel)[grid](*args, **meta)
