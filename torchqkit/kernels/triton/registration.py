@@ -1,8 +1,9 @@
 """How a Triton launcher becomes a ``torchqkit_triton::`` op, and which autotune configs each GPU family gets.
 
-See Note [Triton registration]: on a real GPU, ``torch.library.triton_op`` (Inductor traces into the kernel
-through ``wrap_triton``); under ``TRITON_INTERPRET=1`` a plain ``torch.library.custom_op`` with a fake impl,
-because torch.compile can't trace a triton_op when the interpreter runs (PLATFORM.md, "Triton on CPU").
+Why the namespace exists: Note [Why a torchqkit_triton namespace] in __init__.py. On a real GPU,
+``torch.library.triton_op`` (Inductor traces into the kernel through ``wrap_triton``); under ``TRITON_INTERPRET=1``
+a plain ``torch.library.custom_op`` with a fake impl, because torch.compile can't trace a triton_op when the
+interpreter runs (PLATFORM.md, "Triton on CPU").
 The launcher body is the same in both cases: it always launches through ``wrap_triton``.
 """
 from __future__ import annotations
@@ -28,12 +29,9 @@ def register(op: str, schema_fn):
     fake impl it shares: kernels/registry.py)."""
     name = f"torchqkit_triton::{op}"
     fake_fn = op_def(f"torchqkit::{op}").fake
-    if INTERPRET:
-        custom = torch.library.custom_op(name, schema_fn, mutates_args=())
-        custom.register_fake(fake_fn)
-    else:
-        custom = torch.library.triton_op(name, schema_fn, mutates_args=())
-        custom.register_fake(fake_fn)
+    define = torch.library.custom_op if INTERPRET else torch.library.triton_op
+    custom = define(name, schema_fn, mutates_args=())
+    custom.register_fake(fake_fn)
     TRITON_OPS[f"torchqkit::{op}"] = name
     return custom
 
