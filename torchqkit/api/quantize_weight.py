@@ -30,52 +30,79 @@ class WeightQParams(NamedTuple):
     zero_point: torch.Tensor | None
 
 
-def weight_qparams(
-    weight: torch.Tensor,
-    qdtype: QDType,
-    granularity: Granularity | tuple,
-    layout: Layout,
-    *,
-    mapping: MappingType = MappingType.SYMMETRIC,
-    zero_point_domain=None,
-    calibration: str | None = None,
-    scale_dtype: torch.dtype | None = None,
-    scale_rounding: str | None = None,
-    stochastic: bool = False,
-    check_finite: bool = True,
-    algorithm: str = "rtn",
-    name: str = "weight",
-) -> WeightQParams:
-    """Check that ``layout`` can store ``weight`` this way and choose its qparams: the first half of
+@dataclass(frozen=True)
+class WeightRecipe:
+    """What a config decides for every weight it quantizes: ``quantize_weight``'s arguments besides the weight
+    and the per-call rounding options. A config registered with a recipe (``register_recipe_config``) quantizes
+    through it, and training fake-quantizes with the same recipe, so both follow one description of the format.
+
+    ``algorithm`` chooses the qparams: "rtn" is ``choose_qparams_affine`` (min-max / absmax ranges,
+    ``calibration`` and ``scale_rounding`` apply); "hqq" is ``hqq_qparams``: integer codes with an asymmetric
+    mapping and a zero point (FLOAT or INT domain) optimised without calibration data. The codes are
+    ``quantize_affine`` of those qparams either way."""
+    qdtype: QDType
+    granularity: Granularity | tuple
+    layout: Layout
+    mapping: MappingType = MappingType.SYMMETRIC
+    zero_point_domain: ZeroPointDomain | None = None
+    scale_dtype: torch.dtype | None = None
+    scale_rounding: str | None = None
+    act_quant: ActivationQuantSpec | None = None
+    kernel_preference: KernelPreference = KernelPreference.AUTO
+    algorithm: str = "rtn"
+    calibration: str | None = None
+
+    def qparams(self, weight: torch.Tensor, *, check_finite: bool = True, stochastic: bool = False,
+                name: str = "weight") -> WeightQParams:
+        return weight_qparams(weight, self, check_finite=check_finite, stochastic=stochastic, name=name)
+
+    def quantize(self, weight: torch.Tensor, name: str = "weight", *, stochastic: bool = False,
+                 generator: torch.Generator | None = None, check_finite: bool = True) -> AffineQuantizedTensor:
+        """Quantize one float weight into ``self.layout``: ``qparams``, the oracle's codes, the layout's packing."""
+        qp = self.qparams(weight, check_finite=check_finite, stochastic=stochastic, name=name)
+        codes = quantize_affine(weight.detach(), self.qdtype, qp.block_size, qp.scale, qp.zero_point,
+                                zero_point_domain=qp.zero_point_domain, stochastic=stochastic, generator=generator,
+                                check_finite=False, name=name)
+        fmt = WeightFormat.of(self.qdtype, qp.block_size, weight.shape, qp.zero_point_domain)
+        tensors = self.layout.pack(PlainParts(codes, qp.scale, qp.zero_point), fmt)
+        return AffineQuantizedTensor(tensors, self.qdtype, qp.block_size, tuple(weight.shape), weight.dtype,
+                                     self.layout, qp.zero_point_domain, act_quant=self.act_quant,
+                                     kernel_preference=self.kernel_preference)
+
+
+def weight_qparams(weight: torch.Tensor, recipe: WeightRecipe, *, check_finite: bool = True, stochastic: bool = False,
+                   name: str = "weight") -> WeightQParams:
+    """Check that ``recipe.layout`` can store ``weight`` the recipe's way and choose its qparams: the first half of
     ``quantize_weight`` (the codes are ``quantize_affine`` of the result). Fake quantization for training
     calls it too, so fake and real weights share one decision. Raises UnsupportedWeight with the reason."""
-    check_algorithm(name, algorithm)
+    check_algorithm(name, recipe.algorithm)
     if isinstance(weight, AffineQuantizedTensor):
         raise UnsupportedWeight(f"{name} is already quantized ({weight!r})")
     if not weight.dtype.is_floating_point:
         raise UnsupportedWeight(f"{name} has dtype {weight.dtype}; only floating weights can be quantized")
     if weight.dim() != 2:
         raise UnsupportedWeight(f"{name} has {weight.dim()} dims; quantized weights are 2-d (out, in)")
-    block_size = tuple(granularity) if isinstance(granularity, tuple) else granularity.block_size(tuple(weight.shape))
+    g = recipe.granularity
+    block_size = tuple(g) if isinstance(g, tuple) else g.block_size(tuple(weight.shape))
     reason = validate_block_size(weight.shape, block_size)
     if reason is not None:
         raise UnsupportedWeight(f"{name} of shape {tuple(weight.shape)} can't use block_size {block_size}: {reason}")
-    mapping = MappingType(mapping)
-    if algorithm == "hqq":
-        _check_hqq(mapping, calibration, scale_rounding, stochastic, name)
-    zpd = ZeroPointDomain(zero_point_domain if zero_point_domain is not None
-                          else default_zero_point_domain(qdtype, mapping))
-    reason = layout.supports(WeightFormat.of(qdtype, block_size, weight.shape, zpd))
+    mapping = MappingType(recipe.mapping)
+    if recipe.algorithm == "hqq":
+        _check_hqq(mapping, recipe.calibration, recipe.scale_rounding, stochastic, name)
+    zpd = ZeroPointDomain(recipe.zero_point_domain if recipe.zero_point_domain is not None
+                          else default_zero_point_domain(recipe.qdtype, mapping))
+    reason = recipe.layout.supports(WeightFormat.of(recipe.qdtype, block_size, weight.shape, zpd))
     if reason is not None:
         raise UnsupportedWeight(f"{name}: {reason}")
     w = weight.detach()
-    if algorithm == "hqq":
-        scale, zero_point = hqq_qparams(w, qdtype, block_size, zero_point_domain=zpd, scale_dtype=scale_dtype,
-                                        check_finite=check_finite, name=name)
+    if recipe.algorithm == "hqq":
+        scale, zero_point = hqq_qparams(w, recipe.qdtype, block_size, zero_point_domain=zpd,
+                                        scale_dtype=recipe.scale_dtype, check_finite=check_finite, name=name)
     else:
-        scale, zero_point = choose_qparams_affine(w, qdtype, block_size, mapping=mapping, zero_point_domain=zpd,
-                                                  calibration=calibration, scale_dtype=scale_dtype,
-                                                  scale_rounding=scale_rounding, check_finite=check_finite,
+        scale, zero_point = choose_qparams_affine(w, recipe.qdtype, block_size, mapping=mapping, zero_point_domain=zpd,
+                                                  calibration=recipe.calibration, scale_dtype=recipe.scale_dtype,
+                                                  scale_rounding=recipe.scale_rounding, check_finite=check_finite,
                                                   name=name)
     return WeightQParams(block_size, zpd, scale, zero_point)
 
@@ -99,52 +126,12 @@ def quantize_weight(
     algorithm: str = "rtn",
     name: str = "weight",
 ) -> AffineQuantizedTensor:
-    """Quantize one float weight into ``layout``.
-
-    ``algorithm`` chooses the qparams: "rtn" is ``choose_qparams_affine`` (min-max / absmax ranges,
-    ``calibration`` and ``scale_rounding`` apply); "hqq" is ``hqq_qparams``: integer codes with an
-    asymmetric mapping and a zero point (FLOAT or INT domain) optimised without calibration data.
-    The codes are ``quantize_affine`` of those qparams either way (see ``weight_qparams``)."""
-    qp = weight_qparams(weight, qdtype, granularity, layout, mapping=mapping, zero_point_domain=zero_point_domain,
-                        calibration=calibration, scale_dtype=scale_dtype, scale_rounding=scale_rounding,
-                        stochastic=stochastic, check_finite=check_finite, algorithm=algorithm, name=name)
-    codes = quantize_affine(weight.detach(), qdtype, qp.block_size, qp.scale, qp.zero_point,
-                            zero_point_domain=qp.zero_point_domain, stochastic=stochastic, generator=generator,
-                            check_finite=False, name=name)
-    tensors = layout.pack(PlainParts(codes, qp.scale, qp.zero_point),
-                          WeightFormat.of(qdtype, qp.block_size, weight.shape, qp.zero_point_domain))
-    return AffineQuantizedTensor(tensors, qdtype, qp.block_size, tuple(weight.shape), weight.dtype, layout,
-                                 qp.zero_point_domain, act_quant=act_quant, kernel_preference=kernel_preference)
-
-
-@dataclass(frozen=True)
-class WeightRecipe:
-    """What a config decides for every weight it quantizes: ``quantize_weight``'s arguments besides the
-    weight. A config registered with a recipe (``register_recipe_config``) quantizes through it, and training
-    fake-quantizes with the same recipe, so both follow one description of the format."""
-    qdtype: QDType
-    granularity: Granularity | tuple
-    layout: Layout
-    mapping: MappingType = MappingType.SYMMETRIC
-    zero_point_domain: ZeroPointDomain | None = None
-    scale_dtype: torch.dtype | None = None
-    scale_rounding: str | None = None
-    act_quant: ActivationQuantSpec | None = None
-    kernel_preference: KernelPreference = KernelPreference.AUTO
-    algorithm: str = "rtn"
-
-    def qparams(self, weight: torch.Tensor, *, check_finite: bool = True, stochastic: bool = False,
-                name: str = "weight") -> WeightQParams:
-        return weight_qparams(weight, self.qdtype, self.granularity, self.layout, mapping=self.mapping,
-                              zero_point_domain=self.zero_point_domain, scale_dtype=self.scale_dtype,
-                              scale_rounding=self.scale_rounding, stochastic=stochastic,
-                              check_finite=check_finite, algorithm=self.algorithm, name=name)
-
-    def quantize(self, weight: torch.Tensor, name: str = "weight") -> AffineQuantizedTensor:
-        return quantize_weight(weight, self.qdtype, self.granularity, self.layout, mapping=self.mapping,
-                               zero_point_domain=self.zero_point_domain, scale_dtype=self.scale_dtype,
-                               scale_rounding=self.scale_rounding, act_quant=self.act_quant,
-                               kernel_preference=self.kernel_preference, algorithm=self.algorithm, name=name)
+    """Quantize one float weight into ``layout``: ``WeightRecipe(...).quantize(weight)`` spelled as one call (see
+    ``WeightRecipe`` for what ``algorithm``, ``calibration`` and ``scale_rounding`` choose)."""
+    recipe = WeightRecipe(qdtype, granularity, layout, mapping=mapping, zero_point_domain=zero_point_domain,
+                          scale_dtype=scale_dtype, scale_rounding=scale_rounding, act_quant=act_quant,
+                          kernel_preference=kernel_preference, algorithm=algorithm, calibration=calibration)
+    return recipe.quantize(weight, name, stochastic=stochastic, generator=generator, check_finite=check_finite)
 
 
 def _check_hqq(mapping, calibration, scale_rounding, stochastic, name) -> None:

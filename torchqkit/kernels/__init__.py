@@ -154,7 +154,8 @@ def format_status() -> str:
 # Backends of a torchqkit op, by the key that finds them:
 #   "cuda"      C++ CUDA kernel (csrc/cuda, torchqkit._C_cuda) registered for the CUDA dispatch key
 #   "cpu"       C++ CPU kernel (csrc/cpu, torchqkit._C_cpu) registered for the CPU dispatch key
-#   "triton"    torchqkit_triton::<op> (kernels/triton/): on a GPU, or on CPU under TRITON_INTERPRET=1
+#   "triton"    torchqkit_triton::<op> (kernels/triton/): on a GPU, or on CPU under TRITON_INTERPRET=1; a second
+#               namespace only so TRITON can name it: Note [Why a torchqkit_triton namespace] in kernels/triton
 #   "reference" the pure-PyTorch twin (reference.py), any device
 # KernelPreference.AUTO takes the first available of _AUTO_ORDER[device type]; the interpreter is never
 # chosen by AUTO (it is a test vehicle, orders of magnitude slower than the reference). TRITON, CUDA and

@@ -61,19 +61,24 @@ def _float8_dynamic_recipe(config):
     return _float8_weight(config, ActivationQuantSpec(config.activation_dtype, act_granularity))
 
 
-@register_recipe_config(_float8_dynamic_recipe)
 @dataclass(frozen=True, kw_only=True)
-class Float8DynamicActivationFloat8WeightConfig(QuantConfig):
-    """float8 activations (scales computed at run time, per tensor or per row) x float8 weights.
-    With PerBlock weight scales the activations are scaled per token (per row)."""
+class _Float8ActivationFloat8Weight(QuantConfig):
+    """The fields and checks both float8 x float8 configs share; each adds its activation scale and granularity."""
     activation_dtype: QDType = float8_e4m3fn
     weight_dtype: QDType = float8_e4m3fn
-    granularity: Granularity = PerRow()
     layout: Layout = field(default_factory=Float8Layout)
 
     def __post_init__(self):
         super().__post_init__()
-        _check_float8("Float8DynamicActivationFloat8WeightConfig", self, "activation_dtype", "weight_dtype")
+        _check_float8(type(self).__name__, self, "activation_dtype", "weight_dtype")
+
+
+@register_recipe_config(_float8_dynamic_recipe)
+@dataclass(frozen=True, kw_only=True)
+class Float8DynamicActivationFloat8WeightConfig(_Float8ActivationFloat8Weight):
+    """float8 activations (scales computed at run time, per tensor or per row) x float8 weights.
+    With PerBlock weight scales the activations are scaled per token (per row)."""
+    granularity: Granularity = PerRow()
 
     def describe(self):
         return f"{self.activation_dtype.name} dynamic act x {self.weight_dtype.name} weight {type(self.granularity).__name__}"
@@ -90,20 +95,13 @@ def _float8_static_recipe(config):
 
 @register_recipe_config(_float8_static_recipe)
 @dataclass(frozen=True, kw_only=True)
-class Float8StaticActivationFloat8WeightConfig(QuantConfig):
+class Float8StaticActivationFloat8WeightConfig(_Float8ActivationFloat8Weight):
     """float8 activations with one static per-tensor scale x float8 weights. act_scale None: calibrated
     by ``observer`` ("minmax" or "percentile" of |x|; torchqkit/api/configs/static_activation.py)."""
     act_scale: float | None = field(default=None, metadata={"gt": 0.0})  # checked (finite, > 0) by QuantConfig
     observer: Observer = "minmax"
     percentile: float = field(default=99.99, metadata={"gt": 0.0, "le": 100.0})
-    activation_dtype: QDType = float8_e4m3fn
-    weight_dtype: QDType = float8_e4m3fn
     granularity: Granularity = PerTensor()
-    layout: Layout = field(default_factory=Float8Layout)
-
-    def __post_init__(self):
-        super().__post_init__()
-        _check_float8("Float8StaticActivationFloat8WeightConfig", self, "activation_dtype", "weight_dtype")
 
     def needs_calibration_data(self) -> bool:
         return self.act_scale is None

@@ -1,13 +1,14 @@
 """Pieces several op modules share: per-token int8 activations (the oracle's numerics, as the C++ kernels
-compute them), block-scale expansion and the fake impls' feature check."""
+compute them), block-scale expansion, the fake impls' feature check, and the (x, qdata, scale, bias) op shape."""
 from __future__ import annotations
 
 import torch
 
 from ...core.primitives import MappingType, ZeroPointDomain, choose_qparams_affine, quantize_affine
 from ...core.qdtype import int8
+from ..registry import OpDef, define_weight_only_op
 
-__all__ = ["int8_activation_rows", "expand_blocks", "check_features", "split_nibbles"]
+__all__ = ["int8_activation_rows", "expand_blocks", "check_features", "split_nibbles", "define_qdata_scale_op"]
 
 
 def int8_activation_rows(x2: torch.Tensor, act_symmetric: bool):
@@ -30,6 +31,17 @@ def expand_blocks(scale: torch.Tensor, shape) -> torch.Tensor:
 
 def check_features(x, k: int, name: str) -> None:
     torch._check(x.shape[-1] == k, lambda: f"{name}: x has {x.shape[-1]} features but the weight has K = {k}")
+
+
+def define_qdata_scale_op(name: str, weight, in_features=lambda qdata, scale: qdata.shape[1]) -> OpDef:
+    """A weight-only op whose weight is one (qdata, scale) pair, N = qdata rows:
+    ``torchqkit::<op>(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor``.
+    ``weight(qdata, scale, k)`` is the format's decoder; ``in_features(qdata, scale)`` is K (the fake checks x)."""
+    short = name.split("::")[1]
+    return define_weight_only_op(
+        name, "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor", weight=weight,
+        out_features=lambda x, qdata, *_: qdata.shape[0],
+        check=lambda x, qdata, scale, *_: check_features(x, in_features(qdata, scale), short))
 
 
 def split_nibbles(packed: torch.Tensor, high_first: bool) -> torch.Tensor:

@@ -5,8 +5,7 @@ Backends: csrc/cpu/linear_lowbit.cpp, csrc/cuda/fp8_gemv.cu, kernels/triton.
 """
 from __future__ import annotations
 
-from ..registry import define_weight_only_op
-from .common import check_features, expand_blocks
+from .common import define_qdata_scale_op, expand_blocks
 
 __all__ = ["fp8_weight", "linear_fp8wo_ref"]
 
@@ -16,9 +15,5 @@ def fp8_weight(qdata, scale, k=None):
     return qdata.float() * expand_blocks(scale, qdata.shape)
 
 
-OP = define_weight_only_op(
-    "torchqkit::linear_fp8wo", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor",
-    weight=fp8_weight,
-    out_features=lambda x, qdata, *_: qdata.shape[0],
-    check=lambda x, qdata, *_: check_features(x, qdata.shape[1], "linear_fp8wo"))
+OP = define_qdata_scale_op("torchqkit::linear_fp8wo", fp8_weight)
 linear_fp8wo_ref = OP.reference

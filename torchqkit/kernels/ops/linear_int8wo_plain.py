@@ -10,8 +10,7 @@ import torch
 
 from ...core.primitives import dequantize_affine
 from ...core.qdtype import int8
-from ..registry import define_weight_only_op
-from .common import check_features
+from .common import define_qdata_scale_op
 
 __all__ = ["int8_plain_weight", "linear_int8wo_plain_ref"]
 
@@ -23,9 +22,5 @@ def int8_plain_weight(qdata, scale, k=None):
                              name="weight")
 
 
-OP = define_weight_only_op(
-    "torchqkit::linear_int8wo_plain", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor",
-    weight=int8_plain_weight,
-    out_features=lambda x, qdata, *_: qdata.shape[0],
-    check=lambda x, qdata, *_: check_features(x, qdata.shape[1], "linear_int8wo_plain"))
+OP = define_qdata_scale_op("torchqkit::linear_int8wo_plain", int8_plain_weight)
 linear_int8wo_plain_ref = OP.reference

@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...core.qdtype import fp4_e2m1
-from ..registry import define_weight_only_op
-from .common import check_features, split_nibbles
+from .common import define_qdata_scale_op, split_nibbles
 
 __all__ = ["mx_weight", "linear_mxwo_ref"]
 
@@ -28,9 +27,6 @@ def mx_weight(qdata, scale, k=None):
     return elems * x_scale.repeat_interleave(MX_BLOCK, 1)
 
 
-OP = define_weight_only_op(
-    "torchqkit::linear_mxwo", "(Tensor x, Tensor qdata, Tensor scale, Tensor? bias=None) -> Tensor",
-    weight=mx_weight,
-    out_features=lambda x, qdata, *_: qdata.shape[0],
-    check=lambda x, qdata, scale, *_: check_features(x, MX_BLOCK * scale.shape[1], "linear_mxwo"))
+OP = define_qdata_scale_op("torchqkit::linear_mxwo", mx_weight,
+                           in_features=lambda qdata, scale: MX_BLOCK * scale.shape[1])
 linear_mxwo_ref = OP.reference

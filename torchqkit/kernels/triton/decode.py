@@ -31,6 +31,12 @@ def e5m2_to_f32(b):
 
 
 @triton.jit
+def float8_to_f32(b, E5M2: tl.constexpr):
+    """A float8 byte of either flavour, chosen at compile time: e5m2 when E5M2, else e4m3fn."""
+    return e5m2_to_f32(b) if E5M2 else e4m3fn_to_f32(b)
+
+
+@triton.jit
 def e2m1_to_f32(c):
     """fp4 e2m1 code (0..15): sign (bit 3) | exponent (bits 2..1, bias 1) | mantissa (bit 0)."""
     exp = (c >> 1) & 0x3

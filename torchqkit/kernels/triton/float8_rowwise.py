@@ -11,13 +11,26 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
-from .decode import e4m3fn_to_f32, e5m2_to_f32
-from .registration import gpu_family, matmul_configs, register
-from .tiles import store_output, tile_offsets
+from .decode import float8_to_f32
+from .registration import gpu_family, launch_tiled, matmul_configs, register
+from .tiles import dequant_matmul, store_output
 
 _E5M2 = {torch.float8_e4m3fn: False, torch.float8_e5m2: True}
+
+
+@triton.jit
+def float8_rows_tile(args, E5M2: tl.constexpr, rm, kk, M, K):
+    """(BLOCK_M, BLOCK_K) float16 values of a's float8 bytes (exact), zero outside (M, K); args = (a_ptr,)."""
+    byte = tl.load(args[0] + rm[:, None] * K + kk[None, :], mask=(rm < M)[:, None] & (kk < K)[None, :], other=0)
+    return float8_to_f32(byte.to(tl.int32), E5M2).to(tl.float16)
+
+
+@triton.jit
+def float8_cols_tile(args, E5M2: tl.constexpr, rn, kk, N, K):
+    """(BLOCK_K, BLOCK_N) values of b's float8 bytes, b (N, K) read transposed; args = (b_ptr,)."""
+    byte = tl.load(args[0] + rn[None, :] * K + kk[:, None], mask=(kk < K)[:, None] & (rn < N)[None, :], other=0)
+    return float8_to_f32(byte.to(tl.int32), E5M2)
 
 
 @triton.autotune(configs=matmul_configs(gpu_family()), key=["M", "N", "K", "A_E5M2", "B_E5M2"])
@@ -36,15 +49,9 @@ def _fp8_rowwise_kernel(
     A_E5M2: tl.constexpr, B_E5M2: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    rm, rn, rk = tile_offsets(BLOCK_M, BLOCK_N, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        ab = tl.load(a_ptr + rm[:, None] * K + kk[None, :], mask=(rm < M)[:, None] & (kk < K)[None, :], other=0)
-        bb = tl.load(b_ptr + rn[None, :] * K + kk[:, None], mask=(kk < K)[:, None] & (rn < N)[None, :], other=0)
-        a = e5m2_to_f32(ab.to(tl.int32)) if A_E5M2 else e4m3fn_to_f32(ab.to(tl.int32))
-        b = e5m2_to_f32(bb.to(tl.int32)) if B_E5M2 else e4m3fn_to_f32(bb.to(tl.int32))
-        acc = tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
+    # float16 operands: the backend's default dot precision (exact products, fp32 accumulation)
+    rm, rn, acc = dequant_matmul(float8_rows_tile, (a_ptr,), A_E5M2, float8_cols_tile, (b_ptr,), B_E5M2,
+                                 M, N, K, None, BLOCK_M, BLOCK_N, BLOCK_K)
     # ---- epilogue: row scales, bias ----
     acc *= tl.load(sa_ptr + rm, mask=rm < M, other=0.0)[:, None] * tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
     store_output(out_ptr, acc, rm, rn, N, M, N, bias_ptr, HAS_BIAS)
@@ -62,12 +69,10 @@ def scaled_mm_fp8_rowwise(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tenso
                          f"got {tuple(scale_a.shape)} and {tuple(scale_b.shape)}")
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     sa, sb = scale_a.float().reshape(m).contiguous(), scale_b.float().reshape(n).contiguous()
-    if m and n:
-        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
-        wrap_triton(_fp8_rowwise_kernel)[grid](
-            a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8), sa, sb,
-            bias if bias is not None else sa, out, m, n, k,
-            A_E5M2=_E5M2[a.dtype], B_E5M2=_E5M2[b.dtype], HAS_BIAS=bias is not None)
+    launch_tiled(_fp8_rowwise_kernel, m, n,
+                 a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8), sa, sb,
+                 bias if bias is not None else sa, out, m, n, k,
+                 A_E5M2=_E5M2[a.dtype], B_E5M2=_E5M2[b.dtype], HAS_BIAS=bias is not None)
     return out
 
 

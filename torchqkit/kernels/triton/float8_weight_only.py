@@ -7,13 +7,24 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
-from .decode import e4m3fn_to_f32, e5m2_to_f32
-from .registration import dot_precision, gpu_family, matmul_configs, register
-from .tiles import load_x_tile, store_output, tile_offsets
+from .decode import float8_to_f32
+from .registration import dot_precision, gpu_family, launch_tiled, matmul_configs, register
+from .tiles import activation_tile, dequant_matmul, store_output
 
 _E5M2 = {torch.float8_e4m3fn: False, torch.float8_e5m2: True}
+
+
+@triton.jit
+def float8_scaled_tile(args, E5M2: tl.constexpr, rn, kk, N, K):
+    """(BLOCK_K, BLOCK_N) weights float8(q[n, k]) * scale[n // SCALE_BN, k // SCALE_BK] (Note [Tile loaders]);
+    args = (q_ptr, scale_ptr, SCALE_BN, SCALE_BK)."""
+    q_ptr, scale_ptr, SCALE_BN, SCALE_BK = args[0], args[1], args[2], args[3]
+    wmask = (kk < K)[:, None] & (rn < N)[None, :]
+    byte = tl.load(q_ptr + rn[None, :] * K + kk[:, None], mask=wmask, other=0).to(tl.int32)
+    s = tl.load(scale_ptr + (rn // SCALE_BN)[None, :] * (K // SCALE_BK) + (kk // SCALE_BK)[:, None], mask=wmask,
+                other=0.0)
+    return float8_to_f32(byte, E5M2) * s
 
 
 @triton.autotune(configs=matmul_configs(gpu_family()), key=["M", "N", "K", "E5M2"])
@@ -33,17 +44,9 @@ def _fp8_wo_kernel(
     E5M2: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    rm, rn, rk = tile_offsets(BLOCK_M, BLOCK_N, BLOCK_K)
-    scale_cols = K // SCALE_BK
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        x = load_x_tile(x_ptr, rm, kk, stride_xm, M, K)
-        wmask = (kk < K)[:, None] & (rn < N)[None, :]
-        byte = tl.load(q_ptr + rn[None, :] * K + kk[:, None], mask=wmask, other=0).to(tl.int32)
-        elem = e5m2_to_f32(byte) if E5M2 else e4m3fn_to_f32(byte)
-        s = tl.load(scale_ptr + (rn // SCALE_BN)[None, :] * scale_cols + (kk // SCALE_BK)[:, None], mask=wmask, other=0.0)
-        acc = tl.dot(x, (elem * s).to(x.dtype), acc, input_precision=DOT_PRECISION)
+    rm, rn, acc = dequant_matmul(activation_tile, (x_ptr, stride_xm), 0,
+                                 float8_scaled_tile, (q_ptr, scale_ptr, SCALE_BN, SCALE_BK), E5M2,
+                                 M, N, K, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     store_output(out_ptr, acc, rm, rn, stride_om, M, N, bias_ptr, HAS_BIAS)
 
 
@@ -60,12 +63,10 @@ def linear_fp8wo(x: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor,
     m = x2.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     s = scale.float().contiguous()
-    if m and n:
-        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
-        wrap_triton(_fp8_wo_kernel)[grid](
-            x2, qdata.contiguous().view(torch.uint8), s, bias if bias is not None else s, out,
-            m, n, k, n // s.shape[0], k // s.shape[1], x2.stride(0), out.stride(0),
-            E5M2=_E5M2[qdata.dtype], HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x.dtype))
+    launch_tiled(_fp8_wo_kernel, m, n,
+                 x2, qdata.contiguous().view(torch.uint8), s, bias if bias is not None else s, out,
+                 m, n, k, n // s.shape[0], k // s.shape[1], x2.stride(0), out.stride(0),
+                 E5M2=_E5M2[qdata.dtype], HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x.dtype))
     return out.reshape(*x.shape[:-1], n)
 
 

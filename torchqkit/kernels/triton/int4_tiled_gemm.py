@@ -11,14 +11,20 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from . import int4_tiled_gemv
 from .decode import int4_tiled_tile
-from .registration import dot_precision, gpu_family, matmul_configs, register
-from .tiles import load_x_tile, store_output, tile_offsets
+from .registration import dot_precision, gpu_family, launch_tiled, matmul_configs, register
+from .tiles import activation_tile, dequant_matmul, store_output
 
 GEMV_MAX_M = 4  # decode: a few tokens; above this the weight tile is reused across M in the GEMM
+
+
+@triton.jit
+def int4_tiled_loader(args, FORMAT: tl.constexpr, rn, kk, N, K):
+    """decode.int4_tiled_tile as a tile loader (Note [Tile loaders]); args = (q_ptr, sz_ptr, GROUP, NUM_CHUNKS,
+    WORDS, N8)."""
+    return int4_tiled_tile(args[0], args[1], rn, kk, N, K, args[2], args[3], args[4], args[5])
 
 
 @triton.autotune(configs=matmul_configs(gpu_family(), k_multiple=32), key=["M", "N", "K"])
@@ -38,14 +44,9 @@ def _int4_tiled_gemm_kernel(
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    rm, rn, rk = tile_offsets(BLOCK_M, BLOCK_N, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # ---- K loop: unpack the tile's nibbles, dequantize, one tl.dot ----
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        x = load_x_tile(x_ptr, rm, kk, stride_xm, M, K)
-        w = int4_tiled_tile(q_ptr, sz_ptr, rn, kk, N, K, GROUP, NUM_CHUNKS, WORDS, N8)
-        acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
+    rm, rn, acc = dequant_matmul(activation_tile, (x_ptr, stride_xm), 0,
+                                 int4_tiled_loader, (q_ptr, sz_ptr, GROUP, NUM_CHUNKS, WORDS, N8), 0,
+                                 M, N, K, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     store_output(out_ptr, acc, rm, rn, stride_om, M, N, bias_ptr, HAS_BIAS)
 
 
@@ -76,12 +77,10 @@ def launch_gemm(x2, qdata, scale_and_zero, group_size, out_features, bias=None):
     k, n8 = check_int4_tiled(x2, qdata, scale_and_zero, group_size, out_features)
     m = x2.shape[0]
     out = torch.empty(m, out_features, dtype=x2.dtype, device=x2.device)
-    if m and out_features:
-        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(out_features, meta["BLOCK_N"]))  # noqa: E731
-        wrap_triton(_int4_tiled_gemm_kernel)[grid](
-            x2, qdata.contiguous(), scale_and_zero.contiguous(), bias if bias is not None else scale_and_zero, out,
-            m, out_features, k, group_size, qdata.shape[1], qdata.shape[3], n8, x2.stride(0), out.stride(0),
-            HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x2.dtype))
+    launch_tiled(_int4_tiled_gemm_kernel, m, out_features,
+                 x2, qdata.contiguous(), scale_and_zero.contiguous(), bias if bias is not None else scale_and_zero, out,
+                 m, out_features, k, group_size, qdata.shape[1], qdata.shape[3], n8, x2.stride(0), out.stride(0),
+                 HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x2.dtype))
     return out
 
 

@@ -8,10 +8,20 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
-from .registration import dot_precision, gpu_family, matmul_configs, register
-from .tiles import load_x_tile, store_output, tile_offsets
+from .registration import dot_precision, gpu_family, launch_tiled, matmul_configs, register
+from .tiles import activation_tile, dequant_matmul, store_output
+
+
+@triton.jit
+def int8_plain_tile(args, FORMAT: tl.constexpr, rn, kk, N, K):
+    """(BLOCK_K, BLOCK_N) weights q * scale[n, k // GROUP] (Note [Tile loaders]); args = (w_ptr, scale_ptr,
+    stride_wn, stride_sn, GROUP)."""
+    w_ptr, scale_ptr, stride_wn, stride_sn, GROUP = args[0], args[1], args[2], args[3], args[4]
+    wmask = (kk < K)[:, None] & (rn < N)[None, :]
+    q = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None], mask=wmask, other=0)
+    s = tl.load(scale_ptr + rn[None, :] * stride_sn + (kk // GROUP)[:, None], mask=wmask, other=0.0)
+    return q.to(tl.float32) * s.to(tl.float32)
 
 
 @triton.autotune(configs=matmul_configs(gpu_family()), key=["M", "N", "K"])
@@ -31,18 +41,9 @@ def _int8_wo_kernel(
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # ---- tile coordinates ----
-    rm, rn, rk = tile_offsets(BLOCK_M, BLOCK_N, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # ---- K loop: load codes + scales, dequantize (BLOCK_K, BLOCK_N), one tl.dot ----
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        x = load_x_tile(x_ptr, rm, kk, stride_xm, M, K)
-        wmask = (kk < K)[:, None] & (rn < N)[None, :]
-        q = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None], mask=wmask, other=0)
-        s = tl.load(scale_ptr + rn[None, :] * stride_sn + (kk // GROUP)[:, None], mask=wmask, other=0.0)
-        w = (q.to(tl.float32) * s.to(tl.float32)).to(x.dtype)
-        acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
+    rm, rn, acc = dequant_matmul(activation_tile, (x_ptr, stride_xm), 0,
+                                 int8_plain_tile, (w_ptr, scale_ptr, stride_wn, stride_sn, GROUP), 0,
+                                 M, N, K, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     store_output(out_ptr, acc, rm, rn, stride_om, M, N, bias_ptr, HAS_BIAS)
 
 
@@ -59,16 +60,14 @@ def linear_int8wo_plain(x: torch.Tensor, qdata: torch.Tensor, scale: torch.Tenso
     x2 = x.reshape(-1, k).contiguous()
     w, s = qdata.contiguous(), scale.contiguous()
     # (2) output
-    out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
-    # (3) launch
     m = x2.shape[0]
-    if m and n:
-        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
-        wrap_triton(_int8_wo_kernel)[grid](
-            x2, w, s, bias if bias is not None else s, out,
-            m, n, k, k // s.shape[1],
-            x2.stride(0), w.stride(0), s.stride(0), out.stride(0),
-            HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x.dtype))
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    # (3) launch
+    launch_tiled(_int8_wo_kernel, m, n,
+                 x2, w, s, bias if bias is not None else s, out,
+                 m, n, k, k // s.shape[1],
+                 x2.stride(0), w.stride(0), s.stride(0), out.stride(0),
+                 HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x.dtype))
     return out.reshape(*x.shape[:-1], n)
 
 

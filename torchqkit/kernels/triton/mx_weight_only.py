@@ -9,14 +9,30 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
-from .decode import e2m1_to_f32, e4m3fn_to_f32, e5m2_to_f32, e8m0_to_f32
-from .registration import dot_precision, gpu_family, matmul_configs, register
-from .tiles import load_x_tile, store_output, tile_offsets
+from .decode import e2m1_to_f32, e8m0_to_f32, float8_to_f32
+from .registration import dot_precision, gpu_family, launch_tiled, matmul_configs, register
+from .tiles import activation_tile, dequant_matmul, store_output
 
 ELEMENT_FP4, ELEMENT_E4M3, ELEMENT_E5M2 = 0, 1, 2
 _ELEMENT = {torch.uint8: ELEMENT_FP4, torch.float8_e4m3fn: ELEMENT_E4M3, torch.float8_e5m2: ELEMENT_E5M2}
+
+
+@triton.jit
+def mx_tile(args, ELEMENT: tl.constexpr, rn, kk, N, K):
+    """(BLOCK_K, BLOCK_N) weights element * 2^(e - 127) (Note [Tile loaders]); args = (q_ptr, scale_ptr)."""
+    q_ptr, scale_ptr = args[0], args[1]
+    wmask = (kk < K)[:, None] & (rn < N)[None, :]
+    # ---- elements ----
+    if ELEMENT == 0:  # ELEMENT_FP4 (jit code reads only constexpr globals)
+        byte = tl.load(q_ptr + rn[None, :] * (K // 2) + (kk // 2)[:, None], mask=wmask, other=0).to(tl.int32)
+        elem = e2m1_to_f32(tl.where((kk % 2 == 0)[:, None], byte & 0xF, byte >> 4))
+    else:
+        byte = tl.load(q_ptr + rn[None, :] * K + kk[:, None], mask=wmask, other=0).to(tl.int32)
+        elem = float8_to_f32(byte, ELEMENT == 2)  # ELEMENT_E5M2
+    # ---- one E8M0 scale per 32 elements ----
+    e = tl.load(scale_ptr + rn[None, :] * (K // 32) + (kk // 32)[:, None], mask=wmask, other=127).to(tl.int32)
+    return elem * e8m0_to_f32(e)
 
 
 @triton.autotune(configs=matmul_configs(gpu_family(), k_multiple=32), key=["M", "N", "K", "ELEMENT"])
@@ -36,23 +52,8 @@ def _mx_kernel(
     ELEMENT: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    rm, rn, rk = tile_offsets(BLOCK_M, BLOCK_N, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        x = load_x_tile(x_ptr, rm, kk, stride_xm, M, K)
-        wmask = (kk < K)[:, None] & (rn < N)[None, :]
-        # ---- elements ----
-        if ELEMENT == 0:
-            byte = tl.load(q_ptr + rn[None, :] * (K // 2) + (kk // 2)[:, None], mask=wmask, other=0).to(tl.int32)
-            elem = e2m1_to_f32(tl.where((kk % 2 == 0)[:, None], byte & 0xF, byte >> 4))
-        else:
-            byte = tl.load(q_ptr + rn[None, :] * K + kk[:, None], mask=wmask, other=0).to(tl.int32)
-            elem = e4m3fn_to_f32(byte) if ELEMENT == 1 else e5m2_to_f32(byte)
-        # ---- one E8M0 scale per 32 elements ----
-        e = tl.load(scale_ptr + rn[None, :] * (K // 32) + (kk // 32)[:, None], mask=wmask, other=127).to(tl.int32)
-        w = elem * e8m0_to_f32(e)
-        acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
+    rm, rn, acc = dequant_matmul(activation_tile, (x_ptr, stride_xm), 0, mx_tile, (q_ptr, scale_ptr), ELEMENT,
+                                 M, N, K, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     store_output(out_ptr, acc, rm, rn, stride_om, M, N, bias_ptr, HAS_BIAS)
 
 
@@ -70,12 +71,10 @@ def linear_mxwo(x: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor,
     m = x2.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     q = qdata.contiguous().view(torch.uint8)
-    if m and n:
-        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
-        wrap_triton(_mx_kernel)[grid](
-            x2, q, scale.contiguous(), bias if bias is not None else scale, out,
-            m, n, k, x2.stride(0), out.stride(0),
-            ELEMENT=_ELEMENT[qdata.dtype], HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x.dtype))
+    launch_tiled(_mx_kernel, m, n,
+                 x2, q, scale.contiguous(), bias if bias is not None else scale, out,
+                 m, n, k, x2.stride(0), out.stride(0),
+                 ELEMENT=_ELEMENT[qdata.dtype], HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x.dtype))
     return out.reshape(*x.shape[:-1], n)
 
 

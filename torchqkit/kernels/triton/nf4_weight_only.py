@@ -10,11 +10,29 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from .decode import nf4_level
-from .registration import dot_precision, gpu_family, matmul_configs, register
-from .tiles import load_x_tile, store_output, tile_offsets
+from .registration import dot_precision, gpu_family, launch_tiled, matmul_configs, register
+from .tiles import activation_tile, dequant_matmul, store_output
+
+
+@triton.jit
+def nf4_tile(args, DOUBLE_QUANT: tl.constexpr, rn, kk, N, K):
+    """(BLOCK_K, BLOCK_N) weights levels[code] * absmax[n, k // B] (Note [Tile loaders]); args = (q_ptr,
+    absmax_ptr, dq_scale_ptr, dq_offset_ptr, BLOCK_SIZE_Q), see _nf4_kernel for what each points at."""
+    q_ptr, absmax_ptr, dq_scale_ptr, dq_offset_ptr, BLOCK_SIZE_Q = args[0], args[1], args[2], args[3], args[4]
+    wmask = (kk < K)[:, None] & (rn < N)[None, :]
+    # ---- codes: high nibble for even k ----
+    byte = tl.load(q_ptr + rn[None, :] * (K // 2) + (kk // 2)[:, None], mask=wmask, other=0).to(tl.int32)
+    level = nf4_level(tl.where((kk % 2 == 0)[:, None], byte >> 4, byte & 0xF))
+    # ---- absmax per (n, k // B) ----
+    blk = rn[None, :] * (K // BLOCK_SIZE_Q) + (kk // BLOCK_SIZE_Q)[:, None]
+    if DOUBLE_QUANT:
+        c = tl.load(absmax_ptr + blk, mask=wmask, other=0).to(tl.float32)
+        absmax = c * tl.load(dq_scale_ptr + blk // 256, mask=wmask, other=0.0) + tl.load(dq_offset_ptr)
+    else:
+        absmax = tl.load(absmax_ptr + blk, mask=wmask, other=0.0)
+    return tl.where(wmask, level * absmax, 0.0)
 
 
 @triton.autotune(configs=matmul_configs(gpu_family()), key=["M", "N", "K", "DOUBLE_QUANT"])
@@ -36,26 +54,9 @@ def _nf4_kernel(
     DOUBLE_QUANT: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    rm, rn, rk = tile_offsets(BLOCK_M, BLOCK_N, BLOCK_K)
-    blocks_per_row = K // BLOCK_SIZE_Q
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        x = load_x_tile(x_ptr, rm, kk, stride_xm, M, K)
-        wmask = (kk < K)[:, None] & (rn < N)[None, :]
-        # ---- codes: high nibble for even k ----
-        byte = tl.load(q_ptr + rn[None, :] * (K // 2) + (kk // 2)[:, None], mask=wmask, other=0).to(tl.int32)
-        code = tl.where((kk % 2 == 0)[:, None], byte >> 4, byte & 0xF)
-        level = nf4_level(code)
-        # ---- absmax per (n, k // B) ----
-        blk = rn[None, :] * blocks_per_row + (kk // BLOCK_SIZE_Q)[:, None]
-        if DOUBLE_QUANT:
-            c = tl.load(absmax_ptr + blk, mask=wmask, other=0).to(tl.float32)
-            absmax = c * tl.load(dq_scale_ptr + blk // 256, mask=wmask, other=0.0) + tl.load(dq_offset_ptr)
-        else:
-            absmax = tl.load(absmax_ptr + blk, mask=wmask, other=0.0)
-        w = tl.where(wmask, level * absmax, 0.0)
-        acc = tl.dot(x, w.to(x.dtype), acc, input_precision=DOT_PRECISION)
+    rm, rn, acc = dequant_matmul(activation_tile, (x_ptr, stride_xm), 0,
+                                 nf4_tile, (q_ptr, absmax_ptr, dq_scale_ptr, dq_offset_ptr, BLOCK_SIZE_Q), DOUBLE_QUANT,
+                                 M, N, K, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)
     store_output(out_ptr, acc, rm, rn, stride_om, M, N, bias_ptr, HAS_BIAS)
 
 
@@ -75,13 +76,10 @@ def linear_nf4wo(x: torch.Tensor, qdata: torch.Tensor, scale: torch.Tensor | Non
     absmax = (scale_codes if double_quant else scale.float()).contiguous()
     dq_scale = scale_block_scale.float().contiguous() if double_quant else absmax
     dq_offset = scale_offset.float().contiguous() if double_quant else absmax
-    if m and n:
-        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
-        wrap_triton(_nf4_kernel)[grid](
-            x2, qdata.contiguous(), absmax, dq_scale, dq_offset,
-            bias if bias is not None else absmax, out,
-            m, n, k, block_size, x2.stride(0), out.stride(0),
-            DOUBLE_QUANT=double_quant, HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x.dtype))
+    launch_tiled(_nf4_kernel, m, n,
+                 x2, qdata.contiguous(), absmax, dq_scale, dq_offset, bias if bias is not None else absmax, out,
+                 m, n, k, block_size, x2.stride(0), out.stride(0),
+                 DOUBLE_QUANT=double_quant, HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x.dtype))
     return out.reshape(*x.shape[:-1], n)
 
 

@@ -1,8 +1,9 @@
 """How a Triton launcher becomes a ``torchqkit_triton::`` op, and which autotune configs each GPU family gets.
 
-See Note [Triton registration]: on a real GPU, ``torch.library.triton_op`` (Inductor traces into the kernel
-through ``wrap_triton``); under ``TRITON_INTERPRET=1`` a plain ``torch.library.custom_op`` with a fake impl,
-because torch.compile can't trace a triton_op when the interpreter runs (PLATFORM.md, "Triton on CPU").
+Why the namespace exists: Note [Why a torchqkit_triton namespace] in __init__.py. On a real GPU,
+``torch.library.triton_op`` (Inductor traces into the kernel through ``wrap_triton``); under ``TRITON_INTERPRET=1``
+a plain ``torch.library.custom_op`` with a fake impl, because torch.compile can't trace a triton_op when the
+interpreter runs (PLATFORM.md, "Triton on CPU").
 The launcher body is the same in both cases: it always launches through ``wrap_triton``.
 """
 from __future__ import annotations
@@ -11,10 +12,12 @@ import os
 
 import torch
 import triton
+from torch.library import wrap_triton
 
 from ..registry import op_def
 
-__all__ = ["INTERPRET", "TRITON_OPS", "register", "gpu_family", "matmul_configs", "gemv_configs", "dot_precision"]
+__all__ = ["INTERPRET", "TRITON_OPS", "register", "gpu_family", "matmul_configs", "gemv_configs", "dot_precision",
+           "launch_tiled"]
 
 # Read once, like triton itself (it decides at @triton.jit time): conftest.py sets it before any import.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -26,12 +29,9 @@ def register(op: str, schema_fn):
     fake impl it shares: kernels/registry.py)."""
     name = f"torchqkit_triton::{op}"
     fake_fn = op_def(f"torchqkit::{op}").fake
-    if INTERPRET:
-        custom = torch.library.custom_op(name, schema_fn, mutates_args=())
-        custom.register_fake(fake_fn)
-    else:
-        custom = torch.library.triton_op(name, schema_fn, mutates_args=())
-        custom.register_fake(fake_fn)
+    define = torch.library.custom_op if INTERPRET else torch.library.triton_op
+    custom = define(name, schema_fn, mutates_args=())
+    custom.register_fake(fake_fn)
     TRITON_OPS[f"torchqkit::{op}"] = name
     return custom
 
@@ -81,3 +81,11 @@ def dot_precision(dtype: torch.dtype) -> str | None:
     """float32 activations: exact IEEE products (the GPU default would be TF32, looser than the reference).
     Other dtypes: None, the backend's default (naming "tf32" would be refused on AMD targets without it)."""
     return "ieee" if dtype == torch.float32 else None
+
+
+def launch_tiled(kernel, m: int, n: int, *args, **meta) -> None:
+    """Launch an autotuned GEMM ``kernel`` on the (M tiles, N tiles) grid; nothing to do when the output is empty.
+    Always through ``wrap_triton``, so Inductor traces into the kernel when the launcher is a triton_op."""
+    if m and n:
+        grid = lambda cfg: (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))  # noqa: E731
+        wrap_triton(kernel)[grid](*args, **meta)
