@@ -1,0 +1,128 @@
+// AVX512-BF16 GEMM pieces for the weight-only kernels: a k-pair bf16 panel and its register-blocked vdpbf16ps
+// micro-kernel with per-segment weight scales, shared by every op family that decodes weights to exact bf16
+// values (low-bit levels, int8 / int4 codes, float8 values) and multiplies them by bf16 activations.
+//
+// Note [bf16 panels]: vdpbf16ps multiplies two bf16 pairs per 32-bit lane and adds both products to the lane's
+// fp32 accumulator. A panel holds 32 weight rows for kc consecutive k (kc even) as [kc / 2][32] 32-bit words,
+// word (kp, j) = (w[j][2 kp], w[j][2 kp + 1]) (low half first); an activation row is read as the same pairs,
+// one 32-bit broadcast per k pair. The panel holds unscaled values (codes or levels, exact in bf16); a scale
+// per row and per *segment* of k (a quantization group, or any whole part of one) multiplies the segment's
+// fp32 partial sums once: acc += seg_acc * scale. So the products are exact, the accumulation fp32, and the
+// only rounding beyond the fp32 path's is the activations' own bf16.
+//
+// Every function carries its own target attribute (no `#pragma GCC target` region needed); call them only
+// when the CPU runs Isa::kAvx512Bf16 (isa_supported).
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace torchqkit_cpu {
+namespace bf16_gemm {
+
+#define TQK_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
+#define TQK_BF16_INLINE TQK_BF16 __attribute__((always_inline)) static inline
+
+constexpr int kPanelCols = 32;  // weight rows per panel (two zmm of 16 fp32 lanes)
+constexpr int kMaxRows = 6;     // activation rows per micro-kernel call: 6 x 2 accumulators + 6 x 2 segment sums
+
+// 32 fp32 values -> 32 bf16 (round to nearest even), v0 in the low 16 lanes: the k order of a decode step.
+TQK_BF16_INLINE __m512i to_bf16(__m512 v0, __m512 v1) { return (__m512i)_mm512_cvtne2ps_pbh(v1, v0); }
+
+// Word j of a zmm of k-ordered bf16 (16 pairs) -> panel[(kp0 + j) * 32 + col]: one row's 16 k pairs into its
+// column of the panel.
+TQK_BF16_INLINE void scatter_pairs(__m512i pairs, uint32_t* panel, int64_t kp0, int col) {
+  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(kPanelCols));
+  _mm512_i32scatter_epi32(panel + kp0 * kPanelCols + col, idx, pairs, 4);
+}
+
+// Rows [0, rows) of a bf16 matrix (row stride ldw elements), k [0, kc) (kc even) -> panel [kc / 2][32] words;
+// rows past `rows` are zero. For callers whose weights are already bf16 (or converted a row at a time).
+TQK_BF16 inline void pack_panel(const uint16_t* w, int64_t ldw, int rows, int64_t kc, uint32_t* panel) {
+  for (int64_t kp = 0; kp < kc / 2; ++kp)
+    for (int j = 0; j < kPanelCols; ++j) {
+      uint32_t v = 0;
+      if (j < rows) std::memcpy(&v, w + j * ldw + 2 * kp, 4);
+      panel[kp * kPanelCols + j] = v;
+    }
+}
+
+// The 32-bit word (a[2 kp], a[2 kp + 1]) of a bf16 activation row, in every lane.
+TQK_BF16_INLINE __m512bh pair_of(const uint16_t* a) {
+  int32_t v;
+  std::memcpy(&v, a, 4);
+  return (__m512bh)_mm512_set1_epi32(v);
+}
+
+// One segment's k pairs into the R x 2 segment sums (a function taking the arrays by reference, not a lambda:
+// Note [accumulators in registers] in kernels.h).
+template <int R>
+TQK_BF16_INLINE void segment(__m512 (&s)[R][2], const uint16_t* a, int64_t lda, const uint32_t* panel, int64_t kp0,
+                             int64_t kp1) {
+  for (int64_t kp = kp0; kp < kp1; ++kp) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(panel + kp * kPanelCols);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(panel + kp * kPanelCols + 16);
+#pragma GCC unroll 6
+    for (int m = 0; m < R; ++m) {
+      const __m512bh av = pair_of(a + m * lda + 2 * kp);
+      s[m][0] = _mm512_dpbf16_ps(s[m][0], av, b0);
+      s[m][1] = _mm512_dpbf16_ps(s[m][1], av, b1);
+    }
+  }
+}
+
+// C[0:R, 0:ncols] (+)= sum over segments s of (A[0:R, seg s] @ panel[seg s]) * seg_scale[s][0:32]
+// A: bf16 activations (row stride lda elements), k [0, kc); panel: [kc / 2][32] (Note [bf16 panels]); segments of
+// `seg` k (even; the last may be shorter); seg_scale: [ceil(kc / seg)][32] fp32; first: C = result, else C += result.
+template <int R>
+TQK_BF16 void gemm_rx32(const uint16_t* a, int64_t lda, const uint32_t* panel, int64_t kc, int64_t seg,
+                        const float* seg_scale, float* c, int64_t ldc, int ncols, bool first) {
+  __m512 acc[R][2];
+#pragma GCC unroll 6
+  for (int m = 0; m < R; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t k0 = 0, si = 0; k0 < kc; k0 += seg, ++si) {
+    __m512 s[R][2];
+#pragma GCC unroll 6
+    for (int m = 0; m < R; ++m) s[m][0] = s[m][1] = _mm512_setzero_ps();
+    segment<R>(s, a, lda, panel, k0 / 2, (k0 + seg < kc ? k0 + seg : kc) / 2);
+    const __m512 sc0 = _mm512_loadu_ps(seg_scale + si * kPanelCols), sc1 = _mm512_loadu_ps(seg_scale + si * kPanelCols + 16);
+#pragma GCC unroll 6
+    for (int m = 0; m < R; ++m) {
+      acc[m][0] = _mm512_fmadd_ps(s[m][0], sc0, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(s[m][1], sc1, acc[m][1]);
+    }
+  }
+  const __mmask16 m0 = ncols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
+  const __mmask16 m1 = ncols >= 32 ? (__mmask16)0xFFFF : ncols <= 16 ? (__mmask16)0 : (__mmask16)((1u << (ncols - 16)) - 1);
+#pragma GCC unroll 6
+  for (int m = 0; m < R; ++m) {
+    float* cr = c + m * ldc;
+    if (!first) {
+      acc[m][0] = _mm512_add_ps(acc[m][0], _mm512_maskz_loadu_ps(m0, cr));
+      acc[m][1] = _mm512_add_ps(acc[m][1], _mm512_maskz_loadu_ps(m1, cr + 16));
+    }
+    _mm512_mask_storeu_ps(cr, m0, acc[m][0]);
+    _mm512_mask_storeu_ps(cr + 16, m1, acc[m][1]);
+  }
+}
+
+// gemm_rx32 for R = rows (1..kMaxRows) known at run time.
+TQK_BF16 inline void gemm(int rows, const uint16_t* a, int64_t lda, const uint32_t* panel, int64_t kc, int64_t seg,
+                          const float* seg_scale, float* c, int64_t ldc, int ncols, bool first) {
+  switch (rows) {
+    case 6: return gemm_rx32<6>(a, lda, panel, kc, seg, seg_scale, c, ldc, ncols, first);
+    case 5: return gemm_rx32<5>(a, lda, panel, kc, seg, seg_scale, c, ldc, ncols, first);
+    case 4: return gemm_rx32<4>(a, lda, panel, kc, seg, seg_scale, c, ldc, ncols, first);
+    case 3: return gemm_rx32<3>(a, lda, panel, kc, seg, seg_scale, c, ldc, ncols, first);
+    case 2: return gemm_rx32<2>(a, lda, panel, kc, seg, seg_scale, c, ldc, ncols, first);
+    default: return gemm_rx32<1>(a, lda, panel, kc, seg, seg_scale, c, ldc, ncols, first);
+  }
+}
+
+#undef TQK_BF16_INLINE
+#undef TQK_BF16
+
+}  // namespace bf16_gemm
+}  // namespace torchqkit_cpu
