@@ -30,12 +30,38 @@ constexpr int kMaxRows = 6;     // activation rows per micro-kernel call: 6 x 2 
 // 32 fp32 values -> 32 bf16 (round to nearest even), v0 in the low 16 lanes: the k order of a decode step.
 TQK_BF16_INLINE __m512i to_bf16(__m512 v0, __m512 v1) { return (__m512i)_mm512_cvtne2ps_pbh(v1, v0); }
 
-// Word j of a zmm of k-ordered bf16 (16 pairs) -> panel[(kp0 + j) * 32 + col]: one row's 16 k pairs into its
-// column of the panel.
-TQK_BF16_INLINE void scatter_pairs(__m512i pairs, uint32_t* panel, int64_t kp0, int col) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                         _mm512_set1_epi32(kPanelCols));
-  _mm512_i32scatter_epi32(panel + kp0 * kPanelCols + col, idx, pairs, 4);
+// 16 x 16 32-bit words in registers transposed: r[i] word j -> r[j] word i. Panels are filled 16 rows x 16 k
+// pairs at a time: each row's decode step is a zmm of 16 pairs, the panel wants 16 rows per pair.
+TQK_BF16_INLINE void transpose16x16(__m512i (&r)[16]) {
+  __m512i t[16], u[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: (r_i[0] r_i+1[0] r_i[1] r_i+1[1]), (.. [2] .. [3])
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int a = 0; a < 16; a += 4) {  // u[a + b], 128-bit lane L: rows a..a+3 of column 4 L + b
+    u[a] = _mm512_unpacklo_epi64(t[a], t[a + 2]);
+    u[a + 1] = _mm512_unpackhi_epi64(t[a], t[a + 2]);
+    u[a + 2] = _mm512_unpacklo_epi64(t[a + 1], t[a + 3]);
+    u[a + 3] = _mm512_unpackhi_epi64(t[a + 1], t[a + 3]);
+  }
+#pragma GCC unroll 4
+  for (int b = 0; b < 4; ++b) {  // column 4 L + b gathers lane L of u[b], u[4 + b], u[8 + b], u[12 + b]
+    const __m512i x0 = _mm512_shuffle_i32x4(u[b], u[4 + b], 0x44), x1 = _mm512_shuffle_i32x4(u[b], u[4 + b], 0xEE);
+    const __m512i y0 = _mm512_shuffle_i32x4(u[8 + b], u[12 + b], 0x44), y1 = _mm512_shuffle_i32x4(u[8 + b], u[12 + b], 0xEE);
+    r[b] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+    r[4 + b] = _mm512_shuffle_i32x4(x0, y0, 0xDD);
+    r[8 + b] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+    r[12 + b] = _mm512_shuffle_i32x4(x1, y1, 0xDD);
+  }
+}
+
+// 16 rows' next 16 k pairs (r[i]: row j0 + i, k pairs kp0..kp0+15, each a zmm of k-ordered bf16) -> panel.
+TQK_BF16_INLINE void store_pairs16(__m512i (&r)[16], uint32_t* panel, int64_t kp0, int j0) {
+  transpose16x16(r);
+#pragma GCC unroll 16
+  for (int q = 0; q < 16; ++q) _mm512_storeu_si512(panel + (kp0 + q) * kPanelCols + j0, r[q]);
 }
 
 // Rows [0, rows) of a bf16 matrix (row stride ldw elements), k [0, kc) (kc even) -> panel [kc / 2][32] words;

@@ -80,27 +80,29 @@ inline void add_bias_cols(const LowbitArgs& p, int64_t b0, int nb) {
 }
 
 // Rows [b0, b0 + nb) x k [k0, k0 + kc) -> panel (bf16 levels, Note [bf16 panels]) and their segment scales
-// sc[s][j] (scale_mul included); columns past nb zero.
+// sc[s][j] (scale_mul included); columns past nb zero. 16 rows x one decode step at a time, transposed in registers.
 template <class D>
 void fill_panel(const LowbitArgs& p, const Bf16Levels<D>& dec, int64_t b0, int nb, int64_t k0, int64_t kc,
                 int64_t seg, uint32_t* panel, float* sc) {
   const int64_t rb = D::row_bytes(p), nst = (p.K + kStep - 1) / kStep, nfull = full_steps<D>(rb, nst);
   const int64_t nseg = (kc + seg - 1) / seg;
   alignas(64) uint8_t tmp[32];
-  for (int j = 0; j < bf16_gemm::kPanelCols; ++j) {
-    if (j >= nb) {
-      for (int64_t kp = 0; kp < kc / 2; ++kp) panel[kp * bf16_gemm::kPanelCols + j] = 0;
-      for (int64_t s = 0; s < nseg; ++s) sc[s * bf16_gemm::kPanelCols + j] = 0.f;
-      continue;
-    }
-    const uint8_t* row = p.w + (b0 + j) * p.ldw;
+  for (int j0 = 0; j0 < bf16_gemm::kPanelCols; j0 += 16) {
+    const uint8_t* rows[16];
+    for (int i = 0; i < 16; ++i) rows[i] = j0 + i < nb ? p.w + (b0 + j0 + i) * p.ldw : nullptr;
     for (int64_t c = k0 / kStep; c < (k0 + kc) / kStep; ++c) {
-      const uint8_t* src = c < nfull ? row + c * D::kBytes : step_ptr<D>(row, c, rb, tmp);
-      bf16_gemm::scatter_pairs(dec.k_order(src), panel, (c * kStep - k0) / 2, j);
+      __m512i r[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        r[i] = !rows[i] ? _mm512_setzero_si512()
+                        : dec.k_order(c < nfull ? rows[i] + c * D::kBytes : step_ptr<D>(rows[i], c, rb, tmp));
+      bf16_gemm::store_pairs16(r, panel, (c * kStep - k0) / 2, j0);
     }
-    const int64_t base = scale_base(p, b0 + j);
+  }
+  for (int j = 0; j < bf16_gemm::kPanelCols; ++j) {
+    const int64_t base = j < nb ? scale_base(p, b0 + j) : 0;
     for (int64_t s = 0; s < nseg; ++s)
-      sc[s * bf16_gemm::kPanelCols + j] = scale_at(p, base, p.G == 1 ? 0 : (k0 + s * seg) / p.g);
+      sc[s * bf16_gemm::kPanelCols + j] = j < nb ? scale_at(p, base, p.G == 1 ? 0 : (k0 + s * seg) / p.g) : 0.f;
   }
 }
 
@@ -175,14 +177,18 @@ void bf16_tile(const LowbitArgs& p, const Bf16Levels<D>& dec, const uint16_t* x,
   const uint16_t* xr[MB];
   for (int m = 0; m < MB; ++m) xr[m] = x + (m0 + m) * p.ldx;
   F acc[MB][NB];
+#pragma GCC unroll 4
   for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 4
     for (int i = 0; i < NB; ++i) acc[m][i] = V::zero();
   alignas(64) uint8_t tmp[NB][32];
   for (int64_t c0 = 0, gi = 0; c0 < nst; c0 += spg, ++gi) {
     const int64_t c1 = std::min(nst, c0 + spg);
     if constexpr (kGroups) {
       F g[MB][NB];
+#pragma GCC unroll 4
       for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 4
         for (int i = 0; i < NB; ++i) g[m][i] = V::zero();
       bf16_steps<D, MB, NB>(g, dec, wr, xr, tmp, c0, c1, nfull, rb);
 #pragma GCC unroll 4
@@ -206,34 +212,29 @@ void bf16_tile(const LowbitArgs& p, const Bf16Levels<D>& dec, const uint16_t* x,
   }
 }
 
-// Rows [n0, n0 + nr) (nr <= kRows) x tokens [m0, m0 + MB): tiles of 4 rows (2 from 3 tokens on: the group sums
-// double the accumulators).
+// Rows [n0, n0 + nr) (nr <= kRows) x tokens [m0, m0 + MB), in tiles of NB rows. With group sums, one row per
+// tile: with two or more GCC 12 kept some of the accumulators on the stack, stored and reloaded on every step
+// (perf: nf4 g64 ran 3x slower than the fp32 kernel at M = 8 with 4 x 2 tiles, 1.5x at M = 1 with 1 x 4).
+template <class D, int MB, int NB, bool kGroups>
+void bf16_row_tiles(const LowbitArgs& p, const Bf16Levels<D>& dec, const uint16_t* x, const float* const* srow,
+                    int64_t m0, int64_t n0, int nr) {
+  for (int r = 0; r < nr; r += NB)
+    bf16_tile<D, MB, NB, kGroups>(p, dec, x, srow + r, m0, n0 + r, std::min(NB, nr - r));
+}
+
 template <class D, int MB>
 void bf16_tiles(const LowbitArgs& p, const Bf16Levels<D>& dec, const uint16_t* x, const float* const* srow,
                 int64_t m0, int64_t n0, int nr) {
-  constexpr int NB = MB <= 2 ? 4 : 2;
-  for (int r = 0; r < nr; r += NB) {
-    const int rr = std::min(NB, nr - r);
-    if (p.G == 1) bf16_tile<D, MB, NB, false>(p, dec, x, srow + r, m0, n0 + r, rr);
-    else bf16_tile<D, MB, NB, true>(p, dec, x, srow + r, m0, n0 + r, rr);
-  }
+  if (p.G == 1) bf16_row_tiles<D, MB, MB <= 2 ? 4 : 2, false>(p, dec, x, srow, m0, n0, nr);
+  else bf16_row_tiles<D, MB, 1, true>(p, dec, x, srow, m0, n0, nr);
 }
 
-// Rows [n0, n1) x all tokens; groups are whole steps (or one per row): the glue checks.
+// Rows [n0, n1) x all tokens; groups are whole steps (or one per row): the glue checks. p.xb is in the
+// decoder's dot order (nf4 / fp4: Note [Low-bit decode steps]); the glue permutes it once per call.
 template <class D>
 void dot_bf16(const LowbitArgs& p, int64_t n0, int64_t n1) {
   const Bf16Levels<D> dec(p);
   const uint16_t* x = p.xb;
-  std::vector<uint16_t> xperm;
-  if constexpr (D::kPermuted) {  // x in the decoder's dot order, step by step
-    xperm.resize(p.M * p.ldx);
-    for (int64_t m = 0; m < p.M; ++m)
-      for (int64_t c = 0; c < p.ldx / kStep; ++c)
-        for (int t = 0; t < W; ++t)
-          for (int j = 0; j < V::L; ++j)
-            xperm[m * p.ldx + c * kStep + t * V::L + j] = p.xb[m * p.ldx + c * kStep + D::k_of(t, j)];
-    x = xperm.data();
-  }
   std::vector<float> sbuf(kRows * p.G);
   for (int64_t n = n0; n < n1; n += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, n1 - n));

@@ -69,6 +69,15 @@ void run_bf16(const at::Tensor& x2, LowbitArgs p, int64_t K32, at::Tensor& out) 
   p.xb = reinterpret_cast<const uint16_t*>(xp.data_ptr());
   p.ldx = K32;
   const int64_t rows = M <= dot_max_m(p.fmt) ? kDotBlockRows : kPrefillBlockRows;
+  at::Tensor xdot;
+  if (rows == kDotBlockRows && (p.fmt == LowbitFormat::kNf4 || p.fmt == LowbitFormat::kFp4E2m1)) {
+    // The 4-bit decoders' dot order (Note [Low-bit decode steps]): in each step of 32, lanes 0..15 take the
+    // low nibbles of bytes 0..15, lanes 16..31 the high ones; nf4 keeps element 2j in byte j's high nibble.
+    xdot = xp.view({M, K32 / 32, 16, 2}).transpose(2, 3);
+    if (p.fmt == LowbitFormat::kNf4) xdot = xdot.flip(2);
+    xdot = xdot.contiguous();
+    p.xb = reinterpret_cast<const uint16_t*>(xdot.data_ptr());
+  }
   at::parallel_for(0, (N + rows - 1) / rows, 1, [&](int64_t b0, int64_t b1) {
     if (rows == kDotBlockRows) linear_lowbit_dot(Isa::kAvx512Bf16, p, b0 * rows, std::min(b1 * rows, N));
     else linear_lowbit_prefill(Isa::kAvx512Bf16, p, b0 * rows, std::min(b1 * rows, N));
