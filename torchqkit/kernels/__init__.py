@@ -74,7 +74,7 @@ _LOWBIT_NOTES = {  # see Note [Low-bit decode] in csrc/cpu/linear_lowbit.cpp
                    "panels + 6x32 FMA tiles",
     "avx512_bf16": "bf16 activations: levels decoded to bf16 (exact; nf4 levels rounded to bf16, Note [nf4 levels "
                    "in bf16]) and multiplied by vdpbf16ps with fp32 sums: M <= 8 (nf4, mxfp4, float8) / 4 (intx) "
-                   "32 weights per vdpbf16ps in registers (4 rows x 2 tokens), larger M 32-row bf16 k-pair panels + 6x32 "
+                   "32 weights per vdpbf16ps in registers (tiles of up to 4 tokens), larger M 32-row bf16 k-pair panels + 6x32 "
                    "vdpbf16ps tiles; groups of a size not a multiple of 32 and float32 / float16 activations run the "
                    "avx512_vnni kernels (fp32)",
     "avx2": "8-lane decoders (AVX2 + FMA + F16C): in registers for M <= 8 (nf4, mxfp4, float8) / 4 (intx), else fp32 "
@@ -103,7 +103,7 @@ _CPU_KERNEL_NOTES["torchqkit::linear_int8da_int4_packed"] = {  # see Note [int8 
 }
 for _notes in _CPU_KERNEL_NOTES.values():  # ops without an AVX-VNNI kernel say what serves that level
     _notes.setdefault("avx_vnni", _AVX2_AT_AVX_VNNI + _notes["avx2"])
-_NO_BF16_KERNEL = "TORCHQKIT_CPU_ISA=avx512_bf16 level, no bf16 dot-product kernel for this op: its AVX-512 VNNI kernel runs"
+_NO_BF16_KERNEL = "at the avx512_bf16 level this op has no bf16 dot-product kernel: its AVX-512 VNNI kernel runs"
 KERNEL_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the C++ kernels take
 # Ops the C++ CPU extension registered a kernel for (status() lists them), read from the dispatcher.
 _CPU_OPS = tuple(op for op in OPS if CPU_EXTENSION_LOADED and torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"))
