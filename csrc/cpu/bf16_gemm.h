@@ -64,17 +64,6 @@ TQK_BF16_INLINE void store_pairs16(__m512i (&r)[16], uint32_t* panel, int64_t kp
   for (int q = 0; q < 16; ++q) _mm512_storeu_si512(panel + (kp0 + q) * kPanelCols + j0, r[q]);
 }
 
-// Rows [0, rows) of a bf16 matrix (row stride ldw elements), k [0, kc) (kc even) -> panel [kc / 2][32] words;
-// rows past `rows` are zero. For callers whose weights are already bf16 (or converted a row at a time).
-TQK_BF16 inline void pack_panel(const uint16_t* w, int64_t ldw, int rows, int64_t kc, uint32_t* panel) {
-  for (int64_t kp = 0; kp < kc / 2; ++kp)
-    for (int j = 0; j < kPanelCols; ++j) {
-      uint32_t v = 0;
-      if (j < rows) std::memcpy(&v, w + j * ldw + 2 * kp, 4);
-      panel[kp * kPanelCols + j] = v;
-    }
-}
-
 // The 32-bit word (a[2 kp], a[2 kp + 1]) of a bf16 activation row, in every lane.
 TQK_BF16_INLINE __m512bh pair_of(const uint16_t* a) {
   int32_t v;
