@@ -6,7 +6,10 @@
 
 Each cell: median ms with float32 activations; "GB/s (bw%)" counts the weight's stored bytes (codes + scales)
 per call against the read bandwidth measured by the same run; "xf32" = fp32 F.linear time / kernel time;
-"bf16 (bw%)" = median ms with bfloat16 activations (and output) and its share of the read bandwidth.
+"bf16 (bw%)" = median ms with bfloat16 activations (and output) and its share of the read bandwidth, "bxf32" = fp32
+F.linear time / that time. The "bf16" column is F.linear with bf16 weights and activations (oneDNN; vdpbf16ps on
+AVX512-BF16 CPUs). TORCHQKIT_CPU_ISA=avx512_vnni runs the AVX-512 kernels without bf16 dot products, for a
+side-by-side with the avx512_bf16 level.
 
 Run on its own, this file times the decode kernels in a way a loaded host disturbs less (the shared 2-vCPU hosts
 run several benchmarks at once; a descheduled OpenMP thread then makes every 2-thread call wait for the
@@ -75,10 +78,13 @@ def stored_bytes(w) -> int:
 
 def lowbit_table(shapes, ms, bw, names, bench, args):
     """Prints one table: rows (K, N, M), per format ms / GB/s (bw%) / xf32."""
+    from torchqkit import kernels
+    path, why = kernels.cpu_backend("torchqkit::linear_nf4wo")
+    print(f"  low-bit ops: {path} ({why})")
     for name in names:
         print(f"  {name}: {FORMATS[name][1]}")
-    head = ["    K     N    M", f"{'f32':>8}"]
-    head += [f"{name + ' ms':>10}  {'GB/s (bw%)':>12}  {'xf32':>5}  {'bf16 (bw%)':>13}" for name in names]
+    head = ["    K     N    M", f"{'f32':>8}", f"{'bf16':>8}"]
+    head += [f"{name + ' ms':>10}  {'GB/s (bw%)':>12}  {'xf32':>5}  {'bf16 (bw%)':>13}  {'bxf32':>5}" for name in names]
     print("  ".join(head) + "    [ms, median; float32 activations unless bf16]")
     for k, n in shapes:
         g = torch.Generator().manual_seed(0)
@@ -89,14 +95,15 @@ def lowbit_table(shapes, ms, bw, names, bench, args):
             xb = x.to(torch.bfloat16)
             opts = dict(cold=m <= 8, min_reps=args.reps, budget_s=args.budget)
             t32 = bench(lambda w: F.linear(x, w), w32, **opts)
-            cells = [f"{k:>5} {n:>5} {m:>4}", f"{t32 * 1e3:8.2f}"]
+            t16 = bench(lambda w: F.linear(xb, w), w32.to(torch.bfloat16), **opts)
+            cells = [f"{k:>5} {n:>5} {m:>4}", f"{t32 * 1e3:8.2f}", f"{t16 * 1e3:8.2f}"]
             for name in names:
                 t = bench(lambda w: call(w, x)(), weights[name], **opts)
                 tb = bench(lambda w: call(w, xb)(), weights[name], **opts)
                 nbytes = stored_bytes(weights[name])
                 gbs = nbytes / t / 1e9
                 cells.append(f"{t * 1e3:10.2f}  {gbs:5.1f} ({gbs / bw:4.0%})  {t32 / t:4.1f}x  "
-                             f"{tb * 1e3:6.2f} ({nbytes / tb / 1e9 / bw:4.0%})")
+                             f"{tb * 1e3:6.2f} ({nbytes / tb / 1e9 / bw:4.0%})  {t32 / tb:4.1f}x")
             print("  ".join(cells), flush=True)
 
 

@@ -19,14 +19,21 @@ namespace torchqkit_cpu {
 // Instruction-set levels. The values are names, not an order: AVX-VNNI (256-bit vpdpbusd: Intel Alder Lake
 // and later clients) and AVX-512 VNNI each exist without the other. TORCHQKIT_CPU_ISA can force any level the
 // CPU supports (isa_supported), never one it lacks.
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kAvxVnni = 3 };
+// kAvx512Bf16 is AVX-512 VNNI plus AVX512-BF16 (vdpbf16ps); kAvx512Vnni then means "AVX-512 without bf16 dot
+// products", so both run and are tested on one CPU. Only the op families with bf16 kernels (low-bit weight-only)
+// see kAvx512Bf16: the glue hands every other family its AVX-512 VNNI level (base_isa, vnni_isa), so their
+// `isa == Isa::kAvx512Vnni` dispatch stays as it is.
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kAvxVnni = 3, kAvx512Bf16 = 4 };
 
-Isa detected_isa();              // the best level: AVX-512 (F/BW/VL/DQ + VNNI), else AVX-VNNI, else AVX2, else scalar
+Isa detected_isa();              // the best level: AVX-512 + BF16, else AVX-512 (F/BW/VL/DQ + VNNI), else AVX-VNNI,
+                                 // else AVX2, else scalar
 bool isa_supported(Isa isa);     // this CPU runs isa's kernels (AVX2 needs FMA and F16C too)
-const char* isa_name(Isa isa);   // "scalar" | "avx2" | "avx_vnni" | "avx512_vnni"
-// The level whose kernels serve `isa` in the op families without an AVX-VNNI variant (int8 weight-only,
-// int8 x int8, int4 weight-only, low-bit): AVX-VNNI -> AVX2, the others unchanged.
-inline Isa base_isa(Isa isa) { return isa == Isa::kAvxVnni ? Isa::kAvx2 : isa; }
+const char* isa_name(Isa isa);   // "scalar" | "avx2" | "avx_vnni" | "avx512_vnni" | "avx512_bf16"
+// The level whose kernels serve `isa` in the op families without a bf16 kernel: AVX512-BF16 -> AVX-512 VNNI.
+inline Isa vnni_isa(Isa isa) { return isa == Isa::kAvx512Bf16 ? Isa::kAvx512Vnni : isa; }
+// The level whose kernels serve `isa` in the op families without an AVX-VNNI or bf16 variant (int8 weight-only,
+// int8 x int8, int4 weight-only): AVX-VNNI -> AVX2, AVX512-BF16 -> AVX-512 VNNI, the others unchanged.
+inline Isa base_isa(Isa isa) { return isa == Isa::kAvxVnni ? Isa::kAvx2 : vnni_isa(isa); }
 bool cpu_has_avx_vnni_vex();     // the VEX-encoded AVX-VNNI itself (not only AVX-512 VNNI's EVEX ymm form)
 
 // y[m, n] = sum_k x[m, k] * q[n, k] * scale[n, k / g] + bias[n]        (weight-only int8)
@@ -120,9 +127,14 @@ struct LowbitArgs {
   float* out;             // (M, N), row stride ldo
   int64_t ldo;
   bool accumulate;        // out += result (prefill k blocks); false: out = result
+  // bf16 activations (M, ldx), columns K..ldx-1 zero, instead of x: the AVX512-BF16 kernels (Isa::kAvx512Bf16
+  // only; groups must be whole steps of 32, g % 32 == 0, or one per row; offset must be nullptr: the caller adds
+  // the zero points' sum_g xsum[m, g] * offset[n, g] itself).
+  const uint16_t* xb = nullptr;
 };
 
 // Decode (small M): rows [n0, n1), weights decoded in registers, each byte read once per tile of tokens.
+// Both take Isa::kAvx512Bf16: with p.xb its bf16 kernels, else the AVX-512 ones.
 void linear_lowbit_dot(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1);
 // Prefill (larger M): rows [n0, n1), decoded once per block of rows and k into an fp32 L2 buffer.
 void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1);
@@ -130,9 +142,11 @@ void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1)
 // next multiple of 32 (ldd >= that; x's zero columns cancel them): the weight an sgemm multiplies (the prefill
 // below AVX-512).
 void linear_lowbit_decode(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1, float* dst, int64_t ldd);
-// The level TORCHQKIT_CPU_ISA selects, as base_isa (defined in registration.cpp, shared by every op family's
-// glue); selected_isa_level() without that mapping, for the ops that have AVX-VNNI kernels.
+// The level TORCHQKIT_CPU_ISA selects (defined in registration.cpp, shared by every op family's glue):
+// selected_isa_for_ops() as base_isa; selected_isa_level() as vnni_isa, for the ops that have AVX-VNNI kernels;
+// selected_isa_exact() unmapped (AVX512-BF16 included), for the ops that have bf16 kernels (low-bit weight-only).
 Isa selected_isa_for_ops();
 Isa selected_isa_level();
+Isa selected_isa_exact();
 
 }  // namespace torchqkit_cpu

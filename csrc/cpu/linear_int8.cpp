@@ -852,6 +852,11 @@ bool cpu_avx512_vnni() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
          __builtin_cpu_supports("avx512vnni");
 }
+// vdpbf16ps (Intel Cooper Lake / Sapphire Rapids, AMD Zen 4): bf16 pairs dotted into fp32 lanes.
+bool cpu_avx512_bf16() {
+  __builtin_cpu_init();
+  return cpu_avx512_vnni() && __builtin_cpu_supports("avx512bf16");
+}
 // F16C came with AVX2 on every CPU (Haswell, Zen); the AVX2 kernels read float16 scales with it.
 bool cpu_avx2() {
   __builtin_cpu_init();
@@ -867,6 +872,7 @@ bool cpu_has_avx_vnni_vex() {
 bool isa_supported(Isa isa) {
   switch (isa) {
     case Isa::kAvx512Vnni: return cpu_avx512_vnni();
+    case Isa::kAvx512Bf16: return cpu_avx512_bf16();
     // The AVX-VNNI kernels also run as their EVEX encoding (the same instruction on ymm) where AVX-512 VNNI
     // is there instead (AMD Zen 4): see Note [AVX-VNNI kernels] in linear_int4.cpp.
     case Isa::kAvxVnni: return cpu_avx2() && (cpu_has_avx_vnni_vex() || cpu_avx512_vnni());
@@ -876,6 +882,7 @@ bool isa_supported(Isa isa) {
 }
 
 Isa detected_isa() {
+  if (cpu_avx512_bf16()) return Isa::kAvx512Bf16;
   if (cpu_avx512_vnni()) return Isa::kAvx512Vnni;
   if (cpu_avx2() && cpu_has_avx_vnni_vex()) return Isa::kAvxVnni;
   if (cpu_avx2()) return Isa::kAvx2;
@@ -884,6 +891,7 @@ Isa detected_isa() {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::kAvx512Bf16: return "avx512_bf16";
     case Isa::kAvx512Vnni: return "avx512_vnni";
     case Isa::kAvxVnni: return "avx_vnni";
     case Isa::kAvx2: return "avx2";

@@ -12,7 +12,10 @@
 //   * prefill (larger M): a block of rows x columns decoded to fp32 once into a per-thread L2 buffer, then the
 //     same dot tiles over it (AVX-512 from kPanelMinM tokens: 6x32 FMA panels); below AVX-512 from kSgemmMinM
 //     tokens the glue hands decoded rows to ATen's sgemm (sgemm_prefill.h).
+//   * bf16 activations on AVX512-BF16 (linear_lowbit_bf16.h): levels decoded to bf16 and multiplied by vdpbf16ps,
+//     in registers (decode) or through 32-row k-pair panels (prefill, bf16_gemm.h).
 #include "../common/dequant.h"
+#include "bf16_gemm.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -239,6 +242,18 @@ template <class D> struct PrefillFn { static void run(const LowbitArgs& p, int64
 }  // namespace avx2
 #pragma GCC pop_options
 
+// ================================================================================================
+// AVX-512 + AVX512-BF16: the same decoders, levels rounded to bf16, vdpbf16ps (bf16 activations only)
+// ================================================================================================
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+namespace avx512_bf16 {
+using V = Vec512;
+#include "linear_lowbit_isa.h"
+#include "linear_lowbit_bf16.h"
+}  // namespace avx512_bf16
+#pragma GCC pop_options
+
 // Every AVX2 CPU also has F16C (float8 decode); a CPU without it runs the scalar level.
 Isa lowbit_isa(Isa isa) {
   __builtin_cpu_init();
@@ -248,8 +263,12 @@ Isa lowbit_isa(Isa isa) {
 
 }  // namespace
 
+// LowbitArgs::xb (bf16 activations) runs the AVX512-BF16 kernels; fp32 activations at that level run AVX-512's.
 void linear_lowbit_dot(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1) {
   switch (lowbit_isa(isa)) {
+    case Isa::kAvx512Bf16:
+      if (p.xb) return by_format<avx512_bf16::Decoders, avx512_bf16::DotBf16Fn>(p, n0, n1);
+      return by_format<avx512::Decoders, avx512::DotFn>(p, n0, n1);
     case Isa::kAvx512Vnni: return by_format<avx512::Decoders, avx512::DotFn>(p, n0, n1);
     case Isa::kAvx2: return by_format<avx2::Decoders, avx2::DotFn>(p, n0, n1);
     default: return scalar::dot(p, n0, n1);
@@ -258,6 +277,9 @@ void linear_lowbit_dot(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1) {
 
 void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1) {
   switch (lowbit_isa(isa)) {
+    case Isa::kAvx512Bf16:
+      if (p.xb) return by_format<avx512_bf16::Decoders, avx512_bf16::PrefillBf16Fn>(p, n0, n1);
+      return by_format<avx512::Decoders, avx512::PrefillFn>(p, n0, n1);
     case Isa::kAvx512Vnni: return by_format<avx512::Decoders, avx512::PrefillFn>(p, n0, n1);
     case Isa::kAvx2: return by_format<avx2::Decoders, avx2::PrefillFn>(p, n0, n1);
     default: return scalar::dot(p, n0, n1);

@@ -8,6 +8,7 @@
 //   larger M:      the prefill kernel, at::parallel_for over blocks of rows: each block decoded once to fp32
 //                  (L2), then register-tiled FMA. (ATen's sgemm called inside at::parallel_for ran 250x
 //                  slower here: nested OpenMP; so this op calls no BLAS.)
+// bf16 activations on AVX512-BF16 take the bf16 kernels on both paths (run_bf16).
 #include <ATen/ATen.h>
 #include "parallel.h"
 #include <torch/library.h>
@@ -52,27 +53,69 @@ at::Tensor block_scales(const at::Tensor& s, int64_t n, int64_t k, const char* w
   return s.to(at::kFloat).contiguous();
 }
 
+// Groups the AVX512-BF16 kernels take: whole decode steps of 32 weights, or one group per row (the rest, e.g.
+// nf4 block_size 16 or intx PerGroup(24), run the fp32 kernels on the activations converted to fp32; status says so).
+bool bf16_groups(const LowbitArgs& p) { return p.G == 1 || p.g % 32 == 0; }
+
+// bf16 activations on AVX512-BF16 (linear_lowbit_bf16.h): x stays bf16 (padded with zero columns to whole steps),
+// the dot kernel up to dot_max_m tokens, bf16 panels + vdpbf16ps tiles above. Zero points (offset) are added
+// here as sum_g xsum[m, g] * offset[n, g]: one (M, G) x (G, N) matmul, instead of a second pass in every tile.
+void run_bf16(const at::Tensor& x2, LowbitArgs p, int64_t K32, at::Tensor& out) {
+  const int64_t N = p.N, K = p.K, M = x2.size(0);
+  const at::Tensor xp = K32 == K ? x2.contiguous() : at::constant_pad_nd(x2, {0, K32 - K}, 0);
+  const float* offset = p.offset;
+  p.offset = nullptr;
+  p.x = nullptr;
+  p.xb = reinterpret_cast<const uint16_t*>(xp.data_ptr());
+  p.ldx = K32;
+  const int64_t rows = M <= dot_max_m(p.fmt) ? kDotBlockRows : kPrefillBlockRows;
+  at::Tensor xdot;
+  if (rows == kDotBlockRows && (p.fmt == LowbitFormat::kNf4 || p.fmt == LowbitFormat::kFp4E2m1)) {
+    // The 4-bit decoders' dot order (Note [Low-bit decode steps]): in each step of 32, lanes 0..15 take the
+    // low nibbles of bytes 0..15, lanes 16..31 the high ones; nf4 keeps element 2j in byte j's high nibble.
+    xdot = xp.view({M, K32 / 32, 16, 2}).transpose(2, 3);
+    if (p.fmt == LowbitFormat::kNf4) xdot = xdot.flip(2);
+    xdot = xdot.contiguous();
+    p.xb = reinterpret_cast<const uint16_t*>(xdot.data_ptr());
+  }
+  at::parallel_for(0, (N + rows - 1) / rows, 1, [&](int64_t b0, int64_t b1) {
+    if (rows == kDotBlockRows) linear_lowbit_dot(Isa::kAvx512Bf16, p, b0 * rows, std::min(b1 * rows, N));
+    else linear_lowbit_prefill(Isa::kAvx512Bf16, p, b0 * rows, std::min(b1 * rows, N));
+  });
+  if (offset) {
+    const at::Tensor off = at::from_blob(const_cast<float*>(offset), {N / p.bn, p.G}, out.options());
+    const at::Tensor xsum = x2.to(at::kFloat).reshape({M, p.G, p.g}).sum(-1);
+    out.addmm_(xsum, off.repeat_interleave(p.bn, 0).t());
+  }
+}
+
 // Fills the activation / output / bias fields of p, runs the kernels, returns (..., N) in x.dtype.
 at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor>& bias, const char* op) {
   // x padded with zero columns to whole decode steps of 32 (Note [Low-bit decode steps] in linear_lowbit_isa.h)
   const int64_t N = p.N, K = p.K, K32 = (K + 31) / 32 * 32;
-  at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat);
-  const int64_t M = x2.size(0);
-  at::Tensor xp = K32 == K ? x2.contiguous() : at::constant_pad_nd(x2, {0, K32 - K}, 0);
   at::Tensor b;
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, op, ": bias must have shape (", N, "), got ", bias->sizes());
     b = bias->to(at::kFloat).contiguous();
   }
-  at::Tensor out = at::empty({M, N}, x2.options());
+  const Isa level = selected_isa_exact(), isa = vnni_isa(level);
+  const bool bf16 = level == Isa::kAvx512Bf16 && x.scalar_type() == at::kBFloat16 && bf16_groups(p);
+  at::Tensor x2 = x.reshape({-1, K});
+  if (!bf16) x2 = x2.to(at::kFloat);
+  const int64_t M = x2.size(0);
+  at::Tensor out = at::empty({M, N}, x2.options().dtype(at::kFloat));
   if (M > 0 && N > 0) {
-    p.x = xp.data_ptr<float>();
     p.M = M;
-    p.ldx = K32;
     p.bias = b.defined() ? b.data_ptr<float>() : nullptr;
     p.out = out.data_ptr<float>();
     p.ldo = N;
-    const Isa isa = selected_isa_for_ops();
+    if (bf16) {
+      run_bf16(x2, p, K32, out);
+      return out.to(x.scalar_type()).reshape(out_shape(x, N));
+    }
+    at::Tensor xp = K32 == K ? x2.contiguous() : at::constant_pad_nd(x2, {0, K32 - K}, 0);
+    p.x = xp.data_ptr<float>();
+    p.ldx = K32;
     if (M <= dot_max_m(p.fmt)) {
       at::parallel_for(0, (N + kDotBlockRows - 1) / kDotBlockRows, 1, [&](int64_t b0, int64_t b1) {
         linear_lowbit_dot(isa, p, b0 * kDotBlockRows, std::min(b1 * kDotBlockRows, N));

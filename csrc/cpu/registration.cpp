@@ -22,18 +22,19 @@ using torchqkit_glue::rows;
 using torchqkit_glue::float_bias;
 using torchqkit_glue::out_shape;
 
-// The level the CPU runs, or the one TORCHQKIT_CPU_ISA=avx512_vnni|avx_vnni|avx2|scalar forces (read on every
+// The level the CPU runs, or the one TORCHQKIT_CPU_ISA=avx512_bf16|avx512_vnni|avx_vnni|avx2|scalar forces (read on every
 // call so tests can switch levels in-process). Asking for a level the CPU lacks is an error, never a crash.
 Isa selected_isa() {
   const Isa detected = detected_isa();
   const char* env = std::getenv("TORCHQKIT_CPU_ISA");
   if (env == nullptr || *env == '\0') return detected;
   Isa wanted;
-  if (std::strcmp(env, "avx512_vnni") == 0) wanted = Isa::kAvx512Vnni;
+  if (std::strcmp(env, "avx512_bf16") == 0) wanted = Isa::kAvx512Bf16;
+  else if (std::strcmp(env, "avx512_vnni") == 0) wanted = Isa::kAvx512Vnni;
   else if (std::strcmp(env, "avx_vnni") == 0) wanted = Isa::kAvxVnni;
   else if (std::strcmp(env, "avx2") == 0) wanted = Isa::kAvx2;
   else if (std::strcmp(env, "scalar") == 0) wanted = Isa::kScalar;
-  else TORCH_CHECK(false, "TORCHQKIT_CPU_ISA=", env, " is not one of avx512_vnni, avx_vnni, avx2, scalar");
+  else TORCH_CHECK(false, "TORCHQKIT_CPU_ISA=", env, " is not one of avx512_vnni, avx_vnni, avx2, scalar, avx512_bf16");
   TORCH_CHECK(isa_supported(wanted), "TORCHQKIT_CPU_ISA=", env, " but this CPU does not run it (its best level is ",
               isa_name(detected), "); unset it or pick another level");
   return wanted;
@@ -115,7 +116,8 @@ at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata
 }  // namespace
 
 Isa selected_isa_for_ops() { return base_isa(selected_isa()); }
-Isa selected_isa_level() { return selected_isa(); }
+Isa selected_isa_level() { return vnni_isa(selected_isa()); }
+Isa selected_isa_exact() { return selected_isa(); }
 
 }  // namespace torchqkit_cpu
 

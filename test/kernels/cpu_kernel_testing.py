@@ -11,12 +11,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchqkit import kernels
 
-ISA_LEVELS = ["scalar", "avx2", "avx_vnni", "avx512_vnni"]
+ISA_LEVELS = ["scalar", "avx2", "avx_vnni", "avx512_vnni", "avx512_bf16"]
 
 
-def cpu_levels(op: str, with_avx_vnni: bool = False) -> list[str]:
+def cpu_levels(op: str, with_avx_vnni: bool = False, with_avx512_bf16: bool = False) -> list[str]:
     """ISA levels the C++ kernel of ``op`` can be forced to here; [] without the kernel. avx_vnni only with
-    ``with_avx_vnni``: the op families without an AVX-VNNI kernel run their AVX2 code at that level."""
+    ``with_avx_vnni``, avx512_bf16 only with ``with_avx512_bf16``: the op families without such a kernel run
+    their AVX2 / AVX-512 VNNI code at that level."""
     if not kernels.CPU_EXTENSION_LOADED or not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"):
         return []
     env = os.environ.get("TORCHQKIT_CPU_ISA")
@@ -34,7 +35,7 @@ def cpu_levels(op: str, with_avx_vnni: bool = False) -> list[str]:
             os.environ.pop("TORCHQKIT_CPU_ISA", None)
         else:
             os.environ["TORCHQKIT_CPU_ISA"] = env
-    return [lv for lv in levels if with_avx_vnni or lv != "avx_vnni"]
+    return [lv for lv in levels if (with_avx_vnni or lv != "avx_vnni") and (with_avx512_bf16 or lv != "avx512_bf16")]
 
 
 def needs_kernel(levels: list[str]):

@@ -1,6 +1,7 @@
 """torchqkit::linear_nf4wo, linear_fp8wo and linear_intxwo: the C++ CPU kernels (csrc/cpu/linear_lowbit*.cpp)
-on the layouts' own bytes against F.linear(x, w.dequantize()), under every ISA level this CPU runs; opcheck,
-unaligned data, routing from the layouts, autograd (QLoRA), torch.compile."""
+on the layouts' own bytes against F.linear(x, w.dequantize()), under every ISA level this CPU runs (avx512_bf16
+included: bf16 activations there take the vdpbf16ps kernels); opcheck, unaligned data, routing from the layouts,
+autograd (QLoRA), torch.compile."""
 from __future__ import annotations
 
 
@@ -19,7 +20,7 @@ NF4 = torch.ops.torchqkit.linear_nf4wo
 FP8 = torch.ops.torchqkit.linear_fp8wo
 INTX = torch.ops.torchqkit.linear_intxwo
 MX = torch.ops.torchqkit.linear_mxwo
-LEVELS = cpu_levels("torchqkit::linear_nf4wo")
+LEVELS = cpu_levels("torchqkit::linear_nf4wo", with_avx512_bf16=True)
 needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -28,6 +29,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # w = level * s (+ offset) may round once more than the oracle's (q - z) * s, ~1e-7 relative) and accumulate in
 # float32 in different orders (~K * 2^-24 relative: budget 2e-5 of max |ref|). Half-precision outputs add
 # one rounding of nearly equal fp32 values: one ulp of the output (2^-8 bf16, 2^-11 fp16), budget 2 ulps.
+# The AVX512-BF16 kernels multiply bf16 levels (exact, but nf4's rounded to bf16: <= 2^-9 relative each, measured
+# 5e-4 of max |y| at K = 4096, an eighth of an output ulp) and sum in fp32: the same budget.
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10}
 
 
@@ -217,6 +220,58 @@ def test_opcheck(weights, name, dtype):
              if not (w.qdata.dtype.is_floating_point and u == "test_schema")]
     torch.library.opcheck(op, args[kind](x, bias), test_utils=utils)
     torch.library.opcheck(op, args[kind](x.clone().requires_grad_(), None), test_utils=utils)
+
+
+# The bf16 panels (AVX512-BF16 prefill): N not a multiple of the 32-row panel (a partial last panel, its 16-row
+# halves transposed with zero rows), K over several 256-k blocks; scale segments of a whole group (g 32 / 64), of
+# part of one (g 512 -> 256), of g 96 (blocks of 192), one per row with K not a multiple of 32 (tail step), and per
+# block of rows (bn 16); intx zero points (the glue's xsum x offset matmul) in both domains; nf4 at K = 4096 (its
+# levels rounded to bf16). Under every level: bf16 activations elsewhere take the fp32 kernels.
+PANEL_WEIGHTS = {
+    "nf4_b64_N70_K4096": lambda: _nf4(70, 4096, 64, False),
+    "nf4_b512_dq_N33": lambda: _nf4(33, 1024, 512, True),
+    "mxfp4_N45_K1056": lambda: _mx(45, 1056, Q.fp4_e2m1),
+    "e4m3_block16x32_N48": lambda: _fp8(48, 640, Q.float8_e4m3fn, qk.PerBlock((16, 32))),
+    "e5m2_row_N37_K1100": lambda: _fp8(37, 1100, Q.float8_e5m2, qk.PerRow()),
+    "int3_g96_N35": lambda: _intx(35, 576, 3, qk.PerGroup(96)),
+    "int5_g32_asym_N67": lambda: _intx(67, 320, 5, qk.PerGroup(32), "asymmetric"),
+    "uint4_g64_float_zp_N19": lambda: _intx(19, 384, 4, qk.PerGroup(64), "asymmetric", signed=False,
+                                            zero_point_domain=qk.ZeroPointDomain.FLOAT),
+    "int2_row_asym_N9_K300": lambda: _intx(9, 300, 2, qk.PerRow(), "asymmetric"),
+}
+
+
+@pytest.fixture(scope="module")
+def panel_weights():
+    return {name: make() for name, make in PANEL_WEIGHTS.items()}
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("name", list(PANEL_WEIGHTS))
+def test_bf16_activations_every_panel_shape(monkeypatch, panel_weights, isa, name):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = panel_weights[name]
+    n, k = w.shape
+    bias = torch.randn(n, generator=gen(2)).bfloat16()
+    for m in (1, 5, 9, 17, 257):
+        x = _act(m, k, torch.bfloat16, seed=m)
+        assert_rel(_call(w, x, bias), _reference(w, x, bias), TOL[torch.bfloat16], f"{isa} {name} M={m}")
+
+
+@needs_ext
+def test_avx512_bf16_level_is_forceable_or_refused(monkeypatch):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx512_bf16")
+    if "avx512_bf16" not in LEVELS:
+        with pytest.raises(RuntimeError, match="TORCHQKIT_CPU_ISA=avx512_bf16 but this CPU does not run it"):
+            torch.ops.torchqkit_cpu.isa()
+        return
+    assert kernels.cpu_backend("torchqkit::linear_nf4wo")[0] == "cpp avx512_bf16"
+    # Op families without a bf16 kernel name the level that really runs, and why.
+    path, why = kernels.cpu_backend("torchqkit::linear_int8wo_plain")
+    assert path == "cpp avx512_vnni" and "no bf16 dot-product kernel" in why
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx512_vnni")
+    assert kernels.cpu_backend("torchqkit::linear_nf4wo")[0] == "cpp avx512_vnni"
 
 
 @needs_ext

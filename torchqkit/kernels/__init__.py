@@ -5,9 +5,11 @@ Importing this package defines every ``torchqkit::`` custom op (one module each 
 ``torchqkit._C_cpu`` if setup.py built it. Without it every op still runs, on its reference, and ``status()``
 says why. Which ops have a C++ kernel is read from the dispatcher, never listed by hand.
 
-The extension picks its ISA level at run time (AVX-512 VNNI, AVX-VNNI, AVX2 + FMA, or scalar); the environment
-variable ``TORCHQKIT_CPU_ISA=avx512_vnni|avx_vnni|avx2|scalar`` forces any level the CPU runs (read on every call).
-Op families without an AVX-VNNI kernel run their AVX2 kernel at that level, and their status says so.
+The extension picks its ISA level at run time (AVX-512 + AVX512-BF16, AVX-512 VNNI, AVX-VNNI, AVX2 + FMA, or
+scalar); the environment variable ``TORCHQKIT_CPU_ISA=avx512_bf16|avx512_vnni|avx_vnni|avx2|scalar`` forces any
+level the CPU runs (read on every call); ``avx512_vnni`` then means AVX-512 without bf16 dot products.
+Op families without an AVX-VNNI kernel run their AVX2 kernel at that level, those without a bf16 kernel their
+AVX-512 VNNI kernel at the AVX512-BF16 level, and their status names the level that runs and says so.
 ``TORCHQKIT_DISABLE_CPU_EXTENSION=1`` skips loading the extension (checks the reference-only install).
 
 GPU backends: the CUDA extension ``torchqkit._C_cuda`` (csrc/cuda, loaded when torch has CUDA and
@@ -70,6 +72,11 @@ _LOWBIT_NOTES = {  # see Note [Low-bit decode] in csrc/cpu/linear_lowbit.cpp
     "avx512_vnni": "M <= 8 (nf4, mxfp4, float8) / 4 (intx): 16 weights per zmm decoded in registers (4 rows x 4 tokens); "
                    "up to M = 63: 32 x 1024 blocks decoded to fp32 (L2), then 4x4 dot tiles; M >= 64: 32-row k-major "
                    "panels + 6x32 FMA tiles",
+    "avx512_bf16": "bf16 activations: levels decoded to bf16 (exact; nf4 levels rounded to bf16, Note [nf4 levels "
+                   "in bf16]) and multiplied by vdpbf16ps with fp32 sums: M <= 8 (nf4, mxfp4, float8) / 4 (intx) "
+                   "32 weights per vdpbf16ps in registers (tiles of up to 4 tokens), larger M 32-row bf16 k-pair panels + 6x32 "
+                   "vdpbf16ps tiles; groups of a size not a multiple of 32 and float32 / float16 activations run the "
+                   "avx512_vnni kernels (fp32)",
     "avx2": "8-lane decoders (AVX2 + FMA + F16C): in registers for M <= 8 (nf4, mxfp4, float8) / 4 (intx), else fp32 "
             "blocks + dot tiles",
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
@@ -96,6 +103,7 @@ _CPU_KERNEL_NOTES["torchqkit::linear_int8da_int4_packed"] = {  # see Note [int8 
 }
 for _notes in _CPU_KERNEL_NOTES.values():  # ops without an AVX-VNNI kernel say what serves that level
     _notes.setdefault("avx_vnni", _AVX2_AT_AVX_VNNI + _notes["avx2"])
+_NO_BF16_KERNEL = "at the avx512_bf16 level this op has no bf16 dot-product kernel: its AVX-512 VNNI kernel runs"
 KERNEL_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the C++ kernels take
 # Ops the C++ CPU extension registered a kernel for (status() lists them), read from the dispatcher.
 _CPU_OPS = tuple(op for op in OPS if CPU_EXTENSION_LOADED and torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"))
@@ -111,7 +119,10 @@ def cpu_backend(op: str) -> tuple[str, str]:
     isa = torch.ops.torchqkit_cpu.isa()
     forced = os.environ.get("TORCHQKIT_CPU_ISA")
     why = f"forced by TORCHQKIT_CPU_ISA={forced}" if forced else "best level this CPU runs"
-    return f"cpp {isa}", f"{why}; {_CPU_KERNEL_NOTES[op][isa]}"
+    notes = _CPU_KERNEL_NOTES[op]
+    if isa == "avx512_bf16" and isa not in notes:  # the level that really runs, named as such
+        return "cpp avx512_vnni", f"{why}; {_NO_BF16_KERNEL}: {notes['avx512_vnni']}"
+    return f"cpp {isa}", f"{why}; {notes[isa]}"
 
 
 _STATUS_SOURCES: list = []  # callables returning status() rows, registered by the packages above (layouts/)

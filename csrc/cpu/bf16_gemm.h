@@ -1,0 +1,143 @@
+// AVX512-BF16 GEMM pieces for the weight-only kernels: a k-pair bf16 panel and its register-blocked vdpbf16ps
+// micro-kernel with per-segment weight scales, shared by every op family that decodes weights to exact bf16
+// values (low-bit levels, int8 / int4 codes, float8 values) and multiplies them by bf16 activations.
+//
+// Note [bf16 panels]: vdpbf16ps multiplies two bf16 pairs per 32-bit lane and adds both products to the lane's
+// fp32 accumulator. A panel holds 32 weight rows for kc consecutive k (kc even) as [kc / 2][32] 32-bit words,
+// word (kp, j) = (w[j][2 kp], w[j][2 kp + 1]) (low half first); an activation row is read as the same pairs,
+// one 32-bit broadcast per k pair. The panel holds unscaled values (codes or levels, exact in bf16); a scale
+// per row and per *segment* of k (a quantization group, or any whole part of one) multiplies the segment's
+// fp32 partial sums once: acc += seg_acc * scale. So the products are exact, the accumulation fp32, and the
+// only rounding beyond the fp32 path's is the activations' own bf16.
+//
+// Every function carries its own target attribute (no `#pragma GCC target` region needed); call them only
+// when the CPU runs Isa::kAvx512Bf16 (isa_supported).
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace torchqkit_cpu {
+namespace bf16_gemm {
+
+#define TQK_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
+#define TQK_BF16_INLINE TQK_BF16 __attribute__((always_inline)) static inline
+
+constexpr int kPanelCols = 32;  // weight rows per panel (two zmm of 16 fp32 lanes)
+constexpr int kMaxRows = 6;     // activation rows per micro-kernel call: 6 x 2 accumulators + 6 x 2 segment sums
+
+// 32 fp32 values -> 32 bf16 (round to nearest even), v0 in the low 16 lanes: the k order of a decode step.
+TQK_BF16_INLINE __m512i to_bf16(__m512 v0, __m512 v1) { return (__m512i)_mm512_cvtne2ps_pbh(v1, v0); }
+
+// 16 x 16 32-bit words in registers transposed: r[i] word j -> r[j] word i. Panels are filled 16 rows x 16 k
+// pairs at a time: each row's decode step is a zmm of 16 pairs, the panel wants 16 rows per pair.
+TQK_BF16_INLINE void transpose16x16(__m512i (&r)[16]) {
+  __m512i t[16], u[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: (r_i[0] r_i+1[0] r_i[1] r_i+1[1]), (.. [2] .. [3])
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int a = 0; a < 16; a += 4) {  // u[a + b], 128-bit lane L: rows a..a+3 of column 4 L + b
+    u[a] = _mm512_unpacklo_epi64(t[a], t[a + 2]);
+    u[a + 1] = _mm512_unpackhi_epi64(t[a], t[a + 2]);
+    u[a + 2] = _mm512_unpacklo_epi64(t[a + 1], t[a + 3]);
+    u[a + 3] = _mm512_unpackhi_epi64(t[a + 1], t[a + 3]);
+  }
+#pragma GCC unroll 4
+  for (int b = 0; b < 4; ++b) {  // column 4 L + b gathers lane L of u[b], u[4 + b], u[8 + b], u[12 + b]
+    const __m512i x0 = _mm512_shuffle_i32x4(u[b], u[4 + b], 0x44), x1 = _mm512_shuffle_i32x4(u[b], u[4 + b], 0xEE);
+    const __m512i y0 = _mm512_shuffle_i32x4(u[8 + b], u[12 + b], 0x44), y1 = _mm512_shuffle_i32x4(u[8 + b], u[12 + b], 0xEE);
+    r[b] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+    r[4 + b] = _mm512_shuffle_i32x4(x0, y0, 0xDD);
+    r[8 + b] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+    r[12 + b] = _mm512_shuffle_i32x4(x1, y1, 0xDD);
+  }
+}
+
+// 16 rows' next 16 k pairs (r[i]: row j0 + i, k pairs kp0..kp0+15, each a zmm of k-ordered bf16) -> panel.
+TQK_BF16_INLINE void store_pairs16(__m512i (&r)[16], uint32_t* panel, int64_t kp0, int j0) {
+  transpose16x16(r);
+#pragma GCC unroll 16
+  for (int q = 0; q < 16; ++q) _mm512_storeu_si512(panel + (kp0 + q) * kPanelCols + j0, r[q]);
+}
+
+// The 32-bit word (a[2 kp], a[2 kp + 1]) of a bf16 activation row, in every lane.
+TQK_BF16_INLINE __m512bh pair_of(const uint16_t* a) {
+  int32_t v;
+  std::memcpy(&v, a, 4);
+  return (__m512bh)_mm512_set1_epi32(v);
+}
+
+// One segment's k pairs into the R x 2 segment sums (a function taking the arrays by reference, not a lambda:
+// Note [accumulators in registers] in kernels.h).
+template <int R>
+TQK_BF16_INLINE void segment(__m512 (&s)[R][2], const uint16_t* a, int64_t lda, const uint32_t* panel, int64_t kp0,
+                             int64_t kp1) {
+  for (int64_t kp = kp0; kp < kp1; ++kp) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(panel + kp * kPanelCols);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(panel + kp * kPanelCols + 16);
+#pragma GCC unroll 6
+    for (int m = 0; m < R; ++m) {
+      const __m512bh av = pair_of(a + m * lda + 2 * kp);
+      s[m][0] = _mm512_dpbf16_ps(s[m][0], av, b0);
+      s[m][1] = _mm512_dpbf16_ps(s[m][1], av, b1);
+    }
+  }
+}
+
+// C[0:R, 0:ncols] (+)= sum over segments s of (A[0:R, seg s] @ panel[seg s]) * seg_scale[s][0:32]
+// A: bf16 activations (row stride lda elements), k [0, kc); panel: [kc / 2][32] (Note [bf16 panels]); segments of
+// `seg` k (even; the last may be shorter); seg_scale: [ceil(kc / seg)][32] fp32; first: C = result, else C += result.
+template <int R>
+TQK_BF16 void gemm_rx32(const uint16_t* a, int64_t lda, const uint32_t* panel, int64_t kc, int64_t seg,
+                        const float* seg_scale, float* c, int64_t ldc, int ncols, bool first) {
+  __m512 acc[R][2];
+#pragma GCC unroll 6
+  for (int m = 0; m < R; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t k0 = 0, si = 0; k0 < kc; k0 += seg, ++si) {
+    __m512 s[R][2];
+#pragma GCC unroll 6
+    for (int m = 0; m < R; ++m) s[m][0] = s[m][1] = _mm512_setzero_ps();
+    segment<R>(s, a, lda, panel, k0 / 2, (k0 + seg < kc ? k0 + seg : kc) / 2);
+    const __m512 sc0 = _mm512_loadu_ps(seg_scale + si * kPanelCols), sc1 = _mm512_loadu_ps(seg_scale + si * kPanelCols + 16);
+#pragma GCC unroll 6
+    for (int m = 0; m < R; ++m) {
+      acc[m][0] = _mm512_fmadd_ps(s[m][0], sc0, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(s[m][1], sc1, acc[m][1]);
+    }
+  }
+  const __mmask16 m0 = ncols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
+  const __mmask16 m1 = ncols >= 32 ? (__mmask16)0xFFFF : ncols <= 16 ? (__mmask16)0 : (__mmask16)((1u << (ncols - 16)) - 1);
+#pragma GCC unroll 6
+  for (int m = 0; m < R; ++m) {
+    float* cr = c + m * ldc;
+    if (!first) {
+      acc[m][0] = _mm512_add_ps(acc[m][0], _mm512_maskz_loadu_ps(m0, cr));
+      acc[m][1] = _mm512_add_ps(acc[m][1], _mm512_maskz_loadu_ps(m1, cr + 16));
+    }
+    _mm512_mask_storeu_ps(cr, m0, acc[m][0]);
+    _mm512_mask_storeu_ps(cr + 16, m1, acc[m][1]);
+  }
+}
+
+// gemm_rx32 for R = rows (1..kMaxRows) known at run time.
+TQK_BF16 inline void gemm(int rows, const uint16_t* a, int64_t lda, const uint32_t* panel, int64_t kc, int64_t seg,
+                          const float* seg_scale, float* c, int64_t ldc, int ncols, bool first) {
+  switch (rows) {
+    case 6: return gemm_rx32<6>(a, lda, panel, kc, seg, seg_scale, c, ldc, ncols, first);
+    case 5: return gemm_rx32<5>(a, lda, panel, kc, seg, seg_scale, c, ldc, ncols, first);
+    case 4: return gemm_rx32<4>(a, lda, panel, kc, seg, seg_scale, c, ldc, ncols, first);
+    case 3: return gemm_rx32<3>(a, lda, panel, kc, seg, seg_scale, c, ldc, ncols, first);
+    case 2: return gemm_rx32<2>(a, lda, panel, kc, seg, seg_scale, c, ldc, ncols, first);
+    default: return gemm_rx32<1>(a, lda, panel, kc, seg, seg_scale, c, ldc, ncols, first);
+  }
+}
+
+#undef TQK_BF16_INLINE
+#undef TQK_BF16
+
+}  // namespace bf16_gemm
+}  // namespace torchqkit_cpu
