@@ -88,6 +88,29 @@ def test_dynamic_int8_matches_reference(monkeypatch, isa, symmetric, dtype, case
 
 @needs_ext
 @isa_param
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_activation_codes_exact_with_ties_and_non_finite_rows(monkeypatch, isa, symmetric):
+    # An identity weight with scale 1 makes each output row the dequantized activation row, so every code
+    # the kernel's quantizer makes is compared exactly with the oracle's. Row 0 has amax 127.5 (scale 1):
+    # its x.5 values are round-half-even ties. A NaN row and an Inf row give NaN rows and touch no other.
+    # K = 37 leaves a partial vector at every width (8, 16) in the scan and in the code pass.
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    k = 37
+    ties = torch.arange(k, dtype=torch.float32) - 18.5
+    ties[0], ties[-1] = -127.5, 126.5
+    x = torch.stack([ties, torch.randn(k, generator=gen(3)) * 4 + 1.0, torch.randn(k, generator=gen(4)),
+                     torch.randn(k, generator=gen(5))])
+    x[2, 5], x[3, 36] = float("nan"), float("inf")
+    eye, ones = torch.eye(k, dtype=torch.int8), torch.ones(k)
+    out, ref = DA(x, eye, ones, None, symmetric), linear_int8da_int8_plain_ref(x, eye, ones, None, symmetric)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True, msg=f"{isa} symmetric={symmetric}")
+    assert out[2:].isnan().all() and not out[:2].isnan().any()
+    if symmetric:  # scale 1, zero point 0: the codes themselves, torch.round being half to even as well
+        assert torch.equal(out[0], ties.round())
+
+
+@needs_ext
+@isa_param
 def test_constant_and_zero_rows(monkeypatch, isa):
     # Zero rows take scale 1 (never inf / nan); constant rows exercise the asymmetric zero point clamp.
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
