@@ -124,7 +124,9 @@ using V = Vec256;
 // (L1-sized), the activation is widened once per call to int16 by the glue (DynamicActArgs::a16), and a
 // 6 x 16 register tile (12 int32 accumulators) streams over the panel, as the AVX-512 VNNI panel path does.
 constexpr int64_t kPanelCols = 16;
-constexpr int64_t kPanelKc = 512;  // k per panel: 256 pairs x 16 columns x 4 bytes = 16 KiB
+// k per panel: 2048 pairs x 16 columns x 4 bytes = 128 KiB, in L2. Note [panel k block]: 512 (an L1-sized
+// panel) took 5% longer at M = 256 (K = N = 4096, thread CPU time).
+constexpr int64_t kPanelKc = 4096;
 constexpr int kPanelMr = 6;
 
 // 8 x 8 transpose of 32-bit lanes.
@@ -290,7 +292,9 @@ inline void transpose16(__m512 r[16]) {
 // ---------------------------------------------------------------- weight-only, panel kernel
 constexpr int NR = 32;          // output columns per panel (2 zmm)
 constexpr int MR = 6;           // activation rows per micro-tile: 12 accumulators
-constexpr int64_t WO_KC = 256;  // k per fp32 panel: 256 x 32 x 4 B = 32 KiB
+// k per fp32 panel: 1024 x 32 x 4 B = 256 KiB, in L2. Note [panel k block]: 256 (an L1-sized panel) was
+// 9% slower at M = 16 and 256 (K = N = 4096, thread CPU time, benchmarks/bench_int8_cpu_time.py).
+constexpr int64_t WO_KC = 1024;
 constexpr int64_t PANELS = 4;   // panels per block of columns (see *_block_rows)
 
 // Panel [kc][32] fp32 of weight rows col0..col0+31 (rows >= n1 are zero), k in [k0, k0 + kc).
@@ -353,9 +357,9 @@ void wo_micro(const float* a, int64_t lda, const float* panel, int64_t kc, float
 
 template <bool GROUPED>
 void wo_panel(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
-  // Note [panel loop order]: each panel is packed right before every token uses it, so it is read from L1
-  // (32 KiB) while the activation block (M x kc) sits in L2, and a thread holds one panel instead of all
-  // of its k block's (MBs). Speed at M = 256 was the same either way (the micro-kernel is compute-bound).
+  // Note [panel loop order]: each panel is packed right before every token uses it, so it is read from L2
+  // while the activation block (M x kc) streams, and a thread holds one panel instead of all of its k
+  // block's (MBs). Speed at M = 256 was the same either way (the micro-kernel is compute-bound).
   const int64_t npanels = (n1 - n0 + NR - 1) / NR;
   std::vector<float> buf(WO_KC * NR);
   for (int64_t k0 = 0; k0 < p.K; k0 += WO_KC) {
@@ -400,7 +404,11 @@ void weight_only(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
 }
 
 // ---------------------------------------------------------------- dynamic activation, VNNI panel kernel
-constexpr int64_t DA_KC = 1024;  // k bytes per panel: 256 int32 rows x 32 columns = 32 KiB
+// k bytes per panel: 1024 int32 rows x 32 columns = 128 KiB, in L2. Note [panel k block]: the micro-kernel
+// streams its panel at L2 speed about as fast as from L1, while every k block costs each micro-tile a load
+// and store of its 12 int32 accumulators and a call; 1024 (an L1-sized panel) took 10% longer at M = 256
+// (K = N = 4096: 22.9 -> 20.8 ms thread CPU time, 90% of this core's vpdpbusd peak; 5% at K = 11008).
+constexpr int64_t DA_KC = 4096;
 
 // Panel [kc/4][32][4] int8: lane j of row k4 holds w[col0 + j, k0 + 4*k4 .. +3] (rows >= n1 and k >= K
 // are zero). Adds each column's sum of codes to rowsum[0:32].
@@ -481,6 +489,18 @@ void da_micro(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t k4n, f
   }
 }
 
+// da_micro on the r (<= R) activation rows the tile has.
+template <int R>
+void da_micro_rows(int64_t r, const uint8_t* a, int64_t lda, const int8_t* panel, int64_t k4n, float* c, int64_t ldc,
+                   __mmask16 cm0, __mmask16 cm1, bool first, const DaEpilogue& ep) {
+  if constexpr (R > 1) {
+    if (r < R) return da_micro_rows<R - 1>(r, a, lda, panel, k4n, c, ldc, cm0, cm1, first, ep);
+  }
+  da_micro<R>(a, lda, panel, k4n, c, ldc, cm0, cm1, first, ep);
+}
+
+constexpr int DA_MR = MR;  // 8 or 12 rows (16 / 24 accumulators) measured no faster
+
 void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
   const int64_t npanels = (n1 - n0 + NR - 1) / NR;
   std::vector<int8_t> buf(DA_KC * NR);  // one panel at a time: Note [panel loop order]
@@ -493,7 +513,7 @@ void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
       da_pack(p.w, p.ldw, col, n1, k0, kc, buf.data(), rowsum.data() + j * NR);
       const __mmask16 cm0 = tail16(n1 - col), cm1 = tail16(n1 - col - 16);
       const int8_t* panel = buf.data();
-      for (int64_t m = 0; m < p.M; m += MR) {
+      for (int64_t m = 0; m < p.M; m += DA_MR) {
         const uint8_t* a = p.a + m * p.lda + k0;
         DaEpilogue ep{nullptr, nullptr, nullptr, nullptr, rowsum.data() + j * NR};
         if (last) {
@@ -502,15 +522,8 @@ void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
           ep.w_scale = p.w_scale + col;
           ep.bias = p.bias ? p.bias + col : nullptr;
         }
-        float* c = p.out + m * p.ldo + col;
-        switch (std::min<int64_t>(MR, p.M - m)) {
-          case 6: da_micro<6>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
-          case 5: da_micro<5>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
-          case 4: da_micro<4>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
-          case 3: da_micro<3>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
-          case 2: da_micro<2>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
-          default: da_micro<1>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
-        }
+        da_micro_rows<DA_MR>(std::min<int64_t>(DA_MR, p.M - m), a, p.lda, panel, k4n, p.out + m * p.ldo + col, p.ldo,
+                             cm0, cm1, first, ep);
       }
     }
   }

@@ -49,11 +49,12 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 WO_CASES = [
     (1, 1, 1, 1), (3, 1, 37, 1), (1, 100, 37, 1), (3, 100, 47, 4), (17, 16, 33, 1), (17, 96, 65, 12),
     (17, 96, 65, 6), (40, 300, 97, 1), (40, 512, 70, 16), (1, 1030, 37, 1), (8, 520, 129, 65),
+    (17, 1100, 33, 1), (17, 1088, 33, 17),  # the AVX-512 fp32 panel's k block (1024) and a tail, per channel / g64
 ]
-# DA: M = 257 with K = 1031 crosses the AVX2 int16 panel path's k-block (512) with an odd tail and a last
-# micro-tile of 5 tokens (Note [AVX2 int8 prefill]); N = 21 leaves a partial panel of 16.
+# DA: M = 257 with K = 1031 has a last micro-tile of 5 tokens and an odd k tail (Note [AVX2 int8 prefill]);
+# N = 21 leaves a partial panel of 16; K = 4200 crosses both panel paths' k block (4096) with a tail.
 DA_CASES = [(1, 1, 1), (3, 1, 37), (1, 100, 37), (3, 100, 47), (17, 64, 33), (17, 1030, 65), (40, 300, 97),
-            (8, 2100, 40), (257, 1031, 21)]
+            (8, 2100, 40), (257, 1031, 21), (20, 4200, 21)]
 
 
 @needs_ext
