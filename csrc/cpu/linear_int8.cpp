@@ -121,11 +121,11 @@ using V = Vec256;
 // a = q + 128 (0..255) against int8 weights exactly: 2 * 255 * 128 overflows int16. vpmaddwd on int16
 // operands is exact (products sum into int32) and, at two per cycle, still does twice the multiply-adds of
 // fp32 FMAs. So the weight is packed per call, 16 rows at a time, into k-pair panels [kc/2][16][2] int16
-// (L1-sized), the activation is widened once per call to int16 by the glue (DynamicActArgs::a16), and a
+// (L2-sized), the activation is widened once per call to int16 by the glue (DynamicActArgs::a16), and a
 // 6 x 16 register tile (12 int32 accumulators) streams over the panel, as the AVX-512 VNNI panel path does.
 constexpr int64_t kPanelCols = 16;
-// k per panel: 2048 pairs x 16 columns x 4 bytes = 128 KiB, in L2. Note [panel k block]: 512 (an L1-sized
-// panel) took 5% longer at M = 256 (K = N = 4096, thread CPU time).
+// k per panel: 2048 pairs x 16 columns x 4 bytes = 128 KiB, in L2 (Note [panel k block] at DA_KC): 512 (an
+// L1-sized panel) took 5% longer at M = 256 (K = N = 4096, thread CPU time).
 constexpr int64_t kPanelKc = 4096;
 constexpr int kPanelMr = 6;
 
@@ -292,8 +292,8 @@ inline void transpose16(__m512 r[16]) {
 // ---------------------------------------------------------------- weight-only, panel kernel
 constexpr int NR = 32;          // output columns per panel (2 zmm)
 constexpr int MR = 6;           // activation rows per micro-tile: 12 accumulators
-// k per fp32 panel: 1024 x 32 x 4 B = 256 KiB, in L2. Note [panel k block]: 256 (an L1-sized panel) was
-// 9% slower at M = 16 and 256 (K = N = 4096, thread CPU time, benchmarks/bench_int8_cpu_time.py).
+// k per fp32 panel: 1024 x 32 x 4 B = 256 KiB, in L2 (Note [panel k block] at DA_KC): 256 (an L1-sized
+// panel) was 9% slower at M = 16 and 256 (K = N = 4096, thread CPU time, benchmarks/bench_int8_cpu_time.py).
 constexpr int64_t WO_KC = 1024;
 constexpr int64_t PANELS = 4;   // panels per block of columns (see *_block_rows)
 
