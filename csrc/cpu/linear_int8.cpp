@@ -1,5 +1,9 @@
 // int8 linear kernels for x86: scalar, AVX2 + FMA, AVX-512 (F/BW/VL/DQ) + VNNI.
 //
+// What is the same at every vector width (activation quantization, the dot kernels) is written once in
+// linear_int8_isa.h over simd.h's traits and included in each ISA's region below; the panel kernels differ
+// in their arithmetic (AVX2: exact int16 vpmaddwd; AVX-512: fp32 FMA and VNNI vpdpbusd) and stay per ISA.
+//
 // No torch header here: this file only sees the plain structs of kernels.h. Each ISA level is a
 // `#pragma GCC target` region, so the file is built without -mavx* flags and the scalar code runs on
 // any x86-64 CPU; the glue picks a level at run time (see registration.cpp).
@@ -8,12 +12,13 @@
 //   * "dot" kernels (decode, small M): a tile of 4 weight rows x MB activation rows keeps one SIMD
 //     accumulator per (row, token) pair, reads the weight rows straight from memory once and reduces the
 //     accumulators horizontally at the end. Bandwidth-bound: the weight is read exactly once.
-//   * "panel" kernels (prefill, AVX-512 only): weight rows are repacked per call, 32 output columns at a
+//   * "panel" kernels (prefill: AVX-512 both ops, AVX2 int8 x int8): weight rows are repacked per call, 32 (AVX2: 16) output columns at a
 //     time, into a k-major panel (fp32 for weight-only, 4 k-bytes per int32 lane for VNNI) that stays in
 //     L2 while every activation row tile (6 rows) streams over it; accumulators are 6 x 2 zmm, each
 //     activation value is broadcast. This is the classic register-blocked GEMM shape.
-#include "avx2_reduce.h"
 #include "kernels.h"
+#include "scalar_linear.h"
+#include "simd.h"
 
 #include <immintrin.h>
 
@@ -70,19 +75,17 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8
 }
 
 void weight_only(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
+  scalar_linear(p.M, n0, n1, p.bias, p.out, p.ldo, [&](int64_t n, int64_t m) {
     const int8_t* wr = p.w + n * p.ldw;
-    for (int64_t m = 0; m < p.M; ++m) {
-      const float* xr = p.x + m * p.ldx;
-      float acc = 0.f;
-      for (int64_t gi = 0; gi < p.G; ++gi) {
-        float part = 0.f;
-        for (int64_t k = gi * p.g; k < (gi + 1) * p.g; ++k) part += xr[k] * (float)wr[k];
-        acc += part * p.scale[n * p.G + gi];
-      }
-      p.out[m * p.ldo + n] = acc + (p.bias ? p.bias[n] : 0.f);
+    const float* xr = p.x + m * p.ldx;
+    float acc = 0.f;
+    for (int64_t gi = 0; gi < p.G; ++gi) {
+      float part = 0.f;
+      for (int64_t k = gi * p.g; k < (gi + 1) * p.g; ++k) part += xr[k] * (float)wr[k];
+      acc += part * p.scale[n * p.G + gi];
     }
-  }
+    return acc;
+  });
 }
 
 void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
@@ -103,117 +106,27 @@ void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
 }  // namespace scalar
 
 // ================================================================================================
-// AVX2 + FMA: dot kernels only (8 lanes), for every M.
+// AVX2 + FMA (8 lanes): the dot kernels for every M, and an int16 panel kernel for the dynamic-activation
+// prefill.
 // ================================================================================================
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 
-constexpr int NB = 4;  // weight rows per tile
-
-// Rows n0..n0+nr-1 (nr <= 4) x tokens m0..m0+MB-1. Rows past nr repeat the last row (results dropped).
-template <int MB, bool GROUPED>
-void wo_tile(const WeightOnlyArgs& p, int64_t m0, int64_t n0, int nr) {
-  const int8_t* wr[NB];
-  const float* sr[NB];
-  for (int i = 0; i < NB; ++i) {
-    const int64_t n = n0 + std::min(i, nr - 1);
-    wr[i] = p.w + n * p.ldw;
-    sr[i] = p.scale + n * p.G;
-  }
-  const float* xr[MB];
-  for (int m = 0; m < MB; ++m) xr[m] = p.x + (m0 + m) * p.ldx;
-  __m256 acc[MB][NB];
-  float tail[MB][NB] = {};
-  for (int m = 0; m < MB; ++m)
-    for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_setzero_ps();
-  for (int64_t gi = 0; gi < p.G; ++gi) {
-    const int64_t ke = (gi + 1) * p.g;
-    int64_t k = gi * p.g;
-    for (; k + 8 <= ke; k += 8) {
-      __m256 wv[NB];
-      for (int i = 0; i < NB; ++i) {
-        __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr[i] + k));
-        wv[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-        if (GROUPED) wv[i] = _mm256_mul_ps(wv[i], _mm256_set1_ps(sr[i][gi]));
-      }
-      for (int m = 0; m < MB; ++m) {
-        const __m256 xv = _mm256_loadu_ps(xr[m] + k);
-        for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_fmadd_ps(xv, wv[i], acc[m][i]);
-      }
-    }
-    for (; k < ke; ++k)
-      for (int i = 0; i < NB; ++i)
-        for (int m = 0; m < MB; ++m) tail[m][i] += xr[m][k] * (float)wr[i][k] * (GROUPED ? sr[i][gi] : 1.f);
-  }
-  for (int m = 0; m < MB; ++m)
-    for (int i = 0; i < nr; ++i) {
-      float v = hsum(acc[m][i]) + tail[m][i];
-      if (!GROUPED) v *= sr[i][0];
-      p.out[(m0 + m) * p.ldo + n0 + i] = v + (p.bias ? p.bias[n0 + i] : 0.f);
-    }
-}
-
-template <bool GROUPED>
-void weight_only(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; n += NB) {
-    const int nr = (int)std::min<int64_t>(NB, n1 - n);
-    int64_t m = 0;
-    for (; m + 2 <= p.M; m += 2) wo_tile<2, GROUPED>(p, m, n, nr);
-    if (m < p.M) wo_tile<1, GROUPED>(p, m, n, nr);
-  }
-}
-
-template <int MB>
-void da_tile(const DynamicActArgs& p, int64_t m0, int64_t n0, int nr) {
-  const int8_t* wr[NB];
-  for (int i = 0; i < NB; ++i) wr[i] = p.w + (n0 + std::min(i, nr - 1)) * p.ldw;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256i acc[MB][NB], rs[NB];
-  int32_t tail[MB][NB] = {}, rs_tail[NB] = {};
-  for (int i = 0; i < NB; ++i) {
-    rs[i] = _mm256_setzero_si256();
-    for (int m = 0; m < MB; ++m) acc[m][i] = _mm256_setzero_si256();
-  }
-  int64_t k = 0;
-  for (; k + 16 <= p.K; k += 16) {
-    __m256i wv[NB];
-    for (int i = 0; i < NB; ++i) {
-      // int16 products are exact: |a * w| <= 255 * 128, and madd sums two of them into int32.
-      wv[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr[i] + k)));
-      rs[i] = _mm256_add_epi32(rs[i], _mm256_madd_epi16(wv[i], ones));
-    }
-    for (int m = 0; m < MB; ++m) {
-      const __m256i av = _mm256_cvtepu8_epi16(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.a + (m0 + m) * p.lda + k)));
-      for (int i = 0; i < NB; ++i) acc[m][i] = _mm256_add_epi32(acc[m][i], _mm256_madd_epi16(av, wv[i]));
-    }
-  }
-  for (; k < p.K; ++k)
-    for (int i = 0; i < NB; ++i) {
-      rs_tail[i] += wr[i][k];
-      for (int m = 0; m < MB; ++m) tail[m][i] += (int32_t)p.a[(m0 + m) * p.lda + k] * wr[i][k];
-    }
-  for (int i = 0; i < nr; ++i) {
-    const int32_t rowsum = hsum(rs[i]) + rs_tail[i];
-    const int64_t n = n0 + i;
-    for (int m = 0; m < MB; ++m) {
-      const int32_t dot = hsum(acc[m][i]) + tail[m][i] - p.a_zp128[m0 + m] * rowsum;
-      p.out[(m0 + m) * p.ldo + n] =
-          (float)dot * (p.a_scale[m0 + m] * p.w_scale[n]) + (p.bias ? p.bias[n] : 0.f);
-    }
-  }
-}
+using V = Vec256;
+#include "linear_int8_isa.h"
 
 // ---------------------------------------------------------------- dynamic activation, int16 panel kernel
 // Note [AVX2 int8 prefill]: vpmaddubsw (u8 x s8 -> saturating int16 pairs) can't take the shifted codes
 // a = q + 128 (0..255) against int8 weights exactly: 2 * 255 * 128 overflows int16. vpmaddwd on int16
 // operands is exact (products sum into int32) and, at two per cycle, still does twice the multiply-adds of
 // fp32 FMAs. So the weight is packed per call, 16 rows at a time, into k-pair panels [kc/2][16][2] int16
-// (L1-sized), the activation is widened once per call to int16 by the glue (DynamicActArgs::a16), and a
+// (L2-sized), the activation is widened once per call to int16 by the glue (DynamicActArgs::a16), and a
 // 6 x 16 register tile (12 int32 accumulators) streams over the panel, as the AVX-512 VNNI panel path does.
 constexpr int64_t kPanelCols = 16;
-constexpr int64_t kPanelKc = 512;  // k per panel: 256 pairs x 16 columns x 4 bytes = 16 KiB
+// k per panel: 2048 pairs x 16 columns x 4 bytes = 128 KiB, in L2 (Note [panel k block] at DA_KC): 512 (an
+// L1-sized panel) took 5% longer at M = 256 (K = N = 4096, thread CPU time).
+constexpr int64_t kPanelKc = 4096;
 constexpr int kPanelMr = 6;
 
 // 8 x 8 transpose of 32-bit lanes.
@@ -329,34 +242,25 @@ constexpr int64_t kDaPanelMinM = 16;  // below: the dot kernel
 
 void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
   if (p.a16 != nullptr && p.M >= kDaPanelMinM) return da_panel(p, n0, n1);
-  for (int64_t n = n0; n < n1; n += NB) {
-    const int nr = (int)std::min<int64_t>(NB, n1 - n);
-    int64_t m = 0;
-    for (; m + 2 <= p.M; m += 2) da_tile<2>(p, m, n, nr);
-    if (m < p.M) da_tile<1>(p, m, n, nr);
-  }
+  da_dot(p, n0, n1);
 }
 
 }  // namespace avx2
 #pragma GCC pop_options
 
 // ================================================================================================
-// AVX-512 F/BW/VL/DQ + VNNI
+// AVX-512 F/BW/VL/DQ + VNNI (16 lanes): the dot kernels, and panel kernels for the prefill.
 // ================================================================================================
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 namespace avx512 {
+
+using V = Vec512;
+#include "linear_int8_isa.h"
 
 // Lane masks for the first n lanes (n may be <= 0 or past the vector width).
 inline __mmask16 tail16(int64_t n) { return n <= 0 ? 0 : n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
 inline __mmask64 tail64(int64_t n) { return n <= 0 ? 0 : n >= 64 ? ~0ULL : ((1ULL << n) - 1); }
-
-// acc += u8(a) . s8(b), 4 bytes per lane. Inline asm because GCC 12 copies the accumulator to a new
-// register around every _mm512_dpbusd_epi32 in an unrolled tile (twice the instructions, measured).
-inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
-  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-  return acc;
-}
 
 // In-register transpose of 16 rows x 16 lanes (32-bit lanes; int32 data goes through a cast).
 inline void transpose16(__m512 r[16]) {
@@ -385,141 +289,12 @@ inline void transpose16(__m512 r[16]) {
   for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
 
-// ---------------------------------------------------------------- activation quantization
-// Note [non-finite activation rows]: _mm512_max_ps drops NaN and an Inf saturates to a finite code, so a
-// row holding NaN / Inf would come out finite and wrong. Such a row gets a NaN scale instead, which makes
-// exactly its output row NaN, as F.linear on the float row gives (the oracle's reference does the same).
-void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8_t* a, int64_t lda,
-                   float* scale, int32_t* zp128, int64_t m0, int64_t m1) {
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  for (int64_t m = m0; m < m1; ++m) {
-    const float* xr = x + m * ldx;
-    uint8_t* ar = a + m * lda;
-    __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps(), poison = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-      const __m512 v = _mm512_maskz_loadu_ps(tail16(K - k), xr + k);  // masked lanes read as 0
-      poison = _mm512_add_ps(poison, _mm512_mul_ps(v, _mm512_setzero_ps()));  // NaN iff some x is NaN / Inf
-      if (symmetric) {
-        hi = _mm512_max_ps(hi, _mm512_and_ps(v, absmask));
-      } else {
-        lo = _mm512_min_ps(lo, v);
-        hi = _mm512_max_ps(hi, v);
-      }
-    }
-    float s;
-    int zp = 0;
-    if (symmetric) {
-      const float amax = _mm512_reduce_max_ps(hi);
-      s = amax > 0.f ? std::max(amax / 127.5f, kScaleEps) : 1.f;
-    } else {
-      const float span = _mm512_reduce_max_ps(hi) - _mm512_reduce_min_ps(lo);
-      s = span > 0.f ? std::max(span / 255.f, kScaleEps) : 1.f;
-      zp = (int)std::fmin(std::fmax(-128.f - std::nearbyint(_mm512_reduce_min_ps(lo) / s), -128.f), 127.f);
-    }
-    if (!std::isfinite(_mm512_reduce_add_ps(poison))) {
-      s = kNaN;  // Note [non-finite activation rows]
-      zp = 0;
-    }
-    const __m512 sv = _mm512_set1_ps(s), zv = _mm512_set1_ps((float)zp);
-    const __m512 qlo = _mm512_set1_ps(-128.f), qhi = _mm512_set1_ps(127.f);
-    const __m512i shift = _mm512_set1_epi32(128);
-    for (int64_t k = 0; k < lda; k += 16) {
-      const __mmask16 mk = tail16(K - k);
-      __m512 v = _mm512_add_ps(_mm512_div_ps(_mm512_maskz_loadu_ps(mk, xr + k), sv), zv);
-      v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  // half to even
-      v = _mm512_min_ps(_mm512_max_ps(v, qlo), qhi);
-      const __m512i q = _mm512_maskz_add_epi32(mk, _mm512_cvtps_epi32(v), shift);  // padding -> 0
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(ar + k), _mm512_cvtepi32_epi8(q));
-    }
-    scale[m] = s;
-    zp128[m] = 128 + zp;
-  }
-}
-
-// ---------------------------------------------------------------- weight-only, dot kernel
-constexpr int NB = 4;
-// Note [decode prefetch] (linear_int4.cpp): each row's bytes 4 KiB ahead into L2 took M = 1 from about 50%
-// to about 70% of a plain streaming sum's bandwidth (swept 1-4 KiB).
-constexpr int64_t kPfBytes = 4096;
-
-// 16 k of NB weight rows x MB tokens (mk: the valid k). A function, not a lambda: Note [accumulators in
-// registers] in kernels.h.
-template <int MB, bool GROUPED>
-__attribute__((always_inline)) inline void wo_step(__m512 (&acc)[MB][NB], const int8_t* const (&wr)[NB],
-                                                   const float* const (&xr)[MB], const __m512 (&sv)[NB], int64_t k,
-                                                   __mmask16 mk) {
-  __m512 wv[NB];
-  for (int i = 0; i < NB; ++i) {
-    wv[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, wr[i] + k)));
-    if (GROUPED) wv[i] = _mm512_mul_ps(wv[i], sv[i]);
-  }
-  for (int m = 0; m < MB; ++m) {
-    const __m512 xv = _mm512_maskz_loadu_ps(mk, xr[m] + k);
-    for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_fmadd_ps(xv, wv[i], acc[m][i]);
-  }
-}
-
-template <int MB, bool GROUPED>
-void wo_dot_tile(const WeightOnlyArgs& p, int64_t m0, int64_t n0, int nr) {
-  const int8_t* wr[NB];
-  const float* sr[NB];
-  for (int i = 0; i < NB; ++i) {
-    const int64_t n = n0 + std::min(i, nr - 1);
-    wr[i] = p.w + n * p.ldw;
-    sr[i] = p.scale + n * p.G;
-  }
-  const float* xr[MB];
-  for (int m = 0; m < MB; ++m) xr[m] = p.x + (m0 + m) * p.ldx;
-  __m512 acc[MB][NB];
-  for (int m = 0; m < MB; ++m)
-    for (int i = 0; i < NB; ++i) acc[m][i] = _mm512_setzero_ps();
-  // One segment per group with its scale folded into the weights (GROUPED), or one segment [0, K) with the
-  // scale applied at the end. Full 64-k steps without masks (one prefetch per row each), then a masked tail.
-  const int64_t nseg = GROUPED ? p.G : 1, seg = GROUPED ? p.g : p.K;
-  for (int64_t gi = 0; gi < nseg; ++gi) {
-    __m512 sv[NB];
-    for (int i = 0; i < NB; ++i) sv[i] = GROUPED ? _mm512_set1_ps(sr[i][gi]) : _mm512_setzero_ps();
-    const int64_t ke = (gi + 1) * seg;
-    int64_t k = gi * seg;
-    for (; k + 64 <= ke; k += 64) {
-      for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + kPfBytes), _MM_HINT_T1);
-#pragma GCC unroll 4
-      for (int u = 0; u < 4; ++u) wo_step<MB, GROUPED>(acc, wr, xr, sv, k + 16 * u, (__mmask16)0xFFFF);
-    }
-    for (; k < ke; k += 16) wo_step<MB, GROUPED>(acc, wr, xr, sv, k, tail16(ke - k));
-  }
-  float red[MB][NB];  // every acc index a compile-time constant: Note [accumulators in registers]
-#pragma GCC unroll 16
-  for (int m = 0; m < MB; ++m)
-#pragma GCC unroll 16
-    for (int i = 0; i < NB; ++i) red[m][i] = _mm512_reduce_add_ps(acc[m][i]);
-  for (int m = 0; m < MB; ++m)
-    for (int i = 0; i < nr; ++i) {
-      float v = red[m][i];
-      if (!GROUPED) v *= sr[i][0];
-      p.out[(m0 + m) * p.ldo + n0 + i] = v + (p.bias ? p.bias[n0 + i] : 0.f);
-    }
-}
-
-template <bool GROUPED>
-void wo_dot(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; n += NB) {
-    const int nr = (int)std::min<int64_t>(NB, n1 - n);
-    int64_t m = 0;
-    for (; m + 4 <= p.M; m += 4) wo_dot_tile<4, GROUPED>(p, m, n, nr);
-    switch (p.M - m) {
-      case 3: wo_dot_tile<3, GROUPED>(p, m, n, nr); break;
-      case 2: wo_dot_tile<2, GROUPED>(p, m, n, nr); break;
-      case 1: wo_dot_tile<1, GROUPED>(p, m, n, nr); break;
-      default: break;
-    }
-  }
-}
-
 // ---------------------------------------------------------------- weight-only, panel kernel
 constexpr int NR = 32;          // output columns per panel (2 zmm)
 constexpr int MR = 6;           // activation rows per micro-tile: 12 accumulators
-constexpr int64_t WO_KC = 256;  // k per fp32 panel: 256 x 32 x 4 B = 32 KiB
+// k per fp32 panel: 1024 x 32 x 4 B = 256 KiB, in L2 (Note [panel k block] at DA_KC): 256 (an L1-sized
+// panel) was 9% slower at M = 16 and 256 (K = N = 4096, thread CPU time, benchmarks/bench_int8_cpu_time.py).
+constexpr int64_t WO_KC = 1024;
 constexpr int64_t PANELS = 4;   // panels per block of columns (see *_block_rows)
 
 // Panel [kc][32] fp32 of weight rows col0..col0+31 (rows >= n1 are zero), k in [k0, k0 + kc).
@@ -582,9 +357,9 @@ void wo_micro(const float* a, int64_t lda, const float* panel, int64_t kc, float
 
 template <bool GROUPED>
 void wo_panel(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
-  // Note [panel loop order]: each panel is packed right before every token uses it, so it is read from L1
-  // (32 KiB) while the activation block (M x kc) sits in L2, and a thread holds one panel instead of all
-  // of its k block's (MBs). Speed at M = 256 was the same either way (the micro-kernel is compute-bound).
+  // Note [panel loop order]: each panel is packed right before every token uses it, so it is read from L2
+  // while the activation block (M x kc) streams, and a thread holds one panel instead of all of its k
+  // block's (MBs). Speed at M = 256 was the same either way (the micro-kernel is compute-bound).
   const int64_t npanels = (n1 - n0 + NR - 1) / NR;
   std::vector<float> buf(WO_KC * NR);
   for (int64_t k0 = 0; k0 < p.K; k0 += WO_KC) {
@@ -628,57 +403,12 @@ void weight_only(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
   }
 }
 
-// ---------------------------------------------------------------- dynamic activation, dot kernel
-template <int MB>
-void da_dot_tile(const DynamicActArgs& p, int64_t m0, int64_t n0, int nr) {
-  const int8_t* wr[NB];
-  for (int i = 0; i < NB; ++i) wr[i] = p.w + (n0 + std::min(i, nr - 1)) * p.ldw;
-  const __m512i ones = _mm512_set1_epi8(1);
-  __m512i acc[MB][NB], rs[NB];
-  for (int i = 0; i < NB; ++i) {
-    rs[i] = _mm512_setzero_si512();
-    for (int m = 0; m < MB; ++m) acc[m][i] = _mm512_setzero_si512();
-  }
-  for (int64_t k = 0; k < p.K; k += 64) {
-    const __mmask64 mk = tail64(p.K - k);
-    __m512i wv[NB];
-    for (int i = 0; i < NB; ++i) {
-      wv[i] = _mm512_maskz_loadu_epi8(mk, wr[i] + k);
-      rs[i] = dpbusd(rs[i], ones, wv[i]);
-    }
-    for (int m = 0; m < MB; ++m) {
-      const __m512i av = _mm512_loadu_si512(p.a + (m0 + m) * p.lda + k);  // lda % 64 == 0, zero padded
-      for (int i = 0; i < NB; ++i) acc[m][i] = dpbusd(acc[m][i], av, wv[i]);
-    }
-  }
-  int32_t red[MB][NB], red_rs[NB];  // every index a compile-time constant: Note [accumulators in registers]
-#pragma GCC unroll 16
-  for (int i = 0; i < NB; ++i) {
-    red_rs[i] = _mm512_reduce_add_epi32(rs[i]);
-#pragma GCC unroll 16
-    for (int m = 0; m < MB; ++m) red[m][i] = _mm512_reduce_add_epi32(acc[m][i]);
-  }
-  for (int i = 0; i < nr; ++i) {
-    const int32_t rowsum = red_rs[i];
-    const int64_t n = n0 + i;
-    for (int m = 0; m < MB; ++m) {
-      const int32_t dot = red[m][i] - p.a_zp128[m0 + m] * rowsum;
-      p.out[(m0 + m) * p.ldo + n] = (float)dot * (p.a_scale[m0 + m] * p.w_scale[n]) + (p.bias ? p.bias[n] : 0.f);
-    }
-  }
-}
-
-void da_dot(const DynamicActArgs& p, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; n += NB) {
-    const int nr = (int)std::min<int64_t>(NB, n1 - n);
-    int64_t m = 0;
-    for (; m + 2 <= p.M; m += 2) da_dot_tile<2>(p, m, n, nr);
-    if (m < p.M) da_dot_tile<1>(p, m, n, nr);
-  }
-}
-
 // ---------------------------------------------------------------- dynamic activation, VNNI panel kernel
-constexpr int64_t DA_KC = 1024;  // k bytes per panel: 256 int32 rows x 32 columns = 32 KiB
+// k bytes per panel: 1024 int32 rows x 32 columns = 128 KiB, in L2. Note [panel k block]: the micro-kernel
+// streams its panel at L2 speed about as fast as from L1, while every k block costs each micro-tile a load
+// and store of its 12 int32 accumulators and a call; 1024 (an L1-sized panel) took 10% longer at M = 256
+// (K = N = 4096: 22.9 -> 20.8 ms thread CPU time, 90% of this core's vpdpbusd peak; 5% at K = 11008).
+constexpr int64_t DA_KC = 4096;
 
 // Panel [kc/4][32][4] int8: lane j of row k4 holds w[col0 + j, k0 + 4*k4 .. +3] (rows >= n1 and k >= K
 // are zero). Adds each column's sum of codes to rowsum[0:32].
@@ -732,8 +462,8 @@ void da_micro(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t k4n, f
       int32_t a4;
       std::memcpy(&a4, a + m * lda + 4 * k4, 4);
       const __m512i av = _mm512_set1_epi32(a4);
-      acc[m][0] = dpbusd(acc[m][0], av, b0);
-      acc[m][1] = dpbusd(acc[m][1], av, b1);
+      acc[m][0] = V::dot(acc[m][0], av, b0);
+      acc[m][1] = V::dot(acc[m][1], av, b1);
     }
   }
   if (!ep.a_scale) {
@@ -759,6 +489,18 @@ void da_micro(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t k4n, f
   }
 }
 
+// da_micro on the r (<= R) activation rows the tile has.
+template <int R>
+void da_micro_rows(int64_t r, const uint8_t* a, int64_t lda, const int8_t* panel, int64_t k4n, float* c, int64_t ldc,
+                   __mmask16 cm0, __mmask16 cm1, bool first, const DaEpilogue& ep) {
+  if constexpr (R > 1) {
+    if (r < R) return da_micro_rows<R - 1>(r, a, lda, panel, k4n, c, ldc, cm0, cm1, first, ep);
+  }
+  da_micro<R>(a, lda, panel, k4n, c, ldc, cm0, cm1, first, ep);
+}
+
+constexpr int DA_MR = MR;  // 8 or 12 rows (16 / 24 accumulators) measured no faster
+
 void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
   const int64_t npanels = (n1 - n0 + NR - 1) / NR;
   std::vector<int8_t> buf(DA_KC * NR);  // one panel at a time: Note [panel loop order]
@@ -771,7 +513,7 @@ void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
       da_pack(p.w, p.ldw, col, n1, k0, kc, buf.data(), rowsum.data() + j * NR);
       const __mmask16 cm0 = tail16(n1 - col), cm1 = tail16(n1 - col - 16);
       const int8_t* panel = buf.data();
-      for (int64_t m = 0; m < p.M; m += MR) {
+      for (int64_t m = 0; m < p.M; m += DA_MR) {
         const uint8_t* a = p.a + m * p.lda + k0;
         DaEpilogue ep{nullptr, nullptr, nullptr, nullptr, rowsum.data() + j * NR};
         if (last) {
@@ -780,15 +522,8 @@ void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
           ep.w_scale = p.w_scale + col;
           ep.bias = p.bias ? p.bias + col : nullptr;
         }
-        float* c = p.out + m * p.ldo + col;
-        switch (std::min<int64_t>(MR, p.M - m)) {
-          case 6: da_micro<6>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
-          case 5: da_micro<5>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
-          case 4: da_micro<4>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
-          case 3: da_micro<3>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
-          case 2: da_micro<2>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
-          default: da_micro<1>(a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep); break;
-        }
+        da_micro_rows<DA_MR>(std::min<int64_t>(DA_MR, p.M - m), a, p.lda, panel, k4n, p.out + m * p.ldo + col, p.ldo,
+                             cm0, cm1, first, ep);
       }
     }
   }
@@ -902,6 +637,7 @@ const char* isa_name(Isa isa) {
 void quantize_rows(Isa isa, const float* x, int64_t ldx, int64_t K, bool symmetric, uint8_t* a, int64_t lda,
                    float* scale, int32_t* zp128, int64_t m0, int64_t m1) {
   if (isa == Isa::kAvx512Vnni) return avx512::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1);
+  if (isa == Isa::kAvx2) return avx2::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1);
   scalar::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1);
 }
 
@@ -913,7 +649,7 @@ int64_t weight_only_block_rows(Isa isa, const WeightOnlyArgs& p) {
 void linear_weight_only(Isa isa, const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
   switch (isa) {
     case Isa::kAvx512Vnni: return avx512::weight_only(p, n0, n1);
-    case Isa::kAvx2: return p.G > 1 ? avx2::weight_only<true>(p, n0, n1) : avx2::weight_only<false>(p, n0, n1);
+    case Isa::kAvx2: return p.G > 1 ? avx2::wo_dot<true>(p, n0, n1) : avx2::wo_dot<false>(p, n0, n1);
     default: return scalar::weight_only(p, n0, n1);
   }
 }

@@ -17,6 +17,7 @@
 #include "../common/dequant.h"
 #include "bf16_gemm.h"
 #include "kernels.h"
+#include "scalar_linear.h"
 #include "simd.h"
 
 #include <immintrin.h>
@@ -133,15 +134,13 @@ float weight(const LowbitArgs& p, const uint8_t* row, int64_t n, int64_t k) {
 }
 
 void dot(const LowbitArgs& p, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
+  scalar_linear(p.M, n0, n1, p.bias, p.out, p.ldo, [&](int64_t n, int64_t m) {
     const uint8_t* row = p.w + n * p.ldw;
-    for (int64_t m = 0; m < p.M; ++m) {
-      const float* xr = p.x + m * p.ldx;
-      float acc = 0.f;
-      for (int64_t k = 0; k < p.K; ++k) acc += xr[k] * weight(p, row, n, k);
-      p.out[m * p.ldo + n] = acc + (p.bias ? p.bias[n] : 0.f);
-    }
-  }
+    const float* xr = p.x + m * p.ldx;
+    float acc = 0.f;
+    for (int64_t k = 0; k < p.K; ++k) acc += xr[k] * weight(p, row, n, k);
+    return acc;
+  });
 }
 
 void decode(const LowbitArgs& p, int64_t n0, int64_t n1, float* dst, int64_t ldd) {

@@ -1,13 +1,22 @@
 // Vector-width traits for the per-ISA CPU kernels: one struct per x86 level with the same names, so a kernel
 // written once over `V` (a template parameter) is instantiated per ISA instead of copied by hand.
 //
-//   V::L            fp32 lanes (16 AVX-512, 8 AVX2)
+//   V::L            fp32 lanes (16 AVX-512, 8 AVX2);  V::kRegs  vector registers (32 zmm, 16 ymm)
 //   V::F / V::I     fp32 / int32 vector of L lanes;  V::H  L 16-bit lanes (half width)
-//   arithmetic      zero, set1, loadu, storeu, fmadd, mul, add, reduce (horizontal sum)
-//   integer         set1_i, load_i, and_i, sub_i, srlv (per-lane right shift), shuffle_bytes (pshufb within each
-//                   128-bit lane), broadcast128 (the same 16 bytes in every 128-bit lane), cvt (int32 -> fp32)
+//   arithmetic      zero, set1, loadu, storeu, fmadd, mul, add, sub, div, min, max, abs, reduce (horizontal
+//                   sum), reduce_max / reduce_min, round_even (to an integral float, ties to even),
+//                   loadu_n(p, n) (the first n lanes of p, the rest 0; 0 < n < L)
+//   integer         zero_i, set1_i, load_i, add_i, and_i, sub_i, srlv (per-lane right shift), shuffle_bytes
+//                   (pshufb within each 128-bit lane), broadcast128 (the same 16 bytes in every 128-bit lane),
+//                   cvt (int32 -> fp32), cvt_i (fp32 -> int32, rounding), reduce_i (horizontal int32 sum)
 //   bytes           u8_to_i32<T>(c): bytes [T L, T L + L) of c zero-extended to int32 lanes;
-//                   hi16<T>(b): bytes b[T L, T L + L) as 16-bit lanes holding byte << 8
+//                   hi16<T>(b): bytes b[T L, T L + L) as 16-bit lanes holding byte << 8;
+//                   s8_to_f(p) / s8_to_f_n(p, n): L (or the first n) int8 at p as fp32;
+//                   store_u8(p, v): the L int32 lanes of v (each 0..255) as L bytes at p
+//   u8 x s8 dot     kDotBytes k per step (64: vpdpbusd zmm, AVX-512 VNNI; 16: vpmaddwd on int16, AVX2, exact
+//                   for u8 x s8); A / B = one step of activation (u8) / weight (s8) bytes as dot operands:
+//                   load_a(p), load_b(p), load_b_n(p, n) (n < kDotBytes bytes, the rest 0);
+//                   dot(acc, a, b) adds each lane's products to acc's int32 lanes; sum_b(acc, b) adds b's bytes
 //   16-bit          and_h, or_h, srai1_h (arithmetic >> 1), cmpeq_h, set1_h, half_to_f (fp16 bits -> fp32)
 //   Lut16           a 16-entry fp32 table in registers; lookup(t, i) = table[i & 15] per lane (reads bits 0..3 only)
 //   kPermEntries    entries of the one-instruction table lookup perm(table, i) = table[i % kPermEntries] (a vector
@@ -15,39 +24,79 @@
 //
 // Each struct's member functions carry their ISA's target attribute, so this header is included once at the
 // top of a file; the code that uses V is compiled inside that file's matching `#pragma GCC target` region
-// (GCC inlines a callee whose target is a subset of the caller's).
+// (GCC inlines a callee whose target is a subset of the caller's). Vec512's dot step also needs AVX-512 VNNI:
+// only a region with that target may call it.
 #pragma once
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
+
+#include "avx2_reduce.h"
 
 namespace torchqkit_cpu {
 
 #define TQK_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"), always_inline)) static inline
+#define TQK_AVX512VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"), always_inline)) static inline
 #define TQK_AVX2 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
-struct Vec512 {
-  static constexpr int L = 16;
-  using F = __m512;
-  using I = __m512i;
-  using H = __m256i;
-  TQK_AVX512 F zero() { return _mm512_setzero_ps(); }
-  TQK_AVX512 F set1(float v) { return _mm512_set1_ps(v); }
-  TQK_AVX512 F loadu(const float* p) { return _mm512_loadu_ps(p); }
-  TQK_AVX512 void storeu(float* p, F v) { _mm512_storeu_ps(p, v); }
-  TQK_AVX512 F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  TQK_AVX512 F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  TQK_AVX512 F add(F a, F b) { return _mm512_add_ps(a, b); }
-  TQK_AVX512 float reduce(F v) { return _mm512_reduce_add_ps(v); }
+// The members whose AVX-512 and AVX2 forms differ only in the intrinsics' prefix (P: _mm512 / _mm256) and
+// integer-vector suffix (SI: si512 / si256); HP / HSI the same for the half-width 16-bit vectors H.
+#define TQK_SAME_SHAPED_OPS(ATTR, P, SI, HP, HSI)                                  \
+  ATTR F zero() { return P##_setzero_ps(); }                                      \
+  ATTR F set1(float v) { return P##_set1_ps(v); }                                 \
+  ATTR F loadu(const float* p) { return P##_loadu_ps(p); }                        \
+  ATTR void storeu(float* p, F v) { P##_storeu_ps(p, v); }                        \
+  ATTR F fmadd(F a, F b, F c) { return P##_fmadd_ps(a, b, c); }                   \
+  ATTR F mul(F a, F b) { return P##_mul_ps(a, b); }                               \
+  ATTR F add(F a, F b) { return P##_add_ps(a, b); }                               \
+  ATTR F sub(F a, F b) { return P##_sub_ps(a, b); }                               \
+  ATTR F div(F a, F b) { return P##_div_ps(a, b); }                               \
+  ATTR F min(F a, F b) { return P##_min_ps(a, b); }                               \
+  ATTR F max(F a, F b) { return P##_max_ps(a, b); }                               \
+  ATTR F abs(F a) { return P##_and_ps(a, P##_cast##SI##_ps(P##_set1_epi32(0x7fffffff))); } \
+  ATTR I zero_i() { return P##_setzero_##SI(); }                                  \
+  ATTR I set1_i(int v) { return P##_set1_epi32(v); }                              \
+  ATTR I load_i(const void* p) { return P##_loadu_##SI(static_cast<const I*>(p)); } \
+  ATTR I add_i(I a, I b) { return P##_add_epi32(a, b); }                          \
+  ATTR I and_i(I a, I b) { return P##_and_##SI(a, b); }                           \
+  ATTR I sub_i(I a, I b) { return P##_sub_epi32(a, b); }                          \
+  ATTR I srlv(I a, I s) { return P##_srlv_epi32(a, s); }                          \
+  ATTR I shuffle_bytes(I a, I ctrl) { return P##_shuffle_epi8(a, ctrl); }         \
+  ATTR F cvt(I v) { return P##_cvtepi32_ps(v); }                                  \
+  ATTR I cvt_i(F v) { return P##_cvtps_epi32(v); }                                \
+  ATTR F s8_to_f(const int8_t* p) { return cvt(P##_cvtepi8_epi32(load_bytes(p))); } \
+  ATTR H and_h(H a, H b) { return HP##_and_##HSI(a, b); }                         \
+  ATTR H or_h(H a, H b) { return HP##_or_##HSI(a, b); }                           \
+  ATTR H srai1_h(H a) { return HP##_srai_epi16(a, 1); }                           \
+  ATTR H cmpeq_h(H a, H b) { return HP##_cmpeq_epi16(a, b); }                     \
+  ATTR H set1_h(int16_t v) { return HP##_set1_epi16(v); }                         \
+  ATTR F half_to_f(H h) { return P##_cvtph_ps(h); }
 
-  TQK_AVX512 I set1_i(int v) { return _mm512_set1_epi32(v); }
-  TQK_AVX512 I load_i(const void* p) { return _mm512_loadu_si512(p); }
-  TQK_AVX512 I and_i(I a, I b) { return _mm512_and_si512(a, b); }
-  TQK_AVX512 I sub_i(I a, I b) { return _mm512_sub_epi32(a, b); }
-  TQK_AVX512 I srlv(I a, I s) { return _mm512_srlv_epi32(a, s); }
-  TQK_AVX512 I shuffle_bytes(I a, I ctrl) { return _mm512_shuffle_epi8(a, ctrl); }
+// The types and sizes of one width: kL fp32 lanes, kR vector registers, F / I / H as above.
+template <int kL, int kR, class F_, class I_, class H_>
+struct VecTypes {
+  static constexpr int L = kL, kRegs = kR;
+  using F = F_;
+  using I = I_;
+  using H = H_;
+};
+
+struct Vec512 : VecTypes<16, 32, __m512, __m512i, __m256i> {
+  TQK_AVX512 __m128i load_bytes(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+  TQK_SAME_SHAPED_OPS(TQK_AVX512, _mm512, si512, _mm256, si256)
+  TQK_AVX512 float reduce(F v) { return _mm512_reduce_add_ps(v); }
+  TQK_AVX512 float reduce_max(F v) { return _mm512_reduce_max_ps(v); }
+  TQK_AVX512 float reduce_min(F v) { return _mm512_reduce_min_ps(v); }
+  TQK_AVX512 int32_t reduce_i(I v) { return _mm512_reduce_add_epi32(v); }
+  TQK_AVX512 F round_even(F v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  TQK_AVX512 F loadu_n(const float* p, int64_t n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
+  TQK_AVX512 F s8_to_f_n(const int8_t* p, int64_t n) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8((__mmask16)((1u << n) - 1), p)));
+  }
+  TQK_AVX512 void store_u8(uint8_t* p, I v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(v)); }
+
   TQK_AVX512 I broadcast128(__m128i v) { return _mm512_broadcast_i32x4(v); }
-  TQK_AVX512 F cvt(I v) { return _mm512_cvtepi32_ps(v); }
   template <int T>
   TQK_AVX512 I u8_to_i32(__m128i c) {
     static_assert(T == 0, "16 bytes fill one AVX-512 vector");
@@ -58,47 +107,59 @@ struct Vec512 {
     return _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + T * L))), 8);
   }
 
-  TQK_AVX512 H and_h(H a, H b) { return _mm256_and_si256(a, b); }
-  TQK_AVX512 H or_h(H a, H b) { return _mm256_or_si256(a, b); }
-  TQK_AVX512 H srai1_h(H a) { return _mm256_srai_epi16(a, 1); }
-  TQK_AVX512 H cmpeq_h(H a, H b) { return _mm256_cmpeq_epi16(a, b); }
-  TQK_AVX512 H set1_h(int16_t v) { return _mm256_set1_epi16(v); }
-  TQK_AVX512 F half_to_f(H h) { return _mm512_cvtph_ps(h); }
-
   struct Lut16 { __m512 t; };
   TQK_AVX512 Lut16 lut16(const float* table) { return {_mm512_loadu_ps(table)}; }
   TQK_AVX512 F lookup(const Lut16& t, I i) { return _mm512_permutexvar_ps(i, t.t); }  // reads i's low 4 bits
   static constexpr int kPermEntries = 16;
   TQK_AVX512 F perm(F table, I i) { return _mm512_permutexvar_ps(i, table); }
+
+  // u8 x s8 dot step: 4 bytes per int32 lane, raw bytes as operands.
+  static constexpr int kDotBytes = 64;
+  using A = __m512i;
+  using B = __m512i;
+  TQK_AVX512 A load_a(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  TQK_AVX512 B load_b(const int8_t* p) { return _mm512_loadu_si512(p); }
+  TQK_AVX512 B load_b_n(const int8_t* p, int64_t n) { return _mm512_maskz_loadu_epi8((1ULL << n) - 1, p); }
+  // Inline asm because GCC 12 copies the accumulator to a new register around every _mm512_dpbusd_epi32 in an
+  // unrolled tile (twice the instructions, measured).
+  TQK_AVX512VNNI I dot(I acc, A a, B b) {
+    asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+  }
+  TQK_AVX512VNNI I sum_b(I acc, B b) { return dot(acc, _mm512_set1_epi8(1), b); }
 };
 
-struct Vec256 {
-  static constexpr int L = 8;
-  using F = __m256;
-  using I = __m256i;
-  using H = __m128i;
-  TQK_AVX2 F zero() { return _mm256_setzero_ps(); }
-  TQK_AVX2 F set1(float v) { return _mm256_set1_ps(v); }
-  TQK_AVX2 F loadu(const float* p) { return _mm256_loadu_ps(p); }
-  TQK_AVX2 void storeu(float* p, F v) { _mm256_storeu_ps(p, v); }
-  TQK_AVX2 F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  TQK_AVX2 F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  TQK_AVX2 F add(F a, F b) { return _mm256_add_ps(a, b); }
-  TQK_AVX2 float reduce(F v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+struct Vec256 : VecTypes<8, 16, __m256, __m256i, __m128i> {
+  TQK_AVX2 __m128i load_bytes(const void* p) { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
+  TQK_SAME_SHAPED_OPS(TQK_AVX2, _mm256, si256, _mm, si128)
+  TQK_AVX2 float reduce(F v) { return hsum(v); }
+  TQK_AVX2 float reduce_max(F v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+  }
+  TQK_AVX2 float reduce_min(F v) {
+    __m128 s = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_min_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_min_ss(s, _mm_movehdup_ps(s)));
+  }
+  TQK_AVX2 int32_t reduce_i(I v) { return hsum(v); }
+  TQK_AVX2 F round_even(F v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  TQK_AVX2 F loadu_n(const float* p, int64_t n) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lane));
+  }
+  TQK_AVX2 F s8_to_f_n(const int8_t* p, int64_t n) {
+    int64_t b = 0;
+    std::memcpy(&b, p, n);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(b)));
+  }
+  TQK_AVX2 void store_u8(uint8_t* p, I v) {
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
   }
 
-  TQK_AVX2 I set1_i(int v) { return _mm256_set1_epi32(v); }
-  TQK_AVX2 I load_i(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-  TQK_AVX2 I and_i(I a, I b) { return _mm256_and_si256(a, b); }
-  TQK_AVX2 I sub_i(I a, I b) { return _mm256_sub_epi32(a, b); }
-  TQK_AVX2 I srlv(I a, I s) { return _mm256_srlv_epi32(a, s); }
-  TQK_AVX2 I shuffle_bytes(I a, I ctrl) { return _mm256_shuffle_epi8(a, ctrl); }
   TQK_AVX2 I broadcast128(__m128i v) { return _mm256_broadcastsi128_si256(v); }
-  TQK_AVX2 F cvt(I v) { return _mm256_cvtepi32_ps(v); }
   template <int T>
   TQK_AVX2 I u8_to_i32(__m128i c) {
     static_assert(T == 0 || T == 1, "16 bytes fill two AVX2 vectors");
@@ -108,13 +169,6 @@ struct Vec256 {
   TQK_AVX2 H hi16(const uint8_t* b) {
     return _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + T * L)));
   }
-
-  TQK_AVX2 H and_h(H a, H b) { return _mm_and_si128(a, b); }
-  TQK_AVX2 H or_h(H a, H b) { return _mm_or_si128(a, b); }
-  TQK_AVX2 H srai1_h(H a) { return _mm_srai_epi16(a, 1); }
-  TQK_AVX2 H cmpeq_h(H a, H b) { return _mm_cmpeq_epi16(a, b); }
-  TQK_AVX2 H set1_h(int16_t v) { return _mm_set1_epi16(v); }
-  TQK_AVX2 F half_to_f(H h) { return _mm256_cvtph_ps(h); }
 
   static constexpr int kPermEntries = 8;
   TQK_AVX2 F perm(F table, I i) { return _mm256_permutevar8x32_ps(table, i); }
@@ -126,9 +180,26 @@ struct Vec256 {
     return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t.lo, i), _mm256_permutevar8x32_ps(t.hi, i),
                             _mm256_castsi256_ps(_mm256_slli_epi32(i, 28)));
   }
+
+  // u8 x s8 dot step: 16 bytes widened to int16, two per int32 lane. vpmaddwd is exact here (|u8 * s8| <=
+  // 255 * 128 fits int16 products summed into int32), where vpmaddubsw's saturating int16 pairs are not.
+  static constexpr int kDotBytes = 16;
+  using A = __m256i;
+  using B = __m256i;
+  TQK_AVX2 A load_a(const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  TQK_AVX2 B load_b(const int8_t* p) { return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  TQK_AVX2 B load_b_n(const int8_t* p, int64_t n) {
+    alignas(16) int8_t b[16] = {};
+    std::memcpy(b, p, n);
+    return load_b(b);
+  }
+  TQK_AVX2 I dot(I acc, A a, B b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+  TQK_AVX2 I sum_b(I acc, B b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(b, _mm256_set1_epi16(1))); }
 };
 
+#undef TQK_SAME_SHAPED_OPS
 #undef TQK_AVX512
+#undef TQK_AVX512VNNI
 #undef TQK_AVX2
 
 }  // namespace torchqkit_cpu

@@ -49,11 +49,12 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 WO_CASES = [
     (1, 1, 1, 1), (3, 1, 37, 1), (1, 100, 37, 1), (3, 100, 47, 4), (17, 16, 33, 1), (17, 96, 65, 12),
     (17, 96, 65, 6), (40, 300, 97, 1), (40, 512, 70, 16), (1, 1030, 37, 1), (8, 520, 129, 65),
+    (17, 1100, 33, 1), (17, 1088, 33, 17),  # the AVX-512 fp32 panel's k block (1024) and a tail, per channel / g64
 ]
-# DA: M = 257 with K = 1031 crosses the AVX2 int16 panel path's k-block (512) with an odd tail and a last
-# micro-tile of 5 tokens (Note [AVX2 int8 prefill]); N = 21 leaves a partial panel of 16.
+# DA: M = 257 with K = 1031 has a last micro-tile of 5 tokens and an odd k tail (Note [AVX2 int8 prefill]);
+# N = 21 leaves a partial panel of 16; K = 4200 crosses both panel paths' k block (4096) with a tail.
 DA_CASES = [(1, 1, 1), (3, 1, 37), (1, 100, 37), (3, 100, 47), (17, 64, 33), (17, 1030, 65), (40, 300, 97),
-            (8, 2100, 40), (257, 1031, 21)]
+            (8, 2100, 40), (257, 1031, 21), (20, 4200, 21)]
 
 
 @needs_ext
@@ -84,6 +85,29 @@ def test_dynamic_int8_matches_reference(monkeypatch, isa, symmetric, dtype, case
         x = x + 1.5  # a skewed range, so the zero point is far from the middle
     out, ref = DA(x, q, s, b, symmetric), linear_int8da_int8_plain_ref(x, q, s, b, symmetric)
     assert_rel(out, ref, TOL[dtype], f"{isa} {case}")
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_activation_codes_exact_with_ties_and_non_finite_rows(monkeypatch, isa, symmetric):
+    # An identity weight with scale 1 makes each output row the dequantized activation row, so every code
+    # the kernel's quantizer makes is compared exactly with the oracle's. Row 0 has amax 127.5 (scale 1):
+    # its x.5 values are round-half-even ties. A NaN row and an Inf row give NaN rows and touch no other.
+    # K = 37 leaves a partial vector at every width (8, 16) in the scan and in the code pass.
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    k = 37
+    ties = torch.arange(k, dtype=torch.float32) - 18.5
+    ties[0], ties[-1] = -127.5, 126.5
+    x = torch.stack([ties, torch.randn(k, generator=gen(3)) * 4 + 1.0, torch.randn(k, generator=gen(4)),
+                     torch.randn(k, generator=gen(5))])
+    x[2, 5], x[3, 36] = float("nan"), float("inf")
+    eye, ones = torch.eye(k, dtype=torch.int8), torch.ones(k)
+    out, ref = DA(x, eye, ones, None, symmetric), linear_int8da_int8_plain_ref(x, eye, ones, None, symmetric)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True, msg=f"{isa} symmetric={symmetric}")
+    assert out[2:].isnan().all() and not out[:2].isnan().any()
+    if symmetric:  # scale 1, zero point 0: the codes themselves, torch.round being half to even as well
+        assert torch.equal(out[0], ties.round())
 
 
 @needs_ext
