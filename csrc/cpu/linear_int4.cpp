@@ -749,6 +749,10 @@ struct DaInt4Args {
   int64_t ldo;
 };
 
+// k per block of the prefill paths: a group, or 128 k of a larger group / of a per-channel row (a block never
+// straddles two groups).
+inline int64_t da_block_k(int64_t G, int64_t g) { return (G > 1 && g < 128) ? g : 128; }
+
 // Row n's scales s and s * c (c = 8 + zero point) as fp32 into srow[G], scrow[G].
 void row_scales(const DaInt4Args& p, int64_t n, float* srow, float* scrow) {
   for (int64_t gi = 0; gi < p.G; ++gi) {
@@ -857,7 +861,8 @@ struct DaVec {  // the decode kernel's operations on zmm (int4_packed_dot.inc): 
 // group, or 128 k of a larger group / a per-channel row) are expanded once to int8 q = u - c, packed into
 // the VNNI panel of the int8 x int8 path (pack_s8_panel) and multiplied with every token's shifted codes
 // by its 6x32 micro-kernel (gemm_u8s8_6x32), whose epilogue applies that block's scales and adds into the
-// fp32 output. The activation stays in natural k order (no [even | odd] permutation).
+// fp32 output. The activation is in natural k order, stored block-major by the glue ([k block][token][k in block]:
+// rows 4 KiB apart thrashed L1), see Note [int8 x int4 prefill on 256 bits].
 constexpr int64_t kDaInt4PanelMinM = 16;  // below: da_int4 above (measured with benchmarks/bench_linear.py)
 
 // tmp[r][0:kc] = q of rows col + r (r < rows), k in [k0, k0 + kc): 64 codes per step from 32 bytes.
@@ -880,7 +885,7 @@ void expand_block(const DaInt4Args& p, int64_t col, int64_t rows, int64_t k0, in
 }
 
 void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1) {
-  const int64_t kb = (p.G > 1 && p.g < 128) ? p.g : 128;  // a block never straddles two groups
+  const int64_t kb = da_block_k(p.G, p.g);
   alignas(64) int8_t tmp[32 * 128];
   alignas(64) int8_t panel[32 * 128];
   alignas(64) float ws[32];
@@ -895,7 +900,7 @@ void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1) {
       for (int64_t r = 0; r < rows; ++r) ws[r] = load_float(p.scale, p.st, (col + r) * p.G + gi);
       const bool last = k0 + kc >= p.K;
       for (int64_t m = 0; m < p.M; m += 6)
-        gemm_u8s8_6x32((int)std::min<int64_t>(6, p.M - m), p.ap + m * p.lda + k0, p.lda, panel, kc,
+        gemm_u8s8_6x32((int)std::min<int64_t>(6, p.M - m), p.ap + (k0 / kb) * p.M * kb + m * kb, kb, panel, kc,
                        p.out + m * p.ldo + col, p.ldo, (int)rows, p.a_scale + m, p.zp128 + m, ws,
                        last && p.bias ? p.bias + col : nullptr, rowsum, k0 > 0);
     }
@@ -904,6 +909,10 @@ void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1) {
 
 }  // namespace avx512
 #pragma GCC pop_options
+
+// From here the 256-bit levels take the panel GEMM (Note [int8 x int4 prefill on 256 bits]), below it the decode
+// kernel (measured with benchmarks/bench_linear.py).
+constexpr int64_t kDaInt4Panel256MinM = 16;
 
 at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
                                      const std::optional<at::Tensor>& zero_point,
@@ -943,23 +952,37 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   shape.back() = N;
   if (M == 0 || N == 0) return out.to(dt).reshape(shape);
   const Isa isa = selected_isa_level();
+  const bool wide = isa == Isa::kAvx2 || isa == Isa::kAvxVnni;  // 256-bit levels
   const bool panel = isa == Isa::kAvx512Vnni && M >= avx512::kDaInt4PanelMinM;
-  // The panel path reads the codes in natural k order and needs no group sums (Note [int8 x int4 prefill]).
-  at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte)), ap = panel ? a : at::empty({M, lda}, a.options());
+  const bool panel256 = wide && M >= kDaInt4Panel256MinM;
+  const int64_t kb = da_block_k(G, g);
+  // The AVX-512 panel path reads the unsigned codes in natural k order and needs no group sums (Note [int8 x
+  // int4 prefill]); the 256-bit panel path signed codes in natural order (Note [int8 x int4 prefill on 256
+  // bits]); the decode kernels signed codes permuted per 128-k block (Note [int8 x int4 decode]); scalar
+  // unsigned codes, permuted.
+  at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte)), ap = at::empty({M, lda}, a.options());
   at::Tensor a_scale = at::empty({M}, x2.options()), zp = at::empty({M}, x2.options().dtype(at::kInt));
   at::Tensor bsum = panel ? at::Tensor() : at::empty({M, G}, x2.options());
-  const bool signed_codes = isa != Isa::kScalar;
+  const uint8_t flip = isa != Isa::kScalar ? 0x80 : 0;
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
     quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a.data_ptr<uint8_t>(), lda,
                   a_scale.data_ptr<float>(), zp.data_ptr<int32_t>(), m0, m1);
-    if (panel) return;
     for (int64_t m = m0; m < m1; ++m) {
       const uint8_t* ar = a.data_ptr<uint8_t>() + m * lda;
       uint8_t* pr = ap.data_ptr<uint8_t>() + m * lda;
-      // The SIMD kernels take signed codes, padding 0 (Note [int8 x int4 decode]).
-      const uint8_t flip = signed_codes ? 0x80 : 0;
-      for (int64_t k = 0; k < lda; ++k)
-        pr[(k / 128) * 128 + (k & 1) * 64 + (k % 128) / 2] = k < K ? (uint8_t)(ar[k] ^ flip) : 0;
+      if (panel || panel256) {  // block-major [k / kb][m][k % kb]: a block's codes of all tokens contiguous
+        const uint8_t f = panel ? 0 : flip;
+        for (int64_t k0 = 0; k0 < K; k0 += kb) {
+          uint8_t* dst = ap.data_ptr<uint8_t>() + (k0 / kb * M + m) * kb;
+          const int64_t n = std::min(kb, K - k0);
+          for (int64_t i = 0; i < n; ++i) dst[i] = ar[k0 + i] ^ f;
+          std::memset(dst + n, 0, kb - n);
+        }
+        if (panel) continue;
+      } else {
+        for (int64_t k = 0; k < lda; ++k)
+          pr[(k / 128) * 128 + (k & 1) * 64 + (k % 128) / 2] = k < K ? (uint8_t)(ar[k] ^ flip) : 0;
+      }
       const int32_t z = zp.data_ptr<int32_t>()[m];
       for (int64_t gi = 0; gi < G; ++gi) {
         int32_t t = 0;
@@ -972,13 +995,20 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
                      panel ? nullptr : bsum.data_ptr<float>(), qdata.data_ptr<uint8_t>(), N, qdata.stride(0), s.data_ptr(),
                      sz_type(s.scalar_type(), op), zw.defined() ? zw.data_ptr<int8_t>() : nullptr, G, g, b.defined() ? b.data_ptr<float>() : nullptr,
                      out.data_ptr<float>(), N};
+  const bool vex = cpu_has_avx_vnni_vex();
   if (panel) {
     at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t j0, int64_t j1) {
       avx512::da_int4_prefill(p, j0, j1);
     });
     return out.to(dt).reshape(shape);
   }
-  const bool vex = cpu_has_avx_vnni_vex();
+  if (panel256) {
+    at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t j0, int64_t j1) {
+      if (isa == Isa::kAvx2) return avx2::da_int4_prefill(p, j0, j1);
+      return vex ? avx_vnni::da_int4_prefill(p, j0, j1) : avx_vnni_evex::da_int4_prefill(p, j0, j1);
+    });
+    return out.to(dt).reshape(shape);
+  }
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     switch (isa) {
       case Isa::kAvx512Vnni: return avx512::da_int4(p, n0, n1);
