@@ -32,6 +32,7 @@
 #include "avx2_reduce.h"
 #include "kernels.h"
 #include "sgemm_prefill.h"
+#include "simd.h"
 
 namespace torchqkit_cpu {
 namespace {
@@ -802,7 +803,7 @@ void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
 #include "int4_packed_vec256.inc"
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 namespace avx512 {
 
 inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {  // in place, see linear_int8.cpp
@@ -810,7 +811,7 @@ inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {  // in place, see lin
   return acc;
 }
 
-struct DaVec {  // the decode kernel's operations on zmm (int4_packed_dot.inc): one vector per 128-k block
+struct DaVec : Vec512 {  // the decode kernel's operations on zmm (int4_packed_dot.inc; float ones: simd.h's Vec512)
   static constexpr int W = 64;
   static constexpr int kMaxMB = 4;
   using I = __m512i;
@@ -829,14 +830,7 @@ struct DaVec {  // the decode kernel's operations on zmm (int4_packed_dot.inc): 
   static I nibble_sums(const I (&lo)[1], const I (&hi)[1]) {
     return _mm512_sad_epu8(_mm512_add_epi8(lo[0], hi[0]), _mm512_setzero_si512());
   }
-  static F zerof() { return _mm512_setzero_ps(); }
-  static F set1f(float v) { return _mm512_set1_ps(v); }
-  static F loadf(const float* p) { return _mm512_loadu_ps(p); }
-  static void storef(float* p, F v) { _mm512_storeu_ps(p, v); }
-  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static F mulf(F a, F b) { return _mm512_mul_ps(a, b); }
   static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
-  static float hsum(F v) { return _mm512_reduce_add_ps(v); }
   static F lane_scales(const float* s, I lane_group) { return _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(s)); }
   static F load_scales(const void* base, SzType t, int64_t off) {  // 16 scales at element off
     switch (t) {
