@@ -19,7 +19,7 @@ OP = torch.ops.torchqkit.linear_int4wo_tiled
 LEVELS = cpu_levels("torchqkit::linear_int4wo_tiled")
 needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
-# The int8 x int4 op also has AVX-VNNI kernels (Note [AVX-VNNI kernels] in csrc/cpu/linear_int4.cpp).
+# The int8 x int4 op also has AVX-VNNI kernels (Note [AVX-VNNI kernels] in csrc/cpu/int4_packed_vec256.inc).
 DA4_LEVELS = cpu_levels("torchqkit::linear_int8da_int4_packed", with_avx_vnni=True)
 
 
