@@ -32,6 +32,7 @@
 #include "avx2_reduce.h"
 #include "kernels.h"
 #include "sgemm_prefill.h"
+#include "simd.h"
 
 namespace torchqkit_cpu {
 namespace {
@@ -749,6 +750,10 @@ struct DaInt4Args {
   int64_t ldo;
 };
 
+// k per block of the prefill paths: a group, or 128 k of a larger group / of a per-channel row (a block never
+// straddles two groups).
+inline int64_t da_block_k(int64_t G, int64_t g) { return (G > 1 && g < 128) ? g : 128; }
+
 // Row n's scales s and s * c (c = 8 + zero point) as fp32 into srow[G], scrow[G].
 void row_scales(const DaInt4Args& p, int64_t n, float* srow, float* scrow) {
   for (int64_t gi = 0; gi < p.G; ++gi) {
@@ -784,60 +789,21 @@ void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
 }
 }  // namespace scalar
 
-// AVX2 (no VNNI): vpmaddubsw + vpmaddwd instead of vpdpbusd, see Note [int8 x int4 on 256 bits].
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace avx2 {
-
-struct Dot {
-  // Each int16 of the sum holds 4 products of at most 15 * 128: no saturation.
-  static __m256i pairs(__m256i u_lo, __m256i a_even, __m256i u_hi, __m256i a_odd) {
-    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(u_lo, a_even), _mm256_maddubs_epi16(u_hi, a_odd));
-    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-  }
-};
-
-#include "int4_packed_dot256.inc"
-
-}  // namespace avx2
-#pragma GCC pop_options
-
-// Note [AVX-VNNI kernels]: the same 256-bit kernel with vpdpbusd in place of vpmaddubsw + vpmaddwd (one
-// instruction per 4 + 4 products, no int16 step), compiled twice: VEX-encoded for CPUs with AVX-VNNI (Intel
-// Alder Lake and later, no AVX-512), and EVEX-encoded on ymm for CPUs with AVX-512 VNNI but not AVX-VNNI (AMD
-// Zen 4), so that the level runs, and is tested, there too. The glue picks the VEX build when the CPU has it.
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,avxvnni")
-namespace avx_vnni {
-
-struct Dot {
-  static __m256i pairs(__m256i u_lo, __m256i a_even, __m256i u_hi, __m256i a_odd) {
-    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u_lo, a_even), u_hi, a_odd);
-  }
-};
-
-#include "int4_packed_dot256.inc"
-
-}  // namespace avx_vnni
-#pragma GCC pop_options
+// The 256-bit levels of the decode kernel (int4_packed_vec256.inc).
+#define DA4_NS avx2
+#define DA4_TARGET _Pragma("GCC target(\"avx2,fma,f16c\")")
+#include "int4_packed_vec256.inc"
+#define DA4_NS avx_vnni
+#define DA4_TARGET _Pragma("GCC target(\"avx2,fma,f16c,avxvnni\")")
+#define DA4_DPBUSD256 _mm256_dpbusd_avx_epi32
+#include "int4_packed_vec256.inc"
+#define DA4_NS avx_vnni_evex
+#define DA4_TARGET _Pragma("GCC target(\"avx2,fma,f16c,avx512vl,avx512vnni\")")
+#define DA4_DPBUSD256 _mm256_dpbusd_epi32
+#include "int4_packed_vec256.inc"
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,avx512vl,avx512vnni")
-namespace avx_vnni_evex {
-
-struct Dot {
-  static __m256i pairs(__m256i u_lo, __m256i a_even, __m256i u_hi, __m256i a_odd) {
-    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u_lo, a_even), u_hi, a_odd);
-  }
-};
-
-#include "int4_packed_dot256.inc"
-
-}  // namespace avx_vnni_evex
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 namespace avx512 {
 
 inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {  // in place, see linear_int8.cpp
@@ -845,77 +811,52 @@ inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {  // in place, see lin
   return acc;
 }
 
-// Lane scales of the 128-k block starting at k0 for row n (see Note [int8 x int4 VNNI]).
-inline __m512 block_scales(const DaInt4Args& p, const float* sr, int64_t k0, const __m512i& lane_group) {
-  if (p.G == 1 || p.g >= 128) return _mm512_set1_ps(sr[p.G == 1 ? 0 : k0 / p.g]);
-  const int64_t g0 = k0 / p.g, ng = std::min<int64_t>(128 / p.g, p.G - g0);
-  return _mm512_permutexvar_ps(lane_group, _mm512_maskz_loadu_ps((__mmask16)((1u << ng) - 1), sr + g0));
-}
+struct DaVec : Vec512 {  // the decode kernel's operations on zmm (int4_packed_dot.inc; float ones: simd.h's Vec512)
+  static constexpr int W = 64;
+  static constexpr int kMaxMB = 4;
+  using I = __m512i;
+  using F = __m512;
+  static I load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static I lo_nibbles(I w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0F)); }
+  static I hi_nibbles(I w) { return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(0x0F)); }
+  static I vec_dot(I lo, I hi, const uint8_t* ae, const uint8_t* ao) {
+    return dpbusd(dpbusd(_mm512_setzero_si512(), lo, load(ae)), hi, load(ao));
+  }
+  static I block_dot(const I (&lo)[1], const I (&hi)[1], const uint8_t* a) { return vec_dot(lo[0], hi[0], a, a + 64); }
+  static I nibble_lane_sums(I lo, I hi) {
+    return dpbusd(_mm512_setzero_si512(), _mm512_add_epi8(lo, hi), _mm512_set1_epi8(1));
+  }
+  // Sums of u over the block, in the even int32 lanes (vpsadbw's 64-bit sums; the odd lanes are 0).
+  static I nibble_sums(const I (&lo)[1], const I (&hi)[1]) {
+    return _mm512_sad_epu8(_mm512_add_epi8(lo[0], hi[0]), _mm512_setzero_si512());
+  }
+  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  static F lane_scales(const float* s, I lane_group) { return _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(s)); }
+  static F load_scales(const void* base, SzType t, int64_t off) {  // 16 scales at element off
+    switch (t) {
+      case SzType::kF32: return _mm512_loadu_ps(static_cast<const float*>(base) + off);
+      case SzType::kBF16: {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + off));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      }
+      default:
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(base) + off)));
+    }
+  }
+  static F codes_plus8(const int8_t* zp) {  // 8 + zp for 16 int8 zero points
+    const __m128i z = _mm_loadu_si128(reinterpret_cast<const __m128i*>(zp));
+    return _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(z)), _mm512_set1_ps(8.f));
+  }
+};
 
-template <int MB>
-void da_int4_rows(const DaInt4Args& p, int64_t m0, int64_t n, const __m512i& lane_group, const float* srow,
-                  const float* scrow) {
-  const uint8_t* wr = p.w + n * p.ldw;
-  const int64_t row_bytes = (p.K + 1) / 2;
-  const __m512i lo4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
-  __m512 acc[MB];
-  __m512i zp[MB];
-  for (int m = 0; m < MB; ++m) {
-    acc[m] = _mm512_setzero_ps();
-    zp[m] = _mm512_set1_epi32(p.zp128[m0 + m]);
-  }
-  for (int64_t k0 = 0; k0 < p.K; k0 += 128) {
-    const int64_t b0 = k0 / 2;
-    const __mmask64 mk = row_bytes - b0 >= 64 ? ~0ULL : ((1ULL << (row_bytes - b0)) - 1);
-    const __m512i wv = _mm512_maskz_loadu_epi8(mk, wr + b0);
-    const __m512i lo = _mm512_and_si512(wv, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), lo4);
-    const __m512i usum = dpbusd(dpbusd(_mm512_setzero_si512(), ones, lo), ones, hi);
-    const __m512 sv = block_scales(p, srow, k0, lane_group);
-    for (int m = 0; m < MB; ++m) {
-      const uint8_t* ar = p.ap + (m0 + m) * p.lda + k0;
-      __m512i d = dpbusd(_mm512_setzero_si512(), _mm512_loadu_si512(ar), lo);
-      d = dpbusd(d, _mm512_loadu_si512(ar + 64), hi);
-      d = _mm512_sub_epi32(d, _mm512_mullo_epi32(zp[m], usum));  // sum (a - z) u, exact
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sv, acc[m]);
-    }
-  }
-  for (int m = 0; m < MB; ++m) {
-    const float* sc = scrow;
-    const float* bs = p.bsum + (m0 + m) * p.G;
-    __m512 corr = _mm512_setzero_ps();
-    for (int64_t gi = 0; gi < p.G; gi += 16) {
-      const __mmask16 gm = p.G - gi >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (p.G - gi)) - 1);
-      corr = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(gm, sc + gi), _mm512_maskz_loadu_ps(gm, bs + gi), corr);
-    }
-    const float v = _mm512_reduce_add_ps(acc[m]) - _mm512_reduce_add_ps(corr);
-    p.out[(m0 + m) * p.ldo + n] = p.a_scale[m0 + m] * v + (p.bias ? p.bias[n] : 0.f);
-  }
-}
-
-void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
-  alignas(64) int32_t lg[16];
-  for (int l = 0; l < 16; ++l) lg[l] = (p.G > 1 && p.g < 128) ? (int32_t)(8 * l / p.g) : 0;
-  const __m512i lane_group = _mm512_load_si512(lg);
-  std::vector<float> srow(p.G + 16), scrow(p.G + 16);
-  for (int64_t n = n0; n < n1; ++n) {
-    row_scales(p, n, srow.data(), scrow.data());
-    const float *sr = srow.data(), *scr = scrow.data();
-    int64_t m = 0;
-    for (; m + 4 <= p.M; m += 4) da_int4_rows<4>(p, m, n, lane_group, sr, scr);
-    switch (p.M - m) {
-      case 3: da_int4_rows<3>(p, m, n, lane_group, sr, scr); break;
-      case 2: da_int4_rows<2>(p, m, n, lane_group, sr, scr); break;
-      case 1: da_int4_rows<1>(p, m, n, lane_group, sr, scr); break;
-      default: break;
-    }
-  }
-}
+#include "int4_packed_dot.inc"
 
 // Note [int8 x int4 prefill]: from kDaInt4PanelMinM tokens the nibbles of 32 rows x one block of k (a
 // group, or 128 k of a larger group / a per-channel row) are expanded once to int8 q = u - c, packed into
 // the VNNI panel of the int8 x int8 path (pack_s8_panel) and multiplied with every token's shifted codes
 // by its 6x32 micro-kernel (gemm_u8s8_6x32), whose epilogue applies that block's scales and adds into the
-// fp32 output. The activation stays in natural k order (no [even | odd] permutation).
+// fp32 output. The activation is in natural k order, stored block-major by the glue ([k block][token][k in block]:
+// rows 4 KiB apart thrashed L1), see Note [int8 x int4 prefill on 256 bits].
 constexpr int64_t kDaInt4PanelMinM = 16;  // below: da_int4 above (measured with benchmarks/bench_linear.py)
 
 // tmp[r][0:kc] = q of rows col + r (r < rows), k in [k0, k0 + kc): 64 codes per step from 32 bytes.
@@ -938,7 +879,7 @@ void expand_block(const DaInt4Args& p, int64_t col, int64_t rows, int64_t k0, in
 }
 
 void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1) {
-  const int64_t kb = (p.G > 1 && p.g < 128) ? p.g : 128;  // a block never straddles two groups
+  const int64_t kb = da_block_k(p.G, p.g);
   alignas(64) int8_t tmp[32 * 128];
   alignas(64) int8_t panel[32 * 128];
   alignas(64) float ws[32];
@@ -953,7 +894,7 @@ void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1) {
       for (int64_t r = 0; r < rows; ++r) ws[r] = load_float(p.scale, p.st, (col + r) * p.G + gi);
       const bool last = k0 + kc >= p.K;
       for (int64_t m = 0; m < p.M; m += 6)
-        gemm_u8s8_6x32((int)std::min<int64_t>(6, p.M - m), p.ap + m * p.lda + k0, p.lda, panel, kc,
+        gemm_u8s8_6x32((int)std::min<int64_t>(6, p.M - m), p.ap + (k0 / kb) * p.M * kb + m * kb, kb, panel, kc,
                        p.out + m * p.ldo + col, p.ldo, (int)rows, p.a_scale + m, p.zp128 + m, ws,
                        last && p.bias ? p.bias + col : nullptr, rowsum, k0 > 0);
     }
@@ -962,6 +903,10 @@ void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1) {
 
 }  // namespace avx512
 #pragma GCC pop_options
+
+// From here the 256-bit levels take the panel GEMM (Note [int8 x int4 prefill on 256 bits]), below it the decode
+// kernel (measured with benchmarks/bench_linear.py).
+constexpr int64_t kDaInt4Panel256MinM = 16;
 
 at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
                                      const std::optional<at::Tensor>& zero_point,
@@ -1001,23 +946,37 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   shape.back() = N;
   if (M == 0 || N == 0) return out.to(dt).reshape(shape);
   const Isa isa = selected_isa_level();
+  const bool wide = isa == Isa::kAvx2 || isa == Isa::kAvxVnni;  // 256-bit levels
   const bool panel = isa == Isa::kAvx512Vnni && M >= avx512::kDaInt4PanelMinM;
-  // The panel path reads the codes in natural k order and needs no group sums (Note [int8 x int4 prefill]).
-  at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte)), ap = panel ? a : at::empty({M, lda}, a.options());
+  const bool panel256 = wide && M >= kDaInt4Panel256MinM;
+  const int64_t kb = da_block_k(G, g);
+  // The AVX-512 panel path reads the unsigned codes in natural k order and needs no group sums (Note [int8 x
+  // int4 prefill]); the 256-bit panel path signed codes in natural order (Note [int8 x int4 prefill on 256
+  // bits]); the decode kernels signed codes permuted per 128-k block (Note [int8 x int4 decode]); scalar
+  // unsigned codes, permuted.
+  at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte)), ap = at::empty({M, lda}, a.options());
   at::Tensor a_scale = at::empty({M}, x2.options()), zp = at::empty({M}, x2.options().dtype(at::kInt));
   at::Tensor bsum = panel ? at::Tensor() : at::empty({M, G}, x2.options());
-  const bool signed_codes = isa == Isa::kAvx2 || isa == Isa::kAvxVnni;
+  const uint8_t flip = isa != Isa::kScalar ? 0x80 : 0;
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
     quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a.data_ptr<uint8_t>(), lda,
                   a_scale.data_ptr<float>(), zp.data_ptr<int32_t>(), m0, m1);
-    if (panel) return;
     for (int64_t m = m0; m < m1; ++m) {
       const uint8_t* ar = a.data_ptr<uint8_t>() + m * lda;
       uint8_t* pr = ap.data_ptr<uint8_t>() + m * lda;
-      // The 256-bit kernels take signed codes, padding 0 (Note [int8 x int4 on 256 bits]).
-      const uint8_t flip = signed_codes ? 0x80 : 0;
-      for (int64_t k = 0; k < lda; ++k)
-        pr[(k / 128) * 128 + (k & 1) * 64 + (k % 128) / 2] = k < K ? (uint8_t)(ar[k] ^ flip) : 0;
+      if (panel || panel256) {  // block-major [k / kb][m][k % kb]: a block's codes of all tokens contiguous
+        const uint8_t f = panel ? 0 : flip;
+        for (int64_t k0 = 0; k0 < K; k0 += kb) {
+          uint8_t* dst = ap.data_ptr<uint8_t>() + (k0 / kb * M + m) * kb;
+          const int64_t n = std::min(kb, K - k0);
+          for (int64_t i = 0; i < n; ++i) dst[i] = ar[k0 + i] ^ f;
+          std::memset(dst + n, 0, kb - n);
+        }
+        if (panel) continue;
+      } else {
+        for (int64_t k = 0; k < lda; ++k)
+          pr[(k / 128) * 128 + (k & 1) * 64 + (k % 128) / 2] = k < K ? (uint8_t)(ar[k] ^ flip) : 0;
+      }
       const int32_t z = zp.data_ptr<int32_t>()[m];
       for (int64_t gi = 0; gi < G; ++gi) {
         int32_t t = 0;
@@ -1030,13 +989,20 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
                      panel ? nullptr : bsum.data_ptr<float>(), qdata.data_ptr<uint8_t>(), N, qdata.stride(0), s.data_ptr(),
                      sz_type(s.scalar_type(), op), zw.defined() ? zw.data_ptr<int8_t>() : nullptr, G, g, b.defined() ? b.data_ptr<float>() : nullptr,
                      out.data_ptr<float>(), N};
+  const bool vex = cpu_has_avx_vnni_vex();
   if (panel) {
     at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t j0, int64_t j1) {
       avx512::da_int4_prefill(p, j0, j1);
     });
     return out.to(dt).reshape(shape);
   }
-  const bool vex = cpu_has_avx_vnni_vex();
+  if (panel256) {
+    at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t j0, int64_t j1) {
+      if (isa == Isa::kAvx2) return avx2::da_int4_prefill(p, j0, j1);
+      return vex ? avx_vnni::da_int4_prefill(p, j0, j1) : avx_vnni_evex::da_int4_prefill(p, j0, j1);
+    });
+    return out.to(dt).reshape(shape);
+  }
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     switch (isa) {
       case Isa::kAvx512Vnni: return avx512::da_int4(p, n0, n1);

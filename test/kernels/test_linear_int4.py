@@ -19,7 +19,7 @@ OP = torch.ops.torchqkit.linear_int4wo_tiled
 LEVELS = cpu_levels("torchqkit::linear_int4wo_tiled")
 needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
-# The int8 x int4 op also has AVX-VNNI kernels (Note [AVX-VNNI kernels] in csrc/cpu/linear_int4.cpp).
+# The int8 x int4 op also has AVX-VNNI kernels (Note [AVX-VNNI kernels] in csrc/cpu/int4_packed_vec256.inc).
 DA4_LEVELS = cpu_levels("torchqkit::linear_int8da_int4_packed", with_avx_vnni=True)
 
 
@@ -221,15 +221,17 @@ def _int4_packed(n, k, group, weight_mapping="symmetric", dtype=torch.float32, s
                               act_quant=act, kernel_preference=pref)
 
 
-# (M, N, K, group, weight mapping): M = 1, 3, 4 (4-token passes + a tail) and, from M = 16, the VNNI panel
-# path (Note [int8 x int4 prefill]: 6-token micro-tiles + a tail, 32-column panels + a tail); K = 8
+# (M, N, K, group, weight mapping): M = 1, 3, 4 (4-token passes + a tail) and, from M = 16, the panel paths
+# (Note [int8 x int4 prefill]: 6-token micro-tiles + a tail, 32-column panels + a tail; on AVX2 / AVX-VNNI Note
+# [int8 x int4 prefill on 256 bits]: 4- / 6-token tiles, 16-column panels, int16 windows of 32 k); K = 8
 # (smallest: one lane), K not a multiple of the 128-k block (200, 96, 77 odd: half a byte), groups of 8 / 32 /
 # 64 / 128 / 256 and per channel (group = K); asymmetric weights carry int zero points.
 DA4_CASES = [(1, 1, 8, 8, "symmetric"), (3, 37, 96, 32, "asymmetric"), (17, 19, 256, 64, "symmetric"),
              (40, 40, 512, 128, "asymmetric"), (2, 9, 512, 256, "asymmetric"), (4, 11, 200, 8, "symmetric"),
              (1, 5, 77, 77, "asymmetric"), (3, 33, 1030, 1030, "symmetric"), (16, 70, 200, 8, "asymmetric"),
              (20, 33, 77, 77, "symmetric"), (23, 65, 1030, 1030, "asymmetric"), (18, 9, 512, 256, "symmetric"),
-             (33, 5, 8, 8, "asymmetric"), (9, 21, 264, 8, "asymmetric"), (257, 7, 136, 8, "symmetric")]
+             (33, 5, 8, 8, "asymmetric"), (9, 21, 264, 8, "asymmetric"), (257, 7, 136, 8, "symmetric"),
+             (19, 31, 96, 32, "asymmetric"), (21, 17, 320, 64, "symmetric")]
 
 
 @needs_ext
@@ -262,6 +264,21 @@ def test_int8da_int4unaligned(monkeypatch, isa, m):
     from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
     assert_rel(DA4(xu, qu, su, zu, None, False), linear_int8da_int4_packed_ref(x, w.qdata, w.scale, w.zero_point, None, False),
                 TOL[torch.bfloat16], isa)
+
+
+@needs_ext
+@pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
+@pytest.mark.parametrize("m", [1, 5, 20])
+def test_int8da_int4_extreme_activation_zero_points(monkeypatch, isa, m):
+    # Non-negative rows (after a ReLU) get the lowest zero point, -128, and one row of a constant its own
+    # scale: the zero-point term (- zp * sum u) at its largest, and next to other rows' in one pass / tile.
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = _int4_packed(19, 160, 32, "asymmetric")
+    x = _act(m, 160, torch.float32).abs()
+    x[0] = 3.0
+    args = (x, w.qdata, w.scale, w.zero_point, None, False)
+    from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
+    assert_rel(DA4(*args), linear_int8da_int4_packed_ref(*args), TOL[torch.float32], f"{isa} m={m}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -92,13 +92,15 @@ _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_i
     "scalar": "plain loops (M >= 16: dequantized blocks + ATen's fp32 GEMM): the CPU has no AVX2+FMA, or "
               "TORCHQKIT_CPU_ISA forced it",
 }
-_CPU_KERNEL_NOTES["torchqkit::linear_int8da_int4_packed"] = {  # see Note [int8 x int4 VNNI] in csrc/cpu/linear_int4.cpp
-    "avx512_vnni": "vpdpbusd on low / high nibbles (128 k per zmm, exact int32 per lane, per-lane group scales) "
-                   "against the per-call quantized, permuted activation; 4 tokens per pass, every M",
-    "avx_vnni": "the AVX2 kernel with 256-bit vpdpbusd (VEX; EVEX on ymm where only AVX-512 VNNI exists); "
-                "2 tokens per pass, every M",
-    "avx2": "vpmaddubsw + vpmaddwd, unsigned nibbles x signed activation codes (64 k per ymm, exact int32 per "
-            "lane) against the permuted activation; 2 tokens per pass, every M",
+_CPU_KERNEL_NOTES["torchqkit::linear_int8da_int4_packed"] = {  # see Note [int8 x int4 decode] in csrc/cpu/int4_packed_dot.inc
+    "avx512_vnni": "M < 16: vpdpbusd on low / high nibbles (128 k per zmm, exact int32 per lane, per-lane group "
+                   "scales) against the per-call quantized, permuted activation, 4 tokens per pass; M >= 16: "
+                   "nibbles expanded to int8 panels + the 6x32 vpdpbusd micro-kernel",
+    "avx_vnni": "M < 16: the 256-bit decode kernel with vpdpbusd (VEX; EVEX on ymm where only AVX-512 VNNI exists), "
+                "2 tokens per pass; M >= 16: 16-row nibble panels x 6-token tiles (vpdpbusd)",
+    "avx2": "M < 16: vpmaddubsw + vpmaddwd, unsigned nibbles x signed activation codes (64 k per ymm, exact int32 "
+            "per lane) against the permuted activation, 2 tokens per pass; M >= 16: 16-row nibble panels x "
+            "4-token tiles (vpmaddubsw int16 windows of 32 k, then vpmaddwd)",
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
 }
 for _notes in _CPU_KERNEL_NOTES.values():  # ops without an AVX-VNNI kernel say what serves that level
