@@ -137,4 +137,8 @@ for step in range(5):
     dist.all_reduce(mean)
     say(f"   step {step}: loss {mean.item() / world:.4f}")
 
+# Every rank reaches here before any tears its process group down: without the barrier a rank that finishes first
+# can close gloo's connections while the other still reads from them (seen once: "terminate called without an
+# active exception" at exit).
+dist.barrier()
 dist.destroy_process_group()

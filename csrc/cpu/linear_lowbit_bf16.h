@@ -144,25 +144,16 @@ __attribute__((always_inline)) inline void bf16_step(F (&acc)[MB][NB], const Bf1
   }
 }
 
-// Steps [c0, c1) of a group (or row): those past nfull read through step_ptr's zero-padded copy.
+// Steps [c0, c1) of a group (or row) into acc (walk_steps in linear_lowbit_isa.h).
 template <class D, int MB, int NB>
 __attribute__((always_inline)) inline void bf16_steps(F (&acc)[MB][NB], const Bf16Levels<D>& dec,
                                                       const uint8_t* const (&wr)[NB], const uint16_t* const (&xr)[MB],
                                                       uint8_t (&tmp)[NB][32], int64_t c0, int64_t c1, int64_t nfull,
                                                       int64_t rb) {
-  int64_t c = c0;
-  for (const int64_t cf = std::min(c1, nfull); c < cf; ++c) {
-    if (((c * D::kBytes) & 63) < D::kBytes)  // a new cache line: Note [decode prefetch] in linear_int4.cpp
-      for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + c * D::kBytes + kPfBytes), _MM_HINT_T1);
-    const uint8_t* src[NB];
-    for (int i = 0; i < NB; ++i) src[i] = wr[i] + c * D::kBytes;
-    bf16_step<D, MB, NB>(acc, dec, src, xr, c);
-  }
-  for (; c < c1; ++c) {
-    const uint8_t* src[NB];
-    for (int i = 0; i < NB; ++i) src[i] = step_ptr<D>(wr[i], c, rb, tmp[i]);
-    bf16_step<D, MB, NB>(acc, dec, src, xr, c);
-  }
+  walk_steps<D, NB>(wr, tmp, c0, c1, nfull, rb,
+                    [&](const uint8_t* const (&src)[NB], int64_t c) __attribute__((always_inline)) {
+                      bf16_step<D, MB, NB>(acc, dec, src, xr, c);
+                    });
 }
 
 // NB rows from n0 (nr real, a short tile repeats its last row) x MB tokens from m0. kGroups: a group's sums

@@ -235,25 +235,37 @@ inline float offset_dot(const float* off, const float* xs, int64_t G) {
   return s;
 }
 
-// Steps [c0, c1) of one group (or row) into sum; steps past nfull read through step_ptr's copy.
-template <class D, int MB, int NB, Acc A>
-__attribute__((always_inline)) inline void group_steps(F (&sum)[MB][NB], const D& dec, const uint8_t* const (&wr)[NB],
-                                                       const float* const (&xr)[MB], const F (&sv)[NB],
-                                                       uint8_t (&tmp)[NB][32], int64_t c0, int64_t c1, int64_t nfull,
-                                                       int64_t rb) {
+// Steps [c0, c1) of one group (or row) of NB weight rows: step(src, c) gets each row's bytes of step c; steps past
+// nfull read through step_ptr's zero-padded copy. The fp32 and the bf16 dot loops both walk rows this way.
+template <class D, int NB, class Step>
+__attribute__((always_inline)) inline void walk_steps(const uint8_t* const (&wr)[NB], uint8_t (&tmp)[NB][32],
+                                                      int64_t c0, int64_t c1, int64_t nfull, int64_t rb,
+                                                      const Step& step) {
   int64_t c = c0;
   for (const int64_t cf = std::min(c1, nfull); c < cf; ++c) {
     if (((c * D::kBytes) & 63) < D::kBytes)  // a new cache line: Note [decode prefetch] in linear_int4.cpp
       for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + c * D::kBytes + kPfBytes), _MM_HINT_T1);
     const uint8_t* src[NB];
     for (int i = 0; i < NB; ++i) src[i] = wr[i] + c * D::kBytes;
-    dot_step<D, MB, NB, A>(sum, dec, src, xr, sv, c);
+    step(src, c);
   }
   for (; c < c1; ++c) {
     const uint8_t* src[NB];
     for (int i = 0; i < NB; ++i) src[i] = step_ptr<D>(wr[i], c, rb, tmp[i]);
-    dot_step<D, MB, NB, A>(sum, dec, src, xr, sv, c);
+    step(src, c);
   }
+}
+
+// Steps [c0, c1) of one group (or row) into sum.
+template <class D, int MB, int NB, Acc A>
+__attribute__((always_inline)) inline void group_steps(F (&sum)[MB][NB], const D& dec, const uint8_t* const (&wr)[NB],
+                                                       const float* const (&xr)[MB], const F (&sv)[NB],
+                                                       uint8_t (&tmp)[NB][32], int64_t c0, int64_t c1, int64_t nfull,
+                                                       int64_t rb) {
+  walk_steps<D, NB>(wr, tmp, c0, c1, nfull, rb,
+                    [&](const uint8_t* const (&src)[NB], int64_t c) __attribute__((always_inline)) {
+                      dot_step<D, MB, NB, A>(sum, dec, src, xr, sv, c);
+                    });
 }
 
 // Scales of the G groups of the row whose scale row starts at base, without scale_mul: the stored fp32 row
