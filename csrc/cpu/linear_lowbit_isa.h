@@ -288,6 +288,28 @@ inline const float* scale_row(const LowbitArgs& p, int64_t base, float* dst) {
   return dst;
 }
 
+// Rows [n0, n1) in blocks of kRows (their scale rows decoded once per block) x tokens in tiles of up to kMaxMB:
+// tile(std::integral_constant<int, MB>, srow, m0, n0, nr) for each, so each token count is its own instantiation.
+// The fp32 and the bf16 dot kernels both walk their output this way.
+template <class Tile>
+void for_each_tile(const LowbitArgs& p, int64_t n0, int64_t n1, const Tile& tile) {
+  std::vector<float> sbuf(kRows * p.G);
+  for (int64_t n = n0; n < n1; n += kRows) {
+    const int nr = static_cast<int>(std::min<int64_t>(kRows, n1 - n));
+    const float* srow[kRows];
+    for (int i = 0; i < kRows; ++i)
+      srow[i] = scale_row(p, scale_base(p, n + std::min(i, nr - 1)), sbuf.data() + i * p.G);
+    for (int64_t m = 0; m < p.M; m += kMaxMB) {
+      switch (std::min<int64_t>(kMaxMB, p.M - m)) {
+        case 1: tile(std::integral_constant<int, 1>{}, srow, m, n, nr); break;
+        case 2: tile(std::integral_constant<int, 2>{}, srow, m, n, nr); break;
+        case 3: tile(std::integral_constant<int, 3>{}, srow, m, n, nr); break;
+        default: tile(std::integral_constant<int, 4>{}, srow, m, n, nr); break;
+      }
+    }
+  }
+}
+
 template <class D, int MB, int NB, Acc A>
 void dot_tile(const LowbitArgs& p, const D& dec, const float* const* srow, const float* xsum, int64_t m0, int64_t n0,
               int nr) {
@@ -364,21 +386,9 @@ void dot_aligned(const LowbitArgs& p_in, const D& dec, int64_t n0, int64_t n1) {
             xperm[m * p.ldx + c * kStep + t * V::L + j] = p.x[m * p.ldx + c * kStep + D::k_of(t, j)];
     p.x = xperm.data();
   }
-  std::vector<float> sbuf(kRows * p.G);
-  for (int64_t n = n0; n < n1; n += kRows) {
-    const int nr = static_cast<int>(std::min<int64_t>(kRows, n1 - n));
-    const float* srow[kRows];
-    for (int i = 0; i < kRows; ++i)
-      srow[i] = scale_row(p, scale_base(p, n + std::min(i, nr - 1)), sbuf.data() + i * p.G);
-    for (int64_t m = 0; m < p.M; m += kMaxMB) {
-      switch (std::min<int64_t>(kMaxMB, p.M - m)) {
-        case 1: dot_tiles<D, 1>(p, dec, srow, xsum.data(), m, n, nr); break;
-        case 2: dot_tiles<D, 2>(p, dec, srow, xsum.data(), m, n, nr); break;
-        case 3: dot_tiles<D, 3>(p, dec, srow, xsum.data(), m, n, nr); break;
-        default: dot_tiles<D, 4>(p, dec, srow, xsum.data(), m, n, nr); break;
-      }
-    }
-  }
+  for_each_tile(p, n0, n1, [&](auto mb, const float* const* srow, int64_t m, int64_t n, int nr) {
+    dot_tiles<D, decltype(mb)::value>(p, dec, srow, xsum.data(), m, n, nr);
+  });
 }
 
 // ================================================================ fp32 block decode
