@@ -197,6 +197,10 @@ def int4_row(k, n, m, bw, args, group=128):
 
 
 def int4_table(shapes, ms, bw, args):
+    odd = [k for k, _ in shapes if k % 128]
+    if odd:  # the ops are called directly here, without the layouts' padding of x to whole groups
+        raise SystemExit(f"--formats int4 times the ops on g128 weights: K must be a multiple of 128, got {odd} "
+                         f"(a quantized model pads x itself; time such shapes through the model)")
     print(torchao_int4_status())
     print("int4 g128 (bf16 weights): i4pack = torch._weight_int4pack_mm_for_cpu (bf16 x); i4 = torchqkit::"
           "linear_int4wo_tiled (TensorCoreTiledLayout(8)); da4 = torchqkit::linear_int8da_int4_packed (f32 x, "
