@@ -216,18 +216,8 @@ LaneMap lane_map(int64_t T, int64_t g) {
   return lm;
 }
 
-struct Vec {
-  static constexpr int W = 8;
+struct Vec : Vec256 {  // the tiled kernel's traits (int4_tiled_dot.inc) on simd.h's arithmetic
   static constexpr int kMaxMB = 2;
-  using F = __m256;
-  using I = __m256i;
-  static F zero() { return _mm256_setzero_ps(); }
-  static F loadx(const float* x) { return _mm256_loadu_ps(x); }
-  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  static void storeu(float* d, F v) { _mm256_storeu_ps(d, v); }
-  static float hsum(F v) { return torchqkit_cpu::hsum(v); }
-  static I loadw(const int32_t* w) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)); }
   // u 2^(4q) is exact in float and below 2^31 for q < 7; nibble 7 would turn negative, so it is shifted down.
   struct Ctx {};
   static F nibble(const Ctx&, I w, int q) {
@@ -309,7 +299,7 @@ struct Vec {
 // AVX-512 F/BW/VL/DQ: 16 words (128 nibbles) per zmm; nibble -> float by vpermps from a 16-entry table.
 // ================================================================================================
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 namespace avx512 {
 
 // 16 floats (s0, z0, ..., s7, z7): the 8 rows of n-tile i in group gi.
@@ -362,18 +352,8 @@ inline __m512 lane_pick(const LaneMap& lm, const __m512* sz, int v, int e) {
   return _mm512_mask_blend_ps(lm.hi[v], a, _mm512_permutex2var_ps(sz[2], idx, sz[3]));
 }
 
-struct Vec {
-  static constexpr int W = 16;
+struct Vec : Vec512 {  // the tiled kernel's traits (int4_tiled_dot.inc) on simd.h's arithmetic
   static constexpr int kMaxMB = 4;
-  using F = __m512;
-  using I = __m512i;
-  static F zero() { return _mm512_setzero_ps(); }
-  static F loadx(const float* x) { return _mm512_loadu_ps(x); }
-  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static void storeu(float* d, F v) { _mm512_storeu_ps(d, v); }
-  static float hsum(F v) { return _mm512_reduce_add_ps(v); }
-  static I loadw(const int32_t* w) { return _mm512_loadu_si512(w); }
   // The nibble table, made once per tile and kept in a register (as a constant, each vpermps re-read it from
   // memory: 8 more loads per 16 words, 10% slower).
   struct Ctx {  // an explicit constructor: an implicit one would not get this region's target
