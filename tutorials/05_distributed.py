@@ -10,6 +10,7 @@ Run: torchrun --nproc_per_node 2 tutorials/05_distributed.py   (CPU, gloo, offli
    all-gathered as packed bytes, never as floats.
 """
 
+import gc
 import os
 import subprocess
 import sys
@@ -137,8 +138,11 @@ for step in range(5):
     dist.all_reduce(mean)
     say(f"   step {step}: loss {mean.item() / world:.4f}")
 
-# Every rank reaches here before any tears its process group down: without the barrier a rank that finishes first
-# can close gloo's connections while the other still reads from them (seen once: "terminate called without an
-# active exception" at exit).
+# Shut down while the interpreter is whole: first drop the models and the optimizer (FSDP2 and DTensor objects hold
+# tensors of the group's last collectives), then let every rank arrive before the group goes. A rank that left
+# those to interpreter finalization, or tore gloo down while the other still read from it, aborted at exit under
+# load ("terminate called without an active exception") after everything above had run.
+del model, opt, fresh, q_proj, loss, mean
+gc.collect()
 dist.barrier()
 dist.destroy_process_group()
