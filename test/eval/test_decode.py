@@ -8,6 +8,7 @@ from torch import nn
 
 import torchqkit as qk
 from torchqkit.eval import LeanDecoder, greedy_decode
+from torchqkit.eval.step_replay import ReplayingInductor
 
 from .models import tiny_llama
 
@@ -51,6 +52,8 @@ def test_compiled_lean_decode_follows_the_model_and_calls_custom_ops():
     decoder = LeanDecoder(model, max_length=PROMPT.numel() + NEW, compile=True)
     assert decoder.generate(PROMPT, NEW).tolist() == generate_reference(model)[0, PROMPT.numel():].tolist()
     assert decoder.compile_seconds is not None and decoder.compile_seconds > 0
+    # Steps after the first call the inductor graph without dynamo (Note [Step replay]).
+    assert (decoder.replayed_steps, decoder.replay_off) == (NEW - 2, None)
     # Guards are skipped after each call's first step, never across calls: new values are read by the same
     # graph, new weight objects (quantized, of another type) recompile at the next call's first step.
     with torch.no_grad():
@@ -64,7 +67,32 @@ def test_compiled_lean_decode_follows_the_model_and_calls_custom_ops():
     step_code = "\n".join(code)
     assert step_code.count("torchqkit.linear_int4wo_tiled") >= 15
     assert "extern_kernels.mm(" not in step_code and "extern_kernels.addmm(" not in step_code
-    assert decoder.generate(PROMPT, NEW).tolist() == expected.tolist()   # the recompiled step, guards skipped
+    assert decoder.generate(PROMPT, NEW).tolist() == expected.tolist()   # the recompiled step, replayed
+    assert decoder.replayed_steps == NEW - 2
+
+
+def test_compiled_lean_decode_with_guards_goes_through_dynamo_every_step():
+    model = int4_with_tied_head(tiny_llama(96))
+    decoder = LeanDecoder(model, max_length=PROMPT.numel() + NEW, compile=True, skip_guards=False)
+    assert decoder.generate(PROMPT, NEW).tolist() == generate_reference(model)[0, PROMPT.numel():].tolist()
+    assert (decoder.replayed_steps, decoder.replay_off) == (0, None)
+
+
+def test_replay_binds_only_a_graph_call_that_took_the_token_and_position():
+    backend = ReplayingInductor()
+    token, position = torch.tensor([[1]]), torch.tensor([4])
+    assert backend.bind(token, position) == (None, "the step did not call an inductor graph")
+    step = torch.compile(lambda t, p, w: (w[t[0]] * p).argmax(-1, keepdim=True), fullgraph=True, backend=backend)
+    weight = torch.randn(5, 3)
+    out = step(token, position, weight)
+    replay, why = backend.bind(token, position)
+    assert why is None
+    assert torch.equal(replay(torch.tensor([[3]]), torch.tensor([2])), step(torch.tensor([[3]]), torch.tensor([2]),
+                                                                          weight))
+    assert torch.equal(replay(token, position), out)
+    assert backend.bind(torch.tensor([[1]]), position)[1] == "the graph does not take the token and the position as inputs"
+    backend.forget()
+    assert backend.bind(token, position)[0] is None
 
 
 def test_rejects_what_it_cannot_decode():

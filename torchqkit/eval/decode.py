@@ -8,7 +8,6 @@ torch.compile turns into one graph (see Note [Lean decode]).
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 from .perplexity import check_token_ids, model_vocab_size
+from .step_replay import ReplayingInductor
 
 __all__ = ["LeanDecoder", "greedy_decode"]
 
@@ -33,9 +33,12 @@ __all__ = ["LeanDecoder", "greedy_decode"]
 #      raises instead of running half eager).
 # Dynamo checks a guard per parameter and per tensor-subclass field before each call, milliseconds for a
 # model with hundreds of quantized weights. The first step of every generate() call runs with all guards
-# (a changed model recompiles there); the following steps of that call run under
-# `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`: nothing the guards check can change between two
-# steps of one call, because the loop alone runs the model. skip_guards=False keeps the guards.
+# (a changed model recompiles there); the following steps of that call skip dynamo altogether and call the
+# inductor graph the first step ran, with that step's inputs and the new token and position (Note [Step
+# replay] in step_replay.py): nothing the guards check can change between two steps of one call, because the
+# loop alone runs the model. Where replay is not possible (`replay_off` says why) those steps run through
+# dynamo under `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`. skip_guards=False keeps every guard
+# and every step goes through dynamo.
 # Decoding runs under torch.inference_mode(), not just no_grad: inference mode takes the autograd keys out of
 # dispatch, so each of the ~200 custom-op calls per token skips the Python autograd kernel that
 # torch.library.register_autograd installs (it only checks that nothing needs a gradient, then redispatches).
@@ -59,7 +62,11 @@ class LeanDecoder:
     compile: torch.compile(fullgraph=True) the one-token step. The first step compiles (seconds to a minute:
         `compile_seconds` says how long); a graph break raises.
     inductor_options: inductor settings for this compile only, e.g. {"freezing": True}.
-    skip_guards: skip dynamo's guard checks after the first step of each call (see Note [Lean decode]).
+    skip_guards: after the first step of each call, call the compiled graph without dynamo (or, where that is
+        not possible, skip dynamo's guard checks); see Note [Lean decode].
+
+    After generate(): `replayed_steps` is how many steps of that call ran the graph without dynamo; `replay_off`
+    says why none could (None when they did, or when the decoder is eager or keeps its guards).
     """
 
     def __init__(self, model: nn.Module, max_length: int, *, compile: bool = False,
@@ -76,8 +83,11 @@ class LeanDecoder:
         self.compiled = compile
         self.skip_guards = skip_guards and compile
         self.compile_seconds: float | None = None
+        self.replayed_steps = 0
+        self.replay_off: str | None = None
         self._cache = StaticCache(config=model.config, max_cache_len=max_length)
-        self._step = (torch.compile(self._forward_one, fullgraph=True, options=dict(inductor_options or {}))
+        self._backend = ReplayingInductor(inductor_options) if compile else None
+        self._step = (torch.compile(self._forward_one, fullgraph=True, backend=self._backend)
                       if compile else self._forward_one)
 
     def generate(self, input_ids: torch.Tensor, new_tokens: int, *,
@@ -110,13 +120,35 @@ class LeanDecoder:
         out[0] = token[0, 0]
         if on_token is not None:
             on_token(0)
+        self.replayed_steps = 0
+        replay = None
         for i in range(1, new_tokens):
-            with self._stance(first=i == 1):
-                token = self._timed_step(token, torch.tensor([prompt + i - 1], device=device))
+            position = torch.tensor([prompt + i - 1], device=device)
+            if replay is not None:
+                token = replay(token, position)
+                self.replayed_steps += 1
+            elif i == 1:
+                step_input = token
+                token = self._timed_step(token, position)
+                replay = self._bind_replay(step_input, position)
+            elif self.skip_guards:
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    token = self._step(token, position)
+            else:
+                token = self._step(token, position)
             out[i] = token[0, 0]
             if on_token is not None:
                 on_token(i)
+        if self._backend is not None:
+            self._backend.forget()
         return out
+
+    def _bind_replay(self, token: torch.Tensor, position: torch.Tensor):
+        """The replay of the step just run (Note [Step replay]), or None (and why in `replay_off`)."""
+        if not self.skip_guards:
+            return None
+        replay, self.replay_off = self._backend.bind(token, position)
+        return replay
 
     def _timed_step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         if not self.compiled or self.compile_seconds is not None:
@@ -125,11 +157,6 @@ class LeanDecoder:
         token = self._step(token, position)
         self.compile_seconds = time.perf_counter() - start
         return token
-
-    def _stance(self, first: bool):
-        if first or not self.skip_guards:
-            return contextlib.nullcontext()
-        return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
 
     def _forward_one(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         logits = self.model(input_ids=token, cache_position=position, position_ids=position.unsqueeze(0),
