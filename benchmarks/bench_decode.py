@@ -115,7 +115,10 @@ def measure(model, ids, loop_name: str, args) -> dict:
     loop = DecodeLoop(model, ids, args.new_tokens, **kwargs)
     loop.run()                                      # warm-up; compiles the lean step
     parts = decode_breakdown(loop, repeats=args.repeats)
-    return {"loop": loop_name, "compile_s": loop.compile_seconds, "parts": parts, "tokens": loop.tokens}
+    if loop_name == "lean-compiled" and loop.replay_off:
+        print(f"[bench_decode] the compiled steps ran through dynamo: {loop.replay_off}", file=sys.stderr)
+    return {"loop": loop_name, "compile_s": loop.compile_seconds, "parts": parts, "tokens": loop.tokens,
+            "replayed": loop_name == "lean-compiled" and not loop.replay_off}
 
 
 def format_rows(rows: list[dict], bandwidth: float) -> str:
@@ -166,6 +169,10 @@ def main(argv=None) -> int:
           f"{torch.backends.cpu.get_cpu_capability()}; read bandwidth {bandwidth:.1f} GB/s (128 MiB sum, this run)")
     print(f"prompt: {len(ids)} tokens; {args.new_tokens} greedy tokens, prefill excluded, median of {args.repeats}, "
           f"{args.threads} threads; compiled rows: fullgraph, inductor options {args.inductor}")
+    compiled = [r for r in rows if r["loop"] == "lean-compiled"]
+    if compiled:
+        replayed = ", ".join(f"{r['config']} {'yes' if r['replayed'] else 'NO'}" for r in compiled)
+        print(f"compiled steps after the first replayed without dynamo (Note [Step replay]): {replayed}")
     if "tok_s" in peer:
         # int4 g32 holds the file's own Q4_1 weights: llama.cpp should pick the same tokens, up to argmax ties.
         same = next((r for r in rows if r["config"] == "int4-g32"), rows[0] if rows else None)

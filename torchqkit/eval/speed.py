@@ -63,6 +63,12 @@ class DecodeLoop:
     def compile_seconds(self) -> float | None:
         return None if self._decoder is None else self._decoder.compile_seconds
 
+    @property
+    def replay_off(self) -> str | None:
+        """Why the compiled lean loop's last run called its steps through dynamo (None: they were replayed, or
+        nothing is compiled). See Note [Step replay]."""
+        return None if self._decoder is None else self._decoder.replay_off
+
     def run(self, on_token: Callable[[int], None] | None = None) -> list[float]:
         times: list[float] = []
 
