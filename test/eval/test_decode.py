@@ -106,3 +106,39 @@ def test_rejects_what_it_cannot_decode():
         LeanDecoder(model, 10, inductor_options={"cpp_wrapper": True})
     with pytest.raises(TypeError, match="Embedding has no `config`.*decode='generate'"):
         LeanDecoder(nn.Embedding(20, 20), 10)
+
+
+def test_filled_cache_attention_equals_sdpa_over_the_whole_cache():
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 6, 1, 8), torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
+    prefix = torch.zeros(1, 1, 1, 40, dtype=torch.bool)
+    prefix[..., :13] = True
+    holes = prefix.clone()
+    holes[..., 4] = False                                              # a mask that is not a prefix is kept
+    additive = torch.zeros(1, 1, 1, 40).masked_fill(~holes, torch.finfo(torch.float32).min)
+    prefill = torch.ones(5, 40, dtype=torch.bool).tril(diagonal=30).expand(1, 1, 5, 40)  # 5 queries at 26..30
+    for mask, queries in ((prefix, q), (holes, q), (additive, q), (prefill, torch.randn(1, 6, 5, 8))):
+        want = F.scaled_dot_product_attention(queries, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+        got = torch.ops.torchqkit.sdpa_over_filled_cache(queries, k, v, mask, 0.3, True)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_lean_decode_attends_over_the_filled_cache_and_restores_the_model():
+    from torch._inductor.utils import run_and_get_code
+
+    from torchqkit.eval.filled_cache_attention import FILLED_CACHE_SDPA
+
+    model = int4_with_tied_head(tiny_llama(96))
+    assert model.config._attn_implementation == "sdpa"
+    expected = generate_reference(model)[0, PROMPT.numel():].tolist()
+    assert LeanDecoder(model, 255).filled_cache_attention is False          # short caches: sdpa is cheaper
+    decoder = LeanDecoder(model, 256, compile=True)
+    tokens, code = run_and_get_code(decoder.generate, PROMPT, NEW)
+    assert tokens.tolist() == expected and decoder.attention == FILLED_CACHE_SDPA
+    assert "\n".join(code).count("torch.ops.torchqkit.sdpa_over_filled_cache.default(") == 2   # 2 layers
+    assert model.config._attn_implementation == "sdpa"                    # only while decoding
+    with pytest.raises(ValueError, match="new_tokens must be a positive int"):
+        decoder.generate(PROMPT, 0)
+    assert model.config._attn_implementation == "sdpa"

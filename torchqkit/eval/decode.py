@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .perplexity import check_token_ids, model_vocab_size
+from .filled_cache_attention import FILLED_CACHE_MIN_LENGTH, register_filled_cache_sdpa
 from .step_replay import ReplayingInductor
 
 __all__ = ["LeanDecoder", "greedy_decode"]
@@ -39,6 +40,8 @@ __all__ = ["LeanDecoder", "greedy_decode"]
 # loop alone runs the model. Where replay is not possible (`replay_off` says why) those steps run through
 # dynamo under `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`. skip_guards=False keeps every guard
 # and every step goes through dynamo.
+# With a StaticCache every step attends over max_length positions; from 256 on, the step attends over the
+# filled ones only (Note [Filled-cache attention]), so a large max_length costs memory, not time.
 # Decoding runs under torch.inference_mode(), not just no_grad: inference mode takes the autograd keys out of
 # dispatch, so each of the ~200 custom-op calls per token skips the Python autograd kernel that
 # torch.library.register_autograd installs (it only checks that nothing needs a gradient, then redispatches).
@@ -65,12 +68,17 @@ class LeanDecoder:
     skip_guards: after the first step of each call, call the compiled graph without dynamo (or, where that is
         not possible, skip dynamo's guard checks); see Note [Lean decode].
 
-    After generate(): `replayed_steps` is how many steps of that call ran the graph without dynamo; `replay_off`
+    filled_cache_attention: while decoding, a model on transformers' "sdpa" attention attends over the filled
+        cache positions only (Note [Filled-cache attention]); None (default): when max_length is at least
+        FILLED_CACHE_MIN_LENGTH (256). Other attention implementations are left as they are.
+
+    After generate(): `attention` names the attention implementation the call ran; `replayed_steps` is how many steps of that call ran the graph without dynamo; `replay_off`
     says why none could (None when they did, or when the decoder is eager or keeps its guards).
     """
 
     def __init__(self, model: nn.Module, max_length: int, *, compile: bool = False,
-                 inductor_options: dict | None = None, skip_guards: bool = True):
+                 inductor_options: dict | None = None, skip_guards: bool = True,
+                 filled_cache_attention: bool | None = None):
         _check_model(model)
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
             raise ValueError(f"max_length must be an int >= 2 (prompt + new tokens), got {max_length!r}")
@@ -85,9 +93,12 @@ class LeanDecoder:
         self.compile_seconds: float | None = None
         self.replayed_steps = 0
         self.replay_off: str | None = None
+        self.filled_cache_attention = (max_length >= FILLED_CACHE_MIN_LENGTH if filled_cache_attention is None
+                                       else bool(filled_cache_attention))
+        self.attention: str | None = None
         self._cache = StaticCache(config=model.config, max_cache_len=max_length)
         self._backend = ReplayingInductor(inductor_options) if compile else None
-        self._step = (torch.compile(self._forward_one, fullgraph=True, backend=self._backend)
+        self._step = (torch.compile(self._forward_one, fullgraph=True, dynamic=False, backend=self._backend)
                       if compile else self._forward_one)
 
     def generate(self, input_ids: torch.Tensor, new_tokens: int, *,
@@ -106,8 +117,16 @@ class LeanDecoder:
                              f"larger max_length")
         device = _device_of(self.model)
         ids = ids.to(device)
-        with torch.inference_mode():
-            out = self._decode(ids, prompt, new_tokens, device, on_token)
+        own = self.model.config._attn_implementation
+        self.attention = (register_filled_cache_sdpa() if self.filled_cache_attention and own == "sdpa" else own)
+        try:
+            if self.attention != own:
+                self.model.set_attn_implementation(self.attention)
+            with torch.inference_mode():
+                out = self._decode(ids, prompt, new_tokens, device, on_token)
+        finally:
+            if self.attention != own:
+                self.model.set_attn_implementation(own)
         return out.clone()  # a normal tensor: the caller may modify it outside inference mode
 
     def _decode(self, ids, prompt: int, new_tokens: int, device, on_token) -> torch.Tensor:
