@@ -57,6 +57,9 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--inductor", default="{}",
                         help='inductor options (JSON) of the compiled rows, e.g. \'{"freezing": true}\' '
                              '(default: none)')
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="KV cache positions of the lean loops (default: prompt + new tokens); a larger cache "
+                             "shows what attention over unfilled positions costs")
     parser.add_argument("--ppl-tokens", type=int, default=512, help="tokens scored for perplexity (0: skip)")
     parser.add_argument("--peer-python", default=PEER_PYTHON, help="a Python with llama-cpp-python ('' to skip)")
     args = parser.parse_args(argv)
@@ -109,7 +112,7 @@ def weight_mb_per_token(model) -> float:
 
 
 def measure(model, ids, loop_name: str, args) -> dict:
-    kwargs = {"decode": "generate"} if loop_name == "generate" else {"decode": "lean"}
+    kwargs = {"decode": "generate"} if loop_name == "generate" else {"decode": "lean", "max_length": args.max_length}
     if loop_name == "lean-compiled":
         kwargs.update(compile=True, inductor_options=args.inductor)
     loop = DecodeLoop(model, ids, args.new_tokens, **kwargs)
@@ -168,7 +171,8 @@ def main(argv=None) -> int:
     print(f"ISA: TORCHQKIT_CPU_ISA={os.environ.get('TORCHQKIT_CPU_ISA', '(auto)')}, torch CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}; read bandwidth {bandwidth:.1f} GB/s (128 MiB sum, this run)")
     print(f"prompt: {len(ids)} tokens; {args.new_tokens} greedy tokens, prefill excluded, median of {args.repeats}, "
-          f"{args.threads} threads; compiled rows: fullgraph, inductor options {args.inductor}")
+          f"{args.threads} threads; compiled rows: fullgraph, inductor options {args.inductor}; lean loops' KV cache: "
+          f"{args.max_length or len(ids) + args.new_tokens} positions")
     compiled = [r for r in rows if r["loop"] == "lean-compiled"]
     if compiled:
         replayed = ", ".join(f"{r['config']} {'yes' if r['replayed'] else 'NO'}" for r in compiled)

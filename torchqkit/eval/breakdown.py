@@ -26,9 +26,10 @@ __all__ = ["DecodeBreakdown", "decode_breakdown", "KERNEL_GROUPS"]
 # they are calls of torchqkit's custom ops.
 
 KERNEL_GROUPS = {
-    "quantized linears": ("torchqkit::",),
+    "quantized linears": ("torchqkit::linear_*", "torchqkit::scaled_mm_*"),
     "float matmuls": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
-    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
+                  "torchqkit::sdpa_over_filled_cache"),
 }
 
 
@@ -69,7 +70,7 @@ def decode_breakdown(loop: DecodeLoop, repeats: int = 3) -> DecodeBreakdown:
     calls = {name: 0 for name in KERNEL_GROUPS}
     for event in prof.key_averages():
         for name, prefixes in KERNEL_GROUPS.items():
-            if any(event.key == p or (p.endswith("::") and event.key.startswith(p)) for p in prefixes):
+            if any(event.key == p or (p.endswith("*") and event.key.startswith(p[:-1])) for p in prefixes):
                 self_us[name] += event.self_cpu_time_total
                 calls[name] += event.count
     total = statistics.median(walls)

@@ -38,10 +38,11 @@ class DecodeLoop:
     run(on_token) decodes `new_tokens` tokens and returns the time (time.perf_counter) at which each exists;
     on_token(i) is called at that moment; `tokens` then holds the run's new token ids. compile_seconds: how
     long the lean loop's first compiled step took (None until it ran, or when nothing is compiled).
+    max_length: the lean loop's KV cache positions (default: prompt + new_tokens).
     """
 
     def __init__(self, model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *, decode: str = "lean",
-                 compile: bool = False, inductor_options: dict | None = None):
+                 compile: bool = False, inductor_options: dict | None = None, max_length: int | None = None):
         if decode not in DECODE_LOOPS:
             raise ValueError(f"decode must be one of {', '.join(DECODE_LOOPS)}, got {decode!r}")
         if compile and decode != "lean":
@@ -56,7 +57,9 @@ class DecodeLoop:
         for tensor in model.parameters():
             self.ids = self.ids.to(tensor.device)
             break
-        self._decoder = (LeanDecoder(model, self.ids.shape[1] + new_tokens, compile=compile,
+        if max_length is not None and decode != "lean":
+            raise ValueError(f"max_length sizes the lean loop's static KV cache; decode={decode!r} has none")
+        self._decoder = (LeanDecoder(model, max_length or self.ids.shape[1] + new_tokens, compile=compile,
                                      inductor_options=inductor_options) if decode == "lean" else None)
 
     @property
