@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .perplexity import check_token_ids, model_vocab_size
 from .filled_cache_attention import FILLED_CACHE_MIN_LENGTH, register_filled_cache_sdpa
+from .perplexity import check_token_ids, model_vocab_size
 from .step_replay import ReplayingInductor
 
 __all__ = ["LeanDecoder", "greedy_decode"]
@@ -67,13 +67,13 @@ class LeanDecoder:
     inductor_options: inductor settings for this compile only, e.g. {"freezing": True}.
     skip_guards: after the first step of each call, call the compiled graph without dynamo (or, where that is
         not possible, skip dynamo's guard checks); see Note [Lean decode].
-
     filled_cache_attention: while decoding, a model on transformers' "sdpa" attention attends over the filled
         cache positions only (Note [Filled-cache attention]); None (default): when max_length is at least
         FILLED_CACHE_MIN_LENGTH (256). Other attention implementations are left as they are.
 
-    After generate(): `attention` names the attention implementation the call ran; `replayed_steps` is how many steps of that call ran the graph without dynamo; `replay_off`
-    says why none could (None when they did, or when the decoder is eager or keeps its guards).
+    After generate(): `attention` names the attention implementation the call ran; `replayed_steps` is how many
+    of its steps called the graph without dynamo; `replay_off` says why none could (None when they did, or when
+    the decoder is eager or keeps its guards).
     """
 
     def __init__(self, model: nn.Module, max_length: int, *, compile: bool = False,
@@ -98,6 +98,8 @@ class LeanDecoder:
         self.attention: str | None = None
         self._cache = StaticCache(config=model.config, max_cache_len=max_length)
         self._backend = ReplayingInductor(inductor_options) if compile else None
+        # dynamic=False: another cache length gets its own static graph; after a recompile dynamo would otherwise
+        # make the length symbolic, a graph that replay cannot call (Note [Step replay]) and that runs slower.
         self._step = (torch.compile(self._forward_one, fullgraph=True, dynamic=False, backend=self._backend)
                       if compile else self._forward_one)
 
@@ -117,7 +119,7 @@ class LeanDecoder:
                              f"larger max_length")
         device = _device_of(self.model)
         ids = ids.to(device)
-        own = self.model.config._attn_implementation
+        own = getattr(self.model.config, "_attn_implementation", None)
         self.attention = (register_filled_cache_sdpa() if self.filled_cache_attention and own == "sdpa" else own)
         try:
             if self.attention != own:
