@@ -242,10 +242,24 @@ struct Vec : Vec256 {  // the tiled kernel's traits (int4_tiled_dot.inc) on simd
   struct Scales {
     __m256 s[4];      // group q: rows 0..7
     __m256 quads[4];  // quads[u]: rows u (low half) and u + 4 (high half), one group per lane of the quad
+    const float* rs;  // T = 8, one group: (s0, z0, ..., s7, z7) as float32, stored or copied to the caller's buf
   };
   template <int T, int NG>
-  static Scales chunk_scales(const Int4Args& p, int64_t g0, int64_t i, float*) {
+  static Scales chunk_scales(const Int4Args& p, int64_t g0, int64_t i, float* buf) {
     Scales sc;
+    sc.rs = nullptr;
+    if constexpr (T == 8 && NG == 1) {  // lane_scale broadcasts from memory (see the AVX-512 Vec)
+      if (p.szt == SzType::kF32) {
+        sc.rs = static_cast<const float*>(p.sz) + g0 * p.lds + 16 * i;
+      } else {
+        __m256 h[2];
+        load_sz(p, g0, i, h);
+        _mm256_storeu_ps(buf, h[0]);
+        _mm256_storeu_ps(buf + 8, h[1]);
+        sc.rs = buf;
+      }
+      return sc;
+    }
     for (int q = 0; q < NG; ++q) sc.s[q] = load_scales(p, g0 + q, i);
     if constexpr (T == 8 && NG == 4) {
       const __m256 t0 = _mm256_unpacklo_ps(sc.s[0], sc.s[1]), t1 = _mm256_unpacklo_ps(sc.s[2], sc.s[3]);
@@ -259,6 +273,7 @@ struct Vec : Vec256 {  // the tiled kernel's traits (int4_tiled_dot.inc) on simd
   }
   template <int T, int NG>
   static F lane_scale(const LaneMap& lm, const Scales& sc, int v) {
+    if constexpr (T == 8 && NG == 1) return _mm256_set1_ps(sc.rs[2 * (v / 2)]);  // vector v: half of row v / 2
     if constexpr (T == 8 && NG == 4) {  // vector v holds words of row v / 2
       const int r = v / 2;
       const __m256 u = sc.quads[r % 4];
