@@ -219,6 +219,7 @@ LaneMap lane_map(int64_t T, int64_t g) {
 struct Vec : Vec256 {  // the tiled kernel's traits (int4_tiled_dot.inc) on simd.h's arithmetic
   static constexpr int kMaxMB = 2;
   // u 2^(4q) is exact in float and below 2^31 for q < 7; nibble 7 would turn negative, so it is shifted down.
+  static constexpr int kPrescaledNibbles = 7;
   struct Ctx {};
   static F nibble(const Ctx&, I w, int q) {
     if (q == 7) return _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 28));
@@ -241,10 +242,24 @@ struct Vec : Vec256 {  // the tiled kernel's traits (int4_tiled_dot.inc) on simd
   struct Scales {
     __m256 s[4];      // group q: rows 0..7
     __m256 quads[4];  // quads[u]: rows u (low half) and u + 4 (high half), one group per lane of the quad
+    const float* rs;  // T = 8, one group: (s0, z0, ..., s7, z7) as float32, stored or copied to the caller's buf
   };
   template <int T, int NG>
-  static Scales chunk_scales(const Int4Args& p, int64_t g0, int64_t i) {
+  static Scales chunk_scales(const Int4Args& p, int64_t g0, int64_t i, float* buf) {
     Scales sc;
+    sc.rs = nullptr;
+    if constexpr (T == 8 && NG == 1) {  // lane_scale broadcasts from memory (see the AVX-512 Vec)
+      if (p.szt == SzType::kF32) {
+        sc.rs = static_cast<const float*>(p.sz) + g0 * p.lds + 16 * i;
+      } else {
+        __m256 h[2];
+        load_sz(p, g0, i, h);
+        _mm256_storeu_ps(buf, h[0]);
+        _mm256_storeu_ps(buf + 8, h[1]);
+        sc.rs = buf;
+      }
+      return sc;
+    }
     for (int q = 0; q < NG; ++q) sc.s[q] = load_scales(p, g0 + q, i);
     if constexpr (T == 8 && NG == 4) {
       const __m256 t0 = _mm256_unpacklo_ps(sc.s[0], sc.s[1]), t1 = _mm256_unpacklo_ps(sc.s[2], sc.s[3]);
@@ -258,6 +273,7 @@ struct Vec : Vec256 {  // the tiled kernel's traits (int4_tiled_dot.inc) on simd
   }
   template <int T, int NG>
   static F lane_scale(const LaneMap& lm, const Scales& sc, int v) {
+    if constexpr (T == 8 && NG == 1) return _mm256_set1_ps(sc.rs[2 * (v / 2)]);  // vector v: half of row v / 2
     if constexpr (T == 8 && NG == 4) {  // vector v holds words of row v / 2
       const int r = v / 2;
       const __m256 u = sc.quads[r % 4];
@@ -343,35 +359,60 @@ LaneMap lane_map(int64_t T, int64_t g) {
   return lm;
 }
 
-// Lane scales (e = 0) or zeros (e = 1) of zmm v from the chunk's group vectors sz[0..groups).
+// Lane scales (e = 0) or zeros (e = 1) of zmm v from the chunk's group vectors sz[0..NG) (NG = lm.groups).
+template <int NG>
 inline __m512 lane_pick(const LaneMap& lm, const __m512* sz, int v, int e) {
   const __m512i idx = e ? _mm512_add_epi32(lm.idx[v], _mm512_set1_epi32(1)) : lm.idx[v];
-  if (lm.groups == 1) return _mm512_permutexvar_ps(idx, sz[0]);
+  if constexpr (NG == 1) return _mm512_permutexvar_ps(idx, sz[0]);
   const __m512 a = _mm512_permutex2var_ps(sz[0], idx, sz[1]);
-  if (lm.groups == 2) return a;
+  if constexpr (NG == 2) return a;
   return _mm512_mask_blend_ps(lm.hi[v], a, _mm512_permutex2var_ps(sz[2], idx, sz[3]));
+}
+
+inline __m512 lane_pick(const LaneMap& lm, const __m512* sz, int v, int e) {  // NG known only at run time
+  switch (lm.groups) {
+    case 1: return lane_pick<1>(lm, sz, v, e);
+    case 2: return lane_pick<2>(lm, sz, v, e);
+    default: return lane_pick<4>(lm, sz, v, e);
+  }
 }
 
 struct Vec : Vec512 {  // the tiled kernel's traits (int4_tiled_dot.inc) on simd.h's arithmetic
   static constexpr int kMaxMB = 4;
-  // The nibble table, made once per tile and kept in a register (as a constant, each vpermps re-read it from
-  // memory: 8 more loads per 16 words, 10% slower).
+  // Note [int4 nibble decode]: nibble q >= 1 is masked in place and converted as an unsigned integer, u 2^(4q)
+  // (exact in float for every q, up to 15 * 2^28), and the activation carries the 2^(-4q) (permute_activation);
+  // nibble 0 is one vpermps from a 16-entry table (it reads the low 4 bits). 15 instructions per 16 words where
+  // a shift + vpermps per nibble took 15 too, but vpermps and the shifts shared the shuffle pipes while the mask
+  // runs on any vector pipe and the conversion beside the FMAs: at M = 1 the loop is bound by the vector pipes
+  // (1 load, 15 decode, 8 FMA and the scale per 64 bytes), 1.1-1.2x the words per cycle on Zen 4.
+  static constexpr int kPrescaledNibbles = 8;
   struct Ctx {  // an explicit constructor: an implicit one would not get this region's target
     __m512 table;
     Ctx() : table(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)) {}
   };
-  static F nibble(const Ctx& c, I w, int q) {  // vpermps reads the low 4 bits of each lane: no mask
-    return _mm512_permutexvar_ps(q ? _mm512_srli_epi32(w, 4 * q) : w, c.table);
+  static F nibble(const Ctx& c, I w, int q) {
+    if (q == 0) return _mm512_permutexvar_ps(w, c.table);
+    return _mm512_cvtepu32_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)(0xFu << (4 * q)))));
   }
   // See Note [g = 32 lane scales] (AVX2 above): at T = 8, g = 32 vector v is row v, lane l group l % 4.
   struct Scales {
     __m512 sz[4];     // group q: (s0, z0, ..., s7, z7)
     __m512 quads[2];  // quads[h] lane 4 r + q: scale of row 4 h + r, group q
+    const float* rs;  // T = 8, one group: (s0, z0, ..., s7, z7) as float32, stored or copied to the caller's buf
   };
   template <int T, int NG>
-  static Scales chunk_scales(const Int4Args& p, int64_t g0, int64_t i) {
+  static Scales chunk_scales(const Int4Args& p, int64_t g0, int64_t i, float* buf) {
     Scales sc;
     for (int q = 0; q < NG; ++q) sc.sz[q] = load_sz(p, g0 + q, i);
+    sc.rs = nullptr;
+    if constexpr (T == 8 && NG == 1) {
+      if (p.szt == SzType::kF32) {
+        sc.rs = static_cast<const float*>(p.sz) + g0 * p.lds + 16 * i;
+      } else {
+        _mm512_storeu_ps(buf, sc.sz[0]);
+        sc.rs = buf;
+      }
+    }
     if constexpr (T == 8 && NG == 4) {
       // pairs lane 2 r + t: scale of row r, group t (of groups 0, 1 / 2, 3)
       const __m512i pair = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
@@ -395,7 +436,10 @@ struct Vec : Vec512 {  // the tiled kernel's traits (int4_tiled_dot.inc) on simd
         default: return _mm512_shuffle_f32x4(u, u, 0xFF);
       }
     }
-    return lane_pick(lm, sc.sz, v, 0);
+    // T = 8, one group: vector v is row v, a broadcast. From memory it is a load, not one more instruction on
+    // the vector pipes that bound the loop: 7% faster per word than the permute.
+    if constexpr (T == 8 && NG == 1) return _mm512_set1_ps(sc.rs[2 * v]);
+    return lane_pick<NG>(lm, sc.sz, v, 0);
   }
   // (s, z) vectors of every group times the group sums of x; lanes 2 r = s, 2 r + 1 = z.
   template <int MB>
@@ -489,18 +533,40 @@ SzType sz_type(at::ScalarType t, const char* op) {
 }
 
 // xp[m][j][q][l] = x[m][k_of(T, j, l, q)] * f[q] (0 past K); sx[m][gi] = sum of x[m] over group gi.
-// f[q] = 1, or with `prescale` (the AVX2 decoder reads nibble q as u 2^(4q), q < 7) 2^(-4q): exact, unless a
-// |x| below 2^-98 loses bits as a subnormal.
-void permute_activation(const float* x, int64_t M, int64_t K, int64_t T, int64_t NC, int64_t g, int64_t G,
-                        bool prescale, float* xp, float* sx) {
-  int64_t off[128];  // k - 16 T j of (q, l): the same for every chunk
+// f[q] = 2^(-4q) for q < prescaled (the vector decoders read nibble q as u 2^(4q): Vec::kPrescaledNibbles), else
+// 1: exact, unless a |x| below 2^-98 loses bits as a subnormal.
+// A chunk's gather pattern, the same for every chunk: off = k - 16 T j of (q, l), f the factor of nibble q.
+// Built once per (T, prescaled) and kept: computing it per call (k_of's divisions by a run-time T, ldexp) cost
+// about 1 us of an M = 1 call.
+struct PermuteTable {
+  int32_t off[128];
   float f[128];
-  for (int q = 0; q < 8; ++q)
-    for (int64_t l = 0; l < 16; ++l) {
-      off[16 * q + l] = k_of(T, 0, l, q);
-      f[16 * q + l] = prescale && q < 7 ? std::ldexp(1.f, -4 * q) : 1.f;
-    }
-  at::parallel_for(0, M, 4, [&](int64_t m0, int64_t m1) {
+};
+
+const PermuteTable& permute_table(int64_t T, int prescaled) {
+  static const std::vector<PermuteTable> tables = [] {
+    std::vector<PermuteTable> t(3 * 9);
+    for (int ti = 0; ti < 3; ++ti)
+      for (int pre = 0; pre <= 8; ++pre) {
+        PermuteTable& pt = t[ti * 9 + pre];
+        for (int q = 0; q < 8; ++q)
+          for (int64_t l = 0; l < 16; ++l) {
+            pt.off[16 * q + l] = (int32_t)k_of(2 << ti, 0, l, q);
+            pt.f[16 * q + l] = q < pre ? std::ldexp(1.f, -4 * q) : 1.f;
+          }
+      }
+    return t;
+  }();
+  const int ti = T == 2 ? 0 : T == 4 ? 1 : 2;
+  return tables[ti * 9 + prescaled];
+}
+
+void permute_activation(const float* x, int64_t M, int64_t K, int64_t T, int64_t NC, int64_t g, int64_t G,
+                        int prescaled, float* xp, float* sx) {
+  const PermuteTable& pt = permute_table(T, prescaled);
+  const int32_t* off = pt.off;
+  const float* f = pt.f;
+  auto rows = [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       const float* xr = x + m * K;
       for (int64_t j = 0; j < NC; ++j) {
@@ -518,7 +584,9 @@ void permute_activation(const float* x, int64_t M, int64_t K, int64_t T, int64_t
         sx[m * G + gi] = s;
       }
     }
-  });
+  };
+  if (M <= 4) return rows(0, M);  // no parallel region to enter for a few tokens
+  at::parallel_for(0, M, 4, rows);
 }
 
 // Note [int4 prefill]: out^T = W' @ x'^T with the roles of the int8 weight-only panel kernel swapped:
@@ -656,46 +724,62 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
                            ? qdata : qdata.contiguous();
   const at::Tensor sz = (scale_and_zero.stride(2) == 1 && scale_and_zero.stride(1) == 2)
                             ? scale_and_zero : scale_and_zero.contiguous();
-  const at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  // Note [int4 call overhead]: at M = 1 on SmolLM2's layers the kernel runs 3-30 us, so every tensor the glue
+  // makes counts. A float32 contiguous x is read in place, out is made in its final shape (no reshape or cast
+  // for float32), and the decode path's permuted activation lives in per-thread scratch (a vector that only
+  // grows), not in two at::empty per call.
+  const bool x_ready = dt == at::kFloat && x.is_contiguous();
+  const at::Tensor x2 = x_ready ? x : x.reshape({-1, K}).to(at::kFloat).contiguous();
   at::Tensor b;
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, op, ": bias must have shape (", N, "), got ", bias->sizes());
     b = bias->to(at::kFloat).contiguous();
   }
-  const int64_t M = x2.size(0), G = Kt / g;
-  at::Tensor out = at::empty({M, N}, x2.options());
+  const int64_t M = K == 0 ? 0 : x.numel() / K, G = Kt / g;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
-  if (M == 0) return out.to(dt).reshape(shape);
+  at::Tensor out = at::empty(shape, x.options().dtype(at::kFloat));
+  auto result = [&]() { return dt == at::kFloat ? out : out.to(dt); };
+  if (M == 0) return result();
   Int4Args p{q.data_ptr<int32_t>(), NT, NC, T, q.stride(0), sz.data_ptr(), sz_type(sz.scalar_type(), op),
              sz.stride(0), g, G, K, N, nullptr, nullptr, M, b.defined() ? b.data_ptr<float>() : nullptr,
              out.data_ptr<float>(), N};
   const Isa isa = selected_isa_for_ops();
   if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM) {
-    prefill(p, x2, out);
-    return out.to(dt).reshape(shape);
+    prefill(p, x2.reshape({M, K}), out);
+    return result();
   }
   if (isa != Isa::kAvx512Vnni && M >= kSgemmMinM) {
     // Whole n-tiles of 8 rows: the buffer holds the last tile's padding rows, the GEMM reads the first N.
-    prefill_by_sgemm(x2, N, Kt, 8, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
+    at::Tensor out2 = out.view({M, N});
+    prefill_by_sgemm(x2.reshape({M, K}), N, Kt, 8, p.bias, out2, [&](int64_t r0, int64_t r1, float* dst) {
       dequant_natural(p, r0 / 8, (r1 + 7) / 8, dst, Kt);
     });
-    return out.to(dt).reshape(shape);
+    return result();
   }
-  at::Tensor xp = at::empty({M, NC, 8, 16}, x2.options());
-  at::Tensor sx = at::empty({M, G}, x2.options());
-  permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, isa == Isa::kAvx2, xp.data_ptr<float>(),
-                     sx.data_ptr<float>());
-  p.xp = xp.data_ptr<float>();
-  p.sx = sx.data_ptr<float>();
-  at::parallel_for(0, NT, 4, [&](int64_t i0, int64_t i1) {
+  thread_local std::vector<float> scratch;
+  const size_t need = (size_t)(M * NC * 128 + M * G);
+  if (scratch.size() < need) scratch.resize(need);
+  float* xp = scratch.data();
+  float* sx = xp + M * NC * 128;
+  const int prescaled = isa == Isa::kAvx512Vnni ? avx512::Vec::kPrescaledNibbles
+                        : isa == Isa::kAvx2     ? avx2::Vec::kPrescaledNibbles : 0;
+  permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, prescaled, xp, sx);
+  p.xp = xp;
+  p.sx = sx;
+  auto tiles = [&](int64_t i0, int64_t i1) {
     switch (isa) {
       case Isa::kAvx512Vnni: return avx512::dot_tiles(p, i0, i1);
       case Isa::kAvx2: return avx2::dot_tiles(p, i0, i1);
       default: return scalar::dot_tiles(p, i0, i1);
     }
-  });
-  return out.to(dt).reshape(shape);
+  };
+  if (NT <= 4 || at::get_num_threads() == 1) {  // no parallel region to wake for one work item
+    tiles(0, NT);
+  } else {
+    at::parallel_for(0, NT, 4, tiles);
+  }
+  return result();
 }
 
 // ================================================================================================

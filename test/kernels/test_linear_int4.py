@@ -107,6 +107,54 @@ def test_group32_decode_at_smollm2_width(monkeypatch, isa, dtype, m):
         assert_rel(out - b, F.linear(x, w.dequantize()), 2e-5, f"{isa} against the dequantized weight")
 
 
+# One group per chunk at inner_k_tiles 8 (g = 128, 256) broadcasts each row's scale from the stored float32
+# scale_and_zero, or from a float32 copy of a bfloat16 / float16 one (Vec::chunk_scales in csrc/cpu/linear_int4.cpp);
+# every nibble but the first reaches the decoder pre-multiplied into x (Note [int4 nibble decode]). SmolLM2's
+# K = 576 padded to 640 (g = 256: 768), 72 rows = 9 n-tiles (more than one work item per thread), M = 1 and 5, every scale dtype.
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("g", [128, 256])
+@pytest.mark.parametrize("m", [1, 5])
+def test_one_group_per_chunk_decode_at_smollm2_width(monkeypatch, isa, dtype, g, m):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = _tiled(72, 576, g, 8, dtype)
+    assert w.qdata.shape == (9, -(-576 // g) * g // 128, 32, 4) and w.scale_and_zero.dtype == dtype  # K 640 / 768
+    x, b = _act(m, 576, dtype), torch.randn(72, generator=gen(2)).to(dtype)
+    out, ref = OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b))
+    for t in range(m):
+        assert_rel(out[t], ref[t], TOL[dtype], f"{isa} {dtype} g={g} token {t}")
+
+
+# The glue reads a float32 contiguous x in place and makes out in x's leading shape; any other x is copied first.
+# Its scratch for the permuted activation is per thread and only grows: calls of different sizes in a row, on one
+# thread and on two, must not see each other's data.
+@needs_ext
+@isa_param
+def test_input_forms_and_reused_scratch(monkeypatch, isa):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w_big, w_small = _tiled(72, 576, 128, 8), _tiled(37, 192, 64, 4)
+    x = _act(6, 576, torch.float32)
+    ref = linear_int4wo_tiled_ref(*_args(w_big, x))
+    out3d = OP(*_args(w_big, x.reshape(2, 3, 576)))
+    assert out3d.shape == (2, 3, 72) and out3d.dtype == torch.float32
+    assert_rel(out3d.reshape(6, 72), ref, TOL[torch.float32], f"{isa} 3-d x")
+    strided = torch.zeros(6, 1152)[:, ::2]
+    strided.copy_(x)
+    assert not strided.is_contiguous()
+    assert_rel(OP(*_args(w_big, strided)), ref, TOL[torch.float32], f"{isa} strided x")
+    threads = torch.get_num_threads()
+    try:
+        for nt in (1, 2):
+            torch.set_num_threads(nt)
+            for m, w in ((9, w_big), (1, w_small), (3, w_big), (1, w_big), (2, w_small)):
+                xm = _act(m, w.shape[1], torch.float32, seed=m)
+                assert_rel(OP(*_args(w, xm)), linear_int4wo_tiled_ref(*_args(w, xm)), TOL[torch.float32],
+                           f"{isa} {nt} threads m={m} n={w.shape[0]}")
+    finally:
+        torch.set_num_threads(threads)
+
+
 @needs_ext
 @isa_param
 @pytest.mark.parametrize("m", [1, 40])
