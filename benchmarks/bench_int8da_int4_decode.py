@@ -16,7 +16,8 @@ Columns:
              3x L3 (the weight comes from memory, as for the layers of a decoder step): the fastest call, as the
              bandwidth is the fastest of its passes (on a shared 2-core host a median of 2-thread calls measures the
              neighbours: one thread descheduled for a 12-16 ms time slice)
-  2t bw%     weight bytes / 2t us against the read bandwidth measured in the same run (128 MiB sum)
+  2t GB/s    weight bytes / 2t us
+  2t bw%     2t GB/s against the read bandwidth measured in the same run (128 MiB sum)
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def row(k: int, n: int, m: int, group: int, bw: float, args) -> str:
     torch.set_num_threads(args.threads2)
     t2 = ring_time(da4, (aqt.qdata, aqt.scale), nbytes, args.reps)
     return (f"{k:>5} {n:>6} {m:>3} {group:>4}  {t1 * 1e6:8.1f}  {nbytes / t1 / 1e9:9.1f}  {tf * 1e6:8.1f}  "
-            f"{t2 * 1e6:8.1f}  {nbytes / t2 / 1e9 / bw:6.0%}")
+            f"{t2 * 1e6:8.1f}  {nbytes / t2 / 1e9:7.1f}  {nbytes / t2 / 1e9 / bw:6.0%}")
 
 
 def main() -> None:
@@ -94,7 +95,7 @@ def main() -> None:
     bench_linear._stat = min  # the fastest bandwidth pass, like the fastest ring call
     bw = read_bandwidth()
     print(f"read bandwidth (128 MiB sum, fastest of 7, same run): {bw:.1f} GB/s")
-    print("    K      N   M    g    cpu us  GB/s/core    f32 us     2t us  2t bw%")
+    print("    K      N   M    g    cpu us  GB/s/core    f32 us     2t us  2t GB/s  2t bw%")
     for k, n in shapes:
         for m in (int(v) for v in args.ms.split(",")):
             print(row(k, n, m, args.group, bw, args), flush=True)

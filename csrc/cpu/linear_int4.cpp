@@ -889,6 +889,10 @@ void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1) {
 // From here the 256-bit levels take the panel GEMM (Note [int8 x int4 prefill on 256 bits]), below it the decode
 // kernel (measured with benchmarks/bench_linear.py).
 constexpr int64_t kDaInt4Panel256MinM = 16;
+// Lane sums (DaInt4Args::lsum) are half the bytes of the activation codes: for 8 tokens of 4096 k the two no
+// longer fit L1 beside the weight stream (M = 8, 4096^2, one thread: 15% slower than per-group sums, measured
+// with benchmarks/bench_int8da_int4_decode.py); up to 4 tokens the lane sums are faster (no per-row work).
+constexpr int64_t kDaInt4LaneSumMaxM = 4;
 
 at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
                                      const std::optional<at::Tensor>& zero_point,
@@ -932,9 +936,10 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   const bool panel = isa == Isa::kAvx512Vnni && M >= avx512::kDaInt4PanelMinM;
   const bool panel256 = wide && M >= kDaInt4Panel256MinM;
   const int64_t kb = da_block_k(G, g);
-  // The SIMD decode kernels with symmetric weights subtract lane sums of the activation (lsum), the other paths
-  // per-group sums (bsum); the AVX-512 panel path neither (Note [int8 x int4 prefill]).
-  const bool lanes = !panel && !panel256 && isa != Isa::kScalar && !zw.defined();
+  // The SIMD decode kernels with symmetric weights subtract lane sums of the activation (lsum) up to
+  // kDaInt4LaneSumMaxM tokens, the other paths per-group sums (bsum); the AVX-512 panel path neither (Note [int8 x
+  // int4 prefill]).
+  const bool lanes = !panel && !panel256 && isa != Isa::kScalar && !zw.defined() && M <= kDaInt4LaneSumMaxM;
   // The AVX-512 panel path reads the unsigned codes in natural k order (Note [int8 x int4 prefill]); the 256-bit
   // panel path signed codes in natural order (Note [int8 x int4 prefill on 256 bits]); the decode kernels signed
   // codes permuted per 128-k block (Note [int8 x int4 decode]); scalar unsigned codes, permuted.
