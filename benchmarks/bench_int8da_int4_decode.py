@@ -6,7 +6,7 @@
 
 The weight is what Int8DynamicActivationIntxWeightConfig() stores (PackedIntxLayout int4, symmetric, float32
 scales per group; asymmetric per-token int8 activations), and the op is called directly (the dispatcher's
-~5 us is in every figure; K is a multiple of the group here, so the layout pads nothing).
+~5 us is in every figure); x is padded as the layout's linear pads it when K is not a multiple of the group.
 Columns:
   cpu us     one torch thread, the weight reused (hot, in cache): the fastest time.thread_time() of --reps calls,
              so time descheduled by the neighbours of a shared host doesn't count
@@ -69,9 +69,10 @@ def da4_weight(k: int, n: int, group: int):
 def row(k: int, n: int, m: int, group: int, bw: float, args) -> str:
     w, aqt = da4_weight(k, n, group)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))
+    xp = F.pad(x, (0, 2 * aqt.qdata.shape[1] - k))  # the layout pads K to whole groups (576 at g128: 640), as linear does
     op = torch.ops.torchqkit.linear_int8da_int4_packed
     nbytes = aqt.qdata.numel() + aqt.scale.numel() * aqt.scale.element_size()
-    da4 = lambda q, s: op(x, q, s, None, None, False)  # noqa: E731
+    da4 = lambda q, s: op(xp, q, s, None, None, False)  # noqa: E731
     torch.set_num_threads(1)
     t1 = cpu_time(da4, (aqt.qdata, aqt.scale), args.reps)
     tf = cpu_time(lambda wf: F.linear(x, wf), (w,), args.reps)
