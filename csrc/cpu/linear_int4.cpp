@@ -802,7 +802,9 @@ struct DaInt4Args {
   int64_t M, K, lda;
   const float* a_scale;   // (M)
   const int32_t* zp128;   // (M) 128 + activation zero point
-  const float* bsum;      // (M, G) sum_k a - zp128 * g per group (nullptr on the panel path)
+  const float* bsum;      // (M, G) sum_k a - zp128 * g per group (nullptr where unused: the panel path, lsum)
+  const int32_t* lsum;    // (M, lda / 8) 8 * sum (a - zp128) over k in [8 j, 8 j + 8), k < K: the SIMD decode
+                          // kernels with symmetric weights (Note [int8 x int4 decode]); nullptr otherwise
   const uint8_t* w;       // (N, ceil(K / 2)) packed nibbles, row stride ldw
   int64_t N, ldw;
   const void* scale;      // (N, G) contiguous, of type st
@@ -881,19 +883,19 @@ struct DaVec : Vec512 {  // the decode kernel's operations on zmm (int4_packed_d
   using I = __m512i;
   using F = __m512;
   static I load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static I load_n(const uint8_t* p, int64_t nb) {  // bytes [0, nb) (nb may be <= 0 or >= 64), zero above
+    return _mm512_maskz_loadu_epi8(nb >= 64 ? ~0ULL : nb <= 0 ? 0ULL : (1ULL << nb) - 1, p);
+  }
   static I lo_nibbles(I w) { return _mm512_and_si512(w, _mm512_set1_epi8(0x0F)); }
   static I hi_nibbles(I w) { return _mm512_and_si512(_mm512_srli_epi16(w, 4), _mm512_set1_epi8(0x0F)); }
   static I vec_dot(I lo, I hi, const uint8_t* ae, const uint8_t* ao) {
     return dpbusd(dpbusd(_mm512_setzero_si512(), lo, load(ae)), hi, load(ao));
   }
   static I block_dot(const I (&lo)[1], const I (&hi)[1], const uint8_t* a) { return vec_dot(lo[0], hi[0], a, a + 64); }
-  static I nibble_lane_sums(I lo, I hi) {
-    return dpbusd(_mm512_setzero_si512(), _mm512_add_epi8(lo, hi), _mm512_set1_epi8(1));
-  }
-  // Sums of u over the block, in the even int32 lanes (vpsadbw's 64-bit sums; the odd lanes are 0).
-  static I nibble_sums(const I (&lo)[1], const I (&hi)[1]) {
-    return _mm512_sad_epu8(_mm512_add_epi8(lo[0], hi[0]), _mm512_setzero_si512());
-  }
+  static I add_b(I a, I b) { return _mm512_add_epi8(a, b); }
+  static I set1_b(int8_t v) { return _mm512_set1_epi8(v); }
+  // acc + per-lane sums of uu (unsigned bytes <= 60) times z (signed bytes).
+  static I usum_dot(I acc, I uu, I z) { return dpbusd(acc, uu, z); }
   static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
   static F lane_scales(const float* s, I lane_group) { return _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(s)); }
   static F load_scales(const void* base, SzType t, int64_t off) {  // 16 scales at element off
@@ -971,6 +973,10 @@ void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1) {
 // From here the 256-bit levels take the panel GEMM (Note [int8 x int4 prefill on 256 bits]), below it the decode
 // kernel (measured with benchmarks/bench_linear.py).
 constexpr int64_t kDaInt4Panel256MinM = 16;
+// Lane sums (DaInt4Args::lsum) are half the bytes of the activation codes: for 8 tokens of 4096 k the two no
+// longer fit L1 beside the weight stream (M = 8, 4096^2, one thread: 15% slower than per-group sums, measured
+// with benchmarks/bench_int8da_int4_decode.py); up to 4 tokens the lane sums are faster (no per-row work).
+constexpr int64_t kDaInt4LaneSumMaxM = 4;
 
 at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
                                      const std::optional<at::Tensor>& zero_point,
@@ -1014,45 +1020,68 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   const bool panel = isa == Isa::kAvx512Vnni && M >= avx512::kDaInt4PanelMinM;
   const bool panel256 = wide && M >= kDaInt4Panel256MinM;
   const int64_t kb = da_block_k(G, g);
-  // The AVX-512 panel path reads the unsigned codes in natural k order and needs no group sums (Note [int8 x
-  // int4 prefill]); the 256-bit panel path signed codes in natural order (Note [int8 x int4 prefill on 256
-  // bits]); the decode kernels signed codes permuted per 128-k block (Note [int8 x int4 decode]); scalar
-  // unsigned codes, permuted.
-  at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte)), ap = at::empty({M, lda}, a.options());
-  at::Tensor a_scale = at::empty({M}, x2.options()), zp = at::empty({M}, x2.options().dtype(at::kInt));
-  at::Tensor bsum = panel ? at::Tensor() : at::empty({M, G}, x2.options());
+  // The SIMD decode kernels with symmetric weights subtract lane sums of the activation (lsum) up to
+  // kDaInt4LaneSumMaxM tokens, the other paths per-group sums (bsum); the AVX-512 panel path neither (Note [int8 x
+  // int4 prefill]).
+  const bool lanes = !panel && !panel256 && isa != Isa::kScalar && !zw.defined() && M <= kDaInt4LaneSumMaxM;
+  // The AVX-512 panel path reads the unsigned codes in natural k order (Note [int8 x int4 prefill]); the 256-bit
+  // panel path signed codes in natural order (Note [int8 x int4 prefill on 256 bits]); the decode kernels signed
+  // codes permuted per 128-k block (Note [int8 x int4 decode]); scalar unsigned codes, permuted.
+  // One scratch allocation (a fixed cost of every call): a, ap (M, lda) codes; a_scale, zp (M); bsum or lsum.
+  const auto al64 = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  const int64_t o_ap = al64(M * lda), o_as = o_ap + al64(M * lda), o_zp = o_as + al64(4 * M), o_s = o_zp + al64(4 * M);
+  const int64_t sums_bytes = panel ? 0 : lanes ? 4 * M * (lda / 8) : 4 * M * G;
+  at::Tensor scratch = at::empty({o_s + sums_bytes}, x2.options().dtype(at::kByte));
+  uint8_t* const a = scratch.data_ptr<uint8_t>();  // the CPU allocator aligns to 64 bytes
+  uint8_t* const ap = a + o_ap;
+  float* const a_scale = reinterpret_cast<float*>(a + o_as);
+  int32_t* const zp = reinterpret_cast<int32_t*>(a + o_zp);
+  float* const bsum = panel || lanes ? nullptr : reinterpret_cast<float*>(a + o_s);
+  int32_t* const lsum = lanes ? reinterpret_cast<int32_t*>(a + o_s) : nullptr;
   const uint8_t flip = isa != Isa::kScalar ? 0x80 : 0;
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
-    quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a.data_ptr<uint8_t>(), lda,
-                  a_scale.data_ptr<float>(), zp.data_ptr<int32_t>(), m0, m1);
+    quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a, lda, a_scale, zp, m0, m1);
     for (int64_t m = m0; m < m1; ++m) {
-      const uint8_t* ar = a.data_ptr<uint8_t>() + m * lda;
-      uint8_t* pr = ap.data_ptr<uint8_t>() + m * lda;
+      const uint8_t* ar = a + m * lda;
+      uint8_t* pr = ap + m * lda;
       if (panel || panel256) {  // block-major [k / kb][m][k % kb]: a block's codes of all tokens contiguous
         const uint8_t f = panel ? 0 : flip;
         for (int64_t k0 = 0; k0 < K; k0 += kb) {
-          uint8_t* dst = ap.data_ptr<uint8_t>() + (k0 / kb * M + m) * kb;
+          uint8_t* dst = ap + (k0 / kb * M + m) * kb;
           const int64_t n = std::min(kb, K - k0);
           for (int64_t i = 0; i < n; ++i) dst[i] = ar[k0 + i] ^ f;
           std::memset(dst + n, 0, kb - n);
         }
         if (panel) continue;
-      } else {
-        for (int64_t k = 0; k < lda; ++k)
-          pr[(k / 128) * 128 + (k & 1) * 64 + (k % 128) / 2] = k < K ? (uint8_t)(ar[k] ^ flip) : 0;
+      } else {  // each 128-k block as [even k | odd k]
+        for (int64_t b = 0; b < lda; b += 128) {
+          for (int64_t i = 0; i < 64; ++i) {
+            const int64_t k = b + 2 * i;
+            pr[b + i] = k < K ? (uint8_t)(ar[k] ^ flip) : 0;
+            pr[b + 64 + i] = k + 1 < K ? (uint8_t)(ar[k + 1] ^ flip) : 0;
+          }
+        }
       }
-      const int32_t z = zp.data_ptr<int32_t>()[m];
+      const int32_t z = zp[m];
+      if (lanes) {
+        int32_t* ls = lsum + m * (lda / 8);
+        for (int64_t j = 0; j < lda / 8; ++j) {
+          int32_t t = 0;
+          for (int64_t k = 8 * j; k < std::min(8 * j + 8, K); ++k) t += ar[k] - z;
+          ls[j] = 8 * t;
+        }
+        continue;
+      }
       for (int64_t gi = 0; gi < G; ++gi) {
         int32_t t = 0;
         for (int64_t k = gi * g; k < (gi + 1) * g; ++k) t += ar[k];
-        bsum.data_ptr<float>()[m * G + gi] = (float)(t - z * (int32_t)g);
+        bsum[m * G + gi] = (float)(t - z * (int32_t)g);
       }
     }
   });
-  const DaInt4Args p{ap.data_ptr<uint8_t>(), M, K, lda, a_scale.data_ptr<float>(), zp.data_ptr<int32_t>(),
-                     panel ? nullptr : bsum.data_ptr<float>(), qdata.data_ptr<uint8_t>(), N, qdata.stride(0), s.data_ptr(),
-                     sz_type(s.scalar_type(), op), zw.defined() ? zw.data_ptr<int8_t>() : nullptr, G, g, b.defined() ? b.data_ptr<float>() : nullptr,
-                     out.data_ptr<float>(), N};
+  const DaInt4Args p{ap, M, K, lda, a_scale, zp, bsum, lsum, qdata.data_ptr<uint8_t>(), N, qdata.stride(0), s.data_ptr(),
+                     sz_type(s.scalar_type(), op), zw.defined() ? zw.data_ptr<int8_t>() : nullptr, G, g,
+                     b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
   const bool vex = cpu_has_avx_vnni_vex();
   if (panel) {
     at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t j0, int64_t j1) {

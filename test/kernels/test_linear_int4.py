@@ -314,14 +314,40 @@ def test_int8da_int4unaligned(monkeypatch, isa, m):
                 TOL[torch.bfloat16], isa)
 
 
+# Decode sizes on small-LLM shapes (SmolLM2-135M: K = 576 = 4.5 blocks of 128 k, 1536) and K = 72 (a 4-byte tail
+# past a whole 32-byte vector), M = 1..9: the decode kernel's masked tail loads, scales staged 16 rows at a time
+# (N = 37: two stages and a short one), symmetric weights' lane sums and the zero-point term in int32
+# (Note [int8 x int4 decode]).
+DA4_DECODE_CASES = [(1, 37, 576, 32, "symmetric"), (2, 5, 576, 64, "symmetric"), (5, 17, 1536, 128, "symmetric"),
+                    (9, 3, 576, 32, "asymmetric"), (6, 33, 72, 8, "symmetric"), (8, 16, 1536, 32, "asymmetric"),
+                    (7, 9, 576, 576, "symmetric"), (1, 40, 136, 8, "asymmetric")]
+
+
+@needs_ext
+@pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["act_sym", "act_asym"])
+@pytest.mark.parametrize("case", DA4_DECODE_CASES, ids=str)
+def test_int8da_int4_decode_small_llm_shapes(monkeypatch, isa, symmetric, case):
+    # Tolerance as test_int8da_int4_matches_reference: exact int32 sums, fp32 scaling.
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    m, n, k, group, wmap = case
+    w = _int4_packed(n, k, group, wmap)
+    x = _act(m, k, torch.float32) + (0 if symmetric else 1.5)
+    args = (x, w.qdata, w.scale, w.zero_point, torch.randn(n, generator=gen(2)), symmetric)
+    from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
+    assert_rel(DA4(*args), linear_int8da_int4_packed_ref(*args), TOL[torch.float32], f"{isa} {case}")
+
+
 @needs_ext
 @pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
 @pytest.mark.parametrize("m", [1, 5, 20])
-def test_int8da_int4_extreme_activation_zero_points(monkeypatch, isa, m):
+@pytest.mark.parametrize("wmap", ["asymmetric", "symmetric"])
+def test_int8da_int4_extreme_activation_zero_points(monkeypatch, isa, m, wmap):
     # Non-negative rows (after a ReLU) get the lowest zero point, -128, and one row of a constant its own
-    # scale: the zero-point term (- zp * sum u) at its largest, and next to other rows' in one pass / tile.
+    # scale: the zero-point term (- zp * sum u) at its largest (-zp = 128 is one byte more than vpdpbusd's
+    # signed operand holds), and next to other rows' in one pass / tile.
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
-    w = _int4_packed(19, 160, 32, "asymmetric")
+    w = _int4_packed(19, 160, 32, wmap)
     x = _act(m, 160, torch.float32).abs()
     x[0] = 3.0
     args = (x, w.qdata, w.scale, w.zero_point, None, False)
