@@ -195,14 +195,40 @@ constexpr int64_t kPfBytes = 4096;             // Note [decode prefetch] in line
 
 enum class Acc { kRow, kGroup, kScaled };  // Note [Group scales once per group]; kScaled: several tokens
 
-// One step of NB rows x MB tokens. A function, not a lambda: Note [accumulators in registers] in kernels.h.
-template <class D, int MB, int NB, Acc A>
+// e4m3fn has NaN codes (eeee mmm = 1111 111); e5m2's decode through fp16 already yields its NaN / inf.
+template <class D> constexpr bool kNanCodes = false;
+template <> constexpr bool kNanCodes<F8<true>> = true;
+
+// Note [NaN codes off the hot loop]: the dot loop decodes e4m3 without looking for NaN codes (a NaN code then
+// decodes to a finite value) and keeps one running byte max of (byte & 0x7F) over the tile's steps, one
+// `vpand` + `vpmaxub` per 32 weights (the per-step compare, movemask and branch cost a third of the float8
+// decode). A tile that held a NaN code (never in weights quantized from finite values) runs again with the
+// checked decoder (kChecked), so the result is the reference's NaN.
+struct NanTrack {
+  __m256i max;
+  NanTrack() : max(_mm256_setzero_si256()) {}  // written out: an implicit constructor lacks the ISA's target
+  __attribute__((always_inline)) void add(const uint8_t* b) {
+    max = _mm256_max_epu8(max, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)),
+                                                _mm256_set1_epi8(0x7F)));
+  }
+  bool seen() const { return _mm256_movemask_epi8(_mm256_cmpeq_epi8(max, _mm256_set1_epi8(0x7F))) != 0; }
+};
+
+// One step of NB rows x MB tokens: row i's bytes at src[i] + off. A function, not a lambda: Note [accumulators in
+// registers] in kernels.h.
+template <class D, int MB, int NB, Acc A, bool kChecked>
 __attribute__((always_inline)) inline void dot_step(F (&acc)[MB][NB], const D& dec, const uint8_t* const (&src)[NB],
-                                                    const float* const (&xr)[MB], const F (&sv)[NB], int64_t c) {
+                                                    int64_t off, const float* const (&xr)[MB], const F (&sv)[NB],
+                                                    int64_t c, NanTrack& nan) {
 #pragma GCC unroll 4
   for (int i = 0; i < NB; ++i) {
     F w[W];
-    dec.dot_order(src[i], w);
+    if constexpr (kNanCodes<D> && !kChecked) {
+      dec.template vectors<0, false>(src[i] + off, w);
+      nan.add(src[i] + off);
+    } else {
+      dec.dot_order(src[i] + off, w);
+    }
     if constexpr (A == Acc::kScaled)
       for (int t = 0; t < W; ++t) w[t] = V::mul(w[t], sv[i]);
 #pragma GCC unroll 4
@@ -256,16 +282,26 @@ __attribute__((always_inline)) inline void walk_steps(const uint8_t* const (&wr)
   }
 }
 
-// Steps [c0, c1) of one group (or row) into sum.
-template <class D, int MB, int NB, Acc A>
+// Steps [c0, c1) of one group (or row) into sum. Whole steps straight from the rows (row pointers in scalar
+// registers: building a per-step pointer array made GCC keep it in vector registers and extract each pointer),
+// prefetching the same bytes of the rows pf bytes on (Note [decode prefetch distance]); the tail through walk_steps.
+template <class D, int MB, int NB, Acc A, bool kChecked>
 __attribute__((always_inline)) inline void group_steps(F (&sum)[MB][NB], const D& dec, const uint8_t* const (&wr)[NB],
                                                        const float* const (&xr)[MB], const F (&sv)[NB],
                                                        uint8_t (&tmp)[NB][32], int64_t c0, int64_t c1, int64_t nfull,
-                                                       int64_t rb) {
-  walk_steps<D, NB>(wr, tmp, c0, c1, nfull, rb,
-                    [&](const uint8_t* const (&src)[NB], int64_t c) __attribute__((always_inline)) {
-                      dot_step<D, MB, NB, A>(sum, dec, src, xr, sv, c);
-                    });
+                                                       int64_t rb, int64_t pf, NanTrack& nan) {
+  int64_t c = c0;
+  for (const int64_t cf = std::min(c1, nfull); c < cf; ++c) {
+    const int64_t off = c * D::kBytes;
+    if ((off & 63) < D::kBytes)
+#pragma GCC unroll 4
+      for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + off + pf), _MM_HINT_T1);
+    dot_step<D, MB, NB, A, kChecked>(sum, dec, wr, off, xr, sv, c, nan);
+  }
+  if (c < c1)
+    walk_steps<D, NB>(wr, tmp, c, c1, nfull, rb, [&](const uint8_t* const (&src)[NB], int64_t cc) {
+      dot_step<D, MB, NB, A, true>(sum, dec, src, 0, xr, sv, cc, nan);
+    });
 }
 
 // Scales of the G groups of the row whose scale row starts at base, without scale_mul: the stored fp32 row
@@ -310,7 +346,11 @@ void for_each_tile(const LowbitArgs& p, int64_t n0, int64_t n1, const Tile& tile
   }
 }
 
-template <class D, int MB, int NB, Acc A>
+// Note [decode prefetch distance]: the dot loop prefetches (into L2) the bytes that the next tile of NB rows will
+// read at the same column, one tile ahead: rows are contiguous, so that is NB row strides on. A fixed 4 KiB
+// (Note [decode prefetch] in linear_int4.cpp) landed inside the current tile's own rows for rows of 2-4 KiB
+// (nf4 / float8 at K = 4096), so half the prefetches fetched lines that the tile was already reading.
+template <class D, int MB, int NB, Acc A, bool kChecked = false>
 void dot_tile(const LowbitArgs& p, const D& dec, const float* const* srow, const float* xsum, int64_t m0, int64_t n0,
               int nr) {
   const int64_t nst = (p.K + kStep - 1) / kStep, rb = D::row_bytes(p), nfull = full_steps<D>(rb, nst);
@@ -328,6 +368,8 @@ void dot_tile(const LowbitArgs& p, const D& dec, const float* const* srow, const
   for (int m = 0; m < MB; ++m)
     for (int i = 0; i < NB; ++i) acc[m][i] = V::zero();
   alignas(64) uint8_t tmp[NB][32];
+  const int64_t pf = NB * p.ldw;
+  NanTrack nan;
   F sv[NB];
   for (int i = 0; i < NB; ++i) sv[i] = V::set1(1.f);
   for (int64_t c0 = 0, gi = 0; c0 < nst; c0 += spg, ++gi) {
@@ -337,12 +379,14 @@ void dot_tile(const LowbitArgs& p, const D& dec, const float* const* srow, const
     F gacc[MB][NB];
     for (int m = 0; m < MB; ++m)
       for (int i = 0; i < NB; ++i) gacc[m][i] = V::zero();
-    if constexpr (A == Acc::kGroup) group_steps<D, MB, NB, A>(gacc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb);
-    else group_steps<D, MB, NB, A>(acc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb);
+    if constexpr (A == Acc::kGroup) group_steps<D, MB, NB, A, kChecked>(gacc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb, pf, nan);
+    else group_steps<D, MB, NB, A, kChecked>(acc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb, pf, nan);
     if constexpr (A == Acc::kGroup)
 #pragma GCC unroll 4
       for (int i = 0; i < NB; ++i) acc[0][i] = V::fmadd(gacc[0][i], sv[i], acc[0][i]);
   }
+  if constexpr (kNanCodes<D> && !kChecked)
+    if (nan.seen()) return dot_tile<D, MB, NB, A, true>(p, dec, srow, xsum, m0, n0, nr);  // Note [NaN codes off the hot loop]
   float red[MB][NB];  // every acc index a compile-time constant: Note [accumulators in registers]
 #pragma GCC unroll 16
   for (int m = 0; m < MB; ++m)
