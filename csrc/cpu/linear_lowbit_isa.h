@@ -55,10 +55,17 @@ struct Lut4 {
     levels16(kHighFirst ? _mm_unpacklo_epi8(hi, lo) : _mm_unpacklo_epi8(lo, hi), w);
     levels16(kHighFirst ? _mm_unpackhi_epi8(hi, lo) : _mm_unpackhi_epi8(lo, hi), w + W / 2);
   }
+  // Each byte zero-extended once; its high nibble is that lane >> 4 (no second widening: one shuffle less per
+  // 16 codes than widening the shifted bytes).
+  template <int T = 0>
+  void low_high(__m128i codes, F (&w)[W]) const {
+    const V::I z = V::template u8_to_i32<T>(codes);
+    w[T] = V::lookup(lut, z);
+    w[W / 2 + T] = V::lookup(lut, V::template srli_i<4>(z));
+    if constexpr (T + 1 < 16 / V::L) low_high<T + 1>(codes, w);
+  }
   void dot_order(const uint8_t* b, F (&w)[W]) const {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
-    levels16(v, w);
-    levels16(_mm_srli_epi16(v, 4), w + W / 2);
+    low_high(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), w);
   }
 };
 struct Nf4 : Lut4<true> { explicit Nf4(const LowbitArgs&) : Lut4(kNf4) {} };
@@ -88,8 +95,12 @@ struct F8 {
   void dot_order(const uint8_t* b, F (&w)[W]) const { (*this)(b, w); }
   template <int T, bool kNan>
   void vectors(const uint8_t* b, F (&w)[W]) const {
-    const V::H u = V::hi16<T>(b);
-    if constexpr (kE4m3) {
+    if constexpr (kE4m3 && !kNan && V::L == 16) {
+      // The same fp16 bits: the sign-extended byte << 7 is s s eeee mmm 0000000 (AVX-512: one op less than
+      // hi16's zero-extend + shift; on AVX2 hi16 is one unpack, so the general form is as cheap there).
+      w[T] = V::half_to_f(V::and_h(V::slli7_h(V::sx16<T>(b)), V::set1_h(static_cast<int16_t>(0xBFFF))));
+    } else if constexpr (kE4m3) {
+      const V::H u = V::hi16<T>(b);
       V::H h = V::and_h(V::srai1_h(u), V::set1_h(static_cast<int16_t>(0xBFFF)));
       if constexpr (kNan) {
         const V::H em = V::and_h(u, V::set1_h(0x7F00));
@@ -97,7 +108,7 @@ struct F8 {
       }
       w[T] = V::half_to_f(h);
     } else {
-      w[T] = V::half_to_f(u);
+      w[T] = V::half_to_f(V::hi16<T>(b));
     }
     if constexpr (T + 1 < W) vectors<T + 1, kNan>(b, w);
   }
@@ -304,6 +315,46 @@ __attribute__((always_inline)) inline void group_steps(F (&sum)[MB][NB], const D
     });
 }
 
+// Note [Whole groups of a fixed step count]: with one token and groups of 1, 2 or 4 steps (g = 32 / 64 / 128:
+// MX, intx g32, nf4 block 64, ...), the groups whose steps all lie inside the rows run as one flat loop with
+// the group's steps unrolled (SPG a compile-time constant): the general loop re-entered group_steps' step loop
+// and re-read its bounds once per group, which cost as much as the group's own decode at g = 32 / 64.
+template <class D, int NB, int SPG>
+__attribute__((always_inline)) inline void whole_groups(F (&acc)[1][NB], const D& dec, const uint8_t* const (&wr)[NB],
+                                                        const float* const (&xr)[1], const float* const* srow,
+                                                        int64_t g1, int64_t pf, NanTrack& nan) {
+  const F one[NB] = {};  // unused: kGroup applies the scale once per group below
+  for (int64_t gi = 0; gi < g1; ++gi) {
+    F gacc[1][NB];
+#pragma GCC unroll 4
+    for (int i = 0; i < NB; ++i) gacc[0][i] = V::zero();
+#pragma GCC unroll 4
+    for (int s = 0; s < SPG; ++s) {
+      const int64_t c = gi * SPG + s, off = c * D::kBytes;
+      if ((off & 63) < D::kBytes)
+#pragma GCC unroll 4
+        for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + off + pf), _MM_HINT_T1);
+      dot_step<D, 1, NB, Acc::kGroup, false>(gacc, dec, wr, off, xr, one, c, nan);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NB; ++i) acc[0][i] = V::fmadd(gacc[0][i], V::set1(srow[i][gi]), acc[0][i]);
+  }
+}
+
+// Groups [0, g1) through whole_groups when the step count per group is 1, 2 or 4; returns the groups done.
+template <class D, int NB>
+__attribute__((always_inline)) inline int64_t whole_groups_fixed(F (&acc)[1][NB], const D& dec,
+                                                                 const uint8_t* const (&wr)[NB],
+                                                                 const float* const (&xr)[1], const float* const* srow,
+                                                                 int64_t spg, int64_t g1, int64_t pf, NanTrack& nan) {
+  switch (spg) {
+    case 1: whole_groups<D, NB, 1>(acc, dec, wr, xr, srow, g1, pf, nan); return g1;
+    case 2: whole_groups<D, NB, 2>(acc, dec, wr, xr, srow, g1, pf, nan); return g1;
+    case 4: whole_groups<D, NB, 4>(acc, dec, wr, xr, srow, g1, pf, nan); return g1;
+    default: return 0;
+  }
+}
+
 // Scales of the G groups of the row whose scale row starts at base, without scale_mul: the stored fp32 row
 // itself, or E8M0 exponents / double-quantized absmax decoded into dst (once per block of rows, in a loop the
 // compiler vectorizes, so the dot loop reads one float per group and row).
@@ -372,7 +423,10 @@ void dot_tile(const LowbitArgs& p, const D& dec, const float* const* srow, const
   NanTrack nan;
   F sv[NB];
   for (int i = 0; i < NB; ++i) sv[i] = V::set1(1.f);
-  for (int64_t c0 = 0, gi = 0; c0 < nst; c0 += spg, ++gi) {
+  int64_t gdone = 0;  // Note [Whole groups of a fixed step count]
+  if constexpr (A == Acc::kGroup && MB == 1 && !kChecked)
+    gdone = whole_groups_fixed<D, NB>(acc, dec, wr, xr, srow, spg, std::min(nfull / spg, p.G), pf, nan);
+  for (int64_t c0 = gdone * spg, gi = gdone; c0 < nst; c0 += spg, ++gi) {
     const int64_t c1 = std::min(nst, c0 + spg);
     if constexpr (A != Acc::kRow)
       for (int i = 0; i < NB; ++i) sv[i] = V::set1(srow[i][gi]);
