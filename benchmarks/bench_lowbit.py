@@ -19,7 +19,9 @@ scheduler: medians of 16-20 ms for a 1 ms kernel):
 
 one thread, each call on the next copy of the weight from a ring of copies > 3x L3 (weights from memory), and
 the fastest and the 25th-percentile call of --reps: what the kernel costs when it has the core, not the median
-of a host's queue. GB/s here is one core's, not comparable with the 2-thread read bandwidth.
+of a host's queue. GB/s here is one core's, not comparable with the 2-thread read bandwidth. With --cpu-time it
+prints the thread's mean CPU time per call instead (time.thread_time; the before / after figure on a shared host:
+run it on two trees one after the other, alternating).
 """
 from __future__ import annotations
 
@@ -107,6 +109,26 @@ def lowbit_table(shapes, ms, bw, names, bench, args):
             print("  ".join(cells), flush=True)
 
 
+def ring_cpu_time(name: str, ms: list[int], reps: int, dtype: torch.dtype, ring_bytes: int = 200 * 2**20):
+    """(M, CPU s per call, stored bytes) per M: this thread's CPU time (time.thread_time) over `reps` calls on the
+    ring, which a loaded host's queue does not inflate (a descheduled thread accrues none); --threads 1 only."""
+    g = torch.Generator().manual_seed(0)
+    w = FORMATS[name][0](torch.randn(4096, 4096, generator=g) * 0.02)
+    nbytes = stored_bytes(w)
+    ring = [w] + [copy.deepcopy(w) for _ in range(ring_bytes // nbytes)]
+    rows = []
+    for m in ms:
+        x = torch.randn(m, 4096, generator=g).to(dtype)
+        fns = [call(r, x) for r in ring]
+        for fn in fns[:3]:
+            fn()
+        t0 = time.thread_time()
+        for i in range(reps):
+            fns[i % len(fns)]()
+        rows.append((m, (time.thread_time() - t0) / reps, nbytes))
+    return rows
+
+
 def ring_timings(name: str, ms: list[int], reps: int, dtype: torch.dtype, ring_bytes: int = 200 * 2**20):
     """(M, fastest s, 25th-percentile s, stored bytes) per M for format `name` at 4096 x 4096."""
     g = torch.Generator().manual_seed(0)
@@ -136,14 +158,26 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--bf16", action="store_true", help="bfloat16 activations instead of float32")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="mean CPU time per call of this thread (time.thread_time) instead of wall-clock calls; "
+                         "the A/B figure on a shared host (needs --threads 1)")
     args = ap.parse_args()
+    if args.cpu_time and args.threads != 1:
+        ap.error("--cpu-time counts this thread's CPU time only: run it with --threads 1")
     torch.set_num_threads(args.threads)
     from torchqkit import kernels
     print(f"{args.threads} thread(s), 4096 x 4096, {'bf16' if args.bf16 else 'f32'} activations, "
           f"{kernels.cpu_backend('torchqkit::linear_nf4wo')[0]}; ms of the fastest / 25th-percentile call")
+    ms = [int(m) for m in args.ms.split(",")]
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    if args.cpu_time:
+        print("  (--cpu-time: mean CPU ms per call of this thread instead)")
+        for name in args.formats.split(","):
+            for m, t, nbytes in ring_cpu_time(name, ms, args.reps, dtype):
+                print(f"  {name:6} M={m:<3} {t * 1e3:7.3f} ms CPU   {nbytes / t / 1e9:5.1f} GB/s", flush=True)
+        return
     for name in args.formats.split(","):
-        for m, t0, t25, nbytes in ring_timings(name, [int(m) for m in args.ms.split(",")], args.reps,
-                                               torch.bfloat16 if args.bf16 else torch.float32):
+        for m, t0, t25, nbytes in ring_timings(name, ms, args.reps, dtype):
             print(f"  {name:6} M={m:<3} {t0 * 1e3:7.3f} / {t25 * 1e3:7.3f} ms   {nbytes / t0 / 1e9:5.1f} / "
                   f"{nbytes / t25 / 1e9:5.1f} GB/s", flush=True)
 

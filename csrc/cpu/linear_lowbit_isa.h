@@ -55,10 +55,17 @@ struct Lut4 {
     levels16(kHighFirst ? _mm_unpacklo_epi8(hi, lo) : _mm_unpacklo_epi8(lo, hi), w);
     levels16(kHighFirst ? _mm_unpackhi_epi8(hi, lo) : _mm_unpackhi_epi8(lo, hi), w + W / 2);
   }
+  // Each byte zero-extended once; its high nibble is that lane >> 4 (no second widening: one shuffle less per
+  // 16 codes than widening the shifted bytes).
+  template <int T = 0>
+  void low_high(__m128i codes, F (&w)[W]) const {
+    const V::I z = V::template u8_to_i32<T>(codes);
+    w[T] = V::lookup(lut, z);
+    w[W / 2 + T] = V::lookup(lut, V::template srli_i<4>(z));
+    if constexpr (T + 1 < 16 / V::L) low_high<T + 1>(codes, w);
+  }
   void dot_order(const uint8_t* b, F (&w)[W]) const {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
-    levels16(v, w);
-    levels16(_mm_srli_epi16(v, 4), w + W / 2);
+    low_high(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), w);
   }
 };
 struct Nf4 : Lut4<true> { explicit Nf4(const LowbitArgs&) : Lut4(kNf4) {} };
@@ -88,8 +95,12 @@ struct F8 {
   void dot_order(const uint8_t* b, F (&w)[W]) const { (*this)(b, w); }
   template <int T, bool kNan>
   void vectors(const uint8_t* b, F (&w)[W]) const {
-    const V::H u = V::hi16<T>(b);
-    if constexpr (kE4m3) {
+    if constexpr (kE4m3 && !kNan && V::L == 16) {
+      // The same fp16 bits: the sign-extended byte << 7 is s s eeee mmm 0000000 (AVX-512: one op less than
+      // hi16's zero-extend + shift; on AVX2 hi16 is one unpack, so the general form is as cheap there).
+      w[T] = V::half_to_f(V::and_h(V::slli7_h(V::sx16<T>(b)), V::set1_h(static_cast<int16_t>(0xBFFF))));
+    } else if constexpr (kE4m3) {
+      const V::H u = V::hi16<T>(b);
       V::H h = V::and_h(V::srai1_h(u), V::set1_h(static_cast<int16_t>(0xBFFF)));
       if constexpr (kNan) {
         const V::H em = V::and_h(u, V::set1_h(0x7F00));
@@ -97,7 +108,7 @@ struct F8 {
       }
       w[T] = V::half_to_f(h);
     } else {
-      w[T] = V::half_to_f(u);
+      w[T] = V::half_to_f(V::hi16<T>(b));
     }
     if constexpr (T + 1 < W) vectors<T + 1, kNan>(b, w);
   }
@@ -195,14 +206,40 @@ constexpr int64_t kPfBytes = 4096;             // Note [decode prefetch] in line
 
 enum class Acc { kRow, kGroup, kScaled };  // Note [Group scales once per group]; kScaled: several tokens
 
-// One step of NB rows x MB tokens. A function, not a lambda: Note [accumulators in registers] in kernels.h.
-template <class D, int MB, int NB, Acc A>
+// e4m3fn has NaN codes (eeee mmm = 1111 111); e5m2's decode through fp16 already yields its NaN / inf.
+template <class D> constexpr bool kNanCodes = false;
+template <> constexpr bool kNanCodes<F8<true>> = true;
+
+// Note [NaN codes off the hot loop]: the dot loop decodes e4m3 without looking for NaN codes (a NaN code then
+// decodes to a finite value) and keeps one running byte max of (byte & 0x7F) over the tile's steps, one
+// `vpand` + `vpmaxub` per 32 weights (the per-step compare, movemask and branch cost a third of the float8
+// decode). A tile that held a NaN code (never in weights quantized from finite values) runs again with the
+// checked decoder (kChecked), so the result is the reference's NaN.
+struct NanTrack {
+  __m256i max;
+  NanTrack() : max(_mm256_setzero_si256()) {}  // written out: an implicit constructor lacks the ISA's target
+  __attribute__((always_inline)) void add(const uint8_t* b) {
+    max = _mm256_max_epu8(max, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)),
+                                                _mm256_set1_epi8(0x7F)));
+  }
+  bool seen() const { return _mm256_movemask_epi8(_mm256_cmpeq_epi8(max, _mm256_set1_epi8(0x7F))) != 0; }
+};
+
+// One step of NB rows x MB tokens: row i's bytes at src[i] + off. A function, not a lambda: Note [accumulators in
+// registers] in kernels.h.
+template <class D, int MB, int NB, Acc A, bool kChecked>
 __attribute__((always_inline)) inline void dot_step(F (&acc)[MB][NB], const D& dec, const uint8_t* const (&src)[NB],
-                                                    const float* const (&xr)[MB], const F (&sv)[NB], int64_t c) {
+                                                    int64_t off, const float* const (&xr)[MB], const F (&sv)[NB],
+                                                    int64_t c, NanTrack& nan) {
 #pragma GCC unroll 4
   for (int i = 0; i < NB; ++i) {
     F w[W];
-    dec.dot_order(src[i], w);
+    if constexpr (kNanCodes<D> && !kChecked) {
+      dec.template vectors<0, false>(src[i] + off, w);
+      nan.add(src[i] + off);
+    } else {
+      dec.dot_order(src[i] + off, w);
+    }
     if constexpr (A == Acc::kScaled)
       for (int t = 0; t < W; ++t) w[t] = V::mul(w[t], sv[i]);
 #pragma GCC unroll 4
@@ -256,16 +293,66 @@ __attribute__((always_inline)) inline void walk_steps(const uint8_t* const (&wr)
   }
 }
 
-// Steps [c0, c1) of one group (or row) into sum.
-template <class D, int MB, int NB, Acc A>
+// Steps [c0, c1) of one group (or row) into sum. Whole steps straight from the rows (row pointers in scalar
+// registers: building a per-step pointer array made GCC keep it in vector registers and extract each pointer),
+// prefetching the same bytes of the rows pf bytes on (Note [decode prefetch distance]); the tail through walk_steps.
+template <class D, int MB, int NB, Acc A, bool kChecked>
 __attribute__((always_inline)) inline void group_steps(F (&sum)[MB][NB], const D& dec, const uint8_t* const (&wr)[NB],
                                                        const float* const (&xr)[MB], const F (&sv)[NB],
                                                        uint8_t (&tmp)[NB][32], int64_t c0, int64_t c1, int64_t nfull,
-                                                       int64_t rb) {
-  walk_steps<D, NB>(wr, tmp, c0, c1, nfull, rb,
-                    [&](const uint8_t* const (&src)[NB], int64_t c) __attribute__((always_inline)) {
-                      dot_step<D, MB, NB, A>(sum, dec, src, xr, sv, c);
-                    });
+                                                       int64_t rb, int64_t pf, NanTrack& nan) {
+  int64_t c = c0;
+  for (const int64_t cf = std::min(c1, nfull); c < cf; ++c) {
+    const int64_t off = c * D::kBytes;
+    if ((off & 63) < D::kBytes)
+#pragma GCC unroll 4
+      for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + off + pf), _MM_HINT_T1);
+    dot_step<D, MB, NB, A, kChecked>(sum, dec, wr, off, xr, sv, c, nan);
+  }
+  if (c < c1)
+    walk_steps<D, NB>(wr, tmp, c, c1, nfull, rb, [&](const uint8_t* const (&src)[NB], int64_t cc) {
+      dot_step<D, MB, NB, A, true>(sum, dec, src, 0, xr, sv, cc, nan);
+    });
+}
+
+// Note [Whole groups of a fixed step count]: with one token and groups of 1, 2 or 4 steps (g = 32 / 64 / 128:
+// MX, intx g32, nf4 block 64, ...), the groups whose steps all lie inside the rows run as one flat loop with
+// the group's steps unrolled (SPG a compile-time constant): the general loop re-entered group_steps' step loop
+// and re-read its bounds once per group, which cost as much as the group's own decode at g = 32 / 64.
+template <class D, int NB, int SPG>
+__attribute__((always_inline)) inline void whole_groups(F (&acc)[1][NB], const D& dec, const uint8_t* const (&wr)[NB],
+                                                        const float* const (&xr)[1], const float* const* srow,
+                                                        int64_t g1, int64_t pf, NanTrack& nan) {
+  const F one[NB] = {};  // unused: kGroup applies the scale once per group below
+  for (int64_t gi = 0; gi < g1; ++gi) {
+    F gacc[1][NB];
+#pragma GCC unroll 4
+    for (int i = 0; i < NB; ++i) gacc[0][i] = V::zero();
+#pragma GCC unroll 4
+    for (int s = 0; s < SPG; ++s) {
+      const int64_t c = gi * SPG + s, off = c * D::kBytes;
+      if ((off & 63) < D::kBytes)
+#pragma GCC unroll 4
+        for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + off + pf), _MM_HINT_T1);
+      dot_step<D, 1, NB, Acc::kGroup, false>(gacc, dec, wr, off, xr, one, c, nan);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NB; ++i) acc[0][i] = V::fmadd(gacc[0][i], V::set1(srow[i][gi]), acc[0][i]);
+  }
+}
+
+// Groups [0, g1) through whole_groups when the step count per group is 1, 2 or 4; returns the groups done.
+template <class D, int NB>
+__attribute__((always_inline)) inline int64_t whole_groups_fixed(F (&acc)[1][NB], const D& dec,
+                                                                 const uint8_t* const (&wr)[NB],
+                                                                 const float* const (&xr)[1], const float* const* srow,
+                                                                 int64_t spg, int64_t g1, int64_t pf, NanTrack& nan) {
+  switch (spg) {
+    case 1: whole_groups<D, NB, 1>(acc, dec, wr, xr, srow, g1, pf, nan); return g1;
+    case 2: whole_groups<D, NB, 2>(acc, dec, wr, xr, srow, g1, pf, nan); return g1;
+    case 4: whole_groups<D, NB, 4>(acc, dec, wr, xr, srow, g1, pf, nan); return g1;
+    default: return 0;
+  }
 }
 
 // Scales of the G groups of the row whose scale row starts at base, without scale_mul: the stored fp32 row
@@ -310,7 +397,11 @@ void for_each_tile(const LowbitArgs& p, int64_t n0, int64_t n1, const Tile& tile
   }
 }
 
-template <class D, int MB, int NB, Acc A>
+// Note [decode prefetch distance]: the dot loop prefetches (into L2) the bytes that the next tile of NB rows will
+// read at the same column, one tile ahead: rows are contiguous, so that is NB row strides on. A fixed 4 KiB
+// (Note [decode prefetch] in linear_int4.cpp) landed inside the current tile's own rows for rows of 2-4 KiB
+// (nf4 / float8 at K = 4096), so half the prefetches fetched lines that the tile was already reading.
+template <class D, int MB, int NB, Acc A, bool kChecked = false>
 void dot_tile(const LowbitArgs& p, const D& dec, const float* const* srow, const float* xsum, int64_t m0, int64_t n0,
               int nr) {
   const int64_t nst = (p.K + kStep - 1) / kStep, rb = D::row_bytes(p), nfull = full_steps<D>(rb, nst);
@@ -328,21 +419,28 @@ void dot_tile(const LowbitArgs& p, const D& dec, const float* const* srow, const
   for (int m = 0; m < MB; ++m)
     for (int i = 0; i < NB; ++i) acc[m][i] = V::zero();
   alignas(64) uint8_t tmp[NB][32];
+  const int64_t pf = NB * p.ldw;
+  NanTrack nan;
   F sv[NB];
   for (int i = 0; i < NB; ++i) sv[i] = V::set1(1.f);
-  for (int64_t c0 = 0, gi = 0; c0 < nst; c0 += spg, ++gi) {
+  int64_t gdone = 0;  // Note [Whole groups of a fixed step count]
+  if constexpr (A == Acc::kGroup && MB == 1 && !kChecked)
+    gdone = whole_groups_fixed<D, NB>(acc, dec, wr, xr, srow, spg, std::min(nfull / spg, p.G), pf, nan);
+  for (int64_t c0 = gdone * spg, gi = gdone; c0 < nst; c0 += spg, ++gi) {
     const int64_t c1 = std::min(nst, c0 + spg);
     if constexpr (A != Acc::kRow)
       for (int i = 0; i < NB; ++i) sv[i] = V::set1(srow[i][gi]);
     F gacc[MB][NB];
     for (int m = 0; m < MB; ++m)
       for (int i = 0; i < NB; ++i) gacc[m][i] = V::zero();
-    if constexpr (A == Acc::kGroup) group_steps<D, MB, NB, A>(gacc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb);
-    else group_steps<D, MB, NB, A>(acc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb);
+    if constexpr (A == Acc::kGroup) group_steps<D, MB, NB, A, kChecked>(gacc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb, pf, nan);
+    else group_steps<D, MB, NB, A, kChecked>(acc, dec, wr, xr, sv, tmp, c0, c1, nfull, rb, pf, nan);
     if constexpr (A == Acc::kGroup)
 #pragma GCC unroll 4
       for (int i = 0; i < NB; ++i) acc[0][i] = V::fmadd(gacc[0][i], sv[i], acc[0][i]);
   }
+  if constexpr (kNanCodes<D> && !kChecked)
+    if (nan.seen()) return dot_tile<D, MB, NB, A, true>(p, dec, srow, xsum, m0, n0, nr);  // Note [NaN codes off the hot loop]
   float red[MB][NB];  // every acc index a compile-time constant: Note [accumulators in registers]
 #pragma GCC unroll 16
   for (int m = 0; m < MB; ++m)

@@ -6,18 +6,20 @@
 //   arithmetic      zero, set1, loadu, storeu, fmadd, mul, add, sub, div, min, max, abs, reduce (horizontal
 //                   sum), reduce_max / reduce_min, round_even (to an integral float, ties to even),
 //                   loadu_n(p, n) (the first n lanes of p, the rest 0; 0 < n < L)
-//   integer         zero_i, set1_i, load_i, add_i, and_i, sub_i, srlv (per-lane right shift), shuffle_bytes
+//   integer         zero_i, set1_i, load_i, add_i, and_i, sub_i, srlv (per-lane right shift), srli_i<n> (every
+//                   lane >> n, logical), shuffle_bytes
 //                   (pshufb within each 128-bit lane), broadcast128 (the same 16 bytes in every 128-bit lane),
 //                   cvt (int32 -> fp32), cvt_i (fp32 -> int32, rounding), reduce_i (horizontal int32 sum)
 //   bytes           u8_to_i32<T>(c): bytes [T L, T L + L) of c zero-extended to int32 lanes;
 //                   hi16<T>(b): bytes b[T L, T L + L) as 16-bit lanes holding byte << 8;
+//                   sx16<T>(b): the same bytes sign-extended to 16-bit lanes;
 //                   s8_to_f(p) / s8_to_f_n(p, n): L (or the first n) int8 at p as fp32;
 //                   store_u8(p, v): the L int32 lanes of v (each 0..255) as L bytes at p
 //   u8 x s8 dot     kDotBytes k per step (64: vpdpbusd zmm, AVX-512 VNNI; 16: vpmaddwd on int16, AVX2, exact
 //                   for u8 x s8); A / B = one step of activation (u8) / weight (s8) bytes as dot operands:
 //                   load_a(p), load_b(p), load_b_n(p, n) (n < kDotBytes bytes, the rest 0);
 //                   dot(acc, a, b) adds each lane's products to acc's int32 lanes; sum_b(acc, b) adds b's bytes
-//   16-bit          and_h, or_h, srai1_h (arithmetic >> 1), cmpeq_h, set1_h, half_to_f (fp16 bits -> fp32)
+//   16-bit          and_h, or_h, srai1_h (arithmetic >> 1), slli7_h (<< 7), cmpeq_h, set1_h, half_to_f (fp16 bits -> fp32)
 //   Lut16           a 16-entry fp32 table in registers; lookup(t, i) = table[i & 15] per lane (reads bits 0..3 only)
 //   kPermEntries    entries of the one-instruction table lookup perm(table, i) = table[i % kPermEntries] (a vector
 //                   as the table: 16 for vpermps zmm, 8 for vpermps ymm)
@@ -62,6 +64,7 @@ namespace torchqkit_cpu {
   ATTR I and_i(I a, I b) { return P##_and_##SI(a, b); }                           \
   ATTR I sub_i(I a, I b) { return P##_sub_epi32(a, b); }                          \
   ATTR I srlv(I a, I s) { return P##_srlv_epi32(a, s); }                          \
+  template <int n> ATTR I srli_i(I a) { return P##_srli_epi32(a, n); }            \
   ATTR I shuffle_bytes(I a, I ctrl) { return P##_shuffle_epi8(a, ctrl); }         \
   ATTR F cvt(I v) { return P##_cvtepi32_ps(v); }                                  \
   ATTR I cvt_i(F v) { return P##_cvtps_epi32(v); }                                \
@@ -69,6 +72,7 @@ namespace torchqkit_cpu {
   ATTR H and_h(H a, H b) { return HP##_and_##HSI(a, b); }                         \
   ATTR H or_h(H a, H b) { return HP##_or_##HSI(a, b); }                           \
   ATTR H srai1_h(H a) { return HP##_srai_epi16(a, 1); }                           \
+  ATTR H slli7_h(H a) { return HP##_slli_epi16(a, 7); }                           \
   ATTR H cmpeq_h(H a, H b) { return HP##_cmpeq_epi16(a, b); }                     \
   ATTR H set1_h(int16_t v) { return HP##_set1_epi16(v); }                         \
   ATTR F half_to_f(H h) { return P##_cvtph_ps(h); }
@@ -101,6 +105,10 @@ struct Vec512 : VecTypes<16, 32, __m512, __m512i, __m256i> {
   TQK_AVX512 I u8_to_i32(__m128i c) {
     static_assert(T == 0, "16 bytes fill one AVX-512 vector");
     return _mm512_cvtepu8_epi32(c);
+  }
+  template <int T>
+  TQK_AVX512 H sx16(const uint8_t* b) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + T * L)));
   }
   template <int T>
   TQK_AVX512 H hi16(const uint8_t* b) {
@@ -164,6 +172,10 @@ struct Vec256 : VecTypes<8, 16, __m256, __m256i, __m128i> {
   TQK_AVX2 I u8_to_i32(__m128i c) {
     static_assert(T == 0 || T == 1, "16 bytes fill two AVX2 vectors");
     return _mm256_cvtepu8_epi32(T == 0 ? c : _mm_unpackhi_epi64(c, c));
+  }
+  template <int T>
+  TQK_AVX2 H sx16(const uint8_t* b) {
+    return _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + T * L)));
   }
   template <int T>
   TQK_AVX2 H hi16(const uint8_t* b) {

@@ -141,12 +141,14 @@ def test_kernel_matches_dequantized_reference(monkeypatch, weights, isa, m, name
 DOT_WEIGHTS = {
     "nf4_b32_K96_N13": lambda: _nf4(13, 96, 32, False),
     "nf4_b64_dq_K320_N7": lambda: _nf4(7, 320, 64, True),
+    "nf4_b128_K384_N6": lambda: _nf4(6, 384, 128, False),  # groups of 4 steps
     "mxfp4_K160_N9": lambda: _mx(9, 160, Q.fp4_e2m1),
     "mxfp8_e4m3_K224_N11": lambda: _mx(11, 224, Q.float8_e4m3fn),
     "e4m3_g32_K224_N15": lambda: _fp8(15, 224, Q.float8_e4m3fn, qk.PerBlock((1, 32))),
     "e5m2_row_K97_N5": lambda: _fp8(5, 97, Q.float8_e5m2, qk.PerRow()),
     "int2_g64_asym_K192_N11": lambda: _intx(11, 192, 2, qk.PerGroup(64), "asymmetric"),
     "int3_g32_K96_N9": lambda: _intx(9, 96, 3, qk.PerGroup(32)),
+    "int5_g128_asym_K384_N5": lambda: _intx(5, 384, 5, qk.PerGroup(128), "asymmetric"),  # last group: a tail step
     "uint4_g32_float_zp_K160_N7": lambda: _intx(7, 160, 4, qk.PerGroup(32), "asymmetric", signed=False,
                                                 zero_point_domain=qk.ZeroPointDomain.FLOAT),
     "int5_row_K41_N13": lambda: _intx(13, 41, 5, qk.PerRow()),
@@ -319,6 +321,25 @@ def test_float8_special_codes(monkeypatch, isa):
         row = finite[:64].clone().reshape(1, 64)
         row.view(torch.uint8)[0, 37] = 0x7F  # NaN in both formats
         assert FP8(torch.ones(2, 64), row, torch.ones(1, 1), None).isnan().all()
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("case", ["e4m3_row", "mxfp8_e4m3"])
+def test_e4m3_nan_code_in_a_whole_step(monkeypatch, isa, case):
+    # The dot loop decodes e4m3 without a per-step NaN check and reruns a tile that held a NaN code with the checked
+    # decoder: the row with the NaN code (in a whole step, mid row) is NaN for every token; the other rows of its
+    # tile and of the next tiles keep the reference's values.
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = _fp8(7, 256, Q.float8_e4m3fn, qk.PerRow()) if case == "e4m3_row" else _mx(7, 256, Q.float8_e4m3fn)
+    w.qdata.view(torch.uint8)[2, 100] = 0xFF  # -NaN in e4m3fn
+    for m in (1, 2, 5):
+        x = _act(m, 256, torch.float32, seed=m)
+        out = _call(w, x, None)
+        ref = _reference(w, x, None)
+        assert out[:, 2].isnan().all() and ref[:, 2].isnan().all()
+        keep = [0, 1, 3, 4, 5, 6]
+        assert_rel(out[:, keep], ref[:, keep], TOL[torch.float32], f"{isa} {case} M={m}")
 
 
 # ------------------------------------------------------------------------------------------------
