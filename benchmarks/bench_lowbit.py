@@ -109,19 +109,25 @@ def lowbit_table(shapes, ms, bw, names, bench, args):
             print("  ".join(cells), flush=True)
 
 
-def ring_cpu_time(name: str, ms: list[int], reps: int, dtype: torch.dtype, ring_bytes: int = 200 * 2**20):
-    """(M, CPU s per call, stored bytes) per M: this thread's CPU time (time.thread_time) over `reps` calls on the
-    ring, which a loaded host's queue does not inflate (a descheduled thread accrues none); --threads 1 only."""
+def ring_calls(name: str, ms: list[int], dtype: torch.dtype, ring_bytes: int):
+    """(M, warmed-up calls of format `name`'s 4096 x 4096 op on each weight of a ring of copies, stored bytes) per M."""
     g = torch.Generator().manual_seed(0)
     w = FORMATS[name][0](torch.randn(4096, 4096, generator=g) * 0.02)
     nbytes = stored_bytes(w)
     ring = [w] + [copy.deepcopy(w) for _ in range(ring_bytes // nbytes)]
-    rows = []
     for m in ms:
         x = torch.randn(m, 4096, generator=g).to(dtype)
         fns = [call(r, x) for r in ring]
         for fn in fns[:3]:
             fn()
+        yield m, fns, nbytes
+
+
+def ring_cpu_time(name: str, ms: list[int], reps: int, dtype: torch.dtype, ring_bytes: int = 200 * 2**20):
+    """(M, CPU s per call, stored bytes) per M: this thread's CPU time (time.thread_time) over `reps` calls on the
+    ring, which a loaded host's queue does not inflate (a descheduled thread accrues none); --threads 1 only."""
+    rows = []
+    for m, fns, nbytes in ring_calls(name, ms, dtype, ring_bytes):
         t0 = time.thread_time()
         for i in range(reps):
             fns[i % len(fns)]()
@@ -131,16 +137,8 @@ def ring_cpu_time(name: str, ms: list[int], reps: int, dtype: torch.dtype, ring_
 
 def ring_timings(name: str, ms: list[int], reps: int, dtype: torch.dtype, ring_bytes: int = 200 * 2**20):
     """(M, fastest s, 25th-percentile s, stored bytes) per M for format `name` at 4096 x 4096."""
-    g = torch.Generator().manual_seed(0)
-    w = FORMATS[name][0](torch.randn(4096, 4096, generator=g) * 0.02)
-    nbytes = stored_bytes(w)
-    ring = [w] + [copy.deepcopy(w) for _ in range(ring_bytes // nbytes)]
     rows = []
-    for m in ms:
-        x = torch.randn(m, 4096, generator=g).to(dtype)
-        fns = [call(r, x) for r in ring]
-        for fn in fns[:3]:
-            fn()
+    for m, fns, nbytes in ring_calls(name, ms, dtype, ring_bytes):
         times = []
         for i in range(reps):
             t0 = time.perf_counter()

@@ -291,6 +291,10 @@ def test_int8da_int4_matches_reference(monkeypatch, isa, symmetric, dtype, case)
     # Same activation codes (the oracle's numerics, as in linear_int8da_int8_plain); the kernel's sums are
     # exact int32 per group, scaled in fp32: budget TOL (summation order), measured <= 2e-6 in fp32.
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    _check_da4_case(isa, symmetric, dtype, case)
+
+
+def _check_da4_case(isa, symmetric, dtype, case):
     m, n, k, group, wmap = case
     w = _int4_packed(n, k, group, wmap)
     x = (_act(m, k, torch.float32) + (0 if symmetric else 1.5)).to(dtype)
@@ -330,12 +334,7 @@ DA4_DECODE_CASES = [(1, 37, 576, 32, "symmetric"), (2, 5, 576, 64, "symmetric"),
 def test_int8da_int4_decode_small_llm_shapes(monkeypatch, isa, symmetric, case):
     # Tolerance as test_int8da_int4_matches_reference: exact int32 sums, fp32 scaling.
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
-    m, n, k, group, wmap = case
-    w = _int4_packed(n, k, group, wmap)
-    x = _act(m, k, torch.float32) + (0 if symmetric else 1.5)
-    args = (x, w.qdata, w.scale, w.zero_point, torch.randn(n, generator=gen(2)), symmetric)
-    from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
-    assert_rel(DA4(*args), linear_int8da_int4_packed_ref(*args), TOL[torch.float32], f"{isa} {case}")
+    _check_da4_case(isa, symmetric, torch.float32, case)
 
 
 @needs_ext
