@@ -120,15 +120,18 @@ class LeanDecoder:
         device = _device_of(self.model)
         ids = ids.to(device)
         own = getattr(self.model.config, "_attn_implementation", None)
-        self.attention = (register_filled_cache_sdpa() if self.filled_cache_attention and own == "sdpa" else own)
         try:
-            if self.attention != own:
-                self.model.set_attn_implementation(self.attention)
+            if self.filled_cache_attention and own == "sdpa":
+                self.model.set_attn_implementation(register_filled_cache_sdpa())
+            # What the model now runs (a model that cannot switch keeps its own, with transformers' warning).
+            self.attention = getattr(self.model.config, "_attn_implementation", None)
             with torch.inference_mode():
                 out = self._decode(ids, prompt, new_tokens, device, on_token)
         finally:
-            if self.attention != own:
+            if getattr(self.model.config, "_attn_implementation", None) != own:
                 self.model.set_attn_implementation(own)
+            if self._backend is not None:
+                self._backend.forget()  # the recorded step arguments hold this call's tensors
         return out.clone()  # a normal tensor: the caller may modify it outside inference mode
 
     def _decode(self, ids, prompt: int, new_tokens: int, device, on_token) -> torch.Tensor:
@@ -160,8 +163,6 @@ class LeanDecoder:
             out[i] = token[0, 0]
             if on_token is not None:
                 on_token(i)
-        if self._backend is not None:
-            self._backend.forget()
         return out
 
     def _bind_replay(self, token: torch.Tensor, position: torch.Tensor):
