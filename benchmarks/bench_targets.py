@@ -1,0 +1,209 @@
+"""The CPU kernel targets, measured and checked at every ISA level this CPU runs, one table per level.
+
+    python benchmarks/bench_targets.py                       # the best level, AVX-VNNI if the CPU has it, AVX2
+    python benchmarks/bench_targets.py --levels avx2 --quick # one level, 1024 x 1024 (seconds; a smoke run)
+
+Each level runs in its own process with TORCHQKIT_CPU_ISA forcing torchqkit's kernels, and ATEN_CPU_CAPABILITY /
+ONEDNN_MAX_CPU_ISA forcing torch's own (the fp32 F.linear baseline and torch's int4 op) to the same level, so a
+ratio compares like with like. Cells are 4096 x 4096 (K x N), 2 threads, timed as bench_linear.py times them
+(median call; M = 1 calls read their weight from a ring of copies > 3x L3, i.e. from memory), with the read
+bandwidth measured by the same process before and after its cells (the mean of the two is the reference).
+
+Targets:
+- M = 1, every weight-only format, float32 and bf16 activations: >= 80% of the read bandwidth with AVX-512,
+  >= 70% below (bytes = the weight's stored codes + scales).
+- int4 g128 at M = 1: >= 1.3x the speed of torch's _weight_int4pack_mm_for_cpu (bf16 activations both).
+- int8-dynamic activations x int4 / int8 weights at M = 1: >= 90% of the read bandwidth.
+- M = 256, every weight-only format, float32 activations: >= 1.5x fp32 F.linear with AVX-512, >= 1.0x below
+  (the bf16-activation ratio is printed next to it, not checked).
+- int8-dynamic x int8 / int4 at M = 256: >= 7x fp32 F.linear with VNNI (AVX-512 or AVX-VNNI), >= 2.5x on AVX2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import torchqkit as qk
+from torchqkit.core import qdtypes as Q
+
+# torch's own ops at the level torchqkit is forced to (the baselines must not run AVX-512 under an AVX2 kernel)
+LEVEL_ENV = {
+    "avx512_bf16": {"ATEN_CPU_CAPABILITY": "avx512"},
+    "avx512_vnni": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"},
+    "avx_vnni": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+}
+LOWBIT = ("nf4", "fp8", "mxfp4", "mxfp8", "int3")  # bench_lowbit.py's FORMATS (nf4 b64, e4m3 per row, MX per 32, int3 g32)
+ROW = "{level:<12} {target:<42} {value:>9}  {goal:>7}  {verdict}"
+
+
+def is_avx512(level: str) -> bool:
+    return level.startswith("avx512")
+
+
+def has_vnni(level: str) -> bool:
+    return level in ("avx512_bf16", "avx512_vnni", "avx_vnni")
+
+
+def levels_this_cpu_runs() -> list[str]:
+    """The best level, AVX-VNNI when the CPU has it, and AVX2 (each asked of the extension in a child process:
+    it refuses a level the CPU lacks)."""
+    runs = []
+    for level in LEVEL_ENV:
+        env = dict(os.environ, TORCHQKIT_CPU_ISA=level)
+        probe = subprocess.run([sys.executable, "-c", "import torch, torchqkit; print(torch.ops.torchqkit_cpu.isa())"],
+                               env=env, capture_output=True, text=True)
+        if probe.returncode == 0 and probe.stdout.strip() == level:
+            runs.append(level)
+    best = runs[:1]
+    return best + [lv for lv in ("avx_vnni", "avx2") if lv in runs and lv not in best]
+
+
+def weight_cells(k: int, n: int):
+    """name -> (weight, call(weight, x) -> out) for every weight-only format, on the op each layout routes to (the
+    weight is an argument: bench() hands each call the next copy of it from its ring)."""
+    from bench_lowbit import FORMATS, call  # sibling files: benchmarks/ is sys.path[0]
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(n, k, generator=g) * 0.02
+    cells = {}
+    i8 = qk.quantize_weight(w, Q.int8, qk.PerRow(), qk.PlainLayout(), mapping="symmetric", scale_dtype=torch.float32)
+    cells["int8"] = (i8, lambda q, x: torch.ops.torchqkit.linear_int8wo_plain(x, q.qdata, q.scale, None))
+    i4 = qk.quantize_weight(w.bfloat16(), Q.uint4, qk.PerGroup(128), qk.TensorCoreTiledLayout(inner_k_tiles=8),
+                            mapping="asymmetric", zero_point_domain="float")
+    cells["int4 g128"] = (i4, lambda q, x: torch.ops.torchqkit.linear_int4wo_tiled(
+        x, q.qdata, q.scale_and_zero, 128, n, None))
+    for name in LOWBIT:
+        q = FORMATS[name][0](w)
+        cells[name] = (q, lambda q, x: call(q, x)())
+    return w, i4, cells
+
+
+def dynamic_cells(w: torch.Tensor):
+    """name -> (weight, call(weight, x)) for int8-dynamic activations x int8 / int4 weights."""
+    act = qk.ActivationQuantSpec(Q.int8, qk.PerToken(), "asymmetric")
+    d8 = qk.quantize_weight(w, Q.int8, qk.PerRow(), qk.PlainLayout(), mapping="symmetric", act_quant=act,
+                            scale_dtype=torch.float32)
+    d4 = qk.quantize_weight(w, Q.int4, qk.PerGroup(128), qk.PackedIntxLayout(), mapping="symmetric", act_quant=act)
+    return {
+        "int8-dyn x int8": (d8, lambda q, x: torch.ops.torchqkit.linear_int8da_int8_plain(
+            x, q.qdata, q.scale, None, False)),
+        "int8-dyn x int4 g128": (d4, lambda q, x: torch.ops.torchqkit.linear_int8da_int4_packed(
+            x, q.qdata, q.scale, None, None, False)),
+    }
+
+
+def measure(level: str, k: int, n: int, reps: int, budget: float) -> list[dict]:
+    """This process's rows (it runs at `level`): one dict per target cell."""
+    from bench_linear import bench, read_bandwidth
+    from bench_lowbit import stored_bytes
+    bw0 = read_bandwidth()
+    w, i4, cells = weight_cells(k, n)
+    dyn = dynamic_cells(w)
+    rows = []
+    bw_goal = 0.8 if is_avx512(level) else 0.7
+    for m in (1, 256):
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(m, k, generator=g)
+        xb = x.bfloat16()
+        opts = dict(cold=m == 1, min_reps=reps, budget_s=budget)
+        timed = {}
+        for name, (q, fn) in {**cells, **dyn}.items():
+            timed[name] = (stored_bytes(q), bench(lambda q: fn(q, x), q, **opts),
+                           bench(lambda q: fn(q, xb), q, **opts) if name in cells else None)
+        if m == 1:
+            codes = i4.qlayout.unpack(i4).qdata.to(torch.int32)
+            packed = torch._convert_weight_to_int4pack_for_cpu(codes, 8)
+            sz = i4.scale_and_zero[: k // 128, :n].contiguous()
+            t_torch = bench(lambda pk: torch._weight_int4pack_mm_for_cpu(xb, pk, 128, sz), packed, **opts)
+            rows.append(dict(target="int4 g128 M=1 bf16: x torch's int4 op", value=t_torch / timed[
+                "int4 g128"][2], goal=1.3, unit="x"))
+        else:
+            t32 = bench(lambda w: F.linear(x, w), w, **opts)
+        for name, (nbytes, t, tb) in timed.items():
+            if m == 1:
+                goal = 0.9 if name in dyn else bw_goal
+                rows.append(dict(target=f"{name} M=1 f32: % read bw", bw_bytes_s=nbytes / t, goal=goal, unit="%bw"))
+                if tb is not None:
+                    rows.append(dict(target=f"{name} M=1 bf16: % read bw", bw_bytes_s=nbytes / tb, goal=goal,
+                                     unit="%bw"))
+            elif name in dyn:
+                rows.append(dict(target=f"{name} M=256: x fp32 F.linear", value=t32 / t,
+                                 goal=7.0 if has_vnni(level) else 2.5, unit="x"))
+            else:
+                rows.append(dict(target=f"{name} M=256 f32: x fp32 F.linear", value=t32 / t,
+                                 goal=1.5 if is_avx512(level) else 1.0, unit="x"))
+                rows.append(dict(target=f"{name} M=256 bf16: x fp32 F.linear", value=t32 / tb, goal=None, unit="x"))
+    bw = (bw0 + read_bandwidth()) / 2 * 1e9
+    for r in rows:
+        if "bw_bytes_s" in r:
+            r["value"] = r.pop("bw_bytes_s") / bw
+    return [dict(r, level=level, read_bw_gbs=bw / 1e9) for r in rows]
+
+
+def print_rows(rows: list[dict]) -> tuple[int, int]:
+    met = 0
+    checked = 0
+    for r in rows:
+        pct = r["unit"] == "%bw"
+        value = f"{r['value']:.0%}" if pct else f"{r['value']:.2f}x"
+        goal = "" if r["goal"] is None else (f">={r['goal']:.0%}" if pct else f">={r['goal']:.1f}x")
+        verdict = ""
+        if r["goal"] is not None:
+            checked += 1
+            met += r["value"] >= r["goal"]
+            verdict = "met" if r["value"] >= r["goal"] else "NOT MET"
+        print(ROW.format(level=r["level"], target=r["target"], value=value, goal=goal, verdict=verdict))
+    return met, checked
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--levels", default=None, help="comma-separated ISA levels (default: the levels this CPU runs, "
+                                                  f"of {', '.join(LEVEL_ENV)}; scalar has no speed targets)")
+    p.add_argument("--quick", action="store_true", help="1024 x 1024, 2 calls per cell: a smoke run, not the figures")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one level, in this process: JSON rows to stdout
+    args = p.parse_args()
+    k = n = 1024 if args.quick else 4096
+    reps, budget = (2, 0.0) if args.quick else (5, 1.0)
+    torch.set_num_threads(args.threads)
+    if args.child:
+        got = torch.ops.torchqkit_cpu.isa()
+        if got != args.child:
+            raise SystemExit(f"asked for ISA level {args.child}, the extension runs {got}")
+        print(json.dumps(measure(args.child, k, n, reps, budget)))
+        return
+    from bench_linear import cpu_model
+    levels = args.levels.split(",") if args.levels else levels_this_cpu_runs()
+    unknown = sorted(set(levels) - set(LEVEL_ENV))
+    if unknown:
+        p.error(f"--levels: unknown {unknown}; known: {', '.join(LEVEL_ENV)}")
+    print(f"machine: {cpu_model()}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, {args.threads} threads, "
+          f"{k} x {n}; levels: {', '.join(levels)}")
+    print(ROW.format(level="level", target="target", value="measured", goal="goal", verdict=""))
+    met = checked = 0
+    for level in levels:
+        env = dict(os.environ, TORCHQKIT_CPU_ISA=level, **LEVEL_ENV[level])
+        cmd = [sys.executable, __file__, "--child", level, "--threads", str(args.threads)] + (["--quick"] if args.quick
+                                                                                             else [])
+        t0 = time.perf_counter()
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"level {level}: the measuring process failed:\n{out.stderr[-2000:]}")
+        rows = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"-- {level}: read bandwidth {rows[0]['read_bw_gbs']:.1f} GB/s (mean of the level's two passes), "
+              f"{time.perf_counter() - t0:.0f} s")
+        a, b = print_rows(rows)
+        met, checked = met + a, checked + b
+    print(f"targets met: {met} of {checked}")
+
+
+if __name__ == "__main__":
+    main()
