@@ -67,6 +67,7 @@ def test_compiled_lean_decode_follows_the_model_and_calls_custom_ops():
     step_code = "\n".join(code)
     assert step_code.count("torchqkit.linear_int4wo_tiled") >= 15
     assert "extern_kernels.mm(" not in step_code and "extern_kernels.addmm(" not in step_code
+    assert "assert_size_stride(" not in step_code  # STEP_INDUCTOR_DEFAULTS: no per-input / per-op checks
     assert decoder.generate(PROMPT, NEW).tolist() == expected.tolist()   # the recompiled step, replayed
     assert decoder.replayed_steps == NEW - 2
 
@@ -93,6 +94,8 @@ def test_replay_binds_only_a_graph_call_that_took_the_token_and_position():
     assert backend.bind(torch.tensor([[1]]), position)[1] == "the graph does not take the token and the position as inputs"
     backend.forget()
     assert backend.bind(token, position)[0] is None
+    assert ReplayingInductor({"size_asserts": True, "freezing": True}).options == {
+        "size_asserts": True, "alignment_asserts": False, "scalar_asserts": False, "freezing": True}
 
 
 def test_rejects_what_it_cannot_decode():

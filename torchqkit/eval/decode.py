@@ -52,7 +52,8 @@ __all__ = ["LeanDecoder", "greedy_decode"]
 
 # Inductor options are passed per compile (torch.compile(options=...)), never set globally. Measured on
 # SmolLM2-135M (README, "Greedy decode"): cpp_wrapper compiles for minutes (a 0.5 MB C++ wrapper for 30
-# layers) and decoded no faster, so the default is inductor's own settings.
+# layers) and decoded no faster, so the default is inductor's own settings, less the wrapper's size / stride
+# asserts (STEP_INDUCTOR_DEFAULTS in step_replay.py, which says why).
 
 
 class LeanDecoder:
@@ -64,7 +65,8 @@ class LeanDecoder:
     max_length: prompt + new tokens of the longest request; the K/V cache holds that many positions.
     compile: torch.compile(fullgraph=True) the one-token step. The first step compiles (seconds to a minute:
         `compile_seconds` says how long); a graph break raises.
-    inductor_options: inductor settings for this compile only, e.g. {"freezing": True}.
+    inductor_options: inductor settings for this compile only, e.g. {"freezing": True}, on top of
+        STEP_INDUCTOR_DEFAULTS (no size / stride asserts in the step's wrapper; {"size_asserts": True} restores them).
     skip_guards: after the first step of each call, call the compiled graph without dynamo (or, where that is
         not possible, skip dynamo's guard checks); see Note [Lean decode].
     filled_cache_attention: while decoding, a model on transformers' "sdpa" attention attends over the filled
