@@ -52,6 +52,7 @@ struct Int4Args {
   const float* bias;  // (N) or nullptr
   float* out;        // (M, N), row stride ldo
   int64_t ldo;
+  const uint32_t* xb;  // (M, NC, 4, 16) bf16 activation pairs of the AVX512-BF16 decode (Note [int4 bf16 decode])
 };
 
 float half_to_float(uint16_t h) {
@@ -442,8 +443,9 @@ struct Vec : Vec512 {  // the tiled kernel's traits (int4_tiled_dot.inc) on simd
     return lane_pick<NG>(lm, sc.sz, v, 0);
   }
   // (s, z) vectors of every group times the group sums of x; lanes 2 r = s, 2 r + 1 = z.
+  // code_offset: the value a code of 0 stands for beyond its midpoint 8 (136 for the bf16 kernel's 128 + u).
   template <int MB>
-  static void zero_terms(const Int4Args& p, int64_t i, int64_t m0, float (*zt)[8]) {
+  static void zero_terms(const Int4Args& p, int64_t i, int64_t m0, float (*zt)[8], float code_offset = 8.f) {
     // Two chains per token: one FMA chain of G = 20 (K = 576, g = 32) was 80 cycles of latency per tile.
     __m512 zacc[MB][2];
     for (int m = 0; m < MB; ++m) zacc[m][0] = zacc[m][1] = _mm512_setzero_ps();
@@ -461,7 +463,7 @@ struct Vec : Vec512 {  // the tiled kernel's traits (int4_tiled_dot.inc) on simd
     for (int m = 0; m < MB; ++m) {
       alignas(64) float zl[16];
       _mm512_store_ps(zl, _mm512_add_ps(zacc[m][0], zacc[m][1]));
-      for (int r = 0; r < 8; ++r) zt[m][r] = zl[2 * r + 1] - 8.f * zl[2 * r];
+      for (int r = 0; r < 8; ++r) zt[m][r] = zl[2 * r + 1] - code_offset * zl[2 * r];
     }
   }
 };
@@ -514,6 +516,16 @@ void dequant_tiles(const Int4Args& p, int64_t i0, int64_t i1, int64_t j0, int64_
 }
 
 }  // namespace avx512
+#pragma GCC pop_options
+
+// ================================================================================================
+// AVX-512 + AVX512-BF16, decode with bf16 activations: 32 nibbles per vdpbf16ps (Note [int4 bf16 decode]).
+// ================================================================================================
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+namespace avx512_bf16_dot {
+#include "int4_tiled_dot_bf16.inc"
+}  // namespace avx512_bf16_dot
 #pragma GCC pop_options
 
 // ================================================================================================
@@ -757,17 +769,27 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
     });
     return result();
   }
+  // bf16 activations on AVX512-BF16 at inner_k_tiles 8 (the layout's default): vdpbf16ps on bf16 pairs of the
+  // permuted activation (Note [int4 bf16 decode]); other tilings convert x to fp32 like float16 does.
+  const bool bf16_dot = dt == at::kBFloat16 && T == 8 && selected_isa_exact() == Isa::kAvx512Bf16;
   thread_local std::vector<float> scratch;
-  const size_t need = (size_t)(M * NC * 128 + M * G);
+  const size_t need = (size_t)(M * NC * 128 + M * G + (bf16_dot ? M * NC * 64 : 0));
   if (scratch.size() < need) scratch.resize(need);
   float* xp = scratch.data();
   float* sx = xp + M * NC * 128;
-  const int prescaled = isa == Isa::kAvx512Vnni ? avx512::Vec::kPrescaledNibbles
-                        : isa == Isa::kAvx2     ? avx2::Vec::kPrescaledNibbles : 0;
+  const int prescaled = bf16_dot                  ? 0
+                        : isa == Isa::kAvx512Vnni ? avx512::Vec::kPrescaledNibbles
+                        : isa == Isa::kAvx2       ? avx2::Vec::kPrescaledNibbles : 0;
   permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, prescaled, xp, sx);
   p.xp = xp;
   p.sx = sx;
+  if (bf16_dot) {
+    uint32_t* xb = reinterpret_cast<uint32_t*>(sx + M * G);
+    avx512_bf16_dot::pack_bf16_pairs(xp, M * NC, xb);
+    p.xb = xb;
+  }
   auto tiles = [&](int64_t i0, int64_t i1) {
+    if (bf16_dot) return avx512_bf16_dot::dot_tiles(p, i0, i1);
     switch (isa) {
       case Isa::kAvx512Vnni: return avx512::dot_tiles(p, i0, i1);
       case Isa::kAvx2: return avx2::dot_tiles(p, i0, i1);

@@ -16,7 +16,7 @@ from cpu_kernel_testing import isa_param as isa_param_for
 from torchqkit.kernels.reference import linear_int4wo_tiled_ref
 
 OP = torch.ops.torchqkit.linear_int4wo_tiled
-LEVELS = cpu_levels("torchqkit::linear_int4wo_tiled")
+LEVELS = cpu_levels("torchqkit::linear_int4wo_tiled", with_avx512_bf16=True)
 needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
 # The int8 x int4 op also has AVX-VNNI kernels (Note [AVX-VNNI kernels] in csrc/cpu/int4_packed_vec256.inc).
@@ -378,7 +378,8 @@ def test_int8da_int4_config_routes_to_the_op_and_matches_fake_quant():
     assert_rel(out, ref, 2e-5, "layout")
     if LEVELS:
         row = next(r for r in kernels.status() if r["linear"].startswith("int8 dynamic act (per token) x int4"))
-        assert row["path"] == f"torchqkit::linear_int8da_int4_packed (cpp {LEVELS[-1]})"
+        best = cpu_levels("torchqkit::linear_int8da_int4_packed")[-1]  # no bf16 kernel: its AVX-512 VNNI one
+        assert row["path"] == f"torchqkit::linear_int8da_int4_packed (cpp {best})"
 
 
 def test_int8da_int4_compile_fullgraph_calls_the_op():

@@ -87,6 +87,9 @@ _AVX2_AT_AVX_VNNI = "no AVX-VNNI kernel: its AVX2 kernel runs. "
 _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_int4.cpp
     "avx512_vnni": "M < 32: tiled words streamed once per 4 tokens, nibbles -> fp32 by vpermps (dot kernel); "
                    "M >= 32: n-tiles dequantized to fp32 + the 6x32 FMA panel micro-kernel",
+    "avx512_bf16": "M < 32 with bf16 activations and inner_k_tiles 8: nibble pairs made bf16 (128 + u) by one "
+                   "vpternlogd, 32 weights per vdpbf16ps, 4 tokens per pass (Note [int4 bf16 decode]); other "
+                   "activations and tilings, and M >= 32: the avx512_vnni kernels",
     "avx2": "M < 16: dot kernel (8 words per ymm, 2 tokens per pass); M >= 16: blocks of 512 rows dequantized "
             "to fp32, then ATen's fp32 GEMM",
     "scalar": "plain loops (M >= 16: dequantized blocks + ATen's fp32 GEMM): the CPU has no AVX2+FMA, or "
