@@ -65,10 +65,24 @@ bool bf16_groups(const LowbitArgs& p) { return p.G == 1 || p.g % 32 == 0; }
 //     (bf16_dot_wins).
 //   float32 activations: from the prefill M on when torch allows bf16 matmuls (Note [fp32 activations in bf16]).
 // Groups must be whole 32-k steps (bf16_groups); float16 activations always run the fp32 kernels.
+//
+// bf16_dot_wins: the bf16 dot kernel's CPU time over that of converting x to fp32 for the fp32 dot kernel, 4096^2,
+// 1 thread, weights from a 200 MiB ring (python benchmarks/bench_bf16_decode.py --threads 1 --cpu-time, Zen 4):
+//            M = 1   2     4     8
+//   nf4      1.14  0.71  0.58  0.66     4-bit codebooks: the fp32 kernel at M = 1, bf16 from M = 2
+//   mxfp4    1.62  0.78  0.65  0.67
+//   fp8      1.60  1.36  1.45  1.31     float8 (MXFP8 too, the same decoder): the fp32 kernel at every decode M
+//   int3     1.21  1.04  0.69  (prefill) packed intx: bf16 from M = 4 (its last dot M), the fp32 kernel below
+// One vdpbf16ps takes 32 weights per token where the fp32 kernel needs two FMAs, but the bf16 decode also rounds
+// every level to bf16 (one more conversion per 32 weights), which a single token does not pay back; float8's
+// decode is the largest part of its step, so more tokens don't either.
 bool bf16_dot_wins(LowbitFormat fmt, int64_t M) {
-  (void)fmt;
-  (void)M;
-  return true;
+  switch (fmt) {
+    case LowbitFormat::kNf4:
+    case LowbitFormat::kFp4E2m1: return M >= 2;
+    case LowbitFormat::kIntx: return M >= 4;
+    default: return false;  // float8 e4m3 / e5m2
+  }
 }
 
 bool takes_bf16(Isa level, at::ScalarType dt, const LowbitArgs& p, int64_t M) {

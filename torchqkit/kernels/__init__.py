@@ -76,10 +76,12 @@ _LOWBIT_NOTES = {  # see Note [Low-bit decode] in csrc/cpu/linear_lowbit.cpp
                    "up to M = 63: 32 x 1024 blocks decoded to fp32 (L2), then 4x4 dot tiles; M >= 64: 32-row k-major "
                    "panels + 6x32 FMA tiles",
     "avx512_bf16": "bf16 activations: levels decoded to bf16 (exact; nf4 levels rounded to bf16, Note [nf4 levels "
-                   "in bf16]) and multiplied by vdpbf16ps with fp32 sums: M <= 8 (nf4, mxfp4, float8) / 4 (intx) "
-                   "32 weights per vdpbf16ps in registers (tiles of up to 4 tokens), larger M 32-row bf16 k-pair panels + 6x32 "
-                   "vdpbf16ps tiles; groups of a size not a multiple of 32 and float32 / float16 activations run the "
-                   "avx512_vnni kernels (fp32)",
+                   "in bf16]) and multiplied by vdpbf16ps with fp32 sums. Decode M (<= 8; intx <= 4): 32 weights per "
+                   "vdpbf16ps in registers (tiles of up to 4 tokens) for nf4 / mxfp4 from M = 2 and intx at M = 4, "
+                   "where it is faster; float8 / mxfp8 at every decode M, nf4 / mxfp4 at M = 1 and intx below 4 "
+                   "convert x to fp32 for the avx512_vnni dot kernel (faster there: bf16_dot_wins in "
+                   "csrc/cpu/linear_lowbit_ops.cpp). Larger M: 32-row bf16 k-pair panels + 6x32 vdpbf16ps tiles. "
+                   "Groups of a size not a multiple of 32 and float16 activations run the avx512_vnni kernels (fp32)",
     "avx2": "8-lane decoders (AVX2 + FMA + F16C): in registers for M <= 8 (nf4, mxfp4, float8) / 4 (intx), else fp32 "
             "blocks + dot tiles",
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
