@@ -708,7 +708,7 @@ void linear_weight_only(Isa isa, const WeightOnlyArgs& p, int64_t n0, int64_t n1
 }
 
 bool weight_only_takes_bf16(const WeightOnlyArgs& p) {
-  return p.M >= avx512::kWoPanelMinM && (p.G == 1 || p.g % 32 == 0);
+  return p.M >= avx512::kWoPanelMinM && p.K > 0 && (p.G == 1 || p.g % 32 == 0);
 }
 
 void linear_weight_only_bf16(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int64_t n0, int64_t n1) {
