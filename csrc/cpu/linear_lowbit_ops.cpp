@@ -59,8 +59,8 @@ at::Tensor block_scales(const at::Tensor& s, int64_t n, int64_t k, const char* w
 bool bf16_groups(const LowbitArgs& p) { return p.G == 1 || p.g % 32 == 0; }
 
 // Whether a call runs the AVX512-BF16 kernels (linear_lowbit_bf16.h) rather than the fp32 ones.
-//   bf16 activations, prefill M (above dot_max_m): always (2.1-2.3x fp32 F.linear at M = 256, 4096^2, where the
-//     fp32 kernels reach 1.0-1.3x).
+//   bf16 activations, prefill M (above dot_max_m): always (2.1-2.3x fp32 F.linear at M = 256, 4096^2, 1 thread,
+//     where the fp32 kernels reach 1.0-1.2x).
 //   bf16 activations, decode M: where the bf16 dot kernel beats converting x to fp32 for the fp32 one
 //     (bf16_dot_wins).
 //   float32 activations: from the prefill M on when torch allows bf16 matmuls (Note [fp32 activations in bf16]).
@@ -73,9 +73,6 @@ bool bf16_groups(const LowbitArgs& p) { return p.G == 1 || p.g % 32 == 0; }
 //   mxfp4    1.62  0.78  0.65  0.67
 //   fp8      1.60  1.36  1.45  1.31     float8 (MXFP8 too, the same decoder): the fp32 kernel at every decode M
 //   int3     1.21  1.04  0.69  (prefill) packed intx: bf16 from M = 4 (its last dot M), the fp32 kernel below
-// One vdpbf16ps takes 32 weights per token where the fp32 kernel needs two FMAs, but the bf16 decode also rounds
-// every level to bf16 (one more conversion per 32 weights), which a single token does not pay back; float8's
-// decode is the largest part of its step, so more tokens don't either.
 bool bf16_dot_wins(LowbitFormat fmt, int64_t M) {
   switch (fmt) {
     case LowbitFormat::kNf4:
