@@ -2,6 +2,9 @@
 
     python benchmarks/bench_linear.py            # (K,N) in (4096,4096),(4096,11008),(11008,4096); M in 1,8,32,256
     python benchmarks/bench_linear.py --quick    # one small shape, CI-sized (seconds)
+    python benchmarks/bench_linear.py --fp32-precision --formats int8,int4,nf4,fp8,mxfp4,int3 --ms 1,8,256
+        # float32 activations at the default fp32 matmul precision and under "medium" (bf16 compute allowed)
+    python benchmarks/bench_linear.py --fp32-precision --threads 1 --cpu-time ...   # the same, on a loaded host
 
 One run prints one table. Times are medians in ms (--stat min: the fastest call). Decode rows (M <= 8) time each call on its own copy
 of the weight, taken in turn from a ring of copies that together exceed 3x the L3 cache, so the weight
@@ -44,6 +47,9 @@ RING_BYTES = 96 * 2**20  # > 3x this machine's 32 MiB L3
 # other jobs, the median measures the neighbours; the fastest call is what the kernel itself needs).
 STAT = {"median": statistics.median, "min": min}
 _stat = statistics.median
+# --cpu-time (with --threads 1): each call's figure is this thread's CPU time (time.thread_time), which time spent
+# descheduled by a loaded host's other jobs does not inflate; otherwise wall-clock time.
+_clock = time.perf_counter
 
 
 def _flush():
@@ -72,9 +78,9 @@ def bench(fn, *weights, cold: bool, min_reps: int, budget_s: float, nbytes: int 
     start = time.perf_counter()
     while len(times) < min_reps or (time.perf_counter() - start < budget_s and len(times) < 50):
         args = ring[len(times) % len(ring)]
-        t0 = time.perf_counter()
+        t0 = _clock()
         fn(*args)
-        times.append(time.perf_counter() - t0)
+        times.append(_clock() - t0)
     return _stat(times)
 
 
@@ -213,6 +219,71 @@ def int4_table(shapes, ms, bw, args):
             print(int4_row(k, n, m, bw, args), flush=True)
 
 
+class _matmul_precision:
+    """torch.set_float32_matmul_precision(value) inside the block, the previous setting restored after."""
+
+    def __init__(self, value: str):
+        self.value = value
+
+    def __enter__(self):
+        self.saved = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(self.value)
+
+    def __exit__(self, *exc):
+        torch.set_float32_matmul_precision(self.saved)
+
+
+def _precision_weight(name: str, k: int, n: int):
+    """(call(x), stored weight tensors for the ring, stored bytes) of format `name` at (n, k)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(n, k, generator=g) * 0.02
+    if name == "int8":
+        q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        s = torch.rand(n, 1, generator=g) * 0.01 + 1e-3
+        return (lambda x, q, s: torch.ops.torchqkit.linear_int8wo_plain(x, q, s, None)), (q, s), n * k + 4 * n
+    if name == "int4":
+        aqt = torchqkit.quantize_weight(w.bfloat16(), torchqkit.qdtypes.uint4, torchqkit.PerGroup(128),
+                                        torchqkit.TensorCoreTiledLayout(inner_k_tiles=8), mapping="asymmetric",
+                                        zero_point_domain="float")
+        op = torch.ops.torchqkit.linear_int4wo_tiled
+        nbytes = aqt.qdata.numel() * 4 + aqt.scale_and_zero.numel() * aqt.scale_and_zero.element_size()
+        return (lambda x, q, sz: op(x, q, sz, 128, n, None)), (aqt.qdata, aqt.scale_and_zero), nbytes
+    from bench_lowbit import FORMATS, call, stored_bytes  # a sibling file: benchmarks/ is sys.path[0]
+    aqt = FORMATS[name][0](w)
+    return (lambda x, a: call(a, x)()), (aqt,), stored_bytes(aqt)
+
+
+def precision_table(shapes, ms, bw, names, args):
+    """--fp32-precision: every format's op with float32 activations at torch's default fp32 matmul precision and under
+    "medium" (which lets fp32 matmuls compute in bf16: the ops then take their bf16 kernels from the prefill M on,
+    on AVX512-BF16 CPUs), next to F.linear both ways and the op on bf16 activations."""
+    print("float32 activations and torch.set_float32_matmul_precision: f32 = F.linear at the default ('highest'), "
+          "f32 med = F.linear under 'medium' (oneDNN in bf16); op f32 / op med = the format's op on float32 x at "
+          "'highest' / 'medium'; op bf16 = on bfloat16 x; x = f32 F.linear (highest) time / the op's; int4 = int4 g128 "
+          "tiled, int8 = int8 per channel; the low-bit formats as in their table")
+    head = ["format    K     N    M"] + [f"{c:>8}" for c in ("f32", "f32 med", "op f32", "op med", "op bf16")]
+    head += ["op f32 (bw%)", "op bf16 (bw%)", "x f32", "x med", "x bf16"]
+    print("  ".join(head) + f"    [ms, {args.stat}]")
+    for k, n in shapes:
+        for name in names:
+            fn, weights, nbytes = _precision_weight(name, k, n)
+            for m in ms:
+                opts = dict(cold=m <= 8 and not args.hot, min_reps=args.reps, budget_s=args.budget, nbytes=nbytes)
+                x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+                wf, xb = torch.randn(n, k) * 0.02, x.bfloat16()
+                t = {"f32": bench(lambda w: F.linear(x, w), wf, **opts)}
+                with _matmul_precision("medium"):
+                    t["f32 med"] = bench(lambda w: F.linear(x, w), wf, **opts)
+                t["op f32"] = bench(lambda *w: fn(x, *w), *weights, **opts)
+                with _matmul_precision("medium"):
+                    t["op med"] = bench(lambda *w: fn(x, *w), *weights, **opts)
+                t["op bf16"] = bench(lambda *w: fn(xb, *w), *weights, **opts)
+                cells = [f"{name:6} {k:>5} {n:>5} {m:>4}"] + [f"{v * 1e3:8.2f}" for v in t.values()]
+                cells += [f"{nbytes / t[c] / 1e9:5.1f} ({nbytes / t[c] / 1e9 / bw:4.0%})" for c in ("op f32", "op bf16")]
+                cells += [f"{t['f32'] / t[c]:5.1f}x" for c in ("op f32", "op med", "op bf16")]
+                print("  ".join(cells), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="one small shape and M in (1, 32): runs in seconds")
@@ -228,14 +299,25 @@ def main():
                    help="cuda: the GPU table of bench_linear_cuda.py (refuses to run without a GPU)")
     p.add_argument("--peak-gbs", type=float, default=None, help="--device cuda: the GPU's peak DRAM GB/s")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own, 2 here)")
+    p.add_argument("--fp32-precision", action="store_true",
+                   help="instead of the tables above, one table per --formats entry (int8, int4, low-bit names) of the "
+                        "op with float32 activations at torch's default fp32 matmul precision and under 'medium' "
+                        "(bf16 compute allowed), next to F.linear both ways and the op on bf16 activations")
     p.add_argument("--hot", action="store_true",
                    help="decode rows reuse one weight (cached): the kernel's compute speed, apart from the memory bus "
                         "(which other jobs on a shared host also load)")
     p.add_argument("--stat", choices=sorted(STAT), default="median",
                    help="min: the fastest call of each cell and the fastest bandwidth pass (a shared, loaded host)")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time each call as this thread's CPU time (needs --threads 1): the before / after figure on a "
+                        "loaded shared host, where wall time measures the other jobs")
     args = p.parse_args()
-    global _stat
+    if args.cpu_time and args.threads != 1:
+        p.error("--cpu-time counts this thread's CPU time only: run it with --threads 1")
+    global _stat, _clock
     _stat = STAT[args.stat]
+    if args.cpu_time:
+        _clock = time.thread_time
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes, ms = FULL_SHAPES, FULL_MS
@@ -262,6 +344,13 @@ def main():
              f"read their weight from memory (a ring of copies > {RING_BYTES >> 20} MiB)")
     print(f"read bandwidth (128 MiB sum, same run): {bw:.1f} GB/s; decode rows (M <= 8) {where}")
     formats = args.formats.split(",")
+    if args.fp32_precision:
+        for op in ("torchqkit::linear_int8wo_plain", "torchqkit::linear_nf4wo"):
+            with _matmul_precision("medium"):
+                print(f"  under 'medium', {op}: {' '.join(kernels.cpu_backend(op))}")
+        precision_table(shapes, ms, bw, formats, args)
+        print(f"read bandwidth at the end: {read_bandwidth():.1f} GB/s")
+        return
     if "int8" in formats:
         head = ["    K     N    M"] + [f"{c:>9}" for c in ("f32", "bf16", "i8pack", "wo f32", "wo bf16", "da8", "ao8")]
         head += ["wo GB/s (bw%)", " da8 xf32", " wo xf32"]

@@ -15,8 +15,10 @@
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace torchqkit_cpu {
 namespace bf16_gemm {
@@ -26,6 +28,19 @@ namespace bf16_gemm {
 
 constexpr int kPanelCols = 32;  // weight rows per panel (two zmm of 16 fp32 lanes)
 constexpr int kMaxRows = 6;     // activation rows per micro-kernel call: 6 x 2 accumulators + 6 x 2 segment sums
+constexpr int64_t kPanelK = 256;  // k per panel block: 128 pairs x 32 rows x 4 bytes = 16 KiB, in L1
+
+// The scale's span along k inside a panel block (Note [bf16 panels]) for G groups of g k: the group, or the
+// largest multiple of 32 dividing it that fits a block; one scale per row (G == 1) is one segment per block.
+// Groups must be whole 32-k steps (g % 32 == 0) unless G == 1.
+inline int64_t segment_k(int64_t G, int64_t g) {
+  if (G == 1) return kPanelK;
+  for (int64_t s = std::min(g, kPanelK); s > 32; s -= 32)
+    if (g % s == 0) return s;
+  return 32;
+}
+// k per panel block for segments of seg k: whole segments, about kPanelK.
+inline int64_t panel_block_k(int64_t seg) { return seg * std::max<int64_t>(1, kPanelK / seg); }
 
 // 32 fp32 values -> 32 bf16 (round to nearest even), v0 in the low 16 lanes: the k order of a decode step.
 TQK_BF16_INLINE __m512i to_bf16(__m512 v0, __m512 v1) { return (__m512i)_mm512_cvtne2ps_pbh(v1, v0); }
@@ -136,8 +151,73 @@ TQK_BF16 inline void gemm(int rows, const uint16_t* a, int64_t lda, const uint32
   }
 }
 
+// C[0:M, 0:ncols] += xsum[0:M, 0:G] @ zp[0:G][32] in fp32 FMAs: the term sum_g (sum_k x[m, k]) z[n, g] of a
+// format with a float offset per (row, group) (int4 float zero points, intx zero points). Not a torch matmul:
+// under torch.set_float32_matmul_precision("medium") that would itself round its operands to bf16.
+TQK_BF16 inline void add_group_terms(int64_t M, const float* xsum, int64_t G, const float* zp, float* c, int64_t ldc,
+                                     int ncols) {
+  const __mmask16 m0 = ncols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
+  const __mmask16 m1 = ncols >= 32 ? (__mmask16)0xFFFF : ncols <= 16 ? (__mmask16)0 : (__mmask16)((1u << (ncols - 16)) - 1);
+  for (int64_t m = 0; m < M; ++m) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    const float* xs = xsum + m * G;
+    for (int64_t gi = 0; gi < G; ++gi) {
+      const __m512 x = _mm512_set1_ps(xs[gi]);
+      a0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(zp + gi * kPanelCols), a0);
+      a1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(zp + gi * kPanelCols + 16), a1);
+    }
+    float* cr = c + m * ldc;
+    _mm512_mask_storeu_ps(cr, m0, _mm512_add_ps(a0, _mm512_maskz_loadu_ps(m0, cr)));
+    _mm512_mask_storeu_ps(cr + 16, m1, _mm512_add_ps(a1, _mm512_maskz_loadu_ps(m1, cr + 16)));
+  }
+}
+
 #undef TQK_BF16_INLINE
 #undef TQK_BF16
+
+// ================================================================ the panel loop every format shares
+// Note [bf16 panel loop]: for each 32-row panel of the caller's rows, k blocks of at most kc_max (a multiple of
+// seg, and of the 32-k decode step every format fills with): the format's fill decodes the panel and its segment
+// scales, then every 6-row tile of activations runs over it (gemm). The panel (kc_max / 2 x 32 words: 16 KiB at
+// 256 k) stays in L1; a 32-column slice of C (M x 128 bytes) in L2. A format knows only how to fill a panel.
+struct PanelProblem {
+  const uint16_t* xb;  // (M, ldx) bf16 activations, zero columns from K up to k_extent
+  int64_t M, ldx;
+  int64_t k_extent;    // k covered by the panels: K rounded up to the format's 32-k steps (<= ldx)
+  int64_t kc_max, seg; // k per panel block (a multiple of seg), k per scale segment (even)
+  float* out;          // (M, ldo) fp32, written (not accumulated)
+  int64_t ldo;
+  const float* bias;   // (N) or nullptr
+  const float* xsum;   // (M, G) per-group sums of x for the offsets' term, or nullptr (no offsets)
+  int64_t G;
+};
+
+// Rows [n0, n1) of out. fill(b0, nb, k0, kc, panel, sc): rows [b0, b0 + nb) x k [k0, k0 + kc) into panel and
+// sc[s][32] (rows past nb zero); offsets(b0, nb, zp): zp[g][32] the offsets of those rows (only with xsum).
+// Call only when the CPU runs Isa::kAvx512Bf16.
+template <class Fill, class Offsets>
+void panel_gemm(const PanelProblem& pb, int64_t n0, int64_t n1, Fill&& fill, Offsets&& offsets) {
+  std::vector<uint32_t> panel(pb.kc_max / 2 * kPanelCols);
+  std::vector<float> sc((pb.kc_max / pb.seg + 1) * kPanelCols);
+  std::vector<float> zp(pb.xsum ? pb.G * kPanelCols : 0);
+  for (int64_t b0 = n0; b0 < n1; b0 += kPanelCols) {
+    const int nb = static_cast<int>(std::min<int64_t>(kPanelCols, n1 - b0));
+    for (int64_t k0 = 0; k0 < pb.k_extent; k0 += pb.kc_max) {
+      const int64_t kc = std::min(pb.kc_max, pb.k_extent - k0);
+      fill(b0, nb, k0, kc, panel.data(), sc.data());
+      for (int64_t m = 0; m < pb.M; m += kMaxRows)
+        gemm(static_cast<int>(std::min<int64_t>(kMaxRows, pb.M - m)), pb.xb + m * pb.ldx + k0, pb.ldx, panel.data(),
+             kc, pb.seg, sc.data(), pb.out + m * pb.ldo + b0, pb.ldo, nb, k0 == 0);
+    }
+    if (pb.xsum) {
+      offsets(b0, nb, zp.data());
+      add_group_terms(pb.M, pb.xsum, pb.G, zp.data(), pb.out + b0, pb.ldo, nb);
+    }
+    if (pb.bias)
+      for (int64_t m = 0; m < pb.M; ++m)
+        for (int j = 0; j < nb; ++j) pb.out[m * pb.ldo + b0 + j] += pb.bias[b0 + j];
+  }
+}
 
 }  // namespace bf16_gemm
 }  // namespace torchqkit_cpu

@@ -30,6 +30,8 @@
 #include <vector>
 
 #include "avx2_reduce.h"
+#include "bf16_gemm.h"
+#include "fp32_matmul_precision.h"
 #include "kernels.h"
 #include "sgemm_prefill.h"
 #include "simd.h"
@@ -519,13 +521,14 @@ void dequant_tiles(const Int4Args& p, int64_t i0, int64_t i1, int64_t j0, int64_
 #pragma GCC pop_options
 
 // ================================================================================================
-// AVX-512 + AVX512-BF16, decode with bf16 activations: 32 nibbles per vdpbf16ps (Note [int4 bf16 decode]).
+// AVX-512 + AVX512-BF16: bf16 activations, decode (Note [int4 bf16 decode]) and prefill (Note [int4 tiled in bf16])
 // ================================================================================================
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
-namespace avx512_bf16_dot {
+namespace avx512_bf16 {
 #include "int4_tiled_dot_bf16.inc"
-}  // namespace avx512_bf16_dot
+#include "int4_tiled_bf16.h"
+}  // namespace avx512_bf16
 #pragma GCC pop_options
 
 // ================================================================================================
@@ -534,6 +537,24 @@ namespace avx512_bf16_dot {
 constexpr int64_t kPrefillMinM = 32;  // AVX-512 from here (measured with benchmarks/bench_linear.py)
 constexpr int64_t kPrefillTiles = 24;  // n-tiles per work item: 192 rows = 32 micro-tiles of 6 rows
 constexpr int64_t kPrefillKc = 256;   // k per panel: 256 x 32 fp32 = 32 KiB
+constexpr int64_t kBf16BlockRows = 64;  // rows per parallel task of the bf16 prefill (two 32-row panels)
+
+// bf16 activations, and float32 ones when torch allows bf16 matmuls (Note [fp32 activations in bf16]), on
+// AVX512-BF16 from the prefill M on: Note [int4 tiled in bf16].
+bool takes_bf16(at::ScalarType dt, int64_t M) {
+  return M >= kPrefillMinM && selected_isa_exact() == Isa::kAvx512Bf16 &&
+         (dt == at::kBFloat16 || (dt == at::kFloat && fp32_matmul_allows_bf16()));
+}
+
+void prefill_bf16(const Int4Args& p, const at::Tensor& x) {
+  const int64_t Kt = p.NC * 16 * p.T;
+  const at::Tensor xb = at::constant_pad_nd(x.reshape({p.M, p.K}).to(at::kBFloat16), {0, Kt - p.K}, 0).contiguous();
+  const at::Tensor xsum = xb.to(at::kFloat).view({p.M, p.G, p.g}).sum(-1);  // a reduction, not a matmul: fp32
+  const uint16_t* xbp = reinterpret_cast<const uint16_t*>(xb.data_ptr());
+  at::parallel_for(0, (p.N + kBf16BlockRows - 1) / kBf16BlockRows, 1, [&](int64_t b0, int64_t b1) {
+    avx512_bf16::prefill(p, xbp, Kt, xsum.data_ptr<float>(), b0 * kBf16BlockRows, std::min(b1 * kBf16BlockRows, p.N));
+  });
+}
 
 SzType sz_type(at::ScalarType t, const char* op) {
   switch (t) {
@@ -740,8 +761,6 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   // makes counts. A float32 contiguous x is read in place, out is made in its final shape (no reshape or cast
   // for float32), and the decode path's permuted activation lives in per-thread scratch (a vector that only
   // grows), not in two at::empty per call.
-  const bool x_ready = dt == at::kFloat && x.is_contiguous();
-  const at::Tensor x2 = x_ready ? x : x.reshape({-1, K}).to(at::kFloat).contiguous();
   at::Tensor b;
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, op, ": bias must have shape (", N, "), got ", bias->sizes());
@@ -756,6 +775,12 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   Int4Args p{q.data_ptr<int32_t>(), NT, NC, T, q.stride(0), sz.data_ptr(), sz_type(sz.scalar_type(), op),
              sz.stride(0), g, G, K, N, nullptr, nullptr, M, b.defined() ? b.data_ptr<float>() : nullptr,
              out.data_ptr<float>(), N};
+  if (takes_bf16(dt, M)) {
+    prefill_bf16(p, x);
+    return result();
+  }
+  const bool x_ready = dt == at::kFloat && x.is_contiguous();
+  const at::Tensor x2 = x_ready ? x : x.reshape({-1, K}).to(at::kFloat).contiguous();
   const Isa isa = selected_isa_for_ops();
   if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM) {
     prefill(p, x2.reshape({M, K}), out);
@@ -785,11 +810,11 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   p.sx = sx;
   if (bf16_dot) {
     uint32_t* xb = reinterpret_cast<uint32_t*>(sx + M * G);
-    avx512_bf16_dot::pack_bf16_pairs(xp, M * NC, xb);
+    avx512_bf16::pack_bf16_pairs(xp, M * NC, xb);
     p.xb = xb;
   }
   auto tiles = [&](int64_t i0, int64_t i1) {
-    if (bf16_dot) return avx512_bf16_dot::dot_tiles(p, i0, i1);
+    if (bf16_dot) return avx512_bf16::dot_tiles(p, i0, i1);
     switch (isa) {
       case Isa::kAvx512Vnni: return avx512::dot_tiles(p, i0, i1);
       case Isa::kAvx2: return avx2::dot_tiles(p, i0, i1);

@@ -16,6 +16,7 @@
 //     time, into a k-major panel (fp32 for weight-only, 4 k-bytes per int32 lane for VNNI) that stays in
 //     L2 while every activation row tile (6 rows) streams over it; accumulators are 6 x 2 zmm, each
 //     activation value is broadcast. This is the classic register-blocked GEMM shape.
+#include "bf16_gemm.h"
 #include "kernels.h"
 #include "scalar_linear.h"
 #include "simd.h"
@@ -538,6 +539,58 @@ void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
 }  // namespace avx512
 #pragma GCC pop_options
 
+// ================================================================================================
+// AVX-512 + AVX512-BF16: the weight-only prefill with bf16 activations (Note [int8 weight-only in bf16])
+// ================================================================================================
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+namespace avx512_bf16 {
+
+// Note [int8 weight-only in bf16]: every int8 code (-128..127) is exact in bf16 (8 significant bits), so the
+// panels of bf16_gemm.h hold the codes themselves and the row (or group) scale multiplies each segment's fp32
+// sum: the products are exact and the sums fp32, the only rounding beyond the fp32 kernel's is the activations'
+// own bf16. 32 codes (one 32-k step of a row) -> 32 bf16 in k order: two widenings to fp32, one vcvtne2ps2bf16.
+__m512i codes_to_bf16(const int8_t* src, int64_t n) {
+  const __m256i b = n >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))
+                            : _mm256_maskz_loadu_epi8(n <= 0 ? 0u : (__mmask32)((1ull << n) - 1), src);
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+  return bf16_gemm::to_bf16(lo, hi);
+}
+
+// Rows [b0, b0 + nb) x k [k0, k0 + kc) (kc a multiple of 32; codes past K read as 0) -> panel + segment scales.
+void fill_panel(const WeightOnlyArgs& p, int64_t b0, int nb, int64_t k0, int64_t kc, int64_t seg, uint32_t* panel,
+                float* sc) {
+  for (int j0 = 0; j0 < bf16_gemm::kPanelCols; j0 += 16) {
+    for (int64_t k = k0; k < k0 + kc; k += 32) {
+      __m512i r[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        r[i] = j0 + i < nb ? codes_to_bf16(p.w + (b0 + j0 + i) * p.ldw + k, p.K - k) : _mm512_setzero_si512();
+      bf16_gemm::store_pairs16(r, panel, (k - k0) / 2, j0);
+    }
+  }
+  const int64_t nseg = (kc + seg - 1) / seg;
+  for (int j = 0; j < bf16_gemm::kPanelCols; ++j)
+    for (int64_t s = 0; s < nseg; ++s)
+      sc[s * bf16_gemm::kPanelCols + j] = j < nb ? p.scale[(b0 + j) * p.G + (p.G == 1 ? 0 : (k0 + s * seg) / p.g)] : 0.f;
+}
+
+void weight_only(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int64_t n0, int64_t n1) {
+  const int64_t seg = bf16_gemm::segment_k(p.G, p.g);
+  const bf16_gemm::PanelProblem pb{xb, p.M, ldx, (p.K + 31) / 32 * 32, bf16_gemm::panel_block_k(seg), seg,
+                                   p.out, p.ldo, p.bias, nullptr, 0};
+  bf16_gemm::panel_gemm(
+      pb, n0, n1,
+      [&](int64_t b0, int nb, int64_t k0, int64_t kc, uint32_t* panel, float* sc) {
+        fill_panel(p, b0, nb, k0, kc, seg, panel, sc);
+      },
+      [](int64_t, int, float*) {});
+}
+
+}  // namespace avx512_bf16
+#pragma GCC pop_options
+
 }  // namespace
 
 // ================================================================================================
@@ -652,6 +705,14 @@ void linear_weight_only(Isa isa, const WeightOnlyArgs& p, int64_t n0, int64_t n1
     case Isa::kAvx2: return p.G > 1 ? avx2::wo_dot<true>(p, n0, n1) : avx2::wo_dot<false>(p, n0, n1);
     default: return scalar::weight_only(p, n0, n1);
   }
+}
+
+bool weight_only_takes_bf16(const WeightOnlyArgs& p) {
+  return p.M >= avx512::kWoPanelMinM && p.K > 0 && (p.G == 1 || p.g % 32 == 0);
+}
+
+void linear_weight_only_bf16(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int64_t n0, int64_t n1) {
+  avx512_bf16::weight_only(p, xb, ldx, n0, n1);
 }
 
 int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p) {

@@ -7,8 +7,9 @@
 // `#pragma GCC target` region, after linear_lowbit_isa.h (whose decoders, step helpers and scale_row it uses)
 // with `using V = Vec512;`.
 //
-// Activations: LowbitArgs::xb, bf16 (M, ldx) with zero columns from K to ldx (a multiple of 32). Offsets
-// (intx zero points) are not applied here: the glue adds sum_g xsum[m, g] * offset[n, g] as one small matmul.
+// Activations: LowbitArgs::xb, bf16 (M, ldx) with zero columns from K to ldx (a multiple of 32). Offsets (intx zero
+// points): the prefill adds sum_g xsum[m, g] * offset[n, g] per panel (LowbitArgs::xsum); the dot kernels don't
+// apply them (the glue adds that term after, and passes offset = nullptr).
 //
 // Note [nf4 levels in bf16]: int codes, fp8 e4m3 / e5m2 and fp4 e2m1 values have at most 3 mantissa bits: exact
 // in bf16 (7). The NF4 levels are not: rounded to bf16 each moves by at most 2^-9 relative (0.72295684 ->
@@ -18,8 +19,6 @@
 // K = 4096 and M up to 257). So nf4 takes the bf16 kernels too, not fp32.
 
 static_assert(W == 2, "the bf16 kernels take a decode step (32 weights) as one zmm of bf16");
-
-constexpr int64_t kBf16PanelK = 256;  // k per panel block: 128 pairs x 32 rows x 4 bytes = 16 KiB, in L1
 
 // A format's decoder with its 32 levels per step rounded to bf16: k order (panels) or the decoder's dot order
 // (x permuted to match, Note [Low-bit decode steps]).
@@ -63,21 +62,7 @@ template <> struct Bf16Levels<Fp4> : Bf16Lut4<false> { explicit Bf16Levels(const
 
 // ================================================================ prefill: bf16 panels + vdpbf16ps tiles
 
-// The scale's span along k inside a panel block (Note [bf16 panels]): the group, or the largest multiple of 32
-// dividing it that fits a block; one scale per row (G == 1) is one segment per block.
-inline int64_t bf16_segment(const LowbitArgs& p) {
-  if (p.G == 1) return kBf16PanelK;
-  for (int64_t s = std::min(p.g, kBf16PanelK); s > kStep; s -= kStep)
-    if (p.g % s == 0) return s;
-  return kStep;
-}
-
-inline void add_bias_cols(const LowbitArgs& p, int64_t b0, int nb) {
-  for (int64_t m = 0; m < p.M; ++m) {
-    float* o = p.out + m * p.ldo + b0;
-    for (int j = 0; j < nb; ++j) o[j] += p.bias[b0 + j];
-  }
-}
+inline int64_t bf16_segment(const LowbitArgs& p) { return bf16_gemm::segment_k(p.G, p.g); }
 
 // Rows [b0, b0 + nb) x k [k0, k0 + kc) -> panel (bf16 levels, Note [bf16 panels]) and their segment scales
 // sc[s][j] (scale_mul included); columns past nb zero. 16 rows x one decode step at a time, transposed in registers.
@@ -106,24 +91,25 @@ void fill_panel(const LowbitArgs& p, const Bf16Levels<D>& dec, int64_t b0, int n
   }
 }
 
+// Rows [n0, n1) through bf16_gemm's panel loop (Note [bf16 panel loop]). Offsets (intx zero points) come in as
+// the panel loop's group terms when the glue passed the per-group sums of x (p.xsum).
 template <class D>
 void prefill_bf16(const LowbitArgs& p, int64_t n0, int64_t n1) {
   const Bf16Levels<D> dec(p);
-  const int64_t seg = bf16_segment(p), kcmax = seg * std::max<int64_t>(1, kBf16PanelK / seg);
-  const int64_t K32 = (p.K + kStep - 1) / kStep * kStep;
-  std::vector<uint32_t> panel(kcmax / 2 * bf16_gemm::kPanelCols);
-  std::vector<float> sc((kcmax / seg + 1) * bf16_gemm::kPanelCols);
-  for (int64_t b0 = n0; b0 < n1; b0 += bf16_gemm::kPanelCols) {
-    const int nb = static_cast<int>(std::min<int64_t>(bf16_gemm::kPanelCols, n1 - b0));
-    for (int64_t k0 = 0; k0 < K32; k0 += kcmax) {
-      const int64_t kc = std::min(kcmax, K32 - k0);
-      fill_panel<D>(p, dec, b0, nb, k0, kc, seg, panel.data(), sc.data());
-      for (int64_t m = 0; m < p.M; m += bf16_gemm::kMaxRows)
-        bf16_gemm::gemm(static_cast<int>(std::min<int64_t>(bf16_gemm::kMaxRows, p.M - m)), p.xb + m * p.ldx + k0,
-                        p.ldx, panel.data(), kc, seg, sc.data(), p.out + m * p.ldo + b0, p.ldo, nb, k0 == 0);
-    }
-    if (p.bias) add_bias_cols(p, b0, nb);
-  }
+  const int64_t seg = bf16_segment(p), K32 = (p.K + kStep - 1) / kStep * kStep;
+  const bf16_gemm::PanelProblem pb{p.xb, p.M, p.ldx, K32, bf16_gemm::panel_block_k(seg), seg,
+                                   p.out, p.ldo, p.bias, p.offset ? p.xsum : nullptr, p.G};
+  bf16_gemm::panel_gemm(
+      pb, n0, n1,
+      [&](int64_t b0, int nb, int64_t k0, int64_t kc, uint32_t* panel, float* sc) {
+        fill_panel<D>(p, dec, b0, nb, k0, kc, seg, panel, sc);
+      },
+      [&](int64_t b0, int nb, float* zp) {
+        for (int j = 0; j < bf16_gemm::kPanelCols; ++j) {
+          const int64_t base = j < nb ? scale_base(p, b0 + j) : 0;
+          for (int64_t gi = 0; gi < p.G; ++gi) zp[gi * bf16_gemm::kPanelCols + j] = j < nb ? offset_at(p, base, gi) : 0.f;
+        }
+      });
 }
 
 // ================================================================ decode: vdpbf16ps dot tiles

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "fp32_matmul_precision.h"
 #include "kernels.h"
 #include "sgemm_prefill.h"
 #include "../common/aten_glue.h"
@@ -57,18 +58,54 @@ at::Tensor block_scales(const at::Tensor& s, int64_t n, int64_t k, const char* w
 // nf4 block_size 16 or intx PerGroup(24), run the fp32 kernels on the activations converted to fp32; status says so).
 bool bf16_groups(const LowbitArgs& p) { return p.G == 1 || p.g % 32 == 0; }
 
-// bf16 activations on AVX512-BF16 (linear_lowbit_bf16.h): x stays bf16 (padded with zero columns to whole steps),
-// the dot kernel up to dot_max_m tokens, bf16 panels + vdpbf16ps tiles above. Zero points (offset) are added
-// here as sum_g xsum[m, g] * offset[n, g]: one (M, G) x (G, N) matmul, instead of a second pass in every tile.
+// Whether a call runs the AVX512-BF16 kernels (linear_lowbit_bf16.h) rather than the fp32 ones.
+//   bf16 activations, prefill M (above dot_max_m): always (2.1-2.3x fp32 F.linear at M = 256, 4096^2, 1 thread,
+//     where the fp32 kernels reach 1.0-1.2x).
+//   bf16 activations, decode M: where the bf16 dot kernel beats converting x to fp32 for the fp32 one
+//     (bf16_dot_wins).
+//   float32 activations: from the prefill M on when torch allows bf16 matmuls (Note [fp32 activations in bf16]).
+// Groups must be whole 32-k steps (bf16_groups); float16 activations always run the fp32 kernels.
+//
+// bf16_dot_wins: the bf16 dot kernel's CPU time over that of converting x to fp32 for the fp32 dot kernel, 4096^2,
+// 1 thread, weights from a 200 MiB ring (python benchmarks/bench_bf16_decode.py --threads 1 --cpu-time, Zen 4):
+//            M = 1   2     4     8
+//   nf4      1.14  0.71  0.58  0.66     4-bit codebooks: the fp32 kernel at M = 1, bf16 from M = 2
+//   mxfp4    1.62  0.78  0.65  0.67
+//   fp8      1.60  1.36  1.45  1.31     float8 (MXFP8 too, the same decoder): the fp32 kernel at every decode M
+//   int3     1.21  1.04  0.69  (prefill) packed intx: bf16 from M = 4 (its last dot M), the fp32 kernel below
+bool bf16_dot_wins(LowbitFormat fmt, int64_t M) {
+  switch (fmt) {
+    case LowbitFormat::kNf4:
+    case LowbitFormat::kFp4E2m1: return M >= 2;
+    case LowbitFormat::kIntx: return M >= 4;
+    default: return false;  // float8 e4m3 / e5m2
+  }
+}
+
+bool takes_bf16(Isa level, at::ScalarType dt, const LowbitArgs& p, int64_t M) {
+  if (level != Isa::kAvx512Bf16 || !bf16_groups(p)) return false;
+  const bool prefill = M > dot_max_m(p.fmt);
+  if (dt == at::kBFloat16) return prefill || bf16_dot_wins(p.fmt, M);
+  return dt == at::kFloat && prefill && fp32_matmul_allows_bf16();
+}
+
+// The AVX512-BF16 kernels (linear_lowbit_bf16.h): x as bf16 (padded with zero columns to whole steps), the dot
+// kernel up to dot_max_m tokens, bf16 panels + vdpbf16ps tiles above. Zero points (offset): the panels add
+// sum_g xsum[m, g] * offset[n, g] per 32-row panel (fp32 FMAs); after the dot kernels it is one (M, G) x (G, N)
+// matmul here, instead of a second pass in every tile.
 void run_bf16(const at::Tensor& x2, LowbitArgs p, int64_t K32, at::Tensor& out) {
   const int64_t N = p.N, K = p.K, M = x2.size(0);
-  const at::Tensor xp = K32 == K ? x2.contiguous() : at::constant_pad_nd(x2, {0, K32 - K}, 0);
+  const at::Tensor xb = x2.to(at::kBFloat16);
+  const at::Tensor xp = K32 == K ? xb.contiguous() : at::constant_pad_nd(xb, {0, K32 - K}, 0);
+  const int64_t rows = M <= dot_max_m(p.fmt) ? kDotBlockRows : kPrefillBlockRows;
   const float* offset = p.offset;
-  p.offset = nullptr;
+  at::Tensor xsum;
+  if (offset) xsum = xp.narrow(1, 0, K).to(at::kFloat).reshape({M, p.G, p.g}).sum(-1).contiguous();
+  if (rows == kDotBlockRows) p.offset = nullptr;
+  else p.xsum = offset ? xsum.data_ptr<float>() : nullptr;
   p.x = nullptr;
   p.xb = reinterpret_cast<const uint16_t*>(xp.data_ptr());
   p.ldx = K32;
-  const int64_t rows = M <= dot_max_m(p.fmt) ? kDotBlockRows : kPrefillBlockRows;
   at::Tensor xdot;
   if (rows == kDotBlockRows && (p.fmt == LowbitFormat::kNf4 || p.fmt == LowbitFormat::kFp4E2m1)) {
     // The 4-bit decoders' dot order (Note [Low-bit decode steps]): in each step of 32, lanes 0..15 take the
@@ -82,9 +119,8 @@ void run_bf16(const at::Tensor& x2, LowbitArgs p, int64_t K32, at::Tensor& out) 
     if (rows == kDotBlockRows) linear_lowbit_dot(Isa::kAvx512Bf16, p, b0 * rows, std::min(b1 * rows, N));
     else linear_lowbit_prefill(Isa::kAvx512Bf16, p, b0 * rows, std::min(b1 * rows, N));
   });
-  if (offset) {
+  if (offset && rows == kDotBlockRows) {
     const at::Tensor off = at::from_blob(const_cast<float*>(offset), {N / p.bn, p.G}, out.options());
-    const at::Tensor xsum = x2.to(at::kFloat).reshape({M, p.G, p.g}).sum(-1);
     out.addmm_(xsum, off.repeat_interleave(p.bn, 0).t());
   }
 }
@@ -99,10 +135,10 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
     b = bias->to(at::kFloat).contiguous();
   }
   const Isa level = selected_isa_exact(), isa = vnni_isa(level);
-  const bool bf16 = level == Isa::kAvx512Bf16 && x.scalar_type() == at::kBFloat16 && bf16_groups(p);
   at::Tensor x2 = x.reshape({-1, K});
-  if (!bf16) x2 = x2.to(at::kFloat);
   const int64_t M = x2.size(0);
+  const bool bf16 = takes_bf16(level, x.scalar_type(), p, M);
+  if (!bf16) x2 = x2.to(at::kFloat);
   at::Tensor out = at::empty({M, N}, x2.options().dtype(at::kFloat));
   if (M > 0 && N > 0) {
     p.M = M;
@@ -273,6 +309,17 @@ at::Tensor linear_intxwo(const at::Tensor& x, const at::Tensor& qdata, const at:
 
 }  // namespace
 }  // namespace torchqkit_cpu
+
+// Introspection for torchqkit.kernels.cpu_backend(): whether float32 activations take the bf16 prefill kernels now
+// (the avx512_bf16 level and torch's fp32 matmul precision "medium" / mkldnn "bf16": Note [fp32 activations in
+// bf16]).
+namespace torchqkit_cpu {
+namespace {
+bool fp32_takes_bf16() { return selected_isa_exact() == Isa::kAvx512Bf16 && fp32_matmul_allows_bf16(); }
+}  // namespace
+}  // namespace torchqkit_cpu
+
+TORCH_LIBRARY_FRAGMENT(torchqkit_cpu, m) { m.def("fp32_takes_bf16() -> bool", &torchqkit_cpu::fp32_takes_bf16); }
 
 TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
   m.impl("linear_mxwo", &torchqkit_cpu::linear_mxwo);

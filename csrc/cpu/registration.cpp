@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "fp32_matmul_precision.h"
 #include "kernels.h"
 #include "../common/aten_glue.h"
 
@@ -59,14 +60,29 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
   const int64_t N = qdata.size(0), K = qdata.size(1);
   TORCH_CHECK(scale.dim() == 2 && scale.size(0) == N && scale.size(1) >= 1 && K % scale.size(1) == 0, op,
               ": scale must be (N, K / group_size) = (", N, ", G) with G dividing K = ", K, ", got ", scale.sizes());
-  const at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat).contiguous();
   const at::Tensor w = rows(qdata), s = scale.to(at::kFloat).contiguous(), b = float_bias(bias, N, op);
-  const int64_t M = x2.size(0);
-  at::Tensor out = at::empty({M, N}, x2.options());
+  int64_t M = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
+  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  WeightOnlyArgs p{nullptr, M, K, K, w.data_ptr<int8_t>(), N, w.stride(0), s.data_ptr<float>(), s.size(1),
+                   K / s.size(1), b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
+  // bf16 activations, and float32 ones when torch allows bf16 matmuls (Note [fp32 activations in bf16]), take the
+  // AVX512-BF16 prefill where it runs (Note [int8 weight-only in bf16] in linear_int8.cpp).
+  const bool bf16 = M > 0 && N > 0 && selected_isa_exact() == Isa::kAvx512Bf16 && weight_only_takes_bf16(p) &&
+                    (x.scalar_type() == at::kBFloat16 || (x.scalar_type() == at::kFloat && fp32_matmul_allows_bf16()));
+  if (bf16) {
+    const int64_t K32 = (K + 31) / 32 * 32;
+    const at::Tensor xb = at::constant_pad_nd(x.reshape({M, K}).to(at::kBFloat16), {0, K32 - K}, 0).contiguous();
+    const int64_t block = weight_only_block_rows(Isa::kAvx512Vnni, p);
+    at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
+      linear_weight_only_bf16(p, reinterpret_cast<const uint16_t*>(xb.data_ptr()), K32, b0 * block,
+                              std::min(b1 * block, N));
+    });
+    return out.to(x.scalar_type()).reshape(out_shape(x, N));
+  }
+  const at::Tensor x2 = x.reshape({M, K}).to(at::kFloat).contiguous();
+  p.x = x2.data_ptr<float>();
   if (M > 0 && N > 0) {
-    const WeightOnlyArgs p{x2.data_ptr<float>(), M, K, K, w.data_ptr<int8_t>(), N, w.stride(0),
-                           s.data_ptr<float>(), s.size(1), K / s.size(1),
-                           b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
     const Isa isa = selected_isa_for_ops();  // no AVX-VNNI variant: its AVX2 kernel
     const int64_t block = weight_only_block_rows(isa, p);
     at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {

@@ -89,3 +89,19 @@ def assert_compiled_calls_op(module, x, op: str):
         eager = module(x)
     assert f"torch.ops.torchqkit.{op}.default" in "\n".join(code)
     torch.testing.assert_close(out, eager, rtol=0, atol=0)
+
+
+class fp32_matmul_precision:
+    """torch.set_float32_matmul_precision(value) inside the block, the previous setting restored after (also when
+    the block raises): the switch that lets float32 activations take the bf16 kernels is global."""
+
+    def __init__(self, value: str):
+        self.value = value
+
+    def __enter__(self):
+        self.saved = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(self.value)
+
+    def __exit__(self, *exc):
+        torch.set_float32_matmul_precision(self.saved)
+        return False

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 import torchqkit as qk
 from torchqkit import kernels
 
-from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen, needs_kernel, unaligned
+from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, fp32_matmul_precision, gen
 from cpu_kernel_testing import isa_param as isa_param_for
+from cpu_kernel_testing import needs_kernel, unaligned
 from torchqkit.core import qdtypes as Q
 from torchqkit.kernels.reference import linear_int8da_int8_plain_ref, linear_int8wo_plain_ref
 
@@ -23,6 +24,8 @@ DA = torch.ops.torchqkit.linear_int8da_int8_plain
 LEVELS = cpu_levels("torchqkit::linear_int8wo_plain")
 needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
+# The weight-only op also has AVX512-BF16 kernels (Note [int8 weight-only in bf16] in csrc/cpu/linear_int8.cpp).
+WO_LEVELS = cpu_levels("torchqkit::linear_int8wo_plain", with_avx512_bf16=True)
 
 
 
@@ -51,6 +54,50 @@ WO_CASES = [
     (17, 96, 65, 6), (40, 300, 97, 1), (40, 512, 70, 16), (1, 1030, 37, 1), (8, 520, 129, 65),
     (17, 1100, 33, 1), (17, 1088, 33, 17),  # the AVX-512 fp32 panel's k block (1024) and a tail, per channel / g64
 ]
+# The AVX512-BF16 prefill (M >= 16; groups of whole 32-k steps or one per row): N odd and past one 32-row panel
+# (a partial panel), K past one 256-k panel block with a tail step (K = 300, 1100), M = 17 / 255 (a last 6-row
+# tile of 5 / 3 tokens), groups 32 / 64 / 512 (a segment is part of a group); groups of 12 k stay on the fp32
+# kernels. Under every level (the others run their fp32 kernels on the same calls).
+WO_BF16_CASES = [(17, 300, 33, 1), (255, 1100, 37, 1), (17, 1088, 65, 17), (24, 512, 31, 16), (40, 1024, 9, 2),
+                 (17, 96, 33, 8)]
+
+
+# bf16 activations: the products of bf16 x and exact bf16 codes are exact and summed in fp32, as the reference's;
+# only the order and the output's rounding differ: TOL[bfloat16].
+@needs_ext
+@isa_param_for(WO_LEVELS)
+@pytest.mark.parametrize("case", WO_BF16_CASES, ids=str)
+def test_weight_only_bf16_prefill_matches_reference(monkeypatch, isa, case):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    m, k, n, groups = case
+    q, s, b = _weight(n, k, groups)
+    x, b = _act(m, k, torch.bfloat16), b.bfloat16()
+    assert_rel(WO(x, q, s, b), linear_int8wo_plain_ref(x, q, s, b), TOL[torch.bfloat16], f"{isa} {case}")
+
+
+# float32 activations under torch.set_float32_matmul_precision("medium") take the bf16 prefill on AVX512-BF16: the
+# result is then the reference on x rounded to bf16 (exact products, fp32 sums: fp32 summation-order budget), and
+# differs from the exact fp32 result by far more than that budget; "highest" (the default) keeps it exact.
+# Decode M (below 16) stays on the fp32 kernels either way. The status string says which path fp32 takes.
+@needs_ext
+@pytest.mark.skipif("avx512_bf16" not in WO_LEVELS, reason="the CPU has no AVX512-BF16")
+@pytest.mark.parametrize("m", [3, 17, 255])
+def test_float32_activations_take_bf16_under_medium_precision(m):
+    q, s, b = _weight(45, 544, 17)
+    x = _act(m, 544, torch.float32)
+    exact, rounded = linear_int8wo_plain_ref(x, q, s, b), linear_int8wo_plain_ref(x.bfloat16().float(), q, s, b)
+    op = "torchqkit::linear_int8wo_plain"
+    assert "float32 activations: the fp32 kernels" in kernels.cpu_backend(op)[1]
+    with fp32_matmul_precision("medium"):
+        assert "M >= 16 in the bf16 kernels" in kernels.cpu_backend(op)[1]
+        out = WO(x, q, s, b)
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert_rel(out, rounded if m >= 16 else exact, TOL[torch.float32], f"medium, M = {m}")
+    if m >= 16:
+        assert (out - exact).abs().max() > 100 * TOL[torch.float32] * exact.abs().max()
+    assert_rel(WO(x, q, s, b), exact, TOL[torch.float32], f"highest, M = {m}")
+
+
 # DA: M = 257 with K = 1031 has a last micro-tile of 5 tokens and an odd k tail (Note [AVX2 int8 prefill]);
 # N = 21 leaves a partial panel of 16; K = 4200 crosses both panel paths' k block (4096) with a tail.
 DA_CASES = [(1, 1, 1), (3, 1, 37), (1, 100, 37), (3, 100, 47), (17, 64, 33), (17, 1030, 65), (40, 300, 97),
@@ -58,7 +105,7 @@ DA_CASES = [(1, 1, 1), (3, 1, 37), (1, 100, 37), (3, 100, 47), (17, 64, 33), (17
 
 
 @needs_ext
-@isa_param
+@isa_param_for(WO_LEVELS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", WO_CASES, ids=str)
 def test_weight_only_matches_reference(monkeypatch, isa, dtype, case):
@@ -165,7 +212,7 @@ def test_opcheck(op, extra, dtype):
 def test_cpu_kernel_registered_and_reported(monkeypatch, op):
     assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")
     assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CompositeExplicitAutograd")
-    assert kernels.cpu_backend(op)[0] == f"cpp {LEVELS[-1]}"
+    assert kernels.cpu_backend(op)[0] == f"cpp {(WO_LEVELS if op.endswith('int8wo_plain') else LEVELS)[-1]}"
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", "scalar")
     path, why = kernels.cpu_backend(op)
     assert path == "cpp scalar" and "TORCHQKIT_CPU_ISA=scalar" in why

@@ -11,11 +11,14 @@ import torch.nn.functional as F
 import torchqkit as qk
 from torchqkit import kernels
 
-from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen, needs_kernel, unaligned
+from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, fp32_matmul_precision, gen
 from cpu_kernel_testing import isa_param as isa_param_for
+from cpu_kernel_testing import needs_kernel, unaligned
 from torchqkit.kernels.reference import linear_int4wo_tiled_ref
 
 OP = torch.ops.torchqkit.linear_int4wo_tiled
+# avx512_bf16 included: bf16 activations there take the vdpbf16ps decode (Note [int4 bf16 decode]) and prefill
+# (Note [int4 tiled in bf16]).
 LEVELS = cpu_levels("torchqkit::linear_int4wo_tiled", with_avx512_bf16=True)
 needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
@@ -58,6 +61,9 @@ CASES = [
     # M = 5, 9: an odd number of tokens after whole passes (AVX2 takes 2 per pass, AVX-512 4); M = 257: the
     # prefill paths with a 1-token tail
     (5, 13, 160, 32, 2), (9, 21, 448, 64, 4), (257, 11, 96, 32, 2),
+    # the prefills at SmolLM2's K = 576 (padded to 640): 4 groups per chunk with N odd over two 32-row panels and
+    # a 3-token last tile (M = 255), one group per chunk (g 128)
+    (255, 45, 576, 32, 8), (64, 70, 576, 128, 8),
 ]
 
 
@@ -85,6 +91,28 @@ def test_kernel_matches_dequantized_linear(monkeypatch, isa, m):
     x = _act(m, 320, torch.float32)
     assert_rel(OP(*_args(w, x)), F.linear(x, w.dequantize()), 2e-5, f"{isa} m={m}")
 
+
+
+# float32 activations under torch.set_float32_matmul_precision("medium") take the bf16 prefill on AVX512-BF16 from
+# M = 32: the result is the reference on x rounded to bf16 (exact products, fp32 sums and the zero term in fp32:
+# the fp32 budget), far from the exact fp32 result; "highest" (the default) and decode M stay exact.
+@needs_ext
+@pytest.mark.skipif("avx512_bf16" not in LEVELS, reason="the CPU has no AVX512-BF16")
+@pytest.mark.parametrize("m", [5, 40])
+def test_float32_activations_take_bf16_under_medium_precision(m):
+    w = _tiled(37, 320, 64, 8)
+    x, b = _act(m, 320, torch.float32), torch.randn(37, generator=gen(2))
+    exact = linear_int4wo_tiled_ref(*_args(w, x, b))
+    rounded = linear_int4wo_tiled_ref(*_args(w, x.bfloat16().float(), b))
+    op = "torchqkit::linear_int4wo_tiled"
+    with fp32_matmul_precision("medium"):
+        assert "M >= 32 in the bf16 kernels" in kernels.cpu_backend(op)[1]
+        out = OP(*_args(w, x, b))
+    assert_rel(out, rounded if m >= 32 else exact, TOL[torch.float32], f"medium, M = {m}")
+    if m >= 32:
+        assert (out - exact).abs().max() > 10 * TOL[torch.float32] * exact.abs().max()
+    assert "float32 activations: the fp32 kernels" in kernels.cpu_backend(op)[1]
+    assert_rel(OP(*_args(w, x, b)), exact, TOL[torch.float32], f"highest, M = {m}")
 
 
 # Group 32 at inner_k_tiles 8 (4 groups per chunk) has its own lane-scale route in the decode kernel (Note [g = 32
@@ -378,8 +406,7 @@ def test_int8da_int4_config_routes_to_the_op_and_matches_fake_quant():
     assert_rel(out, ref, 2e-5, "layout")
     if LEVELS:
         row = next(r for r in kernels.status() if r["linear"].startswith("int8 dynamic act (per token) x int4"))
-        best = cpu_levels("torchqkit::linear_int8da_int4_packed")[-1]  # no bf16 kernel: its AVX-512 VNNI one
-        assert row["path"] == f"torchqkit::linear_int8da_int4_packed (cpp {best})"
+        assert row["path"] == f"torchqkit::linear_int8da_int4_packed (cpp {DA4_LEVELS[-1]})"
 
 
 def test_int8da_int4_compile_fullgraph_calls_the_op():

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 import torchqkit as qk
 from torchqkit import kernels
 
-from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen, needs_kernel, unaligned
+from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, fp32_matmul_precision, gen
 from cpu_kernel_testing import isa_param as isa_param_for
+from cpu_kernel_testing import needs_kernel, unaligned
 from torchqkit.core import qdtypes as Q
 
 NF4 = torch.ops.torchqkit.linear_nf4wo
@@ -261,6 +262,34 @@ def test_bf16_activations_every_panel_shape(monkeypatch, panel_weights, isa, nam
         assert_rel(_call(w, x, bias), _reference(w, x, bias), TOL[torch.bfloat16], f"{isa} {name} M={m}")
 
 
+# float32 activations under torch.set_float32_matmul_precision("medium") take the bf16 kernels on AVX512-BF16 from
+# the prefill M on (M > 8; intx M > 4): the result is the reference on x rounded to bf16 (exact levels, fp32 sums,
+# intx zero points as fp32 group terms: 1e-4 of max |y|; nf4's levels rounded to bf16 add up to 1.3e-3 here at
+# K = 4096: one bf16 ulp, 2^-8), far from the exact fp32 one; at decode M and under "highest" the fp32 kernels keep
+# the fp32 budget.
+@needs_ext
+@pytest.mark.skipif("avx512_bf16" not in LEVELS, reason="the CPU has no AVX512-BF16")
+@pytest.mark.parametrize("name", ["nf4_b64_N70_K4096", "int5_g32_asym_N67", "uint4_g64_float_zp_N19",
+                                  "e5m2_row_N37_K1100"])
+@pytest.mark.parametrize("m", [3, 17])
+def test_float32_activations_take_bf16_under_medium_precision(panel_weights, name, m):
+    w = panel_weights[name]
+    n, k = w.shape
+    x, b = _act(m, k, torch.float32, seed=m), torch.randn(n, generator=gen(2))
+    exact, rounded = _reference(w, x, b), _reference(w, x.bfloat16().float(), b)  # before the switch: F.linear too
+    op = "torchqkit::linear_nf4wo"
+    with fp32_matmul_precision("medium"):
+        assert "in the bf16 kernels" in kernels.cpu_backend(op)[1]
+        out = _call(w, x, b)
+    if m > 8:
+        assert_rel(out, rounded, 2.0 ** -8 if name.startswith("nf4") else 1e-4, f"medium {name} M = {m}")
+        assert (out - exact).abs().max() > 1e-3 * exact.abs().max()
+    else:
+        assert_rel(out, exact, TOL[torch.float32], f"medium {name} M = {m}")
+    assert "float32 activations: the fp32 kernels" in kernels.cpu_backend(op)[1]
+    assert_rel(_call(w, x, b), exact, TOL[torch.float32], f"highest {name} M = {m}")
+
+
 @needs_ext
 def test_avx512_bf16_level_is_forceable_or_refused(monkeypatch):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx512_bf16")
@@ -270,7 +299,7 @@ def test_avx512_bf16_level_is_forceable_or_refused(monkeypatch):
         return
     assert kernels.cpu_backend("torchqkit::linear_nf4wo")[0] == "cpp avx512_bf16"
     # Op families without a bf16 kernel name the level that really runs, and why.
-    path, why = kernels.cpu_backend("torchqkit::linear_int8wo_plain")
+    path, why = kernels.cpu_backend("torchqkit::linear_int8da_int8_plain")
     assert path == "cpp avx512_vnni" and "no bf16 dot-product kernel" in why
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx512_vnni")
     assert kernels.cpu_backend("torchqkit::linear_nf4wo")[0] == "cpp avx512_vnni"

@@ -57,6 +57,9 @@ CPU_EXTENSION_LOADED, CPU_EXTENSION_REASON = _load_cpu_extension()
 _CPU_KERNEL_NOTES = {
     "torchqkit::linear_int8wo_plain": {
         "avx512_vnni": "M < 16: streams each weight row once (dot kernel); M >= 16: fp32 panels + 6x32 FMA tiles",
+        "avx512_bf16": "M < 16: the avx512_vnni dot kernel (fp32; bf16 activations converted); M >= 16 with bf16 "
+                       "activations (groups of whole 32-k steps or per channel): int8 codes as exact bf16 in k-pair "
+                       "panels + 6x32 vdpbf16ps tiles, fp32 sums, the scale per segment; else the avx512_vnni kernels",
         "avx2": "dot kernel (4 rows x 2 tokens, 8 lanes) for every M",
         "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
     },
@@ -73,10 +76,12 @@ _LOWBIT_NOTES = {  # see Note [Low-bit decode] in csrc/cpu/linear_lowbit.cpp
                    "up to M = 63: 32 x 1024 blocks decoded to fp32 (L2), then 4x4 dot tiles; M >= 64: 32-row k-major "
                    "panels + 6x32 FMA tiles",
     "avx512_bf16": "bf16 activations: levels decoded to bf16 (exact; nf4 levels rounded to bf16, Note [nf4 levels "
-                   "in bf16]) and multiplied by vdpbf16ps with fp32 sums: M <= 8 (nf4, mxfp4, float8) / 4 (intx) "
-                   "32 weights per vdpbf16ps in registers (tiles of up to 4 tokens), larger M 32-row bf16 k-pair panels + 6x32 "
-                   "vdpbf16ps tiles; groups of a size not a multiple of 32 and float32 / float16 activations run the "
-                   "avx512_vnni kernels (fp32)",
+                   "in bf16]) and multiplied by vdpbf16ps with fp32 sums. Decode M (<= 8; intx <= 4): 32 weights per "
+                   "vdpbf16ps in registers (tiles of up to 4 tokens) for nf4 / mxfp4 from M = 2 and intx at M = 4, "
+                   "where it is faster; float8 / mxfp8 at every decode M, nf4 / mxfp4 at M = 1 and intx below 4 "
+                   "convert x to fp32 for the avx512_vnni dot kernel (faster there: bf16_dot_wins in "
+                   "csrc/cpu/linear_lowbit_ops.cpp). Larger M: 32-row bf16 k-pair panels + 6x32 vdpbf16ps tiles. "
+                   "Groups of a size not a multiple of 32 and float16 activations run the avx512_vnni kernels (fp32)",
     "avx2": "8-lane decoders (AVX2 + FMA + F16C): in registers for M <= 8 (nf4, mxfp4, float8) / 4 (intx), else fp32 "
             "blocks + dot tiles",
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
@@ -87,9 +92,11 @@ _AVX2_AT_AVX_VNNI = "no AVX-VNNI kernel: its AVX2 kernel runs. "
 _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_int4.cpp
     "avx512_vnni": "M < 32: tiled words streamed once per 4 tokens, nibbles -> fp32 by vpermps (dot kernel); "
                    "M >= 32: n-tiles dequantized to fp32 + the 6x32 FMA panel micro-kernel",
-    "avx512_bf16": "M < 32 with bf16 activations and inner_k_tiles 8: nibble pairs made bf16 (128 + u) by one "
-                   "vpternlogd, 32 weights per vdpbf16ps, 4 tokens per pass (Note [int4 bf16 decode]); other "
-                   "activations and tilings, and M >= 32: the avx512_vnni kernels",
+    "avx512_bf16": "bf16 activations: M < 32 (inner_k_tiles 8) nibble pairs made bf16 (128 + u) by one vpternlogd, "
+                   "32 weights per vdpbf16ps, 4 tokens per pass (Note [int4 bf16 decode]); M >= 32 codes - 8 as "
+                   "exact bf16 in natural-k-order panels + 6x32 vdpbf16ps tiles, group scales per segment, zero "
+                   "points as sum_g xsum * z in fp32; float32 / float16 activations (and other tilings at M < 32): "
+                   "the avx512_vnni kernels",
     "avx2": "M < 16: dot kernel (8 words per ymm, 2 tokens per pass); M >= 16: blocks of 512 rows dequantized "
             "to fp32, then ATen's fp32 GEMM",
     "scalar": "plain loops (M >= 16: dequantized blocks + ATen's fp32 GEMM): the CPU has no AVX2+FMA, or "
@@ -114,6 +121,23 @@ KERNEL_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activation
 _CPU_OPS = tuple(op for op in OPS if CPU_EXTENSION_LOADED and torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"))
 
 
+# Ops whose float32 activations take the bf16 prefill kernels under torch's "medium" fp32 matmul precision, and the
+# M from which (Note [fp32 activations in bf16] in csrc/cpu/fp32_matmul_precision.h).
+_FP32_IN_BF16_FROM = {"torchqkit::linear_int8wo_plain": "M >= 16", "torchqkit::linear_int4wo_tiled": "M >= 32",
+                      **dict.fromkeys(("torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo", "torchqkit::linear_mxwo"),
+                                      "M > 8"), "torchqkit::linear_intxwo": "M > 4"}
+
+
+def _fp32_activations_note(op: str) -> str:
+    """Which kernels float32 activations take at the avx512_bf16 level, as torch's fp32 matmul precision says now."""
+    if torch.ops.torchqkit_cpu.fp32_takes_bf16():
+        return (f" | float32 activations: {_FP32_IN_BF16_FROM[op]} in the bf16 kernels (x rounded to bf16 once), "
+                f"because torch's fp32 matmul precision allows bf16 (set_float32_matmul_precision('medium') / "
+                f"torch.backends.mkldnn.matmul.fp32_precision = 'bf16'); below that the fp32 kernels")
+    return (" | float32 activations: the fp32 kernels (torch's fp32 matmul precision is not 'medium' / mkldnn "
+            "'bf16'; with it, the prefill would take the bf16 kernels)")
+
+
 def cpu_backend(op: str) -> tuple[str, str]:
     """(backend, reason) serving custom op ``op`` (e.g. "torchqkit::linear_int8wo_plain") on CPU."""
     op_def(op)  # unknown ops raise, naming the known ones
@@ -127,6 +151,8 @@ def cpu_backend(op: str) -> tuple[str, str]:
     notes = _CPU_KERNEL_NOTES[op]
     if isa == "avx512_bf16" and isa not in notes:  # the level that really runs, named as such
         return "cpp avx512_vnni", f"{why}; {_NO_BF16_KERNEL}: {notes['avx512_vnni']}"
+    if isa == "avx512_bf16" and op in _FP32_IN_BF16_FROM:
+        return f"cpp {isa}", f"{why}; {notes[isa]}{_fp32_activations_note(op)}"
     return f"cpp {isa}", f"{why}; {notes[isa]}"
 
 
