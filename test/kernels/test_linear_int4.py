@@ -93,23 +93,25 @@ def test_kernel_matches_dequantized_linear(monkeypatch, isa, m):
 
 
 
-# float32 activations under torch.set_float32_matmul_precision("medium") take the bf16 prefill on AVX512-BF16 from
-# M = 32: the result is the reference on x rounded to bf16 (exact products, fp32 sums and the zero term in fp32:
-# the fp32 budget), far from the exact fp32 result; "highest" (the default) and decode M stay exact.
+# float32 activations under torch.set_float32_matmul_precision("medium") take the bf16 kernels on AVX512-BF16: the
+# prefill from M = 32, the decode kernel at inner_k_tiles 8 (Note [int4 bf16 decode]). The result is the reference
+# on x rounded to bf16 (exact products, fp32 sums and the zero term in fp32: the fp32 budget), far from the exact
+# fp32 result; "highest" (the default), and decode M at other tilings, stay exact.
 @needs_ext
 @pytest.mark.skipif("avx512_bf16" not in LEVELS, reason="the CPU has no AVX512-BF16")
-@pytest.mark.parametrize("m", [5, 40])
-def test_float32_activations_take_bf16_under_medium_precision(m):
-    w = _tiled(37, 320, 64, 8)
+@pytest.mark.parametrize("m, t", [(1, 8), (5, 8), (5, 4), (40, 4)])
+def test_float32_activations_take_bf16_under_medium_precision(m, t):
+    w = _tiled(37, 320, 64, t)
     x, b = _act(m, 320, torch.float32), torch.randn(37, generator=gen(2))
     exact = linear_int4wo_tiled_ref(*_args(w, x, b))
     rounded = linear_int4wo_tiled_ref(*_args(w, x.bfloat16().float(), b))
     op = "torchqkit::linear_int4wo_tiled"
     with fp32_matmul_precision("medium"):
-        assert "M >= 32 in the bf16 kernels" in kernels.cpu_backend(op)[1]
+        assert "every M (M >= 32 unless inner_k_tiles is 8) in the bf16 kernels" in kernels.cpu_backend(op)[1]
         out = OP(*_args(w, x, b))
-    assert_rel(out, rounded if m >= 32 else exact, TOL[torch.float32], f"medium, M = {m}")
-    if m >= 32:
+    bf16 = m >= 32 or t == 8
+    assert_rel(out, rounded if bf16 else exact, TOL[torch.float32], f"medium, M = {m}, inner_k_tiles {t}")
+    if bf16:
         assert (out - exact).abs().max() > 10 * TOL[torch.float32] * exact.abs().max()
     assert "float32 activations: the fp32 kernels" in kernels.cpu_backend(op)[1]
     assert_rel(OP(*_args(w, x, b)), exact, TOL[torch.float32], f"highest, M = {m}")

@@ -123,7 +123,7 @@ _CPU_OPS = tuple(op for op in OPS if CPU_EXTENSION_LOADED and torch._C._dispatch
 
 # Ops whose float32 activations take the bf16 prefill kernels under torch's "medium" fp32 matmul precision, and the
 # M from which (Note [fp32 activations in bf16] in csrc/cpu/fp32_matmul_precision.h).
-_FP32_IN_BF16_FROM = {"torchqkit::linear_int8wo_plain": "M >= 16", "torchqkit::linear_int4wo_tiled": "M >= 32",
+_FP32_IN_BF16_FROM = {"torchqkit::linear_int8wo_plain": "M >= 16", "torchqkit::linear_int4wo_tiled": "every M (M >= 32 unless inner_k_tiles is 8)",
                       **dict.fromkeys(("torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo", "torchqkit::linear_mxwo"),
                                       "M > 8"), "torchqkit::linear_intxwo": "M > 4"}
 
