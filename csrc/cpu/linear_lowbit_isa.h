@@ -71,6 +71,61 @@ struct Lut4 {
 struct Nf4 : Lut4<true> { explicit Nf4(const LowbitArgs&) : Lut4(kNf4) {} };
 struct Fp4 : Lut4<false> { explicit Fp4(const LowbitArgs&) : Lut4(kFp4) {} };
 
+// Note [AVX2 4-bit lookups by byte planes]: vpermps has 8 entries on AVX2, so Lut4's lookup of 8 codes costs two
+// permutes and a blend (plus a shift for the blend's mask and the widening of the bytes): about 2.3 cycles per 8
+// weights on Zen 4, the whole budget of a memory-speed decode. vpshufb looks up 32 bytes at once in a 16-entry
+// byte table, so the 16 levels are kept as kPlanes byte planes (plane q: byte 4 - kPlanes + q of each level's
+// fp32 bits) and a step of 32 codes is looked up with kPlanes vpshufb, then its bytes are interleaved into fp32
+// lanes with unpacks (plane pairs into 16-bit words, then words into dwords). fp4 e2m1 levels have at most two
+// significant bits, so their low 16 bits are zero: two planes, and the words go into the dwords' high halves.
+// Measured in isolation (4 rows x 1024 codes in L1, 8 accumulators): nf4 2.26 -> 1.56, fp4 2.26 -> 1.21 cycles
+// per 8 weights. The dot order differs from Lut4's (k_of below); the k-order decode (operator()) is Lut4's.
+// A template over the traits Vt (= V) only so that the AVX-512 regions, which never use it, don't compile it.
+template <class Vt, bool kHighFirst, int kPlanes>
+struct PlaneLut4 : Lut4<kHighFirst> {
+  static_assert(Vt::L == 8 && (kPlanes == 2 || kPlanes == 4), "byte planes fill AVX2's 8 fp32 lanes");
+  // The 32 codes of a step sit in one ymm as bytes: 128-bit lane 0 = the low nibbles of bytes 0..15, lane 1 their
+  // high nibbles. Dot-order vector t, lane j: nibble byte 4 t + j % 4 of 128-bit lane j / 4.
+  static int k_of(int t, int j) {
+    const bool high = j >= 4;
+    return 2 * (4 * t + j % 4) + (high == kHighFirst ? 0 : 1);
+  }
+  __m256i plane[kPlanes];
+  explicit PlaneLut4(const float* table) : Lut4<kHighFirst>(table) {
+    alignas(16) uint8_t bytes[kPlanes][16];
+    for (int c = 0; c < 16; ++c) {
+      uint32_t bits;
+      std::memcpy(&bits, table + c, 4);
+      for (int q = 0; q < kPlanes; ++q) bytes[q][c] = static_cast<uint8_t>(bits >> (8 * (4 - kPlanes + q)));
+    }
+    for (int q = 0; q < kPlanes; ++q)
+      plane[q] = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(bytes[q])));
+  }
+  void dot_order(const uint8_t* b, F (&w)[W]) const {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    const __m256i n = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+                                       _mm256_set1_epi8(0x0F));
+    __m256i lo, hi;  // 16-bit words of bytes 0..7 / 8..15 of each 128-bit lane: the levels' high halves...
+    const __m256i p2 = _mm256_shuffle_epi8(plane[kPlanes - 2], n), p3 = _mm256_shuffle_epi8(plane[kPlanes - 1], n);
+    const __m256i hw_lo = _mm256_unpacklo_epi8(p2, p3), hw_hi = _mm256_unpackhi_epi8(p2, p3);
+    if constexpr (kPlanes == 4) {  // ... and low halves
+      const __m256i p0 = _mm256_shuffle_epi8(plane[0], n), p1 = _mm256_shuffle_epi8(plane[1], n);
+      lo = _mm256_unpacklo_epi8(p0, p1);
+      hi = _mm256_unpackhi_epi8(p0, p1);
+    } else {
+      lo = hi = _mm256_setzero_si256();
+    }
+    w[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(lo, hw_lo));
+    w[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(lo, hw_lo));
+    w[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(hi, hw_hi));
+    w[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(hi, hw_hi));
+  }
+};
+template <class Vt>
+struct PlaneNf4 : PlaneLut4<Vt, true, 4> { explicit PlaneNf4(const LowbitArgs&) : PlaneLut4<Vt, true, 4>(kNf4) {} };
+template <class Vt>
+struct PlaneFp4 : PlaneLut4<Vt, false, 2> { explicit PlaneFp4(const LowbitArgs&) : PlaneLut4<Vt, false, 2>(kFp4) {} };
+
 // float8 through fp16 (vcvtph2ps converts exactly). e5m2 is the high byte of an fp16. e4m3fn:
 // (byte << 8) >> 1 (arithmetic) is s s eeee mmm 0000000; clearing bit 14 leaves the fp16 with sign s,
 // exponent 0eeee and mantissa mmm0000000, whose value is the e4m3 value / 256 (subnormals included; the glue
@@ -90,9 +145,30 @@ struct F8 {
   }
   void operator()(const uint8_t* b, F (&w)[W]) const {
     if (kE4m3 && has_nan(b)) return vectors<0, true>(b, w);
-    vectors<0, false>(b, w);
+    unchecked(b, w);
   }
   void dot_order(const uint8_t* b, F (&w)[W]) const { (*this)(b, w); }
+  // The decode without the NaN-code check (a NaN code decodes to a finite value): Note [NaN codes off the hot loop].
+  void unchecked(const uint8_t* b, F (&w)[W]) const {
+    if constexpr (V::L == 8) wide(b, w);
+    else vectors<0, false>(b, w);
+  }
+  // AVX2: the step's 32 bytes widened to fp16 bits with two 256-bit unpacks (bytes 0..7 | 16..23 and 8..15 |
+  // 24..31 as byte << 8) instead of four 128-bit ones, so the shift and mask run on 16 codes per instruction:
+  // 2.8 -> 1.74 cycles per 8 weights on Zen 4 (isolated loop). The vectors stay in k order.
+  void wide(const uint8_t* b, F (&w)[W]) const {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), z = _mm256_setzero_si256();
+    __m256i lo = _mm256_unpacklo_epi8(z, v), hi = _mm256_unpackhi_epi8(z, v);
+    if constexpr (kE4m3) {
+      const __m256i m = _mm256_set1_epi16(static_cast<int16_t>(0xBFFF));
+      lo = _mm256_and_si256(_mm256_srai_epi16(lo, 1), m);
+      hi = _mm256_and_si256(_mm256_srai_epi16(hi, 1), m);
+    }
+    w[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(lo));
+    w[1] = _mm256_cvtph_ps(_mm256_castsi256_si128(hi));
+    w[2] = _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1));
+    w[3] = _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1));
+  }
   template <int T, bool kNan>
   void vectors(const uint8_t* b, F (&w)[W]) const {
     if constexpr (kE4m3 && !kNan && V::L == 16) {
@@ -173,8 +249,8 @@ struct F32 {
 
 // This level's decoders, for by_format.
 struct Decoders {
-  using nf4 = Nf4;
-  using fp4 = Fp4;
+  using nf4 = std::conditional_t<V::L == 8, PlaneNf4<V>, Nf4>;  // Note [AVX2 4-bit lookups by byte planes]
+  using fp4 = std::conditional_t<V::L == 8, PlaneFp4<V>, Fp4>;
   using e4m3 = F8<true>;
   using e5m2 = F8<false>;
   template <int B> using intx = Intx<B>;
@@ -206,6 +282,7 @@ constexpr int64_t kPfBytes = 4096;             // Note [decode prefetch] in line
 
 enum class Acc { kRow, kGroup, kScaled };  // Note [Group scales once per group]; kScaled: several tokens
 
+
 // e4m3fn has NaN codes (eeee mmm = 1111 111); e5m2's decode through fp16 already yields its NaN / inf.
 template <class D> constexpr bool kNanCodes = false;
 template <> constexpr bool kNanCodes<F8<true>> = true;
@@ -235,7 +312,7 @@ __attribute__((always_inline)) inline void dot_step(F (&acc)[MB][NB], const D& d
   for (int i = 0; i < NB; ++i) {
     F w[W];
     if constexpr (kNanCodes<D> && !kChecked) {
-      dec.template vectors<0, false>(src[i] + off, w);
+      dec.unchecked(src[i] + off, w);
       nan.add(src[i] + off);
     } else {
       dec.dot_order(src[i] + off, w);

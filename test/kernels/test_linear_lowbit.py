@@ -305,6 +305,43 @@ def test_fp4_codes_in_the_kernel_are_the_oracles():
         assert out.reshape(2).tolist() == [0.0, value]
 
 
+# The dot kernel (M <= 8) decodes a 32-weight step into lanes in its own order at each level (AVX2: nf4 / fp4 through
+# byte-plane lookups, x permuted to match; float8 through two 256-bit unpacks): with x one-hot at each position k of a
+# step, row n returns exactly the level of its code at k, and the rows hold every code at every position.
+def _one_hot_outputs(call, k_total=32):
+    return torch.stack([call(torch.eye(k_total)[k:k + 1]).reshape(-1) for k in range(k_total)], dim=1)
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("fmt", ["nf4", "mxfp4"])
+def test_4bit_codes_in_every_decode_lane_at_one_token(monkeypatch, isa, fmt):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    codes = (torch.arange(16).reshape(16, 1) + torch.arange(32).reshape(1, 32)) % 16  # row n, position k
+    first, second = codes[:, 0::2], codes[:, 1::2]  # element 2j and 2j + 1 of byte j
+    if fmt == "nf4":  # element 2j in the high nibble
+        qdata = (first << 4 | second).to(torch.uint8)
+        levels = torch.tensor(Q.nf4.levels)
+        out = _one_hot_outputs(lambda x: NF4(x, qdata, torch.ones(16, 1), None, None, None, 32, None))
+    else:  # MXFP4: element 2j in the low nibble, scale 2^0
+        qdata = (second << 4 | first).to(torch.uint8)
+        levels = torch.tensor(Q.fp4_e2m1.levels)
+        out = _one_hot_outputs(lambda x: MX(x, qdata, torch.full((16, 1), 127, dtype=torch.uint8), None))
+    torch.testing.assert_close(out, levels[codes], rtol=0, atol=0)
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("dt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_float8_codes_in_every_decode_lane_at_one_token(monkeypatch, isa, dt):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    every = torch.arange(256, dtype=torch.uint8).view(dt)
+    finite = every[every.float().isfinite()]  # a non-finite code times x's zeros would be NaN in every column
+    rows = finite.reshape(-1, 1).expand(-1, 32).contiguous()  # row n: code n at every position
+    out = _one_hot_outputs(lambda x: FP8(x, rows, torch.ones(rows.shape[0], 1), None))
+    torch.testing.assert_close(out, rows.float(), rtol=0, atol=0)
+
+
 @needs_ext
 @isa_param
 def test_float8_special_codes(monkeypatch, isa):
