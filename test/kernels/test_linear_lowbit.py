@@ -153,6 +153,9 @@ DOT_WEIGHTS = {
                                                 zero_point_domain=qk.ZeroPointDomain.FLOAT),
     "int5_row_K41_N13": lambda: _intx(13, 41, 5, qk.PerRow()),
     "int7_g32_asym_K96_N3": lambda: _intx(3, 96, 7, qk.PerGroup(32), "asymmetric"),
+    "int6_g32_K160_N7": lambda: _intx(7, 160, 6, qk.PerGroup(32)),  # AVX2: 24-byte steps, 12 per 128-bit lane
+    "int1_g64_asym_K192_N5": lambda: _intx(5, 192, 1, qk.PerGroup(64), "asymmetric", signed=False),
+    "int4_g32_K96_N9": lambda: _intx(9, 96, 4, qk.PerGroup(32)),  # AVX2: the fp4 byte planes on integer levels
 }
 
 
@@ -328,6 +331,28 @@ def test_4bit_codes_in_every_decode_lane_at_one_token(monkeypatch, isa, fmt):
         levels = torch.tensor(Q.fp4_e2m1.levels)
         out = _one_hot_outputs(lambda x: MX(x, qdata, torch.full((16, 1), 127, dtype=torch.uint8), None))
     torch.testing.assert_close(out, levels[codes], rtol=0, atol=0)
+
+
+def _pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """(N, K) codes < 2^bits -> (N, ceil(K bits / 8)) uint8, code k at bits [k bits, (k + 1) bits) (LSB first)."""
+    n, k = codes.shape
+    stream = ((codes.reshape(n, k, 1) >> torch.arange(bits)) & 1).reshape(n, k * bits)
+    stream = torch.nn.functional.pad(stream, (0, -(k * bits) % 8)).reshape(n, -1, 8)
+    return (stream << torch.arange(8)).sum(-1).to(torch.uint8)
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
+@pytest.mark.parametrize("bits", range(1, 8))
+def test_intx_codes_in_every_decode_lane_at_one_token(monkeypatch, isa, bits, signed):
+    # AVX2 cuts 1..4- and 6-bit codes in lanes of whole codes (its own dot order) and looks int4 up by byte planes.
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    n = max(2 ** bits, 8)
+    codes = (torch.arange(n).reshape(n, 1) + torch.arange(32).reshape(1, 32)) % 2 ** bits  # row n, position k
+    qdata = _pack_bits(codes, bits)
+    out = _one_hot_outputs(lambda x: INTX(x, qdata, torch.ones(n, 1), None, bits, signed, "none", None))
+    torch.testing.assert_close(out, (codes - (2 ** (bits - 1) if signed else 0)).float(), rtol=0, atol=0)
 
 
 @needs_ext
