@@ -182,11 +182,14 @@ def compare(args):
         for label in (("before", "after") if r % 2 == 0 else ("after", "before")):
             runs[label].append(_cpu_time_cells(trees[label], args))
     bw = read_bandwidth()
+    torch.set_num_threads(1)
+    bw1 = read_bandwidth()  # what one core reads: the ceiling of the "after GB/s (one core)" column
     from torchqkit import kernels
     print(f"{kernels.cpu_backend('torchqkit::linear_nf4wo')[0]}, 4096 x 4096, {'bf16' if args.bf16 else 'f32'} "
           f"activations, 1 thread, CPU ms per call (median of {args.rounds} alternating runs of {args.reps} calls, "
-          f"weights from a 200 MiB ring); read bandwidth of this run ({torch.get_num_threads()} threads): {bw:.1f} GB/s")
-    print("| format | M | before ms | after ms | speed-up | after GB/s (one core) | of read bw |")
+          f"weights from a 200 MiB ring); read bandwidth of this run: {bw:.1f} GB/s (all threads), {bw1:.1f} GB/s "
+          f"(one thread)")
+    print("| format | M | before ms | after ms | speed-up | after GB/s (one core) | of all threads' read bw |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for key in runs["after"][0]:
         before = statistics.median(run[key][0] for run in runs["before"])
