@@ -8,7 +8,8 @@
 //
 // Note [Low-bit decode steps]: every format turns one step of kStep = 32 consecutive weights of a row
 // (starting on a byte: 16 bytes of nf4 / fp4, 32 of float8, 4 * bits of intx) into W = 32 / L vectors of fp32
-// levels in k order (the dot kernel takes nf4 / fp4 in a cheaper "dot order" with x permuted to match: Lut4).
+// levels in k order (the dot kernel takes nf4 / fp4, and on AVX2 packed intx, in a cheaper "dot order" with x
+// permuted to match: Lut4, PlaneLut4, LaneIntx; a decoder with kPermuted says so and gives k_of).
 // Rows start on a byte in every layout, so step c of a row starts at byte c * kBytes.
 // A step whose reads (kRead bytes, which may pass the step's own bytes) would leave the row is copied into a
 // zeroed stack buffer first; the glue pads x with zero columns up to a multiple of 32, so the lanes past K
