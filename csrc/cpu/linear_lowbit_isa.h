@@ -79,8 +79,8 @@ struct Fp4 : Lut4<false> { explicit Fp4(const LowbitArgs&) : Lut4(kFp4) {} };
 // fp32 bits) and a step of 32 codes is looked up with kPlanes vpshufb, then its bytes are interleaved into fp32
 // lanes with unpacks (plane pairs into 16-bit words, then words into dwords). fp4 e2m1 levels have at most two
 // significant bits, so their low 16 bits are zero: two planes, and the words go into the dwords' high halves.
-// Measured in isolation (4 rows x 1024 codes in L1, 8 accumulators): nf4 2.26 -> 1.56, fp4 2.26 -> 1.21 cycles
-// per 8 weights. The dot order differs from Lut4's (k_of below); the k-order decode (operator()) is Lut4's.
+// Measured in isolation (benchmarks/bench_lowbit_avx2_loops.cpp: 4 rows x 1024 codes in L1, 8 accumulators): nf4
+// 2.27 -> 1.57, fp4 -> 1.21 cycles per 8 weights. The dot order differs from Lut4's (k_of below); the k-order decode (operator()) is Lut4's.
 // A template over the traits Vt (= V) only so that the AVX-512 regions, which never use it, don't compile it.
 template <class Vt, bool kHighFirst, int kPlanes>
 struct PlaneLut4 : Lut4<kHighFirst> {
@@ -168,7 +168,7 @@ struct F8 {
   }
   // AVX2 e4m3: the step's 32 bytes widened to fp16 bits with two 256-bit unpacks (bytes 0..7 | 16..23 and 8..15 |
   // 24..31 as byte << 8) instead of four 128-bit ones, so the shift and mask run on 16 codes per instruction:
-  // 2.8 -> 1.74 cycles per 8 weights on Zen 4 (isolated loop). The vectors stay in k order. (e5m2 has no shift
+  // 2.4 -> 1.74 cycles per 8 weights on Zen 4 (benchmarks/bench_lowbit_avx2_loops.cpp). The vectors stay in k order. (e5m2 has no shift
   // or mask to share, and the two lane extracts made it 0.94x: it keeps the 128-bit unpacks.)
   void wide(const uint8_t* b, F (&w)[W]) const {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), z = _mm256_setzero_si256();
@@ -250,8 +250,8 @@ struct Intx {
 // 3, 4, 6 pack whole codes into R = 4 (B = 1, 2, 4) or 3 (B = 3, 6) bytes, so one pshufb puts R bytes (C = 8 R / B
 // codes) into each dword lane and one vpsrlvd pre-shifts the lanes that repeat a group; vector t of the step is then
 // that dword >> (B t), looked up (B <= 3) or masked and converted: per 8 codes one immediate shift and the lookup,
-// plus one pshufb and one vpsrlvd per 32. Measured in isolation for int3 (4 rows x 1024 codes in L1): 1.85 -> 1.4
-// cycles per 8 weights on Zen 4. Lane j holds group g = j % N (N = 32 / C lanes of different groups) shifted by
+// plus one pshufb and one vpsrlvd per 32. Measured in isolation for int3 (benchmarks/bench_lowbit_avx2_loops.cpp,
+// 4 rows x 1024 codes in L1): 1.83 -> 1.35 cycles per 8 weights on Zen 4. Lane j holds group g = j % N (N = 32 / C lanes of different groups) shifted by
 // (j / N) 4 B bits, so vector t, lane j is code g C + (j / N) 4 + t of the step: the dot order (k_of) x is permuted
 // to. B = 6 steps are 24 bytes: each 128-bit lane reads its own 12. B = 5, 7 keep Intx's decode.
 template <class Vt, int B>
