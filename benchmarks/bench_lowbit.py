@@ -20,13 +20,23 @@ scheduler: medians of 16-20 ms for a 1 ms kernel):
 one thread, each call on the next copy of the weight from a ring of copies > 3x L3 (weights from memory), and
 the fastest and the 25th-percentile call of --reps: what the kernel costs when it has the core, not the median
 of a host's queue. GB/s here is one core's, not comparable with the 2-thread read bandwidth. With --cpu-time it
-prints the thread's mean CPU time per call instead (time.thread_time; the before / after figure on a shared host:
-run it on two trees one after the other, alternating).
+prints the thread's mean CPU time per call instead (time.thread_time; the before / after figure on a shared host).
+
+Before / after in one run: --compare OLD_TREE runs the --cpu-time measurement on OLD_TREE's torchqkit (a copy of
+the repository with its built extension) and on this one in turn, --rounds times, alternating which goes first,
+and prints the median of each cell, the speed-up, one core's GB/s and its share of the read bandwidth measured
+in the same run (a core needs about half of it for two to reach 70%):
+
+    python benchmarks/bench_lowbit.py --formats nf4,fp8,mxfp4,int3 --ms 1,8 --cpu-time --compare /tmp/old_tree
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import os
+import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -149,6 +159,46 @@ def ring_timings(name: str, ms: list[int], reps: int, dtype: torch.dtype, ring_b
     return rows
 
 
+def _cpu_time_cells(tree: str, args) -> dict[tuple[str, int], tuple[float, int]]:
+    """{(format, M): (CPU s per call, stored bytes)} of `--cpu-time --threads 1` run on `tree`'s torchqkit."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--formats", args.formats, "--ms", args.ms, "--threads", "1",
+           "--cpu-time", "--reps", str(args.reps), "--raw"] + (["--bf16"] if args.bf16 else [])
+    env = {**os.environ, "PYTHONPATH": tree}
+    lines = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout.splitlines()
+    cells = {}
+    for line in lines:
+        if line.startswith("raw "):
+            _, name, m, t, nbytes = line.split()
+            cells[(name, int(m))] = (float(t), int(nbytes))
+    return cells
+
+
+def compare(args):
+    """Before (args.compare's tree) / after (this tree) medians of --rounds alternating runs, one table."""
+    from bench_linear import read_bandwidth  # a sibling file: benchmarks/ is sys.path[0] when run as a script
+    trees = {"before": os.path.abspath(args.compare), "after": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    runs = {label: [] for label in trees}
+    for r in range(args.rounds):
+        for label in (("before", "after") if r % 2 == 0 else ("after", "before")):
+            runs[label].append(_cpu_time_cells(trees[label], args))
+    bw = read_bandwidth()
+    torch.set_num_threads(1)
+    bw1 = read_bandwidth()  # what one core reads: the ceiling of the "after GB/s (one core)" column
+    from torchqkit import kernels
+    print(f"{kernels.cpu_backend('torchqkit::linear_nf4wo')[0]}, 4096 x 4096, {'bf16' if args.bf16 else 'f32'} "
+          f"activations, 1 thread, CPU ms per call (median of {args.rounds} alternating runs of {args.reps} calls, "
+          f"weights from a 200 MiB ring); read bandwidth of this run: {bw:.1f} GB/s (all threads), {bw1:.1f} GB/s "
+          f"(one thread)")
+    print("| format | M | before ms | after ms | speed-up | after GB/s (one core) | of all threads' read bw |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for key in runs["after"][0]:
+        before = statistics.median(run[key][0] for run in runs["before"])
+        after = statistics.median(run[key][0] for run in runs["after"])
+        gbs = runs["after"][0][key][1] / after / 1e9
+        print(f"| {FORMATS[key[0]][1]} | {key[1]} | {before * 1e3:.3f} | {after * 1e3:.3f} | {before / after:.2f}x | "
+              f"{gbs:.1f} | {gbs / bw:.0%} |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--formats", default="nf4,fp8,mxfp4,int3", help=f"comma-separated, of {', '.join(FORMATS)}")
@@ -159,7 +209,14 @@ def main():
     ap.add_argument("--cpu-time", action="store_true",
                     help="mean CPU time per call of this thread (time.thread_time) instead of wall-clock calls; "
                          "the A/B figure on a shared host (needs --threads 1)")
+    ap.add_argument("--compare", metavar="OLD_TREE", help="before / after table against OLD_TREE's torchqkit (--cpu-time)")
+    ap.add_argument("--rounds", type=int, default=3, help="--compare: alternating runs per tree")
+    ap.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)  # --compare's machine-readable lines
     args = ap.parse_args()
+    if args.compare:
+        if not args.cpu_time:
+            ap.error("--compare times CPU per call: add --cpu-time")
+        return compare(args)
     if args.cpu_time and args.threads != 1:
         ap.error("--cpu-time counts this thread's CPU time only: run it with --threads 1")
     torch.set_num_threads(args.threads)
@@ -172,6 +229,9 @@ def main():
         print("  (--cpu-time: mean CPU ms per call of this thread instead)")
         for name in args.formats.split(","):
             for m, t, nbytes in ring_cpu_time(name, ms, args.reps, dtype):
+                if args.raw:
+                    print(f"raw {name} {m} {t!r} {nbytes}", flush=True)
+                    continue
                 print(f"  {name:6} M={m:<3} {t * 1e3:7.3f} ms CPU   {nbytes / t / 1e9:5.1f} GB/s", flush=True)
         return
     for name in args.formats.split(","):

@@ -154,6 +154,9 @@ DOT_WEIGHTS = {
                                                 zero_point_domain=qk.ZeroPointDomain.FLOAT),
     "int5_row_K41_N13": lambda: _intx(13, 41, 5, qk.PerRow()),
     "int7_g32_asym_K96_N3": lambda: _intx(3, 96, 7, qk.PerGroup(32), "asymmetric"),
+    "int6_g32_K160_N7": lambda: _intx(7, 160, 6, qk.PerGroup(32)),  # AVX2: 24-byte steps, 12 per 128-bit lane
+    "int1_g64_asym_K192_N5": lambda: _intx(5, 192, 1, qk.PerGroup(64), "asymmetric", signed=False),
+    "int4_g32_K96_N9": lambda: _intx(9, 96, 4, qk.PerGroup(32)),  # AVX2: the fp4 byte planes on integer levels
 }
 
 
@@ -332,6 +335,65 @@ def test_fp4_codes_in_the_kernel_are_the_oracles():
     for e, value in ((0, 2.0 ** -127), (1, 2.0 ** -126), (254, 2.0 ** 127)):
         out = MX(torch.eye(32)[:2], zero_one, torch.full((1, 1), e, dtype=torch.uint8), None)
         assert out.reshape(2).tolist() == [0.0, value]
+
+
+# The dot kernel (M <= 8) decodes a 32-weight step into lanes in its own order at each level (AVX2: nf4 / fp4 through
+# byte-plane lookups, x permuted to match; float8 through two 256-bit unpacks): with x one-hot at each position k of a
+# step, row n returns exactly the level of its code at k, and the rows hold every code at every position.
+def _one_hot_outputs(call, k_total=32):
+    return torch.stack([call(torch.eye(k_total)[k:k + 1]).reshape(-1) for k in range(k_total)], dim=1)
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("fmt", ["nf4", "mxfp4"])
+def test_4bit_codes_in_every_decode_lane_at_one_token(monkeypatch, isa, fmt):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    codes = (torch.arange(16).reshape(16, 1) + torch.arange(32).reshape(1, 32)) % 16  # row n, position k
+    first, second = codes[:, 0::2], codes[:, 1::2]  # element 2j and 2j + 1 of byte j
+    if fmt == "nf4":  # element 2j in the high nibble
+        qdata = (first << 4 | second).to(torch.uint8)
+        levels = torch.tensor(Q.nf4.levels)
+        out = _one_hot_outputs(lambda x: NF4(x, qdata, torch.ones(16, 1), None, None, None, 32, None))
+    else:  # MXFP4: element 2j in the low nibble, scale 2^0
+        qdata = (second << 4 | first).to(torch.uint8)
+        levels = torch.tensor(Q.fp4_e2m1.levels)
+        out = _one_hot_outputs(lambda x: MX(x, qdata, torch.full((16, 1), 127, dtype=torch.uint8), None))
+    torch.testing.assert_close(out, levels[codes], rtol=0, atol=0)
+
+
+def _pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """(N, K) codes < 2^bits -> (N, ceil(K bits / 8)) uint8, code k at bits [k bits, (k + 1) bits) (LSB first)."""
+    n, k = codes.shape
+    stream = ((codes.reshape(n, k, 1) >> torch.arange(bits)) & 1).reshape(n, k * bits)
+    stream = torch.nn.functional.pad(stream, (0, -(k * bits) % 8)).reshape(n, -1, 8)
+    return (stream << torch.arange(8)).sum(-1).to(torch.uint8)
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
+@pytest.mark.parametrize("bits", range(1, 8))
+def test_intx_codes_in_every_decode_lane_at_one_token(monkeypatch, isa, bits, signed):
+    # AVX2 cuts 1..4- and 6-bit codes in lanes of whole codes (its own dot order) and looks int4 up by byte planes.
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    n = max(2 ** bits, 8)
+    codes = (torch.arange(n).reshape(n, 1) + torch.arange(32).reshape(1, 32)) % 2 ** bits  # row n, position k
+    qdata = _pack_bits(codes, bits)
+    out = _one_hot_outputs(lambda x: INTX(x, qdata, torch.ones(n, 1), None, bits, signed, "none", None))
+    torch.testing.assert_close(out, (codes - (2 ** (bits - 1) if signed else 0)).float(), rtol=0, atol=0)
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("dt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_float8_codes_in_every_decode_lane_at_one_token(monkeypatch, isa, dt):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    every = torch.arange(256, dtype=torch.uint8).view(dt)
+    finite = every[every.float().isfinite()]  # a non-finite code times x's zeros would be NaN in every column
+    rows = finite.reshape(-1, 1).expand(-1, 32).contiguous()  # row n: code n at every position
+    out = _one_hot_outputs(lambda x: FP8(x, rows, torch.ones(rows.shape[0], 1), None))
+    torch.testing.assert_close(out, rows.float(), rtol=0, atol=0)
 
 
 @needs_ext
