@@ -82,7 +82,8 @@ def test_weight_only_bf16_prefill_matches_reference(monkeypatch, isa, case):
 @needs_ext
 @pytest.mark.skipif("avx512_bf16" not in WO_LEVELS, reason="the CPU has no AVX512-BF16")
 @pytest.mark.parametrize("m", [3, 17, 255])
-def test_float32_activations_take_bf16_under_medium_precision(m):
+def test_float32_activations_take_bf16_under_medium_precision(monkeypatch, m):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx512_bf16")  # whatever level the session forces
     q, s, b = _weight(45, 544, 17)
     x = _act(m, 544, torch.float32)
     exact, rounded = linear_int8wo_plain_ref(x, q, s, b), linear_int8wo_plain_ref(x.bfloat16().float(), q, s, b)

@@ -100,7 +100,8 @@ def test_kernel_matches_dequantized_linear(monkeypatch, isa, m):
 @needs_ext
 @pytest.mark.skipif("avx512_bf16" not in LEVELS, reason="the CPU has no AVX512-BF16")
 @pytest.mark.parametrize("m, t", [(1, 8), (5, 8), (5, 4), (40, 4)])
-def test_float32_activations_take_bf16_under_medium_precision(m, t):
+def test_float32_activations_take_bf16_under_medium_precision(monkeypatch, m, t):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx512_bf16")  # whatever level the session forces
     w = _tiled(37, 320, 64, t)
     x, b = _act(m, 320, torch.float32), torch.randn(37, generator=gen(2))
     exact = linear_int4wo_tiled_ref(*_args(w, x, b))

@@ -275,7 +275,8 @@ def test_bf16_activations_every_panel_shape(monkeypatch, panel_weights, isa, nam
 @pytest.mark.parametrize("name", ["nf4_b64_N70_K4096", "int5_g32_asym_N67", "uint4_g64_float_zp_N19",
                                   "e5m2_row_N37_K1100"])
 @pytest.mark.parametrize("m", [3, 17])
-def test_float32_activations_take_bf16_under_medium_precision(panel_weights, name, m):
+def test_float32_activations_take_bf16_under_medium_precision(monkeypatch, panel_weights, name, m):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx512_bf16")  # whatever level the session forces
     w = panel_weights[name]
     n, k = w.shape
     x, b = _act(m, k, torch.float32, seed=m), torch.randn(n, generator=gen(2))
