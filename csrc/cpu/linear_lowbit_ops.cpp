@@ -134,7 +134,8 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, op, ": bias must have shape (", N, "), got ", bias->sizes());
     b = bias->to(at::kFloat).contiguous();
   }
-  const Isa level = selected_isa_exact(), isa = vnni_isa(level);
+  // AVX-VNNI (Intel's client CPUs) runs the AVX2 kernels: these ops have no integer dot products to give it.
+  const Isa level = selected_isa_exact(), isa = base_isa(level);
   at::Tensor x2 = x.reshape({-1, K});
   const int64_t M = x2.size(0);
   const bool bf16 = takes_bf16(level, x.scalar_type(), p, M);

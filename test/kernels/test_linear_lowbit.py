@@ -309,6 +309,26 @@ def test_avx512_bf16_level_is_forceable_or_refused(monkeypatch):
     assert kernels.cpu_backend("torchqkit::linear_nf4wo")[0] == "cpp avx512_vnni"
 
 
+# The AVX-VNNI level (Intel's client CPUs, the best level there) has no low-bit kernel of its own: it must run the
+# AVX2 kernels, as the status says, not the scalar loops (which it once fell through to, 50-100x slower). Same
+# kernels, same summation order: the outputs are bit-identical to AVX2's.
+@needs_ext
+@pytest.mark.skipif("avx_vnni" not in cpu_levels("torchqkit::linear_nf4wo", with_avx_vnni=True),
+                    reason="the CPU runs no AVX-VNNI level")
+@pytest.mark.parametrize("m", [1, 3, 130])
+@pytest.mark.parametrize("name", list(WEIGHTS))
+def test_avx_vnni_level_runs_the_avx2_kernels(monkeypatch, weights, m, name):
+    w = weights[name]
+    x = _act(m, w.shape[1], torch.float32)
+    out = {}
+    for level in ("avx_vnni", "avx2"):
+        monkeypatch.setenv("TORCHQKIT_CPU_ISA", level)
+        out[level] = _call(w, x, None)
+    assert torch.equal(out["avx_vnni"], out["avx2"]), name
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx_vnni")
+    assert "its AVX2 kernel runs" in kernels.cpu_backend("torchqkit::linear_nf4wo")[1]
+
+
 @needs_ext
 @pytest.mark.parametrize("op", ("torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo", "torchqkit::linear_intxwo", "torchqkit::linear_mxwo"))
 def test_cpu_kernel_registered_and_reported(monkeypatch, op):
