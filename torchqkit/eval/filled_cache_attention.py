@@ -1,9 +1,10 @@
 """Attention that reads only the filled positions of a static KV cache: see Note [Filled-cache attention]."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
+
+from .. import kernels  # noqa: F401  (defines torchqkit::sdpa_over_filled_cache and loads its C++ kernel)
 
 __all__ = ["FILLED_CACHE_MIN_LENGTH", "FILLED_CACHE_SDPA", "filled_cache_sdpa", "register_filled_cache_sdpa"]
 
@@ -25,34 +26,6 @@ FILLED_CACHE_MIN_LENGTH = 256
 # it is a custom op: the compiled step keeps its static shapes and the op slices at run time. Its fixed cost
 # (a Python kernel: finding the length, slicing) exceeds what it saves on short caches, so LeanDecoder uses it
 # from FILLED_CACHE_MIN_LENGTH positions on.
-
-
-_OP = "torchqkit::sdpa_over_filled_cache"
-torch.library.define(_OP, "(Tensor query, Tensor key, Tensor value, Tensor attn_mask, float scale, bool enable_gqa) "
-                          "-> Tensor")
-
-
-def sdpa_over_filled_cache(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor,
-                           scale: float, enable_gqa: bool) -> torch.Tensor:
-    """sdpa(query, key, value, attn_mask) over the key positions up to the last one `attn_mask` (bool, or
-    additive float with the dtype's minimum / -inf where masked) lets any query see."""
-    allowed = attn_mask if attn_mask.dtype == torch.bool else attn_mask > torch.finfo(attn_mask.dtype).min
-    allowed = allowed.reshape(-1, allowed.shape[-1])
-    seen = (np.flatnonzero(allowed.numpy().any(axis=0)) if allowed.device.type == "cpu"
-            else allowed.any(dim=0).nonzero().flatten().tolist())
-    n = int(seen[-1]) + 1 if len(seen) else allowed.shape[-1]
-    # A mask that lets every query see every kept position says nothing: sdpa without one takes its fast path.
-    mask = None if len(seen) == n and bool(allowed[:, :n].all()) else attn_mask[..., :n]
-    return F.scaled_dot_product_attention(query, key[:, :, :n], value[:, :, :n], attn_mask=mask, scale=scale,
-                                          enable_gqa=enable_gqa)
-
-
-torch.library.impl(_OP, "CompositeExplicitAutograd", sdpa_over_filled_cache)
-
-
-@torch.library.register_fake(_OP)
-def _(query, key, value, attn_mask, scale, enable_gqa):
-    return torch.empty_like(query)
 
 
 def filled_cache_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
