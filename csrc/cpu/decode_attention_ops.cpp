@@ -56,10 +56,38 @@ float hidden_value(at::ScalarType dt) {
   return hidden;
 }
 
-// Last dim contiguous (the kernels' one requirement on strides), fp32.
-at::Tensor fp32_rows(const at::Tensor& t) {
-  const at::Tensor f = t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
-  return f.stride(-1) == 1 || f.size(-1) <= 1 ? f : f.contiguous();
+// A 4-d tensor as the kernels read it: fp32 with the last dim contiguous. A float32 tensor that already is one is
+// read in place with its own strides (no new tensor: the decode step calls this op once per layer per token);
+// others are converted, key and value only over the `rows` positions the kernel reads.
+struct Rows {
+  const float* data;
+  int64_t s0, s1, s2;
+  at::Tensor keep;  // the converted copy, when one was made
+};
+
+Rows fp32_rows(const at::Tensor& t, int64_t rows) {
+  at::Tensor f = t;
+  if (t.scalar_type() != at::kFloat || (t.stride(3) != 1 && t.size(3) > 1)) {
+    f = t.narrow(2, 0, rows).to(at::kFloat).contiguous();
+  }
+  return {f.data_ptr<float>(), f.stride(0), f.stride(1), f.stride(2), f};
+}
+
+// The mask's strides broadcast to (B, Hq, Lq, S) (0 along a broadcast dim) and its data, bool or fp32 with the last
+// dim contiguous (converted, or expanded and copied, only when it is not).
+struct MaskView {
+  int64_t s[4];
+  at::Tensor t;
+};
+
+MaskView mask_view(const at::Tensor& mask, const int64_t (&shape)[4]) {
+  MaskView m{{0, 0, 0, 0}, mask.scalar_type() == at::kBool ? mask : mask.to(at::kFloat)};
+  for (int64_t i = 1; i <= m.t.dim(); ++i) m.s[4 - i] = m.t.size(-i) == 1 ? 0 : m.t.stride(-i);
+  if (m.s[3] != 1 && shape[3] > 1) {  // a mask broadcast (or strided) along the key positions: rows made explicit
+    m.t = m.t.expand(at::IntArrayRef(shape, 4)).contiguous();
+    for (int i = 0; i < 4; ++i) m.s[i] = m.t.stride(i);
+  }
+  return m;
 }
 
 }  // namespace
@@ -73,15 +101,14 @@ at::Tensor sdpa_over_filled_cache(const at::Tensor& query, const at::Tensor& key
   // the output (transposed back to (B, Lq, Hq, D) by the caller) sees what the fake promised.
   at::Tensor out = Dv == D ? at::empty_like(query) : at::empty({B, Hq, Lq, Dv}, query.options());
 
-  // The mask as the kernels read it: bool, or fp32 converted before broadcasting (no full-size copy).
   const bool is_bool = attn_mask.scalar_type() == at::kBool;
-  at::Tensor mask = (is_bool ? attn_mask : attn_mask.to(at::kFloat)).expand({B, Hq, Lq, S});
-  if (mask.stride(3) != 1 && S > 1) mask = mask.contiguous();
+  const int64_t shape[4] = {B, Hq, Lq, S};
+  const MaskView mask = mask_view(attn_mask, shape);
   FilledAttentionArgs p{};
   p.B = B; p.Hq = Hq; p.Lq = Lq; p.D = D; p.Hkv = Hkv; p.Dv = Dv;
-  p.mask_bool = is_bool ? reinterpret_cast<const uint8_t*>(mask.data_ptr<bool>()) : nullptr;
-  p.mask_add = is_bool ? nullptr : mask.data_ptr<float>();
-  p.m_sb = mask.stride(0); p.m_sh = mask.stride(1); p.m_sl = mask.stride(2);
+  p.mask_bool = is_bool ? reinterpret_cast<const uint8_t*>(mask.t.data_ptr<bool>()) : nullptr;
+  p.mask_add = is_bool ? nullptr : mask.t.data_ptr<float>();
+  p.m_sb = mask.s[0]; p.m_sh = mask.s[1]; p.m_sl = mask.s[2];
   if (out.numel() == 0) return out;
   const int64_t visible = S > 0 ? last_visible_count(p, S, is_bool ? 0.f : hidden_value(attn_mask.scalar_type())) : 0;
   // No visible position at all: every key position takes part (as the reference does), and sdpa's rules decide.
@@ -97,12 +124,12 @@ at::Tensor sdpa_over_filled_cache(const at::Tensor& query, const at::Tensor& key
     return out;
   }
 
-  const at::Tensor q = fp32_rows(query), k = fp32_rows(key.narrow(2, 0, n)), v = fp32_rows(value.narrow(2, 0, n));
+  const Rows q = fp32_rows(query, Lq), k = fp32_rows(key, n), v = fp32_rows(value, n);
   const bool direct = dt == at::kFloat && out.stride(-1) == 1;
-  at::Tensor o = direct ? out : at::empty({B, Hq, Lq, Dv}, q.options());
-  p.q = q.data_ptr<float>(); p.q_sb = q.stride(0); p.q_sh = q.stride(1); p.q_sl = q.stride(2);
-  p.k = k.data_ptr<float>(); p.k_sb = k.stride(0); p.k_sh = k.stride(1); p.k_ss = k.stride(2);
-  p.v = v.data_ptr<float>(); p.v_sb = v.stride(0); p.v_sh = v.stride(1); p.v_ss = v.stride(2);
+  at::Tensor o = direct ? out : at::empty({B, Hq, Lq, Dv}, query.options().dtype(at::kFloat));
+  p.q = q.data; p.q_sb = q.s0; p.q_sh = q.s1; p.q_sl = q.s2;
+  p.k = k.data; p.k_sb = k.s0; p.k_sh = k.s1; p.k_ss = k.s2;
+  p.v = v.data; p.v_sb = v.s0; p.v_sh = v.s1; p.v_ss = v.s2;
   p.out = o.data_ptr<float>(); p.o_sb = o.stride(0); p.o_sh = o.stride(1); p.o_sl = o.stride(2);
   p.scale = static_cast<float>(scale);
   p.n = n;

@@ -83,6 +83,21 @@ def test_masks_per_head_with_holes_and_rows_that_see_nothing(isa, monkeypatch):
 
 @needs_ext
 @isa_param
+def test_strided_cache_and_masks_broadcast_along_any_dim(isa, monkeypatch):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    g = gen(5)
+    q = torch.randn(1, 6, 2, 24, generator=g)
+    k = torch.randn(1, 70, 2, 24, generator=g).transpose(1, 2)          # (B, S, H, D) memory, as a dynamic cache
+    v = torch.randn(1, 2, 70, 48, generator=g)[..., ::2]                # head dim not contiguous: copied first
+    per_key = torch.zeros(1, 70, dtype=torch.bool)                    # 2-d: broadcast over batch and heads
+    per_key[:, :23] = True
+    for mask in (per_key, torch.ones(1, 1, 1, 1, dtype=torch.bool), torch.where(per_key, 0.5, -1.0)):  # additive, all visible
+        got = OP(q, k, v, mask, 0.2, True)
+        torch.testing.assert_close(got, sdpa_over_filled_cache_ref(q, k, v, mask, 0.2, True), rtol=0, atol=ATOL)
+
+
+@needs_ext
+@isa_param
 def test_bf16_and_fp16(isa, monkeypatch):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     q, k, v = _inputs(9, 3, 1, 300, 64)

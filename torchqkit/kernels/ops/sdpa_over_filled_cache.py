@@ -36,8 +36,11 @@ def sdpa_over_filled_cache_ref(query: torch.Tensor, key: torch.Tensor, value: to
     """sdpa over the key / value positions [0, n) (module docstring): the definition the C++ kernel is tested against."""
     allowed = attn_mask if attn_mask.dtype == torch.bool else attn_mask > torch.finfo(attn_mask.dtype).min
     n = _last_visible(allowed.expand(*allowed.shape[:-1], key.shape[2]))
-    # A mask that lets every query see every kept position says nothing: sdpa without one takes its fast path.
-    mask = None if n > 0 and bool(allowed[..., :n].all()) else attn_mask[..., :n]
+    # A mask that adds nothing to any kept position (all True, or all 0.0) says nothing: sdpa without one takes its
+    # fast path.
+    mask = attn_mask[..., :n]
+    if n > 0 and bool((mask if mask.dtype == torch.bool else mask == 0).all()):
+        mask = None
     return F.scaled_dot_product_attention(query, key[:, :, :n], value[:, :, :n], attn_mask=mask, scale=scale,
                                           enable_gqa=enable_gqa)
 
