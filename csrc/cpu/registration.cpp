@@ -135,11 +135,16 @@ Isa selected_isa_for_ops() { return base_isa(selected_isa()); }
 Isa selected_isa_level() { return vnni_isa(selected_isa()); }
 Isa selected_isa_exact() { return selected_isa(); }
 
+// Defined in decode_attention_ops.cpp (attention over the filled positions of a static KV cache).
+at::Tensor sdpa_over_filled_cache(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                  const at::Tensor& attn_mask, double scale, bool enable_gqa);
+
 }  // namespace torchqkit_cpu
 
 TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
   m.impl("linear_int8wo_plain", &torchqkit_cpu::linear_int8wo_plain);
   m.impl("linear_int8da_int8_plain", &torchqkit_cpu::linear_int8da_int8_plain);
+  m.impl("sdpa_over_filled_cache", &torchqkit_cpu::sdpa_over_filled_cache);
 }
 
 // Introspection for torchqkit.kernels.status(); not a quantized op, so it lives in its own namespace.

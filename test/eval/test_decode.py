@@ -131,12 +131,15 @@ def test_filled_cache_attention_equals_sdpa_over_the_whole_cache():
 def test_lean_decode_attends_over_the_filled_cache_and_restores_the_model():
     from torch._inductor.utils import run_and_get_code
 
-    from torchqkit.eval.filled_cache_attention import FILLED_CACHE_SDPA
+    from torchqkit import kernels
+    from torchqkit.eval.filled_cache_attention import FILLED_CACHE_SDPA, filled_cache_pays
 
     model = int4_with_tied_head(tiny_llama(96))
     assert model.config._attn_implementation == "sdpa"
     expected = generate_reference(model)[0, PROMPT.numel():].tolist()
-    assert LeanDecoder(model, 255).filled_cache_attention is False          # short caches: sdpa is cheaper
+    # The C++ kernel is cheaper than sdpa over any cache; the Python reference only from 256 positions on.
+    assert LeanDecoder(model, 16).filled_cache_attention is kernels.CPU_EXTENSION_LOADED
+    assert [filled_cache_pays(n, "cuda") for n in (255, 256)] == [False, True]   # the reference serves there
     decoder = LeanDecoder(model, 256, compile=True)
     tokens, code = run_and_get_code(decoder.generate, PROMPT, NEW)
     assert tokens.tolist() == expected and decoder.attention == FILLED_CACHE_SDPA

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .filled_cache_attention import FILLED_CACHE_MIN_LENGTH, register_filled_cache_sdpa
+from .filled_cache_attention import filled_cache_pays, register_filled_cache_sdpa
 from .perplexity import check_token_ids, model_vocab_size
 from .step_replay import ReplayingInductor
 
@@ -40,8 +40,9 @@ __all__ = ["LeanDecoder", "greedy_decode"]
 # loop alone runs the model. Where replay is not possible (`replay_off` says why) those steps run through
 # dynamo under `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`. skip_guards=False keeps every guard
 # and every step goes through dynamo.
-# With a StaticCache every step attends over max_length positions; from 256 on, the step attends over the
-# filled ones only (Note [Filled-cache attention]), so a large max_length costs memory, not time.
+# With a StaticCache every step attends over max_length positions; with torchqkit's attention (always where its C++
+# kernel serves, from 256 positions on elsewhere) the step attends over the filled ones only (Note [Filled-cache
+# attention]), so a large max_length costs memory, not time.
 # Decoding runs under torch.inference_mode(), not just no_grad: inference mode takes the autograd keys out of
 # dispatch, so each of the ~200 custom-op calls per token skips the Python autograd kernel that
 # torch.library.register_autograd installs (it only checks that nothing needs a gradient, then redispatches).
@@ -70,8 +71,9 @@ class LeanDecoder:
     skip_guards: after the first step of each call, call the compiled graph without dynamo (or, where that is
         not possible, skip dynamo's guard checks); see Note [Lean decode].
     filled_cache_attention: while decoding, a model on transformers' "sdpa" attention attends over the filled
-        cache positions only (Note [Filled-cache attention]); None (default): when max_length is at least
-        FILLED_CACHE_MIN_LENGTH (256). Other attention implementations are left as they are.
+        cache positions only (Note [Filled-cache attention]); None (default): where that pays (filled_cache_pays:
+        always with the C++ CPU kernel, from 256 positions on with the Python reference). Other attention
+        implementations are left as they are.
 
     After generate(): `attention` names the attention implementation the call ran; `replayed_steps` is how many
     of its steps called the graph without dynamo; `replay_off` says why none could (None when they did, or when
@@ -95,8 +97,8 @@ class LeanDecoder:
         self.compile_seconds: float | None = None
         self.replayed_steps = 0
         self.replay_off: str | None = None
-        self.filled_cache_attention = (max_length >= FILLED_CACHE_MIN_LENGTH if filled_cache_attention is None
-                                       else bool(filled_cache_attention))
+        self.filled_cache_attention = (filled_cache_pays(max_length, _device_of(model))
+                                       if filled_cache_attention is None else bool(filled_cache_attention))
         self.attention: str | None = None
         self._cache = StaticCache(config=model.config, max_cache_len=max_length)
         self._backend = ReplayingInductor(inductor_options) if compile else None

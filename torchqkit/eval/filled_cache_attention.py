@@ -1,17 +1,25 @@
 """Attention that reads only the filled positions of a static KV cache: see Note [Filled-cache attention]."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FILLED_CACHE_MIN_LENGTH", "FILLED_CACHE_SDPA", "filled_cache_sdpa", "register_filled_cache_sdpa"]
+from .. import kernels  # noqa: F401  (defines torchqkit::sdpa_over_filled_cache and loads its C++ kernel)
+
+__all__ = ["FILLED_CACHE_MIN_LENGTH", "FILLED_CACHE_SDPA", "filled_cache_pays", "filled_cache_sdpa",
+           "register_filled_cache_sdpa"]
 
 FILLED_CACHE_SDPA = "torchqkit_filled_cache_sdpa"
-# From this cache length on the op pays (see the Note): it costs ~38 us of CPU per call whatever the length, sdpa
-# over the whole cache 22 / 40 / 71 / 270 us at 64 / 256 / 512 / 2048 positions (SmolLM2's 9 x 64 query heads, 3 K/V
-# heads, 48 filled positions, 1 thread).
-FILLED_CACHE_MIN_LENGTH = 256
+_OP = "torchqkit::sdpa_over_filled_cache"
+# Cache lengths from which the op pays, by the backend that serves it (kernels.choose_backend), measured per call at
+# SmolLM2's shapes (9 x 64 query heads, 3 K/V heads, 46 filled positions, 1 thread; `python
+# benchmarks/bench_decode.py --attention-calls --max-length 64,255,512,2048 --threads 1`, see README):
+#   "cpu" (the C++ kernel): ~4-6 us per call whatever the cache length, less than sdpa over the whole cache at every
+#       length (16 us at 64 positions on a quiet host; at 8, 16 and 46 positions, 4-6 us against sdpa's 50-60 us on
+#       a loaded one): always.
+#   "reference" (the Python kernel: numpy on the mask, slicing, sdpa): ~33-38 us per call, sdpa over the whole cache
+#       22 / 40 / 71 / 270 us at 64 / 256 / 512 / 2048 positions: from 256 on.
+FILLED_CACHE_MIN_LENGTH = {"cpu": 2, "reference": 256}
 
 # Note [Filled-cache attention]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -19,40 +27,20 @@ FILLED_CACHE_MIN_LENGTH = 256
 # transformers' sdpa attention then attends over all of them under a mask that hides the unfilled ones, so a
 # step reads and multiplies K and V of max_length positions whatever the prompt: SmolLM2-135M int4 decoded at
 # 8.5 ms/token with max_length 64, 15.4 with 512 and 27.4 with 2048 (a 14-token prompt, 33 tokens). The op
-# below takes the same inputs as that attention, finds the last position the mask lets any query see and runs
-# sdpa over K[:, :, :n], V[:, :, :n] and the mask's first n columns: the same result (the cut positions had
-# zero weight), with a cost that follows the filled length. The cut is a data-dependent length, which is why
-# it is a custom op: the compiled step keeps its static shapes and the op slices at run time. Its fixed cost
-# (a Python kernel: finding the length, slicing) exceeds what it saves on short caches, so LeanDecoder uses it
-# from FILLED_CACHE_MIN_LENGTH positions on.
+# torchqkit::sdpa_over_filled_cache (kernels/ops/sdpa_over_filled_cache.py) takes the same inputs as that
+# attention, finds the last position the mask lets any query see and attends over K[:, :, :n], V[:, :, :n] and
+# the mask's first n columns: the same result (the cut positions had zero weight), with a cost that follows the
+# filled length. The cut is a data-dependent length, which is why it is a custom op: the compiled step keeps its
+# static shapes and the op slices at run time. On CPU its C++ kernel (csrc/cpu/decode_attention*.cpp) finds n and
+# attends in one call of a few microseconds, cheaper than sdpa over any cache; the Python reference (other
+# devices, or no C++ extension) costs more than it saves on short caches: FILLED_CACHE_MIN_LENGTH per backend.
 
 
-_OP = "torchqkit::sdpa_over_filled_cache"
-torch.library.define(_OP, "(Tensor query, Tensor key, Tensor value, Tensor attn_mask, float scale, bool enable_gqa) "
-                          "-> Tensor")
-
-
-def sdpa_over_filled_cache(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor,
-                           scale: float, enable_gqa: bool) -> torch.Tensor:
-    """sdpa(query, key, value, attn_mask) over the key positions up to the last one `attn_mask` (bool, or
-    additive float with the dtype's minimum / -inf where masked) lets any query see."""
-    allowed = attn_mask if attn_mask.dtype == torch.bool else attn_mask > torch.finfo(attn_mask.dtype).min
-    allowed = allowed.reshape(-1, allowed.shape[-1])
-    seen = (np.flatnonzero(allowed.numpy().any(axis=0)) if allowed.device.type == "cpu"
-            else allowed.any(dim=0).nonzero().flatten().tolist())
-    n = int(seen[-1]) + 1 if len(seen) else allowed.shape[-1]
-    # A mask that lets every query see every kept position says nothing: sdpa without one takes its fast path.
-    mask = None if len(seen) == n and bool(allowed[:, :n].all()) else attn_mask[..., :n]
-    return F.scaled_dot_product_attention(query, key[:, :, :n], value[:, :, :n], attn_mask=mask, scale=scale,
-                                          enable_gqa=enable_gqa)
-
-
-torch.library.impl(_OP, "CompositeExplicitAutograd", sdpa_over_filled_cache)
-
-
-@torch.library.register_fake(_OP)
-def _(query, key, value, attn_mask, scale, enable_gqa):
-    return torch.empty_like(query)
+def filled_cache_pays(max_length: int, device) -> bool:
+    """Whether attention over the filled positions is cheaper than sdpa over a `max_length` cache on `device`, by the
+    backend that serves the op there (FILLED_CACHE_MIN_LENGTH)."""
+    backend, _ = kernels.choose_backend(_OP, device)
+    return max_length >= FILLED_CACHE_MIN_LENGTH.get(backend, FILLED_CACHE_MIN_LENGTH["reference"])
 
 
 def filled_cache_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -39,10 +39,13 @@ class DecodeLoop:
     on_token(i) is called at that moment; `tokens` then holds the run's new token ids. compile_seconds: how
     long the lean loop's first compiled step took (None until it ran, or when nothing is compiled).
     max_length: the lean loop's KV cache positions (default: prompt + new_tokens).
+    filled_cache_attention: the lean loop's attention over the filled cache positions only (LeanDecoder's
+    argument; None: its default, by max_length).
     """
 
     def __init__(self, model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *, decode: str = "lean",
-                 compile: bool = False, inductor_options: dict | None = None, max_length: int | None = None):
+                 compile: bool = False, inductor_options: dict | None = None, max_length: int | None = None,
+                 filled_cache_attention: bool | None = None):
         if decode not in DECODE_LOOPS:
             raise ValueError(f"decode must be one of {', '.join(DECODE_LOOPS)}, got {decode!r}")
         if compile and decode != "lean":
@@ -59,12 +62,20 @@ class DecodeLoop:
             break
         if max_length is not None and decode != "lean":
             raise ValueError(f"max_length sizes the lean loop's static KV cache; decode={decode!r} has none")
+        if filled_cache_attention is not None and decode != "lean":
+            raise ValueError(f"filled_cache_attention is the lean loop's; decode={decode!r} has no static KV cache")
         self._decoder = (LeanDecoder(model, max_length or self.ids.shape[1] + new_tokens, compile=compile,
-                                     inductor_options=inductor_options) if decode == "lean" else None)
+                                     inductor_options=inductor_options, filled_cache_attention=filled_cache_attention)
+                         if decode == "lean" else None)
 
     @property
     def compile_seconds(self) -> float | None:
         return None if self._decoder is None else self._decoder.compile_seconds
+
+    @property
+    def attention(self) -> str | None:
+        """The attention implementation the lean loop's last run ran (LeanDecoder.attention); None otherwise."""
+        return None if self._decoder is None else self._decoder.attention
 
     @property
     def replay_off(self) -> str | None:

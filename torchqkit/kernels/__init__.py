@@ -113,6 +113,14 @@ _CPU_KERNEL_NOTES["torchqkit::linear_int8da_int4_packed"] = {  # see Note [int8 
             "4-token tiles (vpmaddubsw int16 windows of 32 k, then vpmaddwd)",
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
 }
+_CPU_KERNEL_NOTES["torchqkit::sdpa_over_filled_cache"] = {  # see Note [Filled-cache attention kernel] in csrc/cpu
+    "avx512_vnni": "AVX-512 (16 lanes): K / V rows up to the last visible position only, the query heads of a kv "
+                   "head in tiles of 4 rows, vectorized exp; bf16 / fp16 rows converted to fp32, float64 runs ATen's "
+                   "sdpa over the same positions (with a warning)",
+    "avx2": "AVX2 + FMA (8 lanes): the same kernel as AVX-512; bf16 / fp16 rows converted to fp32, float64 runs "
+            "ATen's sdpa over the same positions (with a warning)",
+    "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
+}
 for _notes in _CPU_KERNEL_NOTES.values():  # ops without an AVX-VNNI kernel say what serves that level
     _notes.setdefault("avx_vnni", _AVX2_AT_AVX_VNNI + _notes["avx2"])
 _NO_BF16_KERNEL = "at the avx512_bf16 level this op has no bf16 dot-product kernel: its AVX-512 VNNI kernel runs"

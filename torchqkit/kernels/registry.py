@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["OpDef", "OPS", "define_linear_op", "define_weight_only_op", "op_def"]
+__all__ = ["OpDef", "OPS", "define_op", "define_linear_op", "define_weight_only_op", "op_def"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,6 @@ def define_linear_op(name: str, schema: str, *, reference: Callable, out_feature
     out_features(x, *args) -> N and check(x, *args) (torch._check calls) for the fake; out_dtype(x, *args)
     when the output dtype isn't x's; reference as the CompositeExplicitAutograd kernel; weight (see module
     docstring) for the autograd formula."""
-    torch.library.define(name, schema)
     short = name.split("::")[1]
 
     def fake(x, *args):
@@ -57,12 +56,21 @@ def define_linear_op(name: str, schema: str, *, reference: Callable, out_feature
         return x.new_empty(*x.shape[:-1], out_features(x, *args), dtype=dtype)
 
     fake.__name__ = f"{short}_fake"
-    torch.library.register_fake(name)(fake)
-    torch.library.impl(name, "CompositeExplicitAutograd", reference)
+    define_op(name, schema, reference=reference, fake=fake)
     if weight is not None:
         arg_names = [a.name for a in getattr(torch.ops.torchqkit, short).default._schema.arguments]
         _register_weight_autograd(name, weight, arg_names.index("bias"))
     OPS[name] = OpDef(name, reference, fake, weight)
+    return OPS[name]
+
+
+def define_op(name: str, schema: str, *, reference: Callable, fake: Callable) -> OpDef:
+    """Define ``name`` with its fake and its reference as the CompositeExplicitAutograd kernel; no autograd (an op
+    that is not a linear, e.g. attention over a KV cache at inference)."""
+    torch.library.define(name, schema)
+    torch.library.register_fake(name)(fake)
+    torch.library.impl(name, "CompositeExplicitAutograd", reference)
+    OPS[name] = OpDef(name, reference, fake, None)
     return OPS[name]
 
 
