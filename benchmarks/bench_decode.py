@@ -63,6 +63,10 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per run (default: 32)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row, median (default: 3)")
     parser.add_argument("--threads", type=int, default=2, help="threads for torch and llama.cpp (default: 2)")
+    parser.add_argument("--matmul-precision", choices=("highest", "high", "medium"), default="highest",
+                        help="torch.set_float32_matmul_precision for the run; 'medium' lets float32 activations take "
+                             "the bf16 kernels on AVX512-BF16 CPUs (int4 decode among them; Note [fp32 activations "
+                             "in bf16]) and torch's own fp32 matmuls compute in bf16 (default: highest, exact fp32)")
     parser.add_argument("--inductor", default="{}",
                         help='inductor options (JSON) of the compiled rows, e.g. \'{"freezing": true}\' '
                              '(default: none)')
@@ -208,6 +212,7 @@ def main(argv=None) -> int:
     args = _parse_args(argv)
     start = time.perf_counter()
     torch.set_num_threads(args.threads)
+    torch.set_float32_matmul_precision(args.matmul_precision)
     if args.attention_calls:
         print(f"machine: {bench_model.machine()}; CPU {bench_linear.cpu_model()}")
         print(f"one layer's decode attention per call, {args.threads} threads, "
@@ -241,6 +246,7 @@ def main(argv=None) -> int:
                 print(format_rows([row], bandwidth).splitlines()[1], file=sys.stderr, flush=True)  # progress
         del model
     print(f"machine: {bench_model.machine()}; CPU {bench_linear.cpu_model()}")
+    print(f"float32 matmul precision: {torch.get_float32_matmul_precision()}")
     print(f"ISA: TORCHQKIT_CPU_ISA={os.environ.get('TORCHQKIT_CPU_ISA', '(auto)')}, torch CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}; read bandwidth {bandwidth:.1f} GB/s (128 MiB sum, this run)")
     print(f"prompt: {len(ids)} tokens; {args.new_tokens} greedy tokens, prefill excluded, median of {args.repeats}, "
