@@ -14,27 +14,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import time
 
 import torch
 
-from bench_lowbit import FORMATS, call, stored_bytes  # a sibling file: benchmarks/ is sys.path[0] as a script
+from bench_lowbit import FORMATS, call, cpu_seconds, stored_bytes, wall_seconds  # a sibling file: benchmarks/ is sys.path[0] as a script
 
 
 def timed(fns, reps: int, cpu_time: bool) -> float:
     """Seconds per call: this thread's mean CPU time, or the 25th-percentile wall time of `reps` calls."""
-    if cpu_time:
-        t0 = time.thread_time()
-        for i in range(reps):
-            fns[i % len(fns)]()
-        return (time.thread_time() - t0) / reps
-    times = []
-    for i in range(reps):
-        t0 = time.perf_counter()
-        fns[i % len(fns)]()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 4]
+    return cpu_seconds(fns, reps) if cpu_time else wall_seconds(fns, reps)[reps // 4]
 
 
 def main():

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 import torchqkit
 from torchqkit import kernels
+from torchqkit.kernels.precision import float32_matmul_precision
 
 FULL_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]
 FULL_MS = [1, 8, 32, 256]
@@ -219,20 +220,6 @@ def int4_table(shapes, ms, bw, args):
             print(int4_row(k, n, m, bw, args), flush=True)
 
 
-class _matmul_precision:
-    """torch.set_float32_matmul_precision(value) inside the block, the previous setting restored after."""
-
-    def __init__(self, value: str):
-        self.value = value
-
-    def __enter__(self):
-        self.saved = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision(self.value)
-
-    def __exit__(self, *exc):
-        torch.set_float32_matmul_precision(self.saved)
-
-
 def _precision_weight(name: str, k: int, n: int):
     """(call(x), stored weight tensors for the ring, stored bytes) of format `name` at (n, k)."""
     g = torch.Generator().manual_seed(0)
@@ -272,10 +259,10 @@ def precision_table(shapes, ms, bw, names, args):
                 x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
                 wf, xb = torch.randn(n, k) * 0.02, x.bfloat16()
                 t = {"f32": bench(lambda w: F.linear(x, w), wf, **opts)}
-                with _matmul_precision("medium"):
+                with float32_matmul_precision("medium"):
                     t["f32 med"] = bench(lambda w: F.linear(x, w), wf, **opts)
                 t["op f32"] = bench(lambda *w: fn(x, *w), *weights, **opts)
-                with _matmul_precision("medium"):
+                with float32_matmul_precision("medium"):
                     t["op med"] = bench(lambda *w: fn(x, *w), *weights, **opts)
                 t["op bf16"] = bench(lambda *w: fn(xb, *w), *weights, **opts)
                 cells = [f"{name:6} {k:>5} {n:>5} {m:>4}"] + [f"{v * 1e3:8.2f}" for v in t.values()]
@@ -346,7 +333,7 @@ def main():
     formats = args.formats.split(",")
     if args.fp32_precision:
         for op in ("torchqkit::linear_int8wo_plain", "torchqkit::linear_nf4wo"):
-            with _matmul_precision("medium"):
+            with float32_matmul_precision("medium"):
                 print(f"  under 'medium', {op}: {' '.join(kernels.cpu_backend(op))}")
         precision_table(shapes, ms, bw, formats, args)
         print(f"read bandwidth at the end: {read_bandwidth():.1f} GB/s")

@@ -133,28 +133,35 @@ def ring_calls(name: str, ms: list[int], dtype: torch.dtype, ring_bytes: int):
         yield m, fns, nbytes
 
 
+def cpu_seconds(fns, reps: int) -> float:
+    """This thread's mean CPU seconds (time.thread_time) per call over `reps` calls, taking fns in turn."""
+    t0 = time.thread_time()
+    for i in range(reps):
+        fns[i % len(fns)]()
+    return (time.thread_time() - t0) / reps
+
+
+def wall_seconds(fns, reps: int) -> list[float]:
+    """Wall seconds of each of `reps` calls, taking fns in turn, sorted (fastest first)."""
+    times = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        fns[i % len(fns)]()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)
+
+
 def ring_cpu_time(name: str, ms: list[int], reps: int, dtype: torch.dtype, ring_bytes: int = 200 * 2**20):
     """(M, CPU s per call, stored bytes) per M: this thread's CPU time (time.thread_time) over `reps` calls on the
     ring, which a loaded host's queue does not inflate (a descheduled thread accrues none); --threads 1 only."""
-    rows = []
-    for m, fns, nbytes in ring_calls(name, ms, dtype, ring_bytes):
-        t0 = time.thread_time()
-        for i in range(reps):
-            fns[i % len(fns)]()
-        rows.append((m, (time.thread_time() - t0) / reps, nbytes))
-    return rows
+    return [(m, cpu_seconds(fns, reps), nbytes) for m, fns, nbytes in ring_calls(name, ms, dtype, ring_bytes)]
 
 
 def ring_timings(name: str, ms: list[int], reps: int, dtype: torch.dtype, ring_bytes: int = 200 * 2**20):
     """(M, fastest s, 25th-percentile s, stored bytes) per M for format `name` at 4096 x 4096."""
     rows = []
     for m, fns, nbytes in ring_calls(name, ms, dtype, ring_bytes):
-        times = []
-        for i in range(reps):
-            t0 = time.perf_counter()
-            fns[i % len(fns)]()
-            times.append(time.perf_counter() - t0)
-        times.sort()
+        times = wall_seconds(fns, reps)
         rows.append((m, times[0], times[len(times) // 4], nbytes))
     return rows
 

@@ -10,6 +10,7 @@ from torch._inductor.utils import run_and_get_code
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchqkit import kernels
+from torchqkit.kernels.precision import float32_matmul_precision
 
 ISA_LEVELS = ["scalar", "avx2", "avx_vnni", "avx512_vnni", "avx512_bf16"]
 
@@ -91,17 +92,5 @@ def assert_compiled_calls_op(module, x, op: str):
     torch.testing.assert_close(out, eager, rtol=0, atol=0)
 
 
-class fp32_matmul_precision:
-    """torch.set_float32_matmul_precision(value) inside the block, the previous setting restored after (also when
-    the block raises): the switch that lets float32 activations take the bf16 kernels is global."""
-
-    def __init__(self, value: str):
-        self.value = value
-
-    def __enter__(self):
-        self.saved = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision(self.value)
-
-    def __exit__(self, *exc):
-        torch.set_float32_matmul_precision(self.saved)
-        return False
+# torchqkit.kernels.precision.float32_matmul_precision, under the name the kernel tests use
+fp32_matmul_precision = float32_matmul_precision
