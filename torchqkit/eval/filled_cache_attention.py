@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import kernels  # noqa: F401  (defines torchqkit::sdpa_over_filled_cache and loads its C++ kernel)
+from ..kernels import choose_backend  # importing kernels defines the op and loads its C++ CPU kernel
 
 __all__ = ["FILLED_CACHE_MIN_LENGTH", "FILLED_CACHE_SDPA", "filled_cache_pays", "filled_cache_sdpa",
            "register_filled_cache_sdpa"]
@@ -39,7 +39,7 @@ FILLED_CACHE_MIN_LENGTH = {"cpu": 2, "reference": 256}
 def filled_cache_pays(max_length: int, device) -> bool:
     """Whether attention over the filled positions is cheaper than sdpa over a `max_length` cache on `device`, by the
     backend that serves the op there (FILLED_CACHE_MIN_LENGTH)."""
-    backend, _ = kernels.choose_backend(_OP, device)
+    backend, _ = choose_backend(_OP, device)
     return max_length >= FILLED_CACHE_MIN_LENGTH.get(backend, FILLED_CACHE_MIN_LENGTH["reference"])
 
 
