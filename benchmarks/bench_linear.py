@@ -166,6 +166,13 @@ def row(k, n, m, bw, args):
     return "  ".join(cells)
 
 
+def torch_int4_pack(aqt, k: int, n: int, group: int):
+    """(packed codes, scale_and_zero) of a TensorCoreTiledLayout weight as torch._weight_int4pack_mm_for_cpu takes
+    them (torch's own packing for the CPU it runs on), for a side-by-side with torchqkit's op on the same codes."""
+    codes = aqt.qlayout.unpack(aqt).qdata.to(torch.int32)
+    return torch._convert_weight_to_int4pack_for_cpu(codes, 8), aqt.scale_and_zero[: k // group, :n].contiguous()
+
+
 def int4_row(k, n, m, bw, args, group=128):
     """int4 g128 weight-only: torch's native _weight_int4pack_mm_for_cpu (bf16 activations; its own packing)
     next to torchqkit::linear_int4wo_tiled on TensorCoreTiledLayout(8) bytes with f32 / bf16 activations."""
@@ -191,9 +198,7 @@ def int4_row(k, n, m, bw, args, group=128):
     da4 = torch.ops.torchqkit.linear_int8da_int4_packed
     t["da4"] = bench(lambda q, s: da4(x, q, s, None, None, False), da.qdata, da.scale, **opts)
     if not args.no_native:
-        codes = aqt.qlayout.unpack(aqt).qdata.to(torch.int32)
-        packed = torch._convert_weight_to_int4pack_for_cpu(codes, 8)
-        sz = aqt.scale_and_zero[: k // group, :n].contiguous()
+        packed, sz = torch_int4_pack(aqt, k, n, group)
         t["i4pack"] = bench(lambda pk, sz: torch._weight_int4pack_mm_for_cpu(xb, pk, group, sz), packed, sz, **opts)
     nbytes = aqt.qdata.numel() * 4 + aqt.scale_and_zero.numel() * aqt.scale_and_zero.element_size()
     gbs = [nbytes / t[c] / 1e9 for c in ("i4 f32", "i4 bf16")]

@@ -101,7 +101,7 @@ def dynamic_cells(w: torch.Tensor):
 
 def measure(level: str, k: int, n: int, reps: int, budget: float) -> list[dict]:
     """This process's rows (it runs at `level`): one dict per target cell."""
-    from bench_linear import bench, read_bandwidth
+    from bench_linear import bench, read_bandwidth, torch_int4_pack
     from bench_lowbit import stored_bytes
     bw0 = read_bandwidth()
     w, i4, cells = weight_cells(k, n)
@@ -118,9 +118,7 @@ def measure(level: str, k: int, n: int, reps: int, budget: float) -> list[dict]:
             timed[name] = (stored_bytes(q), bench(lambda q: fn(q, x), q, **opts),
                            bench(lambda q: fn(q, xb), q, **opts) if name in cells else None)
         if m == 1:
-            codes = i4.qlayout.unpack(i4).qdata.to(torch.int32)
-            packed = torch._convert_weight_to_int4pack_for_cpu(codes, 8)
-            sz = i4.scale_and_zero[: k // 128, :n].contiguous()
+            packed, sz = torch_int4_pack(i4, k, n, 128)
             t_torch = bench(lambda pk: torch._weight_int4pack_mm_for_cpu(xb, pk, 128, sz), packed, **opts)
             rows.append(dict(target="int4 g128 M=1 bf16: x torch's int4 op", value=t_torch / timed[
                 "int4 g128"][2], goal=1.3, unit="x"))

@@ -110,12 +110,6 @@ void attend_items(const FilledAttentionArgs& p, int64_t item0, int64_t item1, fl
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 namespace avx512 {
 using V = Vec512;
-inline __m512 scale_pow2(__m512 y, __m512i n) {
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23)));
-}
-inline __m512 zero_below(__m512 x, float t, __m512 y) {
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(t), _CMP_GE_OQ), y);
-}
 #include "decode_attention_isa.h"
 }  // namespace avx512
 #pragma GCC pop_options
@@ -127,12 +121,6 @@ inline __m512 zero_below(__m512 x, float t, __m512 y) {
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 using V = Vec256;
-inline __m256 scale_pow2(__m256 y, __m256i n) {
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23)));
-}
-inline __m256 zero_below(__m256 x, float t, __m256 y) {
-  return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(t), _CMP_GE_OQ), y);
-}
 #include "decode_attention_isa.h"
 }  // namespace avx2
 #pragma GCC pop_options
@@ -153,19 +141,9 @@ int64_t last_visible_count(const FilledAttentionArgs& p, int64_t S, float hidden
   return count;
 }
 
-Isa attention_isa(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512Bf16:
-    case Isa::kAvx512Vnni: return Isa::kAvx512Vnni;
-    case Isa::kAvxVnni:
-    case Isa::kAvx2: return Isa::kAvx2;
-    default: return Isa::kScalar;
-  }
-}
-
 void filled_attention(Isa isa, const FilledAttentionArgs& p, int64_t item0, int64_t item1) {
   float* scratch = tile_scratch(std::max<int64_t>(p.n, 1));
-  switch (attention_isa(isa)) {
+  switch (base_isa(isa)) {  // AVX512-BF16 -> AVX-512, AVX-VNNI -> AVX2
     case Isa::kAvx512Vnni: return avx512::attend_items(p, item0, item1, scratch);
     case Isa::kAvx2: return avx2::attend_items(p, item0, item1, scratch);
     default: return scalar::attend_items(p, item0, item1, scratch);

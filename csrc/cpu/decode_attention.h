@@ -44,7 +44,4 @@ int64_t last_visible_count(const FilledAttentionArgs& p, int64_t S, float hidden
 // row is computed from one read of that head's K and V rows [0, n). The glue splits [0, B * Hkv) across threads.
 void filled_attention(Isa isa, const FilledAttentionArgs& p, int64_t item0, int64_t item1);
 
-// The level that serves `isa` for this op: AVX-512 (any AVX-512 level), AVX2 (AVX2 and AVX-VNNI), or scalar.
-Isa attention_isa(Isa isa);
-
 }  // namespace torchqkit_cpu

@@ -1,6 +1,5 @@
 // The attention kernel of torchqkit::sdpa_over_filled_cache written once over a vector-width traits struct V
-// (simd.h). Included by decode_attention.cpp inside each ISA's `#pragma GCC target` region, after `using V = ...`
-// and the two width-specific helpers scale_pow2(y, n) = y * 2^n and zero_below(x, t, y) = x < t ? 0 : y.
+// (simd.h). Included by decode_attention.cpp inside each ISA's `#pragma GCC target` region, after `using V = ...`.
 // See Note [Filled-cache attention kernel] in decode_attention.cpp.
 
 using F = V::F;
@@ -24,7 +23,7 @@ inline F exp_nonpositive(F x) {
   y = V::fmadd(y, r, V::set1(1.6666665459e-1f));
   y = V::fmadd(y, r, V::set1(5.0000001201e-1f));
   y = V::fmadd(y, V::mul(r, r), V::add(r, V::set1(1.f)));
-  return zero_below(x, -87.3f, scale_pow2(y, V::cvt_i(fx)));
+  return V::zero_below(x, -87.3f, V::scale_pow2(y, V::cvt_i(fx)));
 }
 
 // One tile of RB query rows that share a K/V head (rows of several query heads and query positions): pass 1

@@ -539,13 +539,6 @@ constexpr int64_t kPrefillTiles = 24;  // n-tiles per work item: 192 rows = 32 m
 constexpr int64_t kPrefillKc = 256;   // k per panel: 256 x 32 fp32 = 32 KiB
 constexpr int64_t kBf16BlockRows = 64;  // rows per parallel task of the bf16 prefill (two 32-row panels)
 
-// bf16 activations, and float32 ones when torch allows bf16 matmuls (Note [fp32 activations in bf16]), on
-// AVX512-BF16 from the prefill M on: Note [int4 tiled in bf16].
-bool takes_bf16(at::ScalarType dt, int64_t M) {
-  return M >= kPrefillMinM && selected_isa_exact() == Isa::kAvx512Bf16 &&
-         (dt == at::kBFloat16 || (dt == at::kFloat && fp32_matmul_allows_bf16()));
-}
-
 void prefill_bf16(const Int4Args& p, const at::Tensor& x) {
   const int64_t Kt = p.NC * 16 * p.T;
   const at::Tensor xb = at::constant_pad_nd(x.reshape({p.M, p.K}).to(at::kBFloat16), {0, Kt - p.K}, 0).contiguous();
@@ -607,9 +600,9 @@ inline float bf16_rounded(float v) {
 // round_bf16: read x as bf16-rounded values (both xp and the group sums sx), for fp32 activations in the bf16 kernel.
 void permute_activation(const float* x, int64_t M, int64_t K, int64_t T, int64_t NC, int64_t g, int64_t G,
                         int prescaled, float* xp, float* sx, bool round_bf16 = false) {
-  std::vector<float> rounded;
-  if (round_bf16) {  // M = 1..31 rows of K: the copy is small next to the weight
-    rounded.resize(M * K);
+  thread_local std::vector<float> rounded;  // M = 1..31 rows of K, reused: no allocation per decode call
+  if (round_bf16) {
+    if (rounded.size() < (size_t)(M * K)) rounded.resize(M * K);
     for (int64_t i = 0; i < M * K; ++i) rounded[i] = bf16_rounded(x[i]);
     x = rounded.data();
   }
@@ -792,13 +785,20 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   Int4Args p{q.data_ptr<int32_t>(), NT, NC, T, q.stride(0), sz.data_ptr(), sz_type(sz.scalar_type(), op),
              sz.stride(0), g, G, K, N, nullptr, nullptr, M, b.defined() ? b.data_ptr<float>() : nullptr,
              out.data_ptr<float>(), N};
-  if (takes_bf16(dt, M)) {
+  // bf16 activations, and float32 ones when torch allows bf16 matmuls (Note [fp32 activations in bf16]), take the
+  // AVX512-BF16 kernels: the prefill from kPrefillMinM (Note [int4 tiled in bf16]), below it the decode kernel at
+  // inner_k_tiles 8, the layout's default (Note [int4 bf16 decode]; other tilings convert x to fp32 like float16
+  // does). Unlike the other formats' decode kernels, this one is faster than its fp32 twin (1.6x per word at M = 1),
+  // which is why float32 activations take it too.
+  const Isa level = selected_isa_exact(), isa = base_isa(level);
+  const bool fp32_as_bf16 = dt == at::kFloat && fp32_matmul_allows_bf16();
+  const bool bf16 = level == Isa::kAvx512Bf16 && (dt == at::kBFloat16 || fp32_as_bf16);
+  if (bf16 && M >= kPrefillMinM) {
     prefill_bf16(p, x);
     return result();
   }
   const bool x_ready = dt == at::kFloat && x.is_contiguous();
   const at::Tensor x2 = x_ready ? x : x.reshape({-1, K}).to(at::kFloat).contiguous();
-  const Isa isa = selected_isa_for_ops();
   if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM) {
     prefill(p, x2.reshape({M, K}), out);
     return result();
@@ -811,12 +811,7 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
     });
     return result();
   }
-  // bf16 activations on AVX512-BF16 at inner_k_tiles 8 (the layout's default): vdpbf16ps on bf16 pairs of the
-  // permuted activation (Note [int4 bf16 decode]); other tilings convert x to fp32 like float16 does. float32
-  // activations too where torch allows bf16 matmuls (Note [fp32 activations in bf16]): unlike the other formats'
-  // decode kernels, this one is faster than its fp32 twin (1.6x per word at M = 1).
-  const bool fp32_as_bf16 = dt == at::kFloat && fp32_matmul_allows_bf16();
-  const bool bf16_dot = (dt == at::kBFloat16 || fp32_as_bf16) && T == 8 && selected_isa_exact() == Isa::kAvx512Bf16;
+  const bool bf16_dot = bf16 && T == 8;
   thread_local std::vector<float> scratch;
   const size_t need = (size_t)(M * NC * 128 + M * G + (bf16_dot ? M * NC * 64 : 0));
   if (scratch.size() < need) scratch.resize(need);

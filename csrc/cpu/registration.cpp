@@ -68,7 +68,8 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
                    K / s.size(1), b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
   // bf16 activations, and float32 ones when torch allows bf16 matmuls (Note [fp32 activations in bf16]), take the
   // AVX512-BF16 prefill where it runs (Note [int8 weight-only in bf16] in linear_int8.cpp).
-  const bool bf16 = M > 0 && N > 0 && selected_isa_exact() == Isa::kAvx512Bf16 && weight_only_takes_bf16(p) &&
+  const Isa level = selected_isa();
+  const bool bf16 = M > 0 && N > 0 && level == Isa::kAvx512Bf16 && weight_only_takes_bf16(p) &&
                     (x.scalar_type() == at::kBFloat16 || (x.scalar_type() == at::kFloat && fp32_matmul_allows_bf16()));
   if (bf16) {
     const int64_t K32 = (K + 31) / 32 * 32;
@@ -83,7 +84,7 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
   const at::Tensor x2 = x.reshape({M, K}).to(at::kFloat).contiguous();
   p.x = x2.data_ptr<float>();
   if (M > 0 && N > 0) {
-    const Isa isa = selected_isa_for_ops();  // no AVX-VNNI variant: its AVX2 kernel
+    const Isa isa = base_isa(level);  // no AVX-VNNI variant: its AVX2 kernel
     const int64_t block = weight_only_block_rows(isa, p);
     at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
       linear_weight_only(isa, p, b0 * block, std::min(b1 * block, N));

@@ -67,6 +67,8 @@ namespace torchqkit_cpu {
   template <int n> ATTR I srli_i(I a) { return P##_srli_epi32(a, n); }            \
   ATTR I shuffle_bytes(I a, I ctrl) { return P##_shuffle_epi8(a, ctrl); }         \
   ATTR F cvt(I v) { return P##_cvtepi32_ps(v); }                                  \
+  ATTR F scale_pow2(F y, I n) { /* y * 2^n, n a normal exponent */                 \
+    return P##_mul_ps(y, P##_cast##SI##_ps(P##_slli_epi32(P##_add_epi32(n, P##_set1_epi32(127)), 23))); } \
   ATTR I cvt_i(F v) { return P##_cvtps_epi32(v); }                                \
   ATTR F s8_to_f(const int8_t* p) { return cvt(P##_cvtepi8_epi32(load_bytes(p))); } \
   ATTR H and_h(H a, H b) { return HP##_and_##HSI(a, b); }                         \
@@ -94,6 +96,9 @@ struct Vec512 : VecTypes<16, 32, __m512, __m512i, __m256i> {
   TQK_AVX512 float reduce_min(F v) { return _mm512_reduce_min_ps(v); }
   TQK_AVX512 int32_t reduce_i(I v) { return _mm512_reduce_add_epi32(v); }
   TQK_AVX512 F round_even(F v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  TQK_AVX512 F zero_below(F x, float t, F y) {  // x < t (or NaN) ? 0 : y
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(t), _CMP_GE_OQ), y);
+  }
   TQK_AVX512 F loadu_n(const float* p, int64_t n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
   TQK_AVX512 F s8_to_f_n(const int8_t* p, int64_t n) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8((__mmask16)((1u << n) - 1), p)));
@@ -153,6 +158,9 @@ struct Vec256 : VecTypes<8, 16, __m256, __m256i, __m128i> {
   }
   TQK_AVX2 int32_t reduce_i(I v) { return hsum(v); }
   TQK_AVX2 F round_even(F v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  TQK_AVX2 F zero_below(F x, float t, F y) {  // x < t (or NaN) ? 0 : y
+    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(t), _CMP_GE_OQ), y);
+  }
   TQK_AVX2 F loadu_n(const float* p, int64_t n) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lane));
