@@ -2,6 +2,7 @@
 
     python benchmarks/bench_int4_tiled_decode.py                 # g128, TensorCoreTiledLayout(8), fp32 x
     python benchmarks/bench_int4_tiled_decode.py --group 32 --dtype bf16 --m 1
+    python benchmarks/bench_int4_tiled_decode.py --group 32 --scale-dtype f32   # a float32 model's scales
     TORCHQKIT_CPU_ISA=avx2 python benchmarks/bench_int4_tiled_decode.py   # any level the CPU runs
 
 The op is called directly under inference_mode on one torch thread, its weight reused (hot: the kernel's compute,
@@ -43,15 +44,17 @@ def main():
     p.add_argument("--group", type=int, default=128, help="group size (32, 64, 128, 256)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="activation dtype")
     p.add_argument("--m", type=int, default=1, help="tokens per call")
+    p.add_argument("--scale-dtype", choices=sorted(DTYPES), default="bf16",
+                   help="dtype of the weight, hence of its scales and zeros (f32: a float32 model's, as SmolLM2 here)")
     args = p.parse_args()
     torch.set_num_threads(1)
     op = torch.ops.torchqkit.linear_int4wo_tiled
-    print(f"torchqkit::linear_int4wo_tiled, g{args.group}, {args.dtype} x, M = {args.m}, 1 thread, hot weight, "
+    print(f"torchqkit::linear_int4wo_tiled, g{args.group}, {args.dtype} x, {args.scale_dtype} scales, M = {args.m}, 1 thread, hot weight, "
           f"CPU time (kernel: {qk.kernels.cpu_backend('torchqkit::linear_int4wo_tiled')[0]})")
     print(f"{'K':>5} {'N':>6} {'us/call':>9} {'GB/s':>6}")
     for k, n in SHAPES:
         g = torch.Generator().manual_seed(0)
-        w = torch.randn(n, k, generator=g).bfloat16()
+        w = torch.randn(n, k, generator=g).to(DTYPES[args.scale_dtype])
         aqt = qk.quantize_weight(w, qk.qdtypes.uint4, qk.PerGroup(args.group), qk.TensorCoreTiledLayout(inner_k_tiles=8),
                                  mapping="asymmetric", zero_point_domain="float")
         x = torch.randn(args.m, k, generator=g).to(DTYPES[args.dtype])
