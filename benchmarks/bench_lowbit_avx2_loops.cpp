@@ -1,6 +1,6 @@
 // Isolated inner loops of the AVX2 low-bit decode (M = 1): cycles per 8 weights of each way to decode a format,
 // 4 weight rows x 1024 codes (L1-resident, so memory plays no part), one token. These loops chose the decoders of
-// csrc/cpu/linear_lowbit_isa.h (Note [AVX2 4-bit lookups by byte planes], Note [AVX2 intx fields by lanes of whole
+// csrc/cpu/linear_lowbit_isa.h (Note [AVX2 4-bit lookups by byte planes], Note [intx fields by lanes of whole
 // codes], F8::wide); the kernel adds its tiles, group scales and prefetches on top.
 //
 //   g++ -O3 -std=c++17 -mavx2 -mfma -mf16c -w benchmarks/bench_lowbit_avx2_loops.cpp -o /tmp/loops && /tmp/loops 3.65

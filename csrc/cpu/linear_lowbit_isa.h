@@ -245,45 +245,54 @@ struct Intx {
   void dot_order(const uint8_t* b, F (&w)[W]) const { (*this)(b, w); }
 };
 
-// Note [AVX2 intx fields by lanes of whole codes]: Intx cuts every code out with its own pshufb + vpsrlvd (the two
-// bytes that hold it, moved into its lane), three shuffle / shift ops per 8 codes before the table lookup. B = 1, 2,
-// 3, 4, 6 pack whole codes into R = 4 (B = 1, 2, 4) or 3 (B = 3, 6) bytes, so one pshufb puts R bytes (C = 8 R / B
-// codes) into each dword lane and one vpsrlvd pre-shifts the lanes that repeat a group; vector t of the step is then
-// that dword >> (B t), looked up (B <= 3) or masked and converted: per 8 codes one immediate shift and the lookup,
-// plus one pshufb and one vpsrlvd per 32. Measured in isolation for int3 (benchmarks/bench_lowbit_avx2_loops.cpp,
-// 4 rows x 1024 codes in L1): 1.83 -> 1.35 cycles per 8 weights on Zen 4. Lane j holds group g = j % N (N = 32 / C lanes of different groups) shifted by
-// (j / N) 4 B bits, so vector t, lane j is code g C + (j / N) 4 + t of the step: the dot order (k_of) x is permuted
-// to. B = 6 steps are 24 bytes: each 128-bit lane reads its own 12. B = 5, 7 keep Intx's decode.
+// Note [intx fields by lanes of whole codes]: Intx cuts every code out with its own pshufb + vpsrlvd (the two bytes
+// that hold it, moved into its lane), three shuffle / shift ops per L codes before the table lookup. B = 1, 2, 3, 4, 6
+// pack whole codes into R = 4 (B = 1, 2, 4) or 3 (B = 3, 6) bytes, so one pshufb puts R bytes (C = 8 R / B codes)
+// into each dword lane and one vpsrlvd pre-shifts the lanes that repeat a group; vector t of the step is then that
+// dword >> (B t), looked up (2^B levels within the one-instruction table) or masked and converted: per L codes one
+// immediate shift and the lookup, plus one pshufb and one vpsrlvd per 32. Lane j holds group g = j % N (N = 32 / C
+// groups of R bytes per step) shifted by (j / N) W B bits (W = 32 / L vectors per step), so vector t, lane j is code
+// g C + (j / N) W + t of the step: the dot order (k_of) x is permuted to. B = 6 steps are 24 bytes: each 128-bit lane
+// reads its own 12 (groups 0-3 or 4-7). B = 5, 7 keep Intx's decode. Measured in isolation for int3 on AVX2
+// (benchmarks/bench_lowbit_avx2_loops.cpp, 4 rows x 1024 codes in L1): 1.83 -> 1.35 cycles per 8 weights on Zen 4;
+// with AVX-512 (W = 2) the same decode is half the instructions per code again.
 template <class Vt, int B>
 struct LaneIntx : Intx<B> {
-  static_assert(Vt::L == 8 && 24 % B == 0 && B != 8, "whole codes in 3 or 4 bytes, 8 fp32 lanes");
+  static_assert(24 % B == 0 && B != 8, "whole codes in 3 or 4 bytes");
   static constexpr int kR = B % 3 == 0 ? 3 : 4, kC = 8 * kR / B, kN = 32 / kC;
   static constexpr int kRead = B == 6 ? 28 : 16;
   static constexpr bool kPermuted = true;
-  static int k_of(int t, int j) { return (j % kN) * kC + (j / kN) * 4 + t; }
-  __m256i lane_ctrl, pre_shift;
+  static int k_of(int t, int j) { return (j % kN) * kC + (j / kN) * W + t; }
+  typename Vt::I lane_ctrl, pre_shift;
   explicit LaneIntx(const LowbitArgs& p) : Intx<B>(p) {
-    alignas(32) int8_t c[32];
-    alignas(32) int32_t sh[8];
-    for (int j = 0; j < 8; ++j) {
-      const int g = j % kN, first = (B == 6 ? g % 4 : g) * kR;  // B = 6: groups 4..7 in the high 128-bit lane
+    alignas(64) int8_t c[4 * Vt::L];
+    alignas(64) int32_t sh[Vt::L];
+    for (int j = 0; j < Vt::L; ++j) {
+      const int g = j % kN, first = (B == 6 ? g % 4 : g) * kR;  // B = 6: groups 4..7 in the odd 128-bit lanes
       for (int q = 0; q < 4; ++q) c[4 * j + q] = static_cast<int8_t>(q < kR ? first + q : 0x80);
-      sh[j] = (j / kN) * 4 * B;
+      sh[j] = (j / kN) * W * B;
     }
-    lane_ctrl = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
-    pre_shift = _mm256_load_si256(reinterpret_cast<const __m256i*>(sh));
+    lane_ctrl = Vt::load_i(c);
+    pre_shift = Vt::load_i(sh);
+  }
+  // The step's bytes in every 128-bit lane (B = 6: bytes 0..15 in the even lanes, 12..27 in the odd ones).
+  static typename Vt::I step_bytes(const uint8_t* b) {
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    if constexpr (B != 6) return Vt::broadcast128(lo);
+    const __m256i two = _mm256_inserti128_si256(_mm256_castsi128_si256(lo),
+                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 12)), 1);
+    if constexpr (Vt::L == 8) return two;
+    else return _mm512_broadcast_i64x4(two);
   }
   void dot_order(const uint8_t* b, F (&w)[W]) const {
-    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
-    const __m256i v = B == 6 ? _mm256_inserti128_si256(_mm256_castsi128_si256(lo),
-                                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 12)), 1)
-                             : _mm256_broadcastsi128_si256(lo);
-    const __m256i d = _mm256_srlv_epi32(_mm256_shuffle_epi8(v, lane_ctrl), pre_shift);
+    const typename Vt::I d = Vt::srlv(Vt::shuffle_bytes(step_bytes(b), lane_ctrl), pre_shift);
 #pragma GCC unroll 4
     for (int t = 0; t < W; ++t) {
-      const __m256i f = _mm256_srli_epi32(d, B * t);
-      if constexpr (Intx<B>::kTable) w[t] = _mm256_permutevar8x32_ps(this->table, f);
-      else w[t] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(f, this->mask), this->neg_offset));
+      typename Vt::I f;
+      if constexpr (Vt::L == 8) f = _mm256_srli_epi32(d, B * t);
+      else f = _mm512_srli_epi32(d, B * t);
+      if constexpr (Intx<B>::kTable) w[t] = Vt::perm(this->table, f);
+      else w[t] = Vt::cvt(Vt::sub_i(Vt::and_i(f, this->mask), this->neg_offset));
     }
   }
 };
@@ -307,9 +316,9 @@ struct Decoders {
   using fp4 = std::conditional_t<V::L == 8, PlaneFp4<V>, Fp4>;
   using e4m3 = F8<true>;
   using e5m2 = F8<false>;
-  template <int B>  // Note [AVX2 intx fields by lanes of whole codes]
+  template <int B>  // Note [intx fields by lanes of whole codes]; kLaneIntx: set by the including namespace
   using intx = std::conditional_t<V::L == 8 && B == 4, PlaneInt4<V>,
-                                  std::conditional_t<V::L == 8 && 24 % B == 0, LaneIntx<V, B>, Intx<B>>>;
+                                  std::conditional_t<kLaneIntx && 24 % B == 0 && B != 8, LaneIntx<V, B>, Intx<B>>>;
 };
 
 // Step c of a row: a pointer into the row, or (when its reads would leave the row) a zero-padded copy in tmp.
