@@ -29,6 +29,7 @@ DEMO_CONFIGS: dict[str, Callable[[], torchqkit.QuantConfig]] = {
     "int4-wo-g32": lambda: torchqkit.Int4WeightOnlyConfig(group_size=32),
     "int4-wo-g64": lambda: torchqkit.Int4WeightOnlyConfig(group_size=64),
     "int4-wo-g128": lambda: torchqkit.Int4WeightOnlyConfig(group_size=128),
+    "int4-wo-g32-bf16-scales": lambda: torchqkit.Int4WeightOnlyConfig(group_size=32, scale_dtype=torch.bfloat16),
     "intx4-wo-sym-g32": lambda: torchqkit.IntxWeightOnlyConfig(
         bits=4, granularity=torchqkit.PerGroup(32)
     ),

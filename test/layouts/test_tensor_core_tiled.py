@@ -199,6 +199,43 @@ def test_int4_config_defaults_to_tiled_and_plain_stays_selectable():
     torch.testing.assert_close(tiled.dequantize(), plain.dequantize(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16, "float32"])
+def test_int4_config_scale_dtype_on_a_float32_model(tmp_path, scale_dtype):
+    # Note [int4 scale dtype]: the scales and zero points are rounded to scale_dtype, the codes chosen against
+    # the rounded ones (as quantize_weight does for a weight of that dtype), and the report counts their bytes.
+    dtype = getattr(torch, scale_dtype) if isinstance(scale_dtype, str) else scale_dtype
+    base = torch.nn.Sequential(torch.nn.Linear(576, 200, bias=True))
+    model = torch.nn.Sequential(torch.nn.Linear(576, 200, bias=True))
+    model.load_state_dict(base.state_dict())
+    config = qk.Int4WeightOnlyConfig(group_size=32, scale_dtype=scale_dtype)
+    report = qk.quantize_(model, config)
+    w = model[0].weight
+    assert w.scale_and_zero.dtype == dtype and w.dtype == torch.float32
+    assert report["0"].bytes_after == 200 * 640 // 2 + 20 * 200 * 2 * dtype.itemsize
+    expected = qk.quantize_weight(base[0].weight.detach(), Q.uint4, qk.PerGroup(32), qk.TensorCoreTiledLayout(),
+                                  scale_dtype=dtype, **INT4)
+    torch.testing.assert_close(w.dequantize(), expected.dequantize(), rtol=0, atol=0)
+    ref = base[0].weight.detach()
+    err = (w.dequantize() - ref).abs().max() / ref.abs().max()
+    assert 0 < err < 0.1  # the 4-bit grid's step, not the scales' rounding
+    # every kernel route (decode M = 1, small M, prefill) against the reference math of this very weight
+    for m in (1, 3, 40):
+        x = torch.randn(m, 576, generator=torch.Generator().manual_seed(m))
+        torch.testing.assert_close(model(x), F.linear(x, w.dequantize(), base[0].bias), rtol=2e-5, atol=2e-4)
+    assert qk.config_from_dict(config.to_dict()) == config and config.scale_dtype in config.describe()
+    qk.save_quantized(model, tmp_path / "m.safetensors")
+    loaded = torch.nn.Sequential(torch.nn.Linear(576, 200, bias=True))
+    qk.load_quantized(loaded, tmp_path / "m.safetensors")
+    assert loaded[0].weight.scale_and_zero.dtype == dtype
+    torch.testing.assert_close(loaded[0].weight.dequantize(), w.dequantize(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad", [torch.int8, "half", 16])
+def test_int4_config_scale_dtype_is_checked(bad):
+    with pytest.raises(ValueError, match=r"Int4WeightOnlyConfig: scale_dtype must be one of"):
+        qk.Int4WeightOnlyConfig(scale_dtype=bad)
+
+
 def test_kernel_status_reports_the_int4_op():
     rows = [r for r in qk.kernels.status() if r["layout"] == "tensor_core_tiled"]
     assert rows[0]["path"].startswith("torchqkit::linear_int4wo_tiled") and rows[-1]["path"] == "reference"
