@@ -252,8 +252,7 @@ template <class D> struct PrefillFn { static void run(const LowbitArgs& p, int64
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
 namespace avx512_bf16 {
 using V = Vec512;
-// Intx's k order: the bf16 glue permutes x only for the 4-bit decoders' dot order (run_bf16).
-constexpr bool kLaneIntx = false;
+constexpr bool kLaneIntx = true;  // x comes in the decoders' dot order: lowbit_bf16_dot_order
 #include "linear_lowbit_isa.h"
 #include "linear_lowbit_bf16.h"
 }  // namespace avx512_bf16
@@ -289,6 +288,13 @@ void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1)
     case Isa::kAvx2: return by_format<avx2::Decoders, avx2::PrefillFn>(p, n0, n1);
     default: return scalar::dot(p, n0, n1);
   }
+}
+
+bool lowbit_bf16_dot_order(const LowbitArgs& p, int32_t* perm) {
+  by_format<avx512_bf16::Decoders, avx512_bf16::DotOrderFn>(p, perm);
+  for (int i = 0; i < 32; ++i)
+    if (perm[i] != i) return true;
+  return false;
 }
 
 void linear_lowbit_decode(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1, float* dst, int64_t ldd) {

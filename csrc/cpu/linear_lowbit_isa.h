@@ -685,6 +685,16 @@ void prefill(const LowbitArgs& p, int64_t n0, int64_t n1) {
 
 // The dot kernel where groups are whole steps; other group sizes (g % 32 != 0, rare: nf4 block_size 16, intx
 // PerGroup(24), ...) run the prefill's decode-to-fp32 blocks, which scale per lane.
+// perm[t L + j]: the k within a step of the level in lane j of dot-order vector t (k itself for decoders in k order).
+template <class D> struct DotOrderFn {
+  static void run(const LowbitArgs&, int32_t* perm) {
+    for (int t = 0; t < W; ++t)
+      for (int j = 0; j < V::L; ++j) {
+        if constexpr (D::kPermuted) perm[t * V::L + j] = D::k_of(t, j);
+        else perm[t * V::L + j] = t * V::L + j;
+      }
+  }
+};
 template <class D> struct DotFn {
   static void run(const LowbitArgs& p, int64_t n0, int64_t n1) {
     if (steps_aligned(p)) dot_aligned<D>(p, D(p), n0, n1);

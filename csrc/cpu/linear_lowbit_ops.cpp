@@ -107,12 +107,10 @@ void run_bf16(const at::Tensor& x2, LowbitArgs p, int64_t K32, at::Tensor& out) 
   p.xb = reinterpret_cast<const uint16_t*>(xp.data_ptr());
   p.ldx = K32;
   at::Tensor xdot;
-  if (rows == kDotBlockRows && (p.fmt == LowbitFormat::kNf4 || p.fmt == LowbitFormat::kFp4E2m1)) {
-    // The 4-bit decoders' dot order (Note [Low-bit decode steps]): in each step of 32, lanes 0..15 take the
-    // low nibbles of bytes 0..15, lanes 16..31 the high ones; nf4 keeps element 2j in byte j's high nibble.
-    xdot = xp.view({M, K32 / 32, 16, 2}).transpose(2, 3);
-    if (p.fmt == LowbitFormat::kNf4) xdot = xdot.flip(2);
-    xdot = xdot.contiguous();
+  int32_t perm[32];
+  if (rows == kDotBlockRows && lowbit_bf16_dot_order(p, perm)) {  // x in the decoder's dot order, step by step
+    const at::Tensor idx = at::from_blob(perm, {32}, at::kInt).to(at::kLong);
+    xdot = xp.view({M, K32 / 32, 32}).index_select(2, idx).contiguous();
     p.xb = reinterpret_cast<const uint16_t*>(xdot.data_ptr());
   }
   at::parallel_for(0, (N + rows - 1) / rows, 1, [&](int64_t b0, int64_t b1) {
