@@ -151,7 +151,7 @@ def print_rows(rows: list[dict]) -> tuple[int, int]:
     checked = 0
     for r in rows:
         pct = r["unit"] == "%bw"
-        value = f"{r['value']:.0%}" if pct else f"{r['value']:.2f}x"
+        value = f"{r['value']:.1%}" if pct else f"{r['value']:.2f}x"
         goal = "" if r["goal"] is None else (f">={r['goal']:.0%}" if pct else f">={r['goal']:.1f}x")
         verdict = ""
         if r["goal"] is not None:
