@@ -255,7 +255,7 @@ struct Intx {
 // g C + (j / N) W + t of the step: the dot order (k_of) x is permuted to. B = 6 steps are 24 bytes: each 128-bit lane
 // reads its own 12 (groups 0-3 or 4-7). B = 5, 7 keep Intx's decode. Measured in isolation for int3 on AVX2
 // (benchmarks/bench_lowbit_avx2_loops.cpp, 4 rows x 1024 codes in L1): 1.83 -> 1.35 cycles per 8 weights on Zen 4;
-// with AVX-512 (W = 2) the same decode is half the instructions per code again.
+// with AVX-512 (W = 2) a step takes 6 instructions instead of 10.
 template <class Vt, int B>
 struct LaneIntx : Intx<B> {
   static_assert(24 % B == 0 && B != 8, "whole codes in 3 or 4 bytes");
@@ -683,8 +683,6 @@ void prefill(const LowbitArgs& p, int64_t n0, int64_t n1) {
   }
 }
 
-// The dot kernel where groups are whole steps; other group sizes (g % 32 != 0, rare: nf4 block_size 16, intx
-// PerGroup(24), ...) run the prefill's decode-to-fp32 blocks, which scale per lane.
 // perm[t L + j]: the k within a step of the level in lane j of dot-order vector t (k itself for decoders in k order).
 template <class D> struct DotOrderFn {
   static void run(const LowbitArgs&, int32_t* perm) {
@@ -695,6 +693,9 @@ template <class D> struct DotOrderFn {
       }
   }
 };
+
+// The dot kernel where groups are whole steps; other group sizes (g % 32 != 0, rare: nf4 block_size 16, intx
+// PerGroup(24), ...) run the prefill's decode-to-fp32 blocks, which scale per lane.
 template <class D> struct DotFn {
   static void run(const LowbitArgs& p, int64_t n0, int64_t n1) {
     if (steps_aligned(p)) dot_aligned<D>(p, D(p), n0, n1);

@@ -39,6 +39,14 @@ def cpu_levels(op: str, with_avx_vnni: bool = False, with_avx512_bf16: bool = Fa
     return [lv for lv in levels if (with_avx_vnni or lv != "avx_vnni") and (with_avx512_bf16 or lv != "avx512_bf16")]
 
 
+def running_level(levels: list[str]) -> str:
+    """The level kernels.cpu_backend names for an op with kernels at ``levels``: the level this session runs
+    (TORCHQKIT_CPU_ISA's, else the CPU's best; avx_vnni is named as such where its ops run their AVX2 code), but
+    AVX-512 VNNI at the avx512_bf16 level for an op without a bf16 kernel."""
+    isa = torch.ops.torchqkit_cpu.isa()
+    return "avx512_vnni" if isa == "avx512_bf16" and isa not in levels else isa
+
+
 def needs_kernel(levels: list[str]):
     return pytest.mark.skipif(not levels, reason=f"no C++ CPU kernel: {kernels.CPU_EXTENSION_REASON}")
 

@@ -15,7 +15,7 @@ from torchqkit import kernels
 
 from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, fp32_matmul_precision, gen
 from cpu_kernel_testing import isa_param as isa_param_for
-from cpu_kernel_testing import needs_kernel, unaligned
+from cpu_kernel_testing import needs_kernel, running_level, unaligned
 from torchqkit.core import qdtypes as Q
 from torchqkit.kernels.reference import linear_int8da_int8_plain_ref, linear_int8wo_plain_ref
 
@@ -213,7 +213,7 @@ def test_opcheck(op, extra, dtype):
 def test_cpu_kernel_registered_and_reported(monkeypatch, op):
     assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")
     assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CompositeExplicitAutograd")
-    assert kernels.cpu_backend(op)[0] == f"cpp {(WO_LEVELS if op.endswith('int8wo_plain') else LEVELS)[-1]}"
+    assert kernels.cpu_backend(op)[0] == f"cpp {running_level(WO_LEVELS if op.endswith('int8wo_plain') else LEVELS)}"
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", "scalar")
     path, why = kernels.cpu_backend(op)
     assert path == "cpp scalar" and "TORCHQKIT_CPU_ISA=scalar" in why

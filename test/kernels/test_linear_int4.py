@@ -13,7 +13,7 @@ from torchqkit import kernels
 
 from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, fp32_matmul_precision, gen
 from cpu_kernel_testing import isa_param as isa_param_for
-from cpu_kernel_testing import needs_kernel, unaligned
+from cpu_kernel_testing import needs_kernel, running_level, unaligned
 from torchqkit.kernels.reference import linear_int4wo_tiled_ref
 
 OP = torch.ops.torchqkit.linear_int4wo_tiled
@@ -232,9 +232,9 @@ def test_opcheck(dtype):
 def test_cpu_kernel_registered_and_reported():
     op = "torchqkit::linear_int4wo_tiled"
     assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")
-    assert kernels.cpu_backend(op)[0] == f"cpp {LEVELS[-1]}"
+    assert kernels.cpu_backend(op)[0] == f"cpp {running_level(LEVELS)}"
     row = next(r for r in kernels.status() if r["layout"] == "tensor_core_tiled")
-    assert row["path"] == f"{op} (cpp {LEVELS[-1]})"
+    assert row["path"] == f"{op} (cpp {running_level(LEVELS)})"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -409,7 +409,7 @@ def test_int8da_int4_config_routes_to_the_op_and_matches_fake_quant():
     assert_rel(out, ref, 2e-5, "layout")
     if LEVELS:
         row = next(r for r in kernels.status() if r["linear"].startswith("int8 dynamic act (per token) x int4"))
-        assert row["path"] == f"torchqkit::linear_int8da_int4_packed (cpp {DA4_LEVELS[-1]})"
+        assert row["path"] == f"torchqkit::linear_int8da_int4_packed (cpp {running_level(DA4_LEVELS)})"
 
 
 def test_int8da_int4_compile_fullgraph_calls_the_op():

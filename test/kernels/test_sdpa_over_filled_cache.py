@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torchqkit import kernels
 from torchqkit.kernels.reference import sdpa_over_filled_cache_ref
 
-from cpu_kernel_testing import cpu_levels, gen, needs_kernel
+from cpu_kernel_testing import cpu_levels, gen, needs_kernel, running_level
 from cpu_kernel_testing import isa_param as isa_param_for
 
 OP = torch.ops.torchqkit.sdpa_over_filled_cache
@@ -164,7 +164,8 @@ def test_opcheck_and_compile():
 def test_status_names_what_serves_the_op():
     backend, why = kernels.cpu_backend("torchqkit::sdpa_over_filled_cache")
     if LEVELS:
-        assert backend.startswith("cpp ") and "last visible position" in why
+        assert backend == f"cpp {running_level(LEVELS)}"
+        assert "last visible position" in why or "forced by TORCHQKIT_CPU_ISA" in why
     else:
         assert backend == "reference"
     assert kernels.choose_backend("torchqkit::sdpa_over_filled_cache", "cuda")[0] in ("cuda", "reference")
