@@ -52,6 +52,7 @@ CONFIGS = {
     "int4-g128": lambda: qk.Int4WeightOnlyConfig(group_size=128),
     # Note [int4 scale dtype]: bf16 scales and zeros on the float32 model, 5 bits per weight at g32 as Q4_1
     "int4-g32-bf16-scales": lambda: qk.Int4WeightOnlyConfig(group_size=32, scale_dtype=torch.bfloat16),
+    "int4-g32-fp16-scales": lambda: qk.Int4WeightOnlyConfig(group_size=32, scale_dtype=torch.float16),
     "int4-g128-bf16-scales": lambda: qk.Int4WeightOnlyConfig(group_size=128, scale_dtype=torch.bfloat16),
     "int8": qk.Int8WeightOnlyConfig,
 }

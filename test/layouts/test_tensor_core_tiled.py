@@ -230,6 +230,21 @@ def test_int4_config_scale_dtype_on_a_float32_model(tmp_path, scale_dtype):
     torch.testing.assert_close(loaded[0].weight.dequantize(), w.dequantize(), rtol=0, atol=0)
 
 
+def test_float16_scales_that_would_overflow_are_refused():
+    # (range / 15) past 65504 would be stored as inf and dequantize whole groups to inf / NaN.
+    w = _weight((8, 64)) * 1e7
+    with pytest.raises(ValueError, match=r"weight's scales reach \d\.\d+e\+0\d, past the largest torch\.float16 "
+                                         r"\(6\.55e\+04\).*Use a wider scale_dtype"):
+        qk.quantize_weight(w, Q.uint4, qk.PerGroup(32), qk.TensorCoreTiledLayout(), scale_dtype=torch.float16,
+                           name="weight", **INT4)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 8))
+    with torch.no_grad():
+        model[0].weight.copy_(w)
+    with pytest.raises(Exception, match="past the largest torch.float16"):
+        qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=32, scale_dtype=torch.float16), strict=True)
+    assert type(model[0].weight) is torch.nn.Parameter and torch.equal(model[0].weight, w)  # left as it was
+
+
 @pytest.mark.parametrize("bad", [torch.int8, "half", 16])
 def test_int4_config_scale_dtype_is_checked(bad):
     with pytest.raises(ValueError, match=r"Int4WeightOnlyConfig: scale_dtype must be one of"):

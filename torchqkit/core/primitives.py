@@ -219,13 +219,25 @@ def choose_qparams_affine(
     else:
         amax = torch.maximum(-lo, hi)
         scale = _floor_scale(amax / qdtype.max_abs_level, amax, eps)
-    scale = scale.to(scale_dtype)
+    scale = _cast_in_range(scale, scale_dtype, check_finite, f"{name}'s scales")
     if zero_point is not None:
         if zero_point_domain is ZeroPointDomain.INT:
             zero_point = zero_point.to(zero_point_dtype or qdtype.storage_dtype)
         else:
-            zero_point = zero_point.to(zero_point_dtype or scale_dtype)
+            zero_point = _cast_in_range(zero_point, zero_point_dtype or scale_dtype, check_finite,
+                                        f"{name}'s zero points")
     return scale, zero_point
+
+
+def _cast_in_range(t: torch.Tensor, dtype: torch.dtype, check: bool, what: str) -> torch.Tensor:
+    """t.to(dtype), refusing values that dtype can't hold: a float16 scale past 65504 would become inf and
+    dequantize the whole block to inf / NaN."""
+    out = t.to(dtype)
+    if check and not t.is_meta and dtype.is_floating_point and (torch.isfinite(t) & ~torch.isfinite(out)).any():
+        largest = t[torch.isfinite(t)].abs().max().item()
+        raise ValueError(f"{what} reach {largest:.4g}, past the largest {dtype} ({torch.finfo(dtype).max:.4g}): they "
+                         f"would be stored as inf. Use a wider scale_dtype (torch.float32 or torch.bfloat16).")
+    return out
 
 
 # Note [Power-of-two scales]
