@@ -185,7 +185,6 @@ void by_format(const LowbitArgs& p, A... a) {
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 namespace avx512 {
 using V = Vec512;
-constexpr bool kLaneIntx = true;  // Note [intx fields by lanes of whole codes]
 #include "linear_lowbit_isa.h"
 
 // M >= kPanelMinM: 32 decoded rows transposed into a k-major panel [kc][32] for the 6x32 FMA micro-kernel
@@ -237,7 +236,6 @@ template <class D> struct PrefillFn {
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 using V = Vec256;
-constexpr bool kLaneIntx = true;
 #include "linear_lowbit_isa.h"
 
 template <class D> struct PrefillFn { static void run(const LowbitArgs& p, int64_t n0, int64_t n1) { prefill<D>(p, n0, n1); } };
@@ -252,7 +250,6 @@ template <class D> struct PrefillFn { static void run(const LowbitArgs& p, int64
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
 namespace avx512_bf16 {
 using V = Vec512;
-constexpr bool kLaneIntx = true;  // x comes in the decoders' dot order: lowbit_bf16_dot_order
 #include "linear_lowbit_isa.h"
 #include "linear_lowbit_bf16.h"
 }  // namespace avx512_bf16

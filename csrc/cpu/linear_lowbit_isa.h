@@ -316,9 +316,9 @@ struct Decoders {
   using fp4 = std::conditional_t<V::L == 8, PlaneFp4<V>, Fp4>;
   using e4m3 = F8<true>;
   using e5m2 = F8<false>;
-  template <int B>  // Note [intx fields by lanes of whole codes]; kLaneIntx: set by the including namespace
+  template <int B>  // Note [intx fields by lanes of whole codes] (the bf16 glue permutes x: lowbit_bf16_dot_order)
   using intx = std::conditional_t<V::L == 8 && B == 4, PlaneInt4<V>,
-                                  std::conditional_t<kLaneIntx && 24 % B == 0 && B != 8, LaneIntx<V, B>, Intx<B>>>;
+                                  std::conditional_t<24 % B == 0 && B != 8, LaneIntx<V, B>, Intx<B>>>;
 };
 
 // Step c of a row: a pointer into the row, or (when its reads would leave the row) a zero-padded copy in tmp.

@@ -60,8 +60,9 @@ class Int4WeightOnlyConfig(QuantConfig):
     algorithm: "rtn" (min-max scale and zero) or "hqq" (the same scale, zero points optimised by HQQ,
     no calibration data; see torchqkit/algorithms/hqq.py).
     scale_dtype: dtype of the stored scales and zero points: None (the weight's own), or torch.float32 /
-    torch.bfloat16 / torch.float16 (or its name). torch.bfloat16 on a float32 model stores 5 bits per weight
-    at g32 instead of 6 (Note [int4 scale dtype])."""
+    torch.bfloat16 / torch.float16 (or its name). A 16-bit dtype on a float32 model stores 5 bits per weight
+    at g32 instead of 6 (Note [int4 scale dtype]); float16 keeps more precision, and a weight whose scales or
+    zeros would pass its 65504 is refused (the layer stays float, the report says why)."""
     group_size: int = 128
     layout: Layout = field(default_factory=TensorCoreTiledLayout)
     algorithm: str = "rtn"
