@@ -146,7 +146,7 @@ struct LowbitArgs {
 void linear_lowbit_dot(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1);
 // The order the AVX512-BF16 dot kernel (linear_lowbit_dot with p.xb) takes x in, step by step (Note [Low-bit
 // decode steps]): perm[i] = the k within a step of 32 that position i holds. False when that is k order itself.
-bool lowbit_bf16_dot_order(const LowbitArgs& p, int32_t* perm);
+bool lowbit_bf16_dot_order(const LowbitArgs& p, int64_t* perm);
 // Prefill (larger M): rows [n0, n1), decoded once per block of rows and k into an fp32 L2 buffer.
 void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1);
 // Rows [n0, n1) dequantized to fp32, row n at dst + (n - n0) * ldd, columns [0, K) plus finite values up to the

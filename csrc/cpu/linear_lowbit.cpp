@@ -287,7 +287,7 @@ void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1)
   }
 }
 
-bool lowbit_bf16_dot_order(const LowbitArgs& p, int32_t* perm) {
+bool lowbit_bf16_dot_order(const LowbitArgs& p, int64_t* perm) {
   by_format<avx512_bf16::Decoders, avx512_bf16::DotOrderFn>(p, perm);
   for (int i = 0; i < 32; ++i)
     if (perm[i] != i) return true;

@@ -610,6 +610,16 @@ void dot_tiles(const LowbitArgs& p, const D& dec, const float* const* srow, cons
   }
 }
 
+// perm[t L + j]: the k within a step of the level in lane j of dot-order vector t (k itself for decoders in k order).
+template <class D>
+void dot_order_perm(int64_t* perm) {
+  for (int t = 0; t < W; ++t)
+    for (int j = 0; j < V::L; ++j) {
+      if constexpr (D::kPermuted) perm[t * V::L + j] = D::k_of(t, j);
+      else perm[t * V::L + j] = t * V::L + j;
+    }
+}
+
 // Rows [n0, n1) x all tokens, in blocks of kRows rows x up to kMaxMB tokens. Groups must be whole steps (or one
 // per row): see steps_aligned.
 template <class D>
@@ -618,12 +628,12 @@ void dot_aligned(const LowbitArgs& p_in, const D& dec, int64_t n0, int64_t n1) {
   LowbitArgs p = p_in;
   std::vector<float> xperm;
   if constexpr (D::kPermuted) {  // x in the decoder's dot order, step by step
+    int64_t perm[kStep];
+    dot_order_perm<D>(perm);
     xperm.resize(p.M * p.ldx);
     for (int64_t m = 0; m < p.M; ++m)
       for (int64_t c = 0; c < p.ldx / kStep; ++c)
-        for (int t = 0; t < W; ++t)
-          for (int j = 0; j < V::L; ++j)
-            xperm[m * p.ldx + c * kStep + t * V::L + j] = p.x[m * p.ldx + c * kStep + D::k_of(t, j)];
+        for (int i = 0; i < kStep; ++i) xperm[m * p.ldx + c * kStep + i] = p.x[m * p.ldx + c * kStep + perm[i]];
     p.x = xperm.data();
   }
   for_each_tile(p, n0, n1, [&](auto mb, const float* const* srow, int64_t m, int64_t n, int nr) {
@@ -683,15 +693,8 @@ void prefill(const LowbitArgs& p, int64_t n0, int64_t n1) {
   }
 }
 
-// perm[t L + j]: the k within a step of the level in lane j of dot-order vector t (k itself for decoders in k order).
 template <class D> struct DotOrderFn {
-  static void run(const LowbitArgs&, int32_t* perm) {
-    for (int t = 0; t < W; ++t)
-      for (int j = 0; j < V::L; ++j) {
-        if constexpr (D::kPermuted) perm[t * V::L + j] = D::k_of(t, j);
-        else perm[t * V::L + j] = t * V::L + j;
-      }
-  }
+  static void run(const LowbitArgs&, int64_t* perm) { dot_order_perm<D>(perm); }
 };
 
 // The dot kernel where groups are whole steps; other group sizes (g % 32 != 0, rare: nf4 block_size 16, intx

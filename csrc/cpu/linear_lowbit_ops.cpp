@@ -107,10 +107,9 @@ void run_bf16(const at::Tensor& x2, LowbitArgs p, int64_t K32, at::Tensor& out) 
   p.xb = reinterpret_cast<const uint16_t*>(xp.data_ptr());
   p.ldx = K32;
   at::Tensor xdot;
-  int32_t perm[32];
+  int64_t perm[32];
   if (rows == kDotBlockRows && lowbit_bf16_dot_order(p, perm)) {  // x in the decoder's dot order, step by step
-    const at::Tensor idx = at::from_blob(perm, {32}, at::kInt).to(at::kLong);
-    xdot = xp.view({M, K32 / 32, 32}).index_select(2, idx).contiguous();
+    xdot = xp.view({M, K32 / 32, 32}).index_select(2, at::from_blob(perm, {32}, at::kLong));
     p.xb = reinterpret_cast<const uint16_t*>(xdot.data_ptr());
   }
   at::parallel_for(0, (N + rows - 1) / rows, 1, [&](int64_t b0, int64_t b1) {

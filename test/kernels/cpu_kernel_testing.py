@@ -10,7 +10,6 @@ from torch._inductor.utils import run_and_get_code
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchqkit import kernels
-from torchqkit.kernels.precision import float32_matmul_precision
 
 ISA_LEVELS = ["scalar", "avx2", "avx_vnni", "avx512_vnni", "avx512_bf16"]
 
@@ -98,7 +97,3 @@ def assert_compiled_calls_op(module, x, op: str):
         eager = module(x)
     assert f"torch.ops.torchqkit.{op}.default" in "\n".join(code)
     torch.testing.assert_close(out, eager, rtol=0, atol=0)
-
-
-# torchqkit.kernels.precision.float32_matmul_precision, under the name the kernel tests use
-fp32_matmul_precision = float32_matmul_precision

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 
 import torchqkit as qk
 from torchqkit import kernels
+from torchqkit.kernels.precision import float32_matmul_precision
 
-from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, fp32_matmul_precision, gen
+from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen
 from cpu_kernel_testing import isa_param as isa_param_for
 from cpu_kernel_testing import needs_kernel, running_level, unaligned
 from torchqkit.core import qdtypes as Q
@@ -89,7 +90,7 @@ def test_float32_activations_take_bf16_under_medium_precision(monkeypatch, m):
     exact, rounded = linear_int8wo_plain_ref(x, q, s, b), linear_int8wo_plain_ref(x.bfloat16().float(), q, s, b)
     op = "torchqkit::linear_int8wo_plain"
     assert "float32 activations: the fp32 kernels" in kernels.cpu_backend(op)[1]
-    with fp32_matmul_precision("medium"):
+    with float32_matmul_precision("medium"):
         assert "M >= 16 in the bf16 kernels" in kernels.cpu_backend(op)[1]
         out = WO(x, q, s, b)
     assert torch.get_float32_matmul_precision() == "highest"

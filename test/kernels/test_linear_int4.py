@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 import torchqkit as qk
 from torchqkit import kernels
+from torchqkit.kernels.precision import float32_matmul_precision
 
-from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, fp32_matmul_precision, gen
+from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen
 from cpu_kernel_testing import isa_param as isa_param_for
 from cpu_kernel_testing import needs_kernel, running_level, unaligned
 from torchqkit.kernels.reference import linear_int4wo_tiled_ref
@@ -107,7 +108,7 @@ def test_float32_activations_take_bf16_under_medium_precision(monkeypatch, m, t)
     exact = linear_int4wo_tiled_ref(*_args(w, x, b))
     rounded = linear_int4wo_tiled_ref(*_args(w, x.bfloat16().float(), b))
     op = "torchqkit::linear_int4wo_tiled"
-    with fp32_matmul_precision("medium"):
+    with float32_matmul_precision("medium"):
         assert "every M (M >= 32 unless inner_k_tiles is 8) in the bf16 kernels" in kernels.cpu_backend(op)[1]
         out = OP(*_args(w, x, b))
     bf16 = m >= 32 or t == 8

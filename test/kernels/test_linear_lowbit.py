@@ -11,8 +11,9 @@ import torch.nn.functional as F
 
 import torchqkit as qk
 from torchqkit import kernels
+from torchqkit.kernels.precision import float32_matmul_precision
 
-from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, fp32_matmul_precision, gen
+from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen
 from cpu_kernel_testing import isa_param as isa_param_for
 from cpu_kernel_testing import needs_kernel, running_level, unaligned
 from torchqkit.core import qdtypes as Q
@@ -282,7 +283,7 @@ def test_float32_activations_take_bf16_under_medium_precision(monkeypatch, panel
     x, b = _act(m, k, torch.float32, seed=m), torch.randn(n, generator=gen(2))
     exact, rounded = _reference(w, x, b), _reference(w, x.bfloat16().float(), b)  # before the switch: F.linear too
     op = "torchqkit::linear_nf4wo"
-    with fp32_matmul_precision("medium"):
+    with float32_matmul_precision("medium"):
         assert "in the bf16 kernels" in kernels.cpu_backend(op)[1]
         out = _call(w, x, b)
     if m > 8:

@@ -233,7 +233,8 @@ def _cast_in_range(t: torch.Tensor, dtype: torch.dtype, check: bool, what: str) 
     """t.to(dtype), refusing values that dtype can't hold: a float16 scale past 65504 would become inf and
     dequantize the whole block to inf / NaN."""
     out = t.to(dtype)
-    if check and not t.is_meta and dtype.is_floating_point and (torch.isfinite(t) & ~torch.isfinite(out)).any():
+    if check and out.dtype != t.dtype and not t.is_meta and dtype.is_floating_point and \
+            (torch.isfinite(t) & ~torch.isfinite(out)).any():  # no cast (the common case): nothing to check
         largest = t[torch.isfinite(t)].abs().max().item()
         raise ValueError(f"{what} reach {largest:.4g}, past the largest {dtype} ({torch.finfo(dtype).max:.4g}): they "
                          f"would be stored as inf. Use a wider scale_dtype (torch.float32 or torch.bfloat16).")

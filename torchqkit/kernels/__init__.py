@@ -117,9 +117,10 @@ _CPU_KERNEL_NOTES["torchqkit::sdpa_over_filled_cache"] = {  # see Note [Filled-c
     "avx512_vnni": "AVX-512 (16 lanes): K / V rows up to the last visible position only, the query heads of a kv "
                    "head in tiles of 4 rows, vectorized exp; bf16 / fp16 rows converted to fp32, float64 runs ATen's "
                    "sdpa over the same positions (with a warning)",
-    "avx2": "AVX2 + FMA (8 lanes): the same kernel as AVX-512; bf16 / fp16 rows converted to fp32, float64 runs "
-            "ATen's sdpa over the same positions (with a warning)",
-    "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
+    "avx2": "AVX2 + FMA (8 lanes), the AVX-512 kernel's source: K / V rows up to the last visible position only; "
+            "bf16 / fp16 rows converted to fp32, float64 runs ATen's sdpa over the same positions (with a warning)",
+    "scalar": "plain loops over K / V rows up to the last visible position (the CPU has no AVX2+FMA, or "
+              "TORCHQKIT_CPU_ISA forced it)",
 }
 for _notes in _CPU_KERNEL_NOTES.values():  # ops without an AVX-VNNI kernel say what serves that level
     _notes.setdefault("avx_vnni", _AVX2_AT_AVX_VNNI + _notes["avx2"])
