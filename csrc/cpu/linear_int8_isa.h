@@ -71,13 +71,20 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8
 constexpr int NB = 4;  // weight rows per tile
 // Tokens per tile: MB x NB accumulators, NB weight vectors and NB group scales stay in registers.
 constexpr int kWoMaxMB = V::kRegs / 8;
+// Note [decode rows in flight]: one token reads 8 weight rows at once, not 4. Each row is its own stream for
+// the hardware prefetcher, and with 4 streams one core kept too few lines in flight to reach the bus: 4096^2
+// int8 at M = 1 from memory (a standalone loop, Zen 4) read 13.7 GB/s on one core and 30 on two with 4 rows,
+// 17.5 and 37 with 8 (16 rows: 9 and 19, the accumulators spill). On 16 ymm registers 8 rows spill (in-cache
+// 28 -> 22 GB/s, from memory no faster), and several tokens keep 4 rows: their MB x NB accumulators must stay in
+// registers.
+constexpr int kDecodeNB = V::L == 16 ? 8 : NB;
 // Note [decode prefetch] (linear_int4.cpp): each row's bytes 4 KiB ahead into L2 took M = 1 from about 50%
 // to about 70% of a plain streaming sum's bandwidth (swept 1-4 KiB), so the k loop steps a cache line (64 k).
 constexpr int64_t kPfBytes = 4096;
 
 // L k (the first n of them if kTail) of NB weight rows x MB tokens. A function, not a lambda: Note
 // [accumulators in registers] in kernels.h.
-template <int MB, bool GROUPED, bool kTail>
+template <int MB, int NB, bool GROUPED, bool kTail>
 __attribute__((always_inline)) inline void wo_step(F (&acc)[MB][NB], const int8_t* const (&wr)[NB],
                                                    const float* const (&xr)[MB], const F (&sv)[NB], int64_t k,
                                                    int64_t n) {
@@ -93,7 +100,7 @@ __attribute__((always_inline)) inline void wo_step(F (&acc)[MB][NB], const int8_
 }
 
 // Rows n0..n0+nr-1 (nr <= NB) x tokens m0..m0+MB-1. Rows past nr repeat the last row (results dropped).
-template <int MB, bool GROUPED>
+template <int MB, int NB, bool GROUPED>
 void wo_dot_tile(const WeightOnlyArgs& p, int64_t m0, int64_t n0, int nr) {
   const int8_t* wr[NB];
   const float* sr[NB];
@@ -119,10 +126,10 @@ void wo_dot_tile(const WeightOnlyArgs& p, int64_t m0, int64_t n0, int nr) {
     for (; k + 64 <= ke; k += 64) {
       for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + kPfBytes), _MM_HINT_T1);
 #pragma GCC unroll 8
-      for (int u = 0; u < 64 / V::L; ++u) wo_step<MB, GROUPED, false>(acc, wr, xr, sv, k + V::L * u, 0);
+      for (int u = 0; u < 64 / V::L; ++u) wo_step<MB, NB, GROUPED, false>(acc, wr, xr, sv, k + V::L * u, 0);
     }
-    for (; k + V::L <= ke; k += V::L) wo_step<MB, GROUPED, false>(acc, wr, xr, sv, k, 0);
-    if (k < ke) wo_step<MB, GROUPED, true>(acc, wr, xr, sv, k, ke - k);
+    for (; k + V::L <= ke; k += V::L) wo_step<MB, NB, GROUPED, false>(acc, wr, xr, sv, k, 0);
+    if (k < ke) wo_step<MB, NB, GROUPED, true>(acc, wr, xr, sv, k, ke - k);
   }
   float red[MB][NB];  // every acc index a compile-time constant: Note [accumulators in registers]
 #pragma GCC unroll 16
@@ -143,15 +150,20 @@ void wo_dot_rest(const WeightOnlyArgs& p, int64_t m0, int64_t n0, int nr, int64_
   if constexpr (MB > 1) {
     if (mb < MB) return wo_dot_rest<MB - 1, GROUPED>(p, m0, n0, nr, mb);
   }
-  wo_dot_tile<MB, GROUPED>(p, m0, n0, nr);
+  wo_dot_tile<MB, NB, GROUPED>(p, m0, n0, nr);
 }
 
 template <bool GROUPED>
 void wo_dot(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
+  if (p.M == 1) {  // Note [decode rows in flight]
+    for (int64_t n = n0; n < n1; n += kDecodeNB)
+      wo_dot_tile<1, kDecodeNB, GROUPED>(p, 0, n, (int)std::min<int64_t>(kDecodeNB, n1 - n));
+    return;
+  }
   for (int64_t n = n0; n < n1; n += NB) {
     const int nr = (int)std::min<int64_t>(NB, n1 - n);
     int64_t m = 0;
-    for (; m + kWoMaxMB <= p.M; m += kWoMaxMB) wo_dot_tile<kWoMaxMB, GROUPED>(p, m, n, nr);
+    for (; m + kWoMaxMB <= p.M; m += kWoMaxMB) wo_dot_tile<kWoMaxMB, NB, GROUPED>(p, m, n, nr);
     if (m < p.M) wo_dot_rest<kWoMaxMB - 1, GROUPED>(p, m, n, nr, p.M - m);
   }
 }
@@ -159,7 +171,7 @@ void wo_dot(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
 // ================================================================ dynamic activation, dot kernel
 // V::kDotBytes k of NB weight rows x MB tokens (the first n of them if kTail; the activation rows are
 // zero-padded to lda, so only the weight needs a partial load).
-template <int MB, bool kTail>
+template <int MB, int NB, bool kTail>
 __attribute__((always_inline)) inline void da_step(I (&acc)[MB][NB], I (&rs)[NB], const int8_t* const (&wr)[NB],
                                                    const uint8_t* const (&ar)[MB], int64_t k, int64_t n) {
   typename V::B wv[NB];
@@ -173,7 +185,7 @@ __attribute__((always_inline)) inline void da_step(I (&acc)[MB][NB], I (&rs)[NB]
   }
 }
 
-template <int MB>
+template <int MB, int NB>
 void da_dot_tile(const DynamicActArgs& p, int64_t m0, int64_t n0, int nr) {
   const int8_t* wr[NB];
   for (int i = 0; i < NB; ++i) wr[i] = p.w + (n0 + std::min(i, nr - 1)) * p.ldw;
@@ -185,8 +197,8 @@ void da_dot_tile(const DynamicActArgs& p, int64_t m0, int64_t n0, int nr) {
     for (int m = 0; m < MB; ++m) acc[m][i] = V::zero_i();
   }
   int64_t k = 0;
-  for (; k + V::kDotBytes <= p.K; k += V::kDotBytes) da_step<MB, false>(acc, rs, wr, ar, k, 0);
-  if (k < p.K) da_step<MB, true>(acc, rs, wr, ar, k, p.K - k);
+  for (; k + V::kDotBytes <= p.K; k += V::kDotBytes) da_step<MB, NB, false>(acc, rs, wr, ar, k, 0);
+  if (k < p.K) da_step<MB, NB, true>(acc, rs, wr, ar, k, p.K - k);
   int32_t red[MB][NB], red_rs[NB];  // every index a compile-time constant: Note [accumulators in registers]
 #pragma GCC unroll 16
   for (int i = 0; i < NB; ++i) {
@@ -204,10 +216,15 @@ void da_dot_tile(const DynamicActArgs& p, int64_t m0, int64_t n0, int nr) {
 }
 
 void da_dot(const DynamicActArgs& p, int64_t n0, int64_t n1) {
+  if (p.M == 1) {  // Note [decode rows in flight]
+    for (int64_t n = n0; n < n1; n += kDecodeNB)
+      da_dot_tile<1, kDecodeNB>(p, 0, n, (int)std::min<int64_t>(kDecodeNB, n1 - n));
+    return;
+  }
   for (int64_t n = n0; n < n1; n += NB) {
     const int nr = (int)std::min<int64_t>(NB, n1 - n);
     int64_t m = 0;
-    for (; m + 2 <= p.M; m += 2) da_dot_tile<2>(p, m, n, nr);
-    if (m < p.M) da_dot_tile<1>(p, m, n, nr);
+    for (; m + 2 <= p.M; m += 2) da_dot_tile<2, NB>(p, m, n, nr);
+    if (m < p.M) da_dot_tile<1, NB>(p, m, n, nr);
   }
 }

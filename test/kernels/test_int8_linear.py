@@ -49,9 +49,11 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 # (M, K, N, groups): M = 1, 3, 17 (odd; 17 also takes the panel path), 40 (panel path, M % 6 tile != 0);
 # K = 1 (smallest legal for per-channel), 16 (smallest group-of-16), K not a multiple of any SIMD width,
-# K > one k-block (256 fp32 / 1024 int8) with a tail; N = 1 and N not a multiple of 16 / 32.
+# K > one k-block (256 fp32 / 1024 int8) with a tail; N = 1 and N not a multiple of 16 / 32. One token takes
+# tiles of 8 rows on AVX-512 (Note [decode rows in flight]): N = 37 / 29 end on a partial one, per channel and
+# grouped.
 WO_CASES = [
-    (1, 1, 1, 1), (3, 1, 37, 1), (1, 100, 37, 1), (3, 100, 47, 4), (17, 16, 33, 1), (17, 96, 65, 12),
+    (1, 1, 1, 1), (3, 1, 37, 1), (1, 100, 37, 1), (1, 96, 29, 6), (3, 100, 47, 4), (17, 16, 33, 1), (17, 96, 65, 12),
     (17, 96, 65, 6), (40, 300, 97, 1), (40, 512, 70, 16), (1, 1030, 37, 1), (8, 520, 129, 65),
     (17, 1100, 33, 1), (17, 1088, 33, 17),  # the AVX-512 fp32 panel's k block (1024) and a tail, per channel / g64
 ]
@@ -102,7 +104,7 @@ def test_float32_activations_take_bf16_under_medium_precision(monkeypatch, m):
 
 # DA: M = 257 with K = 1031 has a last micro-tile of 5 tokens and an odd k tail (Note [AVX2 int8 prefill]);
 # N = 21 leaves a partial panel of 16; K = 4200 crosses both panel paths' k block (4096) with a tail.
-DA_CASES = [(1, 1, 1), (3, 1, 37), (1, 100, 37), (3, 100, 47), (17, 64, 33), (17, 1030, 65), (40, 300, 97),
+DA_CASES = [(1, 1, 1), (3, 1, 37), (1, 100, 37), (1, 130, 13), (3, 100, 47), (17, 64, 33), (17, 1030, 65), (40, 300, 97),
             (8, 2100, 40), (257, 1031, 21), (20, 4200, 21)]
 
 
