@@ -56,6 +56,9 @@ CONFIGS = {
     "int4-g32-fp16-scales": lambda: qk.Int4WeightOnlyConfig(group_size=32, scale_dtype=torch.float16),
     "int4-g128-bf16-scales": lambda: qk.Int4WeightOnlyConfig(group_size=128, scale_dtype=torch.bfloat16),
     "int8": qk.Int8WeightOnlyConfig,
+    # the tiling every int4 weight had before Note [inner_k_tiles per weight]: K = 576 padded to 640
+    "int4-g32-bf16-scales-tiles8": lambda: qk.Int4WeightOnlyConfig(group_size=32, scale_dtype=torch.bfloat16,
+                                                                   layout=qk.TensorCoreTiledLayout(inner_k_tiles=8)),
 }
 LOOPS = ("generate", "lean-eager", "lean-compiled")
 FILLED_CACHE = {"auto": None, "on": True, "off": False}

@@ -95,12 +95,12 @@ def test_kernel_matches_dequantized_linear(monkeypatch, isa, m):
 
 
 # float32 activations under torch.set_float32_matmul_precision("medium") take the bf16 kernels on AVX512-BF16: the
-# prefill from M = 32, the decode kernel at inner_k_tiles 8 (Note [int4 bf16 decode]). The result is the reference
+# prefill from M = 32, the decode kernel at inner_k_tiles 8 and 4 (Note [int4 bf16 decode]). The result is the reference
 # on x rounded to bf16 (exact products, fp32 sums and the zero term in fp32: the fp32 budget), far from the exact
 # fp32 result; "highest" (the default), and decode M at other tilings, stay exact.
 @needs_ext
 @pytest.mark.skipif("avx512_bf16" not in LEVELS, reason="the CPU has no AVX512-BF16")
-@pytest.mark.parametrize("m, t", [(1, 8), (5, 8), (5, 4), (40, 4)])
+@pytest.mark.parametrize("m, t", [(1, 8), (5, 8), (5, 4), (5, 2), (40, 4)])
 def test_float32_activations_take_bf16_under_medium_precision(monkeypatch, m, t):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx512_bf16")  # whatever level the session forces
     w = _tiled(37, 320, 64, t)
@@ -109,9 +109,9 @@ def test_float32_activations_take_bf16_under_medium_precision(monkeypatch, m, t)
     rounded = linear_int4wo_tiled_ref(*_args(w, x.bfloat16().float(), b))
     op = "torchqkit::linear_int4wo_tiled"
     with float32_matmul_precision("medium"):
-        assert "every M (M >= 32 unless inner_k_tiles is 8) in the bf16 kernels" in kernels.cpu_backend(op)[1]
+        assert "every M (M >= 32 at inner_k_tiles 2) in the bf16 kernels" in kernels.cpu_backend(op)[1]
         out = OP(*_args(w, x, b))
-    bf16 = m >= 32 or t == 8
+    bf16 = m >= 32 or t in (8, 4)
     assert_rel(out, rounded if bf16 else exact, TOL[torch.float32], f"medium, M = {m}, inner_k_tiles {t}")
     if bf16:
         assert (out - exact).abs().max() > 10 * TOL[torch.float32] * exact.abs().max()
@@ -137,6 +137,24 @@ def test_group32_decode_at_smollm2_width(monkeypatch, isa, dtype, m):
         assert_rel(out[t], ref[t], TOL[dtype], f"{isa} {dtype} token {t}")
     if dtype == torch.float32:
         assert_rel(out - b, F.linear(x, w.dequantize()), 2e-5, f"{isa} against the dequantized weight")
+
+
+# inner_k_tiles 4 at SmolLM2's K = 576 (9 chunks of 64, no padding): each vector of a chunk holds two rows, which the
+# bf16 decode kernel sums half by half; g = 32 is two groups per chunk, g = 64 one, g = 128 one per two chunks (K
+# padded to 640). M = 1 and 5, every activation dtype (bf16 takes that kernel on AVX512-BF16, the others the fp32 one).
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("g", [32, 64, 128])
+@pytest.mark.parametrize("m", [1, 5])
+def test_inner_k_tiles_4_decode_at_smollm2_width(monkeypatch, isa, dtype, g, m):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = _tiled(72, 576, g, 4, dtype)
+    assert w.qdata.shape == (9, -(-576 // g) * g // 64, 32, 2)
+    x, b = _act(m, 576, dtype), torch.randn(72, generator=gen(2)).to(dtype)
+    out, ref = OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b))
+    for t in range(m):
+        assert_rel(out[t], ref[t], TOL[dtype], f"{isa} {dtype} g={g} token {t}")
 
 
 # One group per chunk at inner_k_tiles 8 (g = 128, 256) broadcasts each row's scale from the stored float32

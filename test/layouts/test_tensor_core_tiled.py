@@ -3,7 +3,9 @@ tile boundaries, reasons for weights it can't take, and its place as Int4WeightO
 (The shared conformance suite covers detach/clone/to/copy_/t/linear/mm/compile/save-load.)"""
 from __future__ import annotations
 
+import copy
 import pytest
+
 import torch
 import torch.nn.functional as F
 
@@ -107,9 +109,12 @@ def test_stored_bytes_match_the_format_arithmetic():
 
 def test_report_counts_the_real_packed_bytes():
     model = torch.nn.Sequential(torch.nn.Linear(256, 64, bias=False), torch.nn.Linear(96, 44, bias=False))
-    report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=32))
+    report = qk.quantize_(copy.deepcopy(model), qk.Int4WeightOnlyConfig(group_size=32))
     assert report["0"].bytes_after == 64 * 256 // 2 + 8 * 64 * 2 * 4
-    assert report["1"].bytes_before == 44 * 96 * 4 and report["1"].bytes_after == 48 * 128 // 2 + 4 * 48 * 2 * 4
+    # K = 96 at the tiling chosen per weight (2: chunks of 32, no padding); at inner_k_tiles 8 it pads to 128
+    assert report["1"].bytes_before == 44 * 96 * 4 and report["1"].bytes_after == 48 * 96 // 2 + 3 * 48 * 2 * 4
+    tiled8 = qk.Int4WeightOnlyConfig(group_size=32, layout=qk.TensorCoreTiledLayout(inner_k_tiles=8))
+    assert qk.quantize_(model, tiled8)["1"].bytes_after == 48 * 128 // 2 + 4 * 48 * 2 * 4
 
 
 def test_padding_never_leaks():
@@ -182,8 +187,27 @@ def test_supports_names_the_reason(kwargs, reason):
 
 
 def test_inner_k_tiles_is_checked():
-    with pytest.raises(ValueError, match=r"inner_k_tiles must be one of \(2, 4, 8\), got 3"):
+    with pytest.raises(ValueError, match=r"inner_k_tiles must be one of \(2, 4, 8\) \(or None: chosen per weight\), "
+                                         r"got 3"):
         qk.TensorCoreTiledLayout(inner_k_tiles=3)
+    with pytest.raises(ValueError, match=r"no k-chunk until a weight chooses its tiling: use layout.for_weight"):
+        qk.TensorCoreTiledLayout().k_chunk
+
+
+# Note [inner_k_tiles per weight]: the tiling that pads K least, 8 on a tie; the quantized weight records it, and a
+# named tiling is kept whatever it pads.
+@pytest.mark.parametrize("k, g, tiles, kt", [(576, 32, 4, 576), (576, 128, 8, 640), (96, 32, 2, 96), (4096, 32, 8, 4096),
+                                            (1536, 64, 8, 1536), (960, 32, 4, 960), (320, 256, 8, 512)])
+def test_inner_k_tiles_chosen_per_weight(k, g, tiles, kt):
+    w = _weight((16, k))
+    aqt = qk.quantize_weight(w, Q.uint4, qk.PerGroup(g), qk.TensorCoreTiledLayout(), **INT4)
+    assert aqt.qlayout == qk.TensorCoreTiledLayout(inner_k_tiles=tiles)
+    assert aqt.qdata.shape == (2, kt // (16 * tiles), 32, tiles // 2)
+    named = qk.quantize_weight(w, Q.uint4, qk.PerGroup(g), qk.TensorCoreTiledLayout(inner_k_tiles=8), **INT4)
+    assert named.qlayout.inner_k_tiles == 8
+    torch.testing.assert_close(aqt.dequantize(), named.dequantize(), rtol=0, atol=0)  # the same codes, other tiles
+    x = _weight((3, k), seed=1)
+    torch.testing.assert_close(F.linear(x, aqt), F.linear(x, named), rtol=0, atol=2e-5 * k ** 0.5)
 
 
 def test_int4_config_defaults_to_tiled_and_plain_stays_selectable():
@@ -195,7 +219,8 @@ def test_int4_config_defaults_to_tiled_and_plain_stays_selectable():
     qk.quantize_(models[0], qk.Int4WeightOnlyConfig(group_size=64))
     qk.quantize_(models[1], qk.Int4WeightOnlyConfig(group_size=64, layout=qk.PlainLayout()))
     tiled, plain = models[0][0].weight, models[1][0].weight
-    assert tiled.qlayout == qk.TensorCoreTiledLayout() and plain.qlayout == qk.PlainLayout()
+    # the weight records the tiling chosen for it (K = 128: 8, no padding either way)
+    assert tiled.qlayout == qk.TensorCoreTiledLayout(inner_k_tiles=8) and plain.qlayout == qk.PlainLayout()
     torch.testing.assert_close(tiled.dequantize(), plain.dequantize(), rtol=0, atol=0)
 
 
@@ -211,7 +236,7 @@ def test_int4_config_scale_dtype_on_a_float32_model(tmp_path, scale_dtype):
     report = qk.quantize_(model, config)
     w = model[0].weight
     assert w.scale_and_zero.dtype == dtype and w.dtype == torch.float32
-    assert report["0"].bytes_after == 200 * 640 // 2 + 20 * 200 * 2 * dtype.itemsize
+    assert report["0"].bytes_after == 200 * 576 // 2 + 18 * 200 * 2 * dtype.itemsize  # inner_k_tiles 4: K unpadded
     expected = qk.quantize_weight(base[0].weight.detach(), Q.uint4, qk.PerGroup(32), qk.TensorCoreTiledLayout(),
                                   scale_dtype=dtype, **INT4)
     torch.testing.assert_close(w.dequantize(), expected.dequantize(), rtol=0, atol=0)

@@ -11,7 +11,8 @@ from torchqkit.core import qdtypes as Q
 LAYER_CONFIGS = {
     "int8_row": qk.Int8WeightOnlyConfig(),
     "int8_dyn": qk.Int8DynamicActivationInt8WeightConfig(),
-    "int4_tiled": qk.Int4WeightOnlyConfig(group_size=32),
+    # inner_k_tiles 8 named: the checked-in file (format 1) was written at that tiling, before the per-weight default
+    "int4_tiled": qk.Int4WeightOnlyConfig(group_size=32, layout=qk.TensorCoreTiledLayout(inner_k_tiles=8)),
     "nf4_dq": qk.NF4WeightOnlyConfig(block_size=64, double_quant=True),
     "intx3": qk.IntxWeightOnlyConfig(bits=3, granularity=qk.PerGroup(32), mapping=qk.MappingType.ASYMMETRIC),
     "fp8_dyn": qk.Float8DynamicActivationFloat8WeightConfig(granularity=qk.PerRow()),

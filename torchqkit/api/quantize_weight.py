@@ -64,9 +64,10 @@ class WeightRecipe:
                                 zero_point_domain=qp.zero_point_domain, stochastic=stochastic, generator=generator,
                                 check_finite=False, name=name)
         fmt = WeightFormat.of(self.qdtype, qp.block_size, weight.shape, qp.zero_point_domain)
-        tensors = self.layout.pack(PlainParts(codes, qp.scale, qp.zero_point), fmt)
+        layout = self.layout.for_weight(fmt)
+        tensors = layout.pack(PlainParts(codes, qp.scale, qp.zero_point), fmt)
         return AffineQuantizedTensor(tensors, self.qdtype, qp.block_size, tuple(weight.shape), weight.dtype,
-                                     self.layout, qp.zero_point_domain, act_quant=self.act_quant,
+                                     layout, qp.zero_point_domain, act_quant=self.act_quant,
                                      kernel_preference=self.kernel_preference)
 
 

@@ -152,8 +152,9 @@ def _load_tensor(model, tensor, hf_name, arch, config) -> LayerReport:
         fmt, parts = decode_blocks(BLOCK_FORMATS[type_name], raw.reshape(shape[0], -1), shape[1])
         if rows is not None:
             parts = type(parts)(*(None if p is None else p[rows] for p in parts))
-        layout = fmt.layout()
-        tensors = layout.pack(parts, WeightFormat.of(fmt.qdtype, (1, fmt.group), parts.qdata.shape, fmt.zero_point_domain))
+        wfmt = WeightFormat.of(fmt.qdtype, (1, fmt.group), parts.qdata.shape, fmt.zero_point_domain)
+        layout = fmt.layout().for_weight(wfmt)
+        tensors = layout.pack(parts, wfmt)
         weight = AffineQuantizedTensor(tensors, fmt.qdtype, (1, fmt.group), shape, torch.float32, layout,
                                        fmt.zero_point_domain)
         module.weight = nn.Parameter(weight, requires_grad=False)

@@ -92,7 +92,7 @@ _AVX2_AT_AVX_VNNI = "no AVX-VNNI kernel: its AVX2 kernel runs. "
 _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_int4.cpp
     "avx512_vnni": "M < 32: tiled words streamed once per 4 tokens, nibbles -> fp32 by vpermps (dot kernel); "
                    "M >= 32: n-tiles dequantized to fp32 + the 6x32 FMA panel micro-kernel",
-    "avx512_bf16": "bf16 activations: M < 32 (inner_k_tiles 8) nibble pairs made bf16 (128 + u) by one vpternlogd, "
+    "avx512_bf16": "bf16 activations: M < 32 (inner_k_tiles 8 or 4) nibble pairs made bf16 (128 + u) by one vpternlogd, "
                    "32 weights per vdpbf16ps, 4 tokens per pass (Note [int4 bf16 decode]); M >= 32 codes - 8 as "
                    "exact bf16 in natural-k-order panels + 6x32 vdpbf16ps tiles, group scales per segment, zero "
                    "points as sum_g xsum * z in fp32; float32 / float16 activations (and other tilings at M < 32): "
@@ -132,7 +132,7 @@ _CPU_OPS = tuple(op for op in OPS if CPU_EXTENSION_LOADED and torch._C._dispatch
 
 # Ops whose float32 activations take the bf16 prefill kernels under torch's "medium" fp32 matmul precision, and the
 # M from which (Note [fp32 activations in bf16] in csrc/cpu/fp32_matmul_precision.h).
-_FP32_IN_BF16_FROM = {"torchqkit::linear_int8wo_plain": "M >= 16", "torchqkit::linear_int4wo_tiled": "every M (M >= 32 unless inner_k_tiles is 8)",
+_FP32_IN_BF16_FROM = {"torchqkit::linear_int8wo_plain": "M >= 16", "torchqkit::linear_int4wo_tiled": "every M (M >= 32 at inner_k_tiles 2)",
                       **dict.fromkeys(("torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo", "torchqkit::linear_mxwo"),
                                       "M > 8"), "torchqkit::linear_intxwo": "M > 4"}
 

@@ -109,6 +109,12 @@ class Layout:
         """Why this layout can't store such a tensor, or None if it can."""
         return None
 
+    def for_weight(self, fmt: WeightFormat) -> "Layout":
+        """The layout a weight of this format is stored in: ``self``, or (a layout with knobs it picks per weight,
+        e.g. TensorCoreTiledLayout's inner_k_tiles=None) a copy with them chosen. Whatever packs a weight packs it
+        with this, and the quantized tensor records it."""
+        return self
+
     def symmetric_2d_problem(self, fmt: WeightFormat, why_no_zero_point: str, block_k: int | None = None) -> str | None:
         """The checks supports() shares for codebook and float layouts: no zero point, a 2-d weight, and (when
         ``block_k`` is given) blocks of (1, block_k) along K."""

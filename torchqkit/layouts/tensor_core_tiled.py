@@ -71,21 +71,40 @@ K_TILE = 16         # k per mma k16-tile
 PAD_CODE = 8        # the uint4 midpoint: (8 - 8) * 1 + 0 = 0.0
 
 
+def best_inner_k_tiles(in_features: int, group_size: int) -> int:
+    """Note [inner_k_tiles per weight]: the tiling that pads K least, the longest (8) on a tie. K is padded to
+    lcm(g, 16 T), and a decode step reads every padded byte: SmolLM2's K = 576 is 640 at T = 8 (11% more codes to
+    read in six of its seven Linears and the lm_head) and 576 at T = 4, which decoded 1.15-1.2x faster
+    (benchmarks/bench_decode.py, g = 32). Where the padding is the same, 8 (longer vector loads) is kept."""
+    return min(sorted(INNER_K_TILES, reverse=True),
+               key=lambda t: _round_up(in_features, math.lcm(group_size, K_TILE * t)))
+
+
 @register_layout("tensor_core_tiled")
 @dataclass(frozen=True)
 class TensorCoreTiledLayout(Layout):
     """int4 in mma-fragment tiles, see Note [Tensor-core tiled int4]. ``inner_k_tiles`` (2, 4 or 8) is how
-    many k16-tiles one lane's words cover per chunk: more means longer vector loads, more K padding."""
-    inner_k_tiles: int = 8
+    many k16-tiles one lane's words cover per chunk: more means longer vector loads, more K padding. None (the
+    default) picks it per weight: the one that pads in_features least, 8 on a tie (Note [inner_k_tiles per
+    weight]); the quantized tensor records the choice."""
+    inner_k_tiles: int | None = None
     tensor_names = ("qdata", "scale_and_zero")
 
     def __post_init__(self):
-        if self.inner_k_tiles not in INNER_K_TILES:
-            raise ValueError(f"TensorCoreTiledLayout: inner_k_tiles must be one of {INNER_K_TILES}, "
-                             f"got {self.inner_k_tiles!r}")
+        if self.inner_k_tiles is not None and self.inner_k_tiles not in INNER_K_TILES:
+            raise ValueError(f"TensorCoreTiledLayout: inner_k_tiles must be one of {INNER_K_TILES} (or None: chosen "
+                             f"per weight), got {self.inner_k_tiles!r}")
+
+    def for_weight(self, fmt: WeightFormat) -> "TensorCoreTiledLayout":
+        if self.inner_k_tiles is not None:
+            return self
+        return TensorCoreTiledLayout(inner_k_tiles=best_inner_k_tiles(fmt.shape[-1], fmt.block_size[-1]))
 
     @property
     def k_chunk(self) -> int:
+        if self.inner_k_tiles is None:
+            raise ValueError("TensorCoreTiledLayout(inner_k_tiles=None) has no k-chunk until a weight chooses its "
+                             "tiling: use layout.for_weight(fmt), as packing does")
         return K_TILE * self.inner_k_tiles
 
     def supports(self, fmt: WeightFormat):
@@ -106,21 +125,25 @@ class TensorCoreTiledLayout(Layout):
     def slice_multiple(self, fmt: WeightFormat, dim: int) -> int:
         block_size = fmt.block_size
         # Whole n-tiles along out_features; whole groups and whole k-chunks along in_features.
-        return N_TILE if dim == 0 else math.lcm(block_size[1], self.k_chunk)
+        return N_TILE if dim == 0 else math.lcm(block_size[1], self.for_weight(fmt).k_chunk)
 
     def padded_shape(self, shape, group_size: int) -> tuple[int, int]:
         """(N8, Kt): the stored shape of a logical (out_features, in_features) weight."""
         n, k = shape
-        return _round_up(n, N_TILE), _round_up(k, math.lcm(group_size, self.k_chunk))
+        t = self.inner_k_tiles or best_inner_k_tiles(k, group_size)
+        return _round_up(n, N_TILE), _round_up(k, math.lcm(group_size, K_TILE * t))
 
     def packed_specs(self, fmt: WeightFormat):
+        layout = self.for_weight(fmt)
         block_size, shape = fmt.block_size, fmt.shape
-        g, t = block_size[1], self.inner_k_tiles
-        n8, kt = self.padded_shape(shape, g)
-        return {"qdata": PackedSpec((n8 // N_TILE, kt // self.k_chunk, 32, t // 2), (torch.int32,)),
+        g, t = block_size[1], layout.inner_k_tiles
+        n8, kt = layout.padded_shape(shape, g)
+        return {"qdata": PackedSpec((n8 // N_TILE, kt // layout.k_chunk, 32, t // 2), (torch.int32,)),
                 "scale_and_zero": PackedSpec((kt // g, n8, 2), FLOAT_DTYPES)}
 
     def pack(self, parts: PlainParts, fmt: WeightFormat):
+        if self.inner_k_tiles is None:
+            return self.for_weight(fmt).pack(parts, fmt)
         block_size = fmt.block_size
         codes, scale, zero = parts
         if zero is None or zero.dtype != scale.dtype or not scale.dtype.is_floating_point:
@@ -149,7 +172,7 @@ class TensorCoreTiledLayout(Layout):
             t1 = qdata.shape[0] if to_end else (begin + length) // N_TILE
             qdata, sz = qdata[t0:t1], sz[:, t0 * N_TILE: t1 * N_TILE]
         else:
-            chunk, g = self.k_chunk, aqt.block_size[1]
+            chunk, g = K_TILE * 2 * qdata.shape[3], aqt.block_size[1]  # the stored tiling
             c0 = begin // chunk
             c1 = qdata.shape[1] if to_end else (begin + length) // chunk
             qdata, sz = qdata[:, c0:c1], sz[c0 * chunk // g: c1 * chunk // g]
