@@ -60,13 +60,16 @@ CONFIGS = {
     "int4-g32-bf16-scales-tiles8": lambda: qk.Int4WeightOnlyConfig(group_size=32, scale_dtype=torch.bfloat16,
                                                                    layout=qk.TensorCoreTiledLayout(inner_k_tiles=8)),
 }
+FUSED = "+fused"  # config-name suffix: qk.fuse_shared_input_linears after quantizing
 LOOPS = ("generate", "lean-eager", "lean-compiled")
 FILLED_CACHE = {"auto": None, "on": True, "off": False}
 
 
 def _parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help=f"comma-separated, of {', '.join(CONFIGS)}; a name + '{FUSED}' (int4-g32{FUSED}) also "
+                             f"fuses the q/k/v and gate/up projections (Note [Fused projections])")
     parser.add_argument("--loops", default=",".join(LOOPS), help=f"comma-separated, of {', '.join(LOOPS)}")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per run (default: 32)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row, median (default: 3)")
@@ -93,7 +96,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
     args.loops = [c for c in args.loops.split(",") if c]
-    for given, known, what in ((args.configs, CONFIGS, "--configs"), (args.loops, LOOPS, "--loops")):
+    for given, known, what in (([c.removesuffix(FUSED) for c in args.configs], CONFIGS, "--configs"),
+                               (args.loops, LOOPS, "--loops")):
         unknown = sorted(set(given) - set(known))
         if unknown:
             parser.error(f"{what}: unknown {unknown}; known: {', '.join(known)}")
@@ -125,7 +129,7 @@ def llama_cpp_row(args, gguf: Path) -> dict:
 
 def quantized_copy(base, name: str):
     model = copy.deepcopy(base)
-    make = CONFIGS[name]
+    make = CONFIGS[name.removesuffix(FUSED)]
     if make is None:
         return model, "-"
     config = make()
@@ -133,6 +137,10 @@ def quantized_copy(base, name: str):
     report = qk.quantize_(model, qk.ModuleConfigs({"lm_head": config, "_default": config}), strict=True)
     if model.lm_head.weight is not model.model.embed_tokens.weight:
         raise RuntimeError("the lm_head is no longer tied to the embedding")
+    if name.endswith(FUSED):
+        fused = qk.fuse_shared_input_linears(model)
+        if set(fused.values()) != {"fused"}:
+            raise RuntimeError(f"not every projection group fused: {fused}")
     return model, f"{len(report.quantized)}/{len(report)}"
 
 

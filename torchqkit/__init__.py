@@ -11,6 +11,7 @@ from .api.configs import (AWQConfig, Float8DynamicActivationFloat8WeightConfig,
                           Int8WeightOnlyConfig, IntxWeightOnlyConfig, MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig,
                           NF4WeightOnlyConfig, QuantConfig, SmoothQuantConfig, config_from_dict, known_configs)
 from .api.calibrate import CalibrationData
+from .api.fuse import fuse_shared_input_linears
 from .api.module_configs import ModuleConfigs
 from .api.quantize import QuantizationError, quantize_
 from .api.quantize_weight import UnsupportedWeight, quantize_weight
