@@ -40,6 +40,7 @@ import bench_model  # noqa: E402  (machine line)
 import llm_models  # noqa: E402
 import torchqkit as qk  # noqa: E402
 from torchqkit import kernels  # noqa: E402
+from torchqkit.api.fuse import FusedLinearMember  # noqa: E402
 from torchqkit.kernels.reference import sdpa_over_filled_cache_ref  # noqa: E402
 from torchqkit.eval import (DecodeLoop, decode_breakdown, eval_text, load_gguf, perplexity,  # noqa: E402
                             smollm2_gguf_path)
@@ -149,9 +150,11 @@ def weight_mb_per_token(model) -> float:
     left out."""
     seen, total = set(), 0
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and id(module.weight) not in seen:
-            seen.add(id(module.weight))
-            total += llm_models.tensor_bytes(module.weight)
+        # a fused group's members are views of one weight (Note [Fused projections]): that weight, once
+        weight = module.group.weight if isinstance(module, FusedLinearMember) else getattr(module, "weight", None)
+        if isinstance(module, (torch.nn.Linear, FusedLinearMember)) and id(weight) not in seen:
+            seen.add(id(weight))
+            total += llm_models.tensor_bytes(weight)
     return total / 1e6
 
 

@@ -56,6 +56,19 @@ def test_eval_float_vs_int8(checkpoint, capsys):
     assert "\rperplexity: 79/79 tokens (100%)" in captured.err
 
 
+def test_eval_fuse_fuses_the_projections_and_keeps_the_perplexity(checkpoint, capsys):
+    directory, text = checkpoint
+    args = ["eval", "--hf", str(directory), "--config", "int4-wo-g32", "--text", str(text), "--quiet", *FAST]
+    assert cli_main(args) == 0
+    plain = capsys.readouterr().out
+    assert cli_main([*args, "--fuse"]) == 0
+    fused = capsys.readouterr().out
+    assert "fused projections: 4 groups fused, 0 left as they were" in fused  # 2 layers x (q/k/v, gate/up)
+    assert "fused projections" not in plain
+    # the same weights: the same perplexity up to the kernels' summation order
+    assert _numbers("perplexity:", fused)[:2] == pytest.approx(_numbers("perplexity:", plain)[:2], rel=1e-4)
+
+
 def test_eval_module_configs_json_keeps_lm_head(checkpoint, tmp_path, capsys):
     directory, text = checkpoint
     config = tmp_path / "mixed.json"

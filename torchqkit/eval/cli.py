@@ -88,6 +88,10 @@ def add_eval_parser(commands) -> None:
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the lean loop's one-token step (fullgraph); the compile time is "
                              "reported, not timed as decode")
+    parser.add_argument("--fuse", action="store_true",
+                        help="after quantizing, fuse the Linears a module runs on one input (q/k/v, gate/up) into "
+                             "one quantized matmul each (torchqkit.fuse_shared_input_linears): fewer, larger calls "
+                             "per decode step, the same weights")
     parser.add_argument("--permute", action="store_true",
                         help="first permute hidden / intermediate / value-head channels (Llama-style models; "
                              "same function), so a model dequantized from a group-wise GGUF format no longer "
@@ -154,6 +158,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     report = torchqkit.quantize_(model, args.config)
     print(f"config: {_describe(args.config)}")
     print(f"Linears: {_counts(report)}")
+    if args.fuse:
+        fused = torchqkit.fuse_shared_input_linears(model)
+        left = {k: v for k, v in fused.items() if v != "fused"}
+        print(f"fused projections: {len(fused) - len(left)} groups fused, {len(left)} left as they were"
+              + "".join(f"; {k}: {v.removeprefix('left as it was: ')}" for k, v in list(left.items())[:3]))
     q_ppl, q_speed = _measure(model, ids, window, stride, args, "quantized")
     print(f"Linear weight MB: {report.bytes_before / 1e6:.2f} -> {report.bytes_after / 1e6:.2f}"
           f" ({report.bytes_before / max(report.bytes_after, 1):.2f}x smaller; all {len(report)} Linears, the ones "
