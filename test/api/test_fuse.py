@@ -81,6 +81,13 @@ def test_groups_it_cannot_fuse_are_left_as_they_were_and_named():
     assert report["model.layers.0.mlp.gate_proj+up_proj"] == "fused"
     attn = mixed.model.layers[0].self_attn
     assert attn.q_proj is before["model.layers.0.self_attn.q_proj"] and type(attn.k_proj) is torch.nn.Linear
+    # NF4 double quantization packs its scales lossily per 256: fusing would change the weights, so it refuses
+    dq = _quantized(qk.NF4WeightOnlyConfig(block_size=32, double_quant=True))
+    report = qk.fuse_shared_input_linears(dq)
+    assert report["model.layers.0.mlp.gate_proj+up_proj"] == (
+        "left as it was: packing their concatenated codes changes the weights (NF4Layout re-quantizes its scales "
+        "when it packs)")
+    assert type(dq.model.layers[0].mlp.up_proj) is torch.nn.Linear
 
 
 def test_compiled_lean_decode_of_a_fused_model_takes_one_call_per_group():

@@ -7,8 +7,9 @@ weights concatenated along out_features make one call that reads the same bytes:
 memory, 576 + 192 + 192 rows took 40.4 us in three calls and 21.1 us in one, 2 x 1536 rows 76.6 against 66.6
 (benchmarks/bench_int4_tiled_decode.py measures single calls; bench_decode.py --fuse the whole step).
 
-The fused weight is the members' codes, scales and zero points concatenated (the layout's unpack, then its pack:
-bit-exact, the same weights) and the members become views: each keeps a ``weight`` that is a slice of the fused
+The fused weight is the members' codes, scales and zero points concatenated (the layout's unpack, then its pack),
+checked to dequantize to exactly the members' weights (NF4 double quantization re-quantizes its scales per 256 when
+it packs, so it is refused), and the members become views: each keeps a ``weight`` that is a slice of the fused
 tensor (the layout's aliasing slice, no copy) and its forward takes its columns of the fused output. The output is
 computed once per input: the first member called with a tensor runs the fused matmul, the others called with the
 same tensor object take their part (a member called with another tensor runs the matmul for it; the result is the
@@ -108,9 +109,15 @@ def _fused_weight(weights: list[AffineQuantizedTensor]) -> AffineQuantizedTensor
     shape = (n, first.shape[1])
     fmt = WeightFormat.of(first.qdtype, first.block_size, shape, first.zero_point_domain)
     layout = first.qlayout
-    return AffineQuantizedTensor(layout.pack(cat, fmt), first.qdtype, first.block_size, shape, first.orig_dtype,
-                                 layout, first.zero_point_domain, act_quant=first.act_quant,
-                                 kernel_preference=first.kernel_preference)
+    fused = AffineQuantizedTensor(layout.pack(cat, fmt), first.qdtype, first.block_size, shape, first.orig_dtype,
+                                  layout, first.zero_point_domain, act_quant=first.act_quant,
+                                  kernel_preference=first.kernel_preference)
+    # A layout that quantizes its scales again when packing (NF4 double quantization, per 256 scales) would give
+    # the concatenation other weights: refuse rather than change the model.
+    if not torch.equal(fused.dequantize(), torch.cat([w.dequantize() for w in weights])):
+        raise ValueError(f"packing their concatenated codes changes the weights ({type(layout).__name__} re-quantizes "
+                         f"its scales when it packs)")
+    return fused
 
 
 def fuse_shared_input_linears(model: nn.Module, groups=DEFAULT_GROUPS) -> dict[str, str]:
