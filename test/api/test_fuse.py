@@ -69,6 +69,14 @@ def test_a_member_called_alone_or_on_another_input_is_still_right():
         torch.testing.assert_close(attn.k_proj(x), F.linear(x, ref.k_proj.weight), rtol=0, atol=1e-5)
 
 
+def test_a_fused_model_moved_after_fusing_says_so():
+    fused = _quantized(CONFIGS["int8"])
+    qk.fuse_shared_input_linears(fused)
+    with pytest.raises(RuntimeError, match=r"fused projection's weight is on cpu, its input on meta: model.to\(\) "
+                                           r"moves the members' views, not the fused weight; fuse after moving"):
+        fused.model.layers[0].mlp.gate_proj(torch.empty(2, 32, device="meta"))
+
+
 def test_groups_it_cannot_fuse_are_left_as_they_were_and_named():
     plain = tiny_llama(96)
     assert set(qk.fuse_shared_input_linears(plain).values()) == {"left as it was: not all quantized (quantize_ first)"}

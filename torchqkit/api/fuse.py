@@ -45,6 +45,10 @@ class FusedLinearGroup:
         self._taken = 0
 
     def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        if x.device != self.weight.device:
+            raise RuntimeError(f"a fused projection's weight is on {self.weight.device}, its input on {x.device}: "
+                               f"model.to() moves the members' views, not the fused weight; fuse after moving the "
+                               f"model (torchqkit.fuse_shared_input_linears)")
         if self._x is not x:
             self._parts = F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
             self._x, self._taken = x, 0
@@ -123,7 +127,8 @@ def _fused_weight(weights: list[AffineQuantizedTensor]) -> AffineQuantizedTensor
 def fuse_shared_input_linears(model: nn.Module, groups=DEFAULT_GROUPS) -> dict[str, str]:
     """Fuse, in every module of ``model``, each group of Linear attributes (``groups``: tuples of names, by default
     q/k/v and gate/up projections) into one quantized matmul (Note [Fused projections]). For inference on a
-    quantized model: the members keep their names and shapes, each ``weight`` a view of the fused one. Returns
+    quantized model already on its device: the members keep their names and shapes, each ``weight`` a view of the
+    fused one (``state_dict`` / ``save_quantized`` save them as ordinary weights). Returns
     {"module.q_proj+k_proj+v_proj": "fused" or why not}; a group whose members don't all exist is not a group."""
     report = {}
     for name, module in list(model.named_modules()):
