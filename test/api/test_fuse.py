@@ -77,6 +77,25 @@ def test_a_fused_model_moved_after_fusing_says_so():
         fused.model.layers[0].mlp.gate_proj(torch.empty(2, 32, device="meta"))
 
 
+def test_input_scales_are_carried_when_equal_and_refused_when_not():
+    # Note [Input scale]: a per-input-channel scale kept on the weight (AWQ / SmoothQuant where it can't be folded)
+    model = _quantized(CONFIGS["int4 g32"])
+    scale = torch.rand(32, generator=torch.Generator().manual_seed(3)) + 0.5
+    for layer in model.model.layers:
+        for proj in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
+            module = getattr(layer.self_attn if proj[0] in "qkv" else layer.mlp, proj)
+            s = scale * 2 if (proj == "up_proj" and layer is model.model.layers[1]) else scale
+            module.weight = torch.nn.Parameter(module.weight.with_changes(tensors={"input_scale": s}), requires_grad=False)
+    fused = copy.deepcopy(model)
+    report = qk.fuse_shared_input_linears(fused)
+    assert report["model.layers.1.mlp.gate_proj+up_proj"] == "left as it was: their input scales (Note [Input scale]) differ"
+    assert [k for k, v in report.items() if v == "fused"] == GROUPS[:3]
+    assert torch.equal(fused.model.layers[0].self_attn.q_proj.group.weight.input_scale, scale)
+    with torch.inference_mode():
+        ref, out = model(PROMPT).logits, fused(PROMPT).logits
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-5 * ref.abs().max().item())
+
+
 def test_groups_it_cannot_fuse_are_left_as_they_were_and_named():
     plain = tiny_llama(96)
     assert set(qk.fuse_shared_input_linears(plain).values()) == {"left as it was: not all quantized (quantize_ first)"}

@@ -13,7 +13,8 @@ it packs, so it is refused), and the members become views: each keeps a ``weight
 tensor (the layout's aliasing slice, no copy) and its forward takes its columns of the fused output. The output is
 computed once per input: the first member called with a tensor runs the fused matmul, the others called with the
 same tensor object take their part (a member called with another tensor runs the matmul for it; the result is the
-same either way). The held output is dropped when the last member has taken its part.
+same either way). The held output is dropped when the last member has taken its part. One model object, one
+thread at a time: two threads running the same fused model at once could take each other's held output.
 
 Members must agree on everything that decides the matmul: quantized weights of one layout, qdtype, block size, zero
 point domain, dtype, activation quantization and kernel preference, the same in_features, all with a bias or none,
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layouts.base import PlainParts, WeightFormat
-from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from ..tensor.affine_quantized_tensor import INPUT_SCALE, AffineQuantizedTensor
 
 # Groups of attribute names a module runs on one input: LLaMA / Mistral / Qwen2 / Gemma attention and MLP, BERT's
 # self-attention (in cross-attention its key / value take another input: still right, the matmul runs per input).
@@ -93,6 +94,10 @@ def _problem(linears: list) -> str | None:
         return "their in_features differ"
     if len({m.bias is None for m in linears}) > 1:
         return "some have a bias and some don't"
+    scales = [w.input_scale for w in weights]
+    if any(s is None for s in scales) != all(s is None for s in scales) or (
+            scales[0] is not None and not all(torch.equal(s, scales[0]) for s in scales)):
+        return "their input scales (Note [Input scale]) differ"
     fmt = WeightFormat.of(first.qdtype, first.block_size, tuple(first.shape), first.zero_point_domain)
     cut = first.qlayout.slice_multiple(fmt, 0)
     if any(w.shape[0] % cut for w in weights[:-1]):
@@ -113,7 +118,10 @@ def _fused_weight(weights: list[AffineQuantizedTensor]) -> AffineQuantizedTensor
     shape = (n, first.shape[1])
     fmt = WeightFormat.of(first.qdtype, first.block_size, shape, first.zero_point_domain)
     layout = first.qlayout
-    fused = AffineQuantizedTensor(layout.pack(cat, fmt), first.qdtype, first.block_size, shape, first.orig_dtype,
+    tensors = layout.pack(cat, fmt)
+    if first.input_scale is not None:  # one input, one scale: the members' (checked equal)
+        tensors[INPUT_SCALE] = first.input_scale
+    fused = AffineQuantizedTensor(tensors, first.qdtype, first.block_size, shape, first.orig_dtype,
                                   layout, first.zero_point_domain, act_quant=first.act_quant,
                                   kernel_preference=first.kernel_preference)
     # A layout that quantizes its scales again when packing (NF4 double quantization, per 256 scales) would give
