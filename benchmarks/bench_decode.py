@@ -16,8 +16,8 @@ timing] in torchqkit/eval/speed.py), once before torchqkit's rows and once after
 against the mean of the two (Note [llama.cpp before and after]). torchqkit's model is that file dequantized to
 float32 by transformers, then quantized by torchqkit (round to nearest). Its channels are NOT permuted: this is
 a speed benchmark, and int4 g32 then reproduces the file's own Q4_1 weights exactly (the Q4_1 trap in
-PLATFORM.md), the same weights llama.cpp reads. The perplexity column (first --ppl-tokens tokens of the eval text) shows what a
-config costs, the lm_head included. Compile time is the first compiled step (warm-up), never decode time.
+PLATFORM.md), the same weights llama.cpp reads. The perplexity column (first --ppl-tokens tokens of the eval text)
+shows what a config costs, the lm_head included. Compile time is the first compiled step (warm-up), never decode time.
 """
 from __future__ import annotations
 
@@ -155,9 +155,11 @@ def weight_mb_per_token(model) -> float:
     left out."""
     seen, total = set(), 0
     for module in model.modules():
+        if not isinstance(module, (torch.nn.Linear, FusedLinearMember)):
+            continue
         # a fused group's members are views of one weight (Note [Fused projections]): that weight, once
-        weight = module.group.weight if isinstance(module, FusedLinearMember) else getattr(module, "weight", None)
-        if isinstance(module, (torch.nn.Linear, FusedLinearMember)) and id(weight) not in seen:
+        weight = module.group.weight if isinstance(module, FusedLinearMember) else module.weight
+        if id(weight) not in seen:
             seen.add(id(weight))
             total += llm_models.tensor_bytes(weight)
     return total / 1e6

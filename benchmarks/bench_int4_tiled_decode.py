@@ -28,9 +28,11 @@ import torch
 
 import torchqkit as qk
 
-# (K, N, calls per SmolLM2 decode step)
+# (K, N, calls per SmolLM2 decode step); 960 and 3072 are its q/k/v and gate/up fused (Note [Fused projections]),
+# counted in FUSED below, not in the per-token sum
 SHAPES = [(576, 8, 0), (576, 192, 60), (576, 576, 60), (576, 1536, 60), (1536, 576, 30), (576, 49152, 1),
-          (4096, 4096, 0)]
+          (4096, 4096, 0), (576, 960, 0), (576, 3072, 0)]
+FUSED = {"q/k/v": ([576, 192, 192], 960), "gate/up": ([1536, 1536], 3072)}  # separate rows -> fused rows, K = 576
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -79,6 +81,7 @@ def main():
     print(f"{'K':>5} {'N':>6}" + "".join(f" {'T' + str(t) + ' us':>9} {'GB/s':>6}" for t in tiles)
           + (f" {'T' + str(tiles[0]) + '/T' + str(tiles[-1]):>9}" if len(tiles) > 1 else ""))
     per_token = dict.fromkeys(tiles, 0.0)
+    at576 = {}  # N -> {tiling: seconds} at K = 576
     for k, n, calls in SHAPES:
         g = torch.Generator().manual_seed(0)
         w = torch.randn(n, k, generator=g).to(DTYPES[args.scale_dtype])
@@ -105,11 +108,16 @@ def main():
         for t in tiles:
             sec = statistics.median(secs[t])
             per_token[t] += calls * sec
+            if k == 576:
+                at576.setdefault(n, {})[t] = sec
             row += f" {sec * 1e6:9.1f} {nbytes[t] / sec / 1e9:6.1f}"
         if len(tiles) > 1:
             row += f" {statistics.median(secs[tiles[0]]) / statistics.median(secs[tiles[-1]]):8.2f}x"
         print(row, flush=True)
     print("per token (SmolLM2 decode step's calls): " + ", ".join(f"T{t} {ms * 1e3:.2f} ms" for t, ms in per_token.items()))
+    for what, (rows, fused) in FUSED.items():  # one layer's group: separate calls against one fused call
+        print(f"{what} of one layer, T{tiles[-1]}: {len(rows)} calls "
+              f"{sum(at576[n][tiles[-1]] for n in rows) * 1e6:.1f} us, fused {at576[fused][tiles[-1]] * 1e6:.1f} us")
 
 
 if __name__ == "__main__":

@@ -787,8 +787,9 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
              out.data_ptr<float>(), N};
   // bf16 activations, and float32 ones when torch allows bf16 matmuls (Note [fp32 activations in bf16]), take the
   // AVX512-BF16 kernels: the prefill from kPrefillMinM (Note [int4 tiled in bf16]), below it the decode kernel at
-  // inner_k_tiles 8 or 4 (Note [int4 bf16 decode]; tiling 2 converts x to fp32 like float16 does). Unlike the other formats' decode kernels, this one is faster than its fp32 twin (1.6x per word at M = 1),
-  // which is why float32 activations take it too.
+  // inner_k_tiles 8 or 4 (Note [int4 bf16 decode]; tiling 2 converts x to fp32 like float16 does). Unlike the
+  // other formats' decode kernels, this one is faster than its fp32 twin (1.6x per word at M = 1), which is why
+  // float32 activations take it too.
   const Isa level = selected_isa_exact(), isa = base_isa(level);
   const bool fp32_as_bf16 = dt == at::kFloat && fp32_matmul_allows_bf16();
   const bool bf16 = level == Isa::kAvx512Bf16 && (dt == at::kBFloat16 || fp32_as_bf16);

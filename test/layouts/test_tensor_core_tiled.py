@@ -4,8 +4,8 @@ tile boundaries, reasons for weights it can't take, and its place as Int4WeightO
 from __future__ import annotations
 
 import copy
-import pytest
 
+import pytest
 import torch
 import torch.nn.functional as F
 

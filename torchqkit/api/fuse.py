@@ -4,8 +4,9 @@ Note [Fused projections]: a LLaMA decoder layer runs q_proj, k_proj and v_proj o
 up_proj on another. At decode (one token) each is a call of a few microseconds of fixed cost (Python, dispatch, the
 op's checks and its parallel region) around a small weight: SmolLM2-135M's k_proj / v_proj are 192 x 576. Their
 weights concatenated along out_features make one call that reads the same bytes: on the 2-vCPU EPYC, int4 g32 from
-memory, 576 + 192 + 192 rows took 40.4 us in three calls and 21.1 us in one, 2 x 1536 rows 76.6 against 66.6
-(benchmarks/bench_int4_tiled_decode.py measures single calls; bench_decode.py --fuse the whole step).
+memory, the q/k/v rows took about half the time in one call as in three, gate/up about 0.85x
+(benchmarks/bench_int4_tiled_decode.py --ring --threads 2 prints both; bench_decode.py --alternate with "+fused"
+configs the whole step).
 
 The fused weight is the members' codes, scales and zero points concatenated (the layout's unpack, then its pack),
 checked to dequantize to exactly the members' weights (NF4 double quantization re-quantizes its scales per 256 when
@@ -94,9 +95,9 @@ def _problem(linears: list) -> str | None:
         return "their in_features differ"
     if len({m.bias is None for m in linears}) > 1:
         return "some have a bias and some don't"
-    scales = [w.input_scale for w in weights]
-    if any(s is None for s in scales) != all(s is None for s in scales) or (
-            scales[0] is not None and not all(torch.equal(s, scales[0]) for s in scales)):
+    s0 = first.input_scale
+    if not all(w.input_scale is s0 or (w.input_scale is not None and s0 is not None and torch.equal(w.input_scale, s0))
+               for w in weights):
         return "their input scales (Note [Input scale]) differ"
     fmt = WeightFormat.of(first.qdtype, first.block_size, tuple(first.shape), first.zero_point_domain)
     cut = first.qlayout.slice_multiple(fmt, 0)
