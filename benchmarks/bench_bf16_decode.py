@@ -8,7 +8,7 @@ activations as routed (the rule in csrc/cpu/linear_lowbit_ops.cpp, bf16_dot_wins
 the fp32 one per format and M), "f32 kernel" = the op on the same activations converted to float32 first (the
 conversion is inside the timed call), so the fp32 dot kernel runs. "bf16/f32" < 1: the bf16 route is faster.
 With TORCHQKIT_CPU_ISA=avx512_vnni both columns run the fp32 kernels (a check of the harness). Every call reads its
-weight from the next copy of a ring > 3x L3 (200 MiB), as a decoder's layers do.
+weight from the next copy of a ring > 3x L3 (bench_linear.RING_BYTES), as a decoder's layers do.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import copy
 
 import torch
 
+from bench_linear import RING_BYTES  # a sibling file
 from bench_lowbit import FORMATS, call, cpu_seconds, stored_bytes, wall_seconds  # a sibling file: benchmarks/ is sys.path[0] as a script
 
 
@@ -44,7 +45,7 @@ def main():
     g = torch.Generator().manual_seed(0)
     for name in args.formats.split(","):
         w = FORMATS[name][0](torch.randn(4096, 4096, generator=g) * 0.02)
-        ring = [w] + [copy.deepcopy(w) for _ in range(200 * 2**20 // stored_bytes(w))]
+        ring = [w] + [copy.deepcopy(w) for _ in range(RING_BYTES // stored_bytes(w))]
         for m in ms:
             xb = torch.randn(m, 4096, generator=g).bfloat16()
             bf16 = [lambda r=r: call(r, xb)() for r in ring]

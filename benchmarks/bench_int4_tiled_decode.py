@@ -9,7 +9,7 @@
 The op is called directly under inference_mode. By default on one torch thread with its weight reused (hot: the
 kernel's compute, apart from the memory bus); each figure is the fastest of 5 repeats of the CPU time of the calling
 thread (time.thread_time) over a batch of calls: a shared host's wall clock measures its neighbours. With --ring
-each call reads the next copy of the weight from a ring of copies > 96 MB (from memory, as a decode step reads
+each call reads the next copy of the weight from a ring of copies > 3x L3 (bench_linear.RING_BYTES) (from memory, as a decode step reads
 it), timed by the wall clock (the other threads' work counts): the median call of 3 rounds that alternate the
 tilings' order, each round's median of 300 calls. The K x 8 row is almost all fixed cost: Python and the
 dispatcher (not the op's), plus the op's checks, allocation and activation permutation; "GB/s" counts the weight's
@@ -27,6 +27,7 @@ import time
 import torch
 
 import torchqkit as qk
+from bench_linear import RING_BYTES  # a sibling file: benchmarks/ is sys.path[0] as a script
 
 # (K, N, calls per SmolLM2 decode step); 960 and 3072 are its q/k/v and gate/up fused (Note [Fused projections]),
 # counted in FUSED below, not in the per-token sum
@@ -88,7 +89,7 @@ def main():
         x = torch.randn(args.m, k, generator=g).to(DTYPES[args.dtype])
         weights = {}
         for t in tiles:
-            copies = max(1, min(200, int(96e6 // (n * k // 2)))) if args.ring else 1
+            copies = max(1, min(400, RING_BYTES // (n * k // 2) + 1)) if args.ring else 1
             weights[t] = [qk.quantize_weight(w + 1e-3 * c, qk.qdtypes.uint4, qk.PerGroup(args.group),
                                              qk.TensorCoreTiledLayout(inner_k_tiles=t), mapping="asymmetric",
                                              zero_point_domain="float") for c in range(copies)]

@@ -11,8 +11,8 @@ of the weight, taken in turn from a ring of copies that together exceed 3x the L
 comes from memory while the code, the activation and the threads stay warm, as for the layers of a
 decoder step. (Flushing the caches before each call instead also charges every call 0.1-0.2 ms of
 cold Python / dispatcher / thread wake-up that no model sees.) The read bandwidth the "GB/s" column is
-compared with is measured by the same run, as a 128 MiB sum after a flush (these hosts are shared, and
-their bandwidth drifts). GB/s counts the weight bytes (codes + scales) only.
+compared with is measured by the same run, as a sum over a buffer of 3x L3 (at least 128 MiB) after a
+flush (these hosts are shared, and their bandwidth drifts). GB/s counts the weight bytes (codes + scales) only.
 
 Columns: f32 / bf16 = F.linear with a float weight; i8pack = torch._weight_int8pack_mm (bf16 activations);
 wo = torchqkit::linear_int8wo_plain (per-channel) with f32 / bf16 activations; da8 = torchqkit::
@@ -42,8 +42,23 @@ from torchqkit.kernels.precision import float32_matmul_precision
 
 FULL_SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]
 FULL_MS = [1, 8, 32, 256]
-FLUSH = torch.empty(32 * 2**20)  # 128 MiB of float32
-RING_BYTES = 96 * 2**20  # > 3x this machine's 32 MiB L3
+
+
+def l3_bytes() -> int:
+    """The last-level cache this CPU reports (sysfs), or 32 MiB when it doesn't say. A VM may report the host's
+    whole L3 (480 MiB on one Xeon here) of which it holds less: 3x it is on the safe side."""
+    try:
+        size = open("/sys/devices/system/cpu/cpu0/cache/index3/size").read().strip()
+    except OSError:
+        return 32 * 2**20
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
+    return int(size.rstrip("KMG")) * scale
+
+
+# Bytes that no cache holds: weights read in turn from a ring of copies this large, and the read-bandwidth probe's
+# buffer, come from memory.
+RING_BYTES = max(96 * 2**20, 3 * l3_bytes())
+FLUSH = torch.empty(max(128 * 2**20, l3_bytes()) // 4)  # float32 written over the caches
 # How a cell's calls become one figure: the median, or with --stat min the fastest call (on a host shared with
 # other jobs, the median measures the neighbours; the fastest call is what the kernel itself needs).
 STAT = {"median": statistics.median, "min": min}
@@ -86,9 +101,9 @@ def bench(fn, *weights, cold: bool, min_reps: int, budget_s: float, nbytes: int 
 
 
 def read_bandwidth(reps: int = 7) -> float:
-    """GB/s of a parallel read-only pass over a fresh 128 MiB buffer after a flush (not FLUSH: it must not
+    """GB/s of a parallel read-only pass over a fresh buffer of RING_BYTES after a flush (not FLUSH: it must not
     be cached)."""
-    buf = torch.ones(32 * 2**20)
+    buf = torch.ones(RING_BYTES // 4)
     times = []
     for _ in range(reps):
         _flush()

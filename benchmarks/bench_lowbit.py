@@ -119,8 +119,11 @@ def lowbit_table(shapes, ms, bw, names, bench, args):
             print("  ".join(cells), flush=True)
 
 
-def ring_calls(name: str, ms: list[int], dtype: torch.dtype, ring_bytes: int):
-    """(M, warmed-up calls of format `name`'s 4096 x 4096 op on each weight of a ring of copies, stored bytes) per M."""
+def ring_calls(name: str, ms: list[int], dtype: torch.dtype, ring_bytes: int | None):
+    """(M, warmed-up calls of format `name`'s 4096 x 4096 op on each weight of a ring of copies, stored bytes) per M.
+    ring_bytes: the ring's size, by default bench_linear.RING_BYTES (3x L3)."""
+    if ring_bytes is None:
+        from bench_linear import RING_BYTES as ring_bytes  # a sibling file: benchmarks/ is sys.path[0] as a script
     g = torch.Generator().manual_seed(0)
     w = FORMATS[name][0](torch.randn(4096, 4096, generator=g) * 0.02)
     nbytes = stored_bytes(w)
@@ -151,13 +154,13 @@ def wall_seconds(fns, reps: int) -> list[float]:
     return sorted(times)
 
 
-def ring_cpu_time(name: str, ms: list[int], reps: int, dtype: torch.dtype, ring_bytes: int = 200 * 2**20):
+def ring_cpu_time(name: str, ms: list[int], reps: int, dtype: torch.dtype, ring_bytes: int | None = None):
     """(M, CPU s per call, stored bytes) per M: this thread's CPU time (time.thread_time) over `reps` calls on the
     ring, which a loaded host's queue does not inflate (a descheduled thread accrues none); --threads 1 only."""
     return [(m, cpu_seconds(fns, reps), nbytes) for m, fns, nbytes in ring_calls(name, ms, dtype, ring_bytes)]
 
 
-def ring_timings(name: str, ms: list[int], reps: int, dtype: torch.dtype, ring_bytes: int = 200 * 2**20):
+def ring_timings(name: str, ms: list[int], reps: int, dtype: torch.dtype, ring_bytes: int | None = None):
     """(M, fastest s, 25th-percentile s, stored bytes) per M for format `name` at 4096 x 4096."""
     rows = []
     for m, fns, nbytes in ring_calls(name, ms, dtype, ring_bytes):
@@ -194,7 +197,7 @@ def compare(args):
     from torchqkit import kernels
     print(f"{kernels.cpu_backend('torchqkit::linear_nf4wo')[0]}, 4096 x 4096, {'bf16' if args.bf16 else 'f32'} "
           f"activations, 1 thread, CPU ms per call (median of {args.rounds} alternating runs of {args.reps} calls, "
-          f"weights from a 200 MiB ring); read bandwidth of this run: {bw:.1f} GB/s (all threads), {bw1:.1f} GB/s "
+          f"weights from a ring > 3x L3); read bandwidth of this run: {bw:.1f} GB/s (all threads), {bw1:.1f} GB/s "
           f"(one thread)")
     print("| format | M | before ms | after ms | speed-up | after GB/s (one core) | of all threads' read bw |")
     print("|---|---:|---:|---:|---:|---:|---:|")

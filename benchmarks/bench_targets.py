@@ -37,7 +37,8 @@ from torchqkit.core import qdtypes as Q
 
 # torch's own ops at the level torchqkit is forced to (the baselines must not run AVX-512 under an AVX2 kernel)
 LEVEL_ENV = {
-    "avx512_bf16": {"ATEN_CPU_CAPABILITY": "avx512"},
+    "amx": {"ATEN_CPU_CAPABILITY": "avx512"},
+    "avx512_bf16": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
     "avx512_vnni": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"},
     "avx_vnni": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI"},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
@@ -47,16 +48,16 @@ ROW = "{level:<12} {target:<42} {value:>9}  {goal:>7}  {bw:>8}  {verdict}"
 
 
 def is_avx512(level: str) -> bool:
-    return level.startswith("avx512")
+    return level.startswith("avx512") or level == "amx"
 
 
 def has_vnni(level: str) -> bool:
-    return level in ("avx512_bf16", "avx512_vnni", "avx_vnni")
+    return level in ("amx", "avx512_bf16", "avx512_vnni", "avx_vnni")
 
 
 def levels_this_cpu_runs() -> list[str]:
-    """The best level, AVX-VNNI when the CPU has it, and AVX2 (each asked of the extension in a child process:
-    it refuses a level the CPU lacks)."""
+    """The best level, AVX512-BF16 when the best is AMX (the level of AVX-512 CPUs without AMX), AVX-VNNI when the
+    CPU has it, and AVX2 (each asked of the extension in a child process: it refuses a level the CPU lacks)."""
     runs = []
     for level in LEVEL_ENV:
         env = dict(os.environ, TORCHQKIT_CPU_ISA=level)
@@ -65,7 +66,8 @@ def levels_this_cpu_runs() -> list[str]:
         if probe.returncode == 0 and probe.stdout.strip() == level:
             runs.append(level)
     best = runs[:1]
-    return best + [lv for lv in ("avx_vnni", "avx2") if lv in runs and lv not in best]
+    below = ("avx512_bf16", "avx_vnni", "avx2") if best == ["amx"] else ("avx_vnni", "avx2")
+    return best + [lv for lv in below if lv in runs and lv not in best]
 
 
 def weight_cells(k: int, n: int):

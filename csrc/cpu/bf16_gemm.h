@@ -13,6 +13,7 @@
 // Every function carries its own target attribute (no `#pragma GCC target` region needed); call them only
 // when the CPU runs Isa::kAvx512Bf16 (isa_supported).
 #pragma once
+#include <c10/util/Exception.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -20,7 +21,12 @@
 #include <cstring>
 #include <vector>
 
+#include "amx_bf16_gemm.h"
+
 namespace torchqkit_cpu {
+bool amx_selected();  // the selected level is `amx` (registration.cpp): panels go to AMX tiles
+
+
 namespace bf16_gemm {
 
 #define TQK_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
@@ -178,7 +184,8 @@ TQK_BF16 inline void add_group_terms(int64_t M, const float* xsum, int64_t G, co
 // ================================================================ the panel loop every format shares
 // Note [bf16 panel loop]: for each 32-row panel of the caller's rows, k blocks of at most kc_max (a multiple of
 // seg, and of the 32-k decode step every format fills with): the format's fill decodes the panel and its segment
-// scales, then every 6-row tile of activations runs over it (gemm). The panel (kc_max / 2 x 32 words: 16 KiB at
+// scales, then every 6-row tile of activations runs over it (gemm), or at the `amx` level every 32-row block
+// (amx_bf16::gemm, Note [bf16 panels on AMX]). The panel (kc_max / 2 x 32 words: 16 KiB at
 // 256 k) stays in L1; a 32-column slice of C (M x 128 bytes) in L2. A format knows only how to fill a panel.
 struct PanelProblem {
   const uint16_t* xb;  // (M, ldx) bf16 activations, zero columns from K up to k_extent
@@ -190,6 +197,10 @@ struct PanelProblem {
   const float* bias;   // (N) or nullptr
   const float* xsum;   // (M, G) per-group sums of x for the offsets' term, or nullptr (no offsets)
   int64_t G;
+  // xb is the sum of `planes` bf16 matrices plane_stride elements apart: 3 for float32 activations on AMX (Note
+  // [fp32 activations on AMX]); more than 1 only at the `amx` level.
+  int planes = 1;
+  int64_t plane_stride = 0;
 };
 
 // Rows [n0, n1) of out. fill(b0, nb, k0, kc, panel, sc): rows [b0, b0 + nb) x k [k0, k0 + kc) into panel and
@@ -200,11 +211,19 @@ void panel_gemm(const PanelProblem& pb, int64_t n0, int64_t n1, Fill&& fill, Off
   std::vector<uint32_t> panel(pb.kc_max / 2 * kPanelCols);
   std::vector<float> sc((pb.kc_max / pb.seg + 1) * kPanelCols);
   std::vector<float> zp(pb.xsum ? pb.G * kPanelCols : 0);
+  const bool amx = amx_selected();
+  TORCH_CHECK(amx || pb.planes == 1, "bf16 panels: ", pb.planes, " activation planes need the amx level");
+  int amx_config = -1;  // nothing of ours loaded yet (Note [bf16 panels on AMX])
   for (int64_t b0 = n0; b0 < n1; b0 += kPanelCols) {
     const int nb = static_cast<int>(std::min<int64_t>(kPanelCols, n1 - b0));
     for (int64_t k0 = 0; k0 < pb.k_extent; k0 += pb.kc_max) {
       const int64_t kc = std::min(pb.kc_max, pb.k_extent - k0);
       fill(b0, nb, k0, kc, panel.data(), sc.data());
+      if (amx) {
+        amx_bf16::gemm(pb.M, pb.xb + k0, pb.ldx, pb.planes, pb.plane_stride, panel.data(), kc, pb.seg, sc.data(),
+                       pb.out + b0, pb.ldo, nb, k0 == 0, amx_config);
+        continue;
+      }
       for (int64_t m = 0; m < pb.M; m += kMaxRows)
         gemm(static_cast<int>(std::min<int64_t>(kMaxRows, pb.M - m)), pb.xb + m * pb.ldx + k0, pb.ldx, panel.data(),
              kc, pb.seg, sc.data(), pb.out + m * pb.ldo + b0, pb.ldo, nb, k0 == 0);
@@ -217,6 +236,7 @@ void panel_gemm(const PanelProblem& pb, int64_t n0, int64_t n1, Fill&& fill, Off
       for (int64_t m = 0; m < pb.M; ++m)
         for (int j = 0; j < nb; ++j) pb.out[m * pb.ldo + b0 + j] += pb.bias[b0 + j];
   }
+  if (amx_config != -1) amx_bf16::release();
 }
 
 }  // namespace bf16_gemm

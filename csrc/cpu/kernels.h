@@ -23,14 +23,20 @@ namespace torchqkit_cpu {
 // products", so both run and are tested on one CPU. Only the op families with bf16 kernels (low-bit weight-only)
 // see kAvx512Bf16: the glue hands every other family its AVX-512 VNNI level (base_isa, vnni_isa), so their
 // `isa == Isa::kAvx512Vnni` dispatch stays as it is.
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kAvxVnni = 3, kAvx512Bf16 = 4 };
+// kAmx is AVX512-BF16 plus AMX tiles (AMX-TILE, AMX-BF16, and the OS's permission to use them): every op runs its
+// avx512_bf16 kernels except the bf16 panels of the weight-only prefill, which go to tdpbf16ps (Note [bf16 panels
+// on AMX]); the glue sees kAvx512Bf16 (selected_isa_exact) and asks amx_selected() where AMX changes its route.
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kAvxVnni = 3, kAvx512Bf16 = 4, kAmx = 5 };
 
-Isa detected_isa();              // the best level: AVX-512 + BF16, else AVX-512 (F/BW/VL/DQ + VNNI), else AVX-VNNI,
-                                 // else AVX2, else scalar
+Isa detected_isa();              // the best level: AMX, else AVX-512 + BF16, else AVX-512 (F/BW/VL/DQ + VNNI), else
+                                 // AVX-VNNI, else AVX2, else scalar
 bool isa_supported(Isa isa);     // this CPU runs isa's kernels (AVX2 needs FMA and F16C too)
-const char* isa_name(Isa isa);   // "scalar" | "avx2" | "avx_vnni" | "avx512_vnni" | "avx512_bf16"
-// The level whose kernels serve `isa` in the op families without a bf16 kernel: AVX512-BF16 -> AVX-512 VNNI.
-inline Isa vnni_isa(Isa isa) { return isa == Isa::kAvx512Bf16 ? Isa::kAvx512Vnni : isa; }
+const char* isa_name(Isa isa);   // "scalar" | "avx2" | "avx_vnni" | "avx512_vnni" | "avx512_bf16" | "amx"
+// The level whose kernels serve `isa` in the op families with bf16 kernels: AMX -> AVX512-BF16.
+inline Isa bf16_isa(Isa isa) { return isa == Isa::kAmx ? Isa::kAvx512Bf16 : isa; }
+// The level whose kernels serve `isa` in the op families without a bf16 kernel: AVX512-BF16 (and AMX) -> AVX-512
+// VNNI.
+inline Isa vnni_isa(Isa isa) { return bf16_isa(isa) == Isa::kAvx512Bf16 ? Isa::kAvx512Vnni : isa; }
 // The level whose kernels serve `isa` in the op families without an AVX-VNNI or bf16 variant (int8 weight-only,
 // int8 x int8, int4 weight-only): AVX-VNNI -> AVX2, AVX512-BF16 -> AVX-512 VNNI, the others unchanged.
 inline Isa base_isa(Isa isa) { return isa == Isa::kAvxVnni ? Isa::kAvx2 : vnni_isa(isa); }
@@ -78,11 +84,13 @@ void quantize_rows(Isa isa, const float* x, int64_t ldx, int64_t K, bool symmetr
 int64_t weight_only_block_rows(Isa isa, const WeightOnlyArgs& p);
 void linear_weight_only(Isa isa, const WeightOnlyArgs& p, int64_t n0, int64_t n1);
 // AVX512-BF16 weight-only prefill (Note [int8 weight-only in bf16] in linear_int8.cpp): p.x unused, xb the bf16
-// activations (M, ldx), ldx >= K rounded up to 32, zero columns past K. Takes the calls weight_only_takes_bf16
+// activations (M, ldx), ldx >= K rounded up to 32, zero columns past K, the sum of `planes` such matrices
+// plane_stride elements apart (more than one only at the amx level: Note [fp32 activations on AMX]). Takes the calls weight_only_takes_bf16
 // accepts (the panel range, M >= 16, and groups of whole 32-k steps or one per row); blocks of
 // weight_only_block_rows(Isa::kAvx512Vnni, p) rows. Call only when the CPU runs Isa::kAvx512Bf16.
 bool weight_only_takes_bf16(const WeightOnlyArgs& p);
-void linear_weight_only_bf16(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int64_t n0, int64_t n1);
+void linear_weight_only_bf16(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int planes,
+                             int64_t plane_stride, int64_t n0, int64_t n1);
 int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p);
 bool dynamic_act_wants_a16(Isa isa, int64_t M);  // the glue fills DynamicActArgs::a16 when true
 void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1);
@@ -137,6 +145,10 @@ struct LowbitArgs {
   // only; groups must be whole steps of 32, g % 32 == 0, or one per row; the dot kernels need offset == nullptr: the
   // caller adds the zero points' sum_g xsum[m, g] * offset[n, g] itself).
   const uint16_t* xb = nullptr;
+  // The prefill's xb is the sum of this many such matrices, xb_plane_stride elements apart (more than one only at
+  // the amx level: Note [fp32 activations on AMX]).
+  int xb_planes = 1;
+  int64_t xb_plane_stride = 0;
   // With xb and offset, the bf16 prefill adds sum_g xsum[m, g] * offset[n, g] itself: (M, G) fp32 per-group sums.
   const float* xsum = nullptr;
 };
@@ -155,9 +167,10 @@ void linear_lowbit_prefill(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1)
 void linear_lowbit_decode(Isa isa, const LowbitArgs& p, int64_t n0, int64_t n1, float* dst, int64_t ldd);
 // The level TORCHQKIT_CPU_ISA selects (defined in registration.cpp, shared by every op family's glue):
 // selected_isa_for_ops() as base_isa; selected_isa_level() as vnni_isa, for the ops that have AVX-VNNI kernels;
-// selected_isa_exact() unmapped (AVX512-BF16 included), for the ops that have bf16 kernels (low-bit weight-only).
+// selected_isa_exact() as bf16_isa (AVX512-BF16 included), for the ops that have bf16 kernels (weight-only).
 Isa selected_isa_for_ops();
 Isa selected_isa_level();
 Isa selected_isa_exact();
+bool amx_selected();  // the selected level is amx (selected_isa_exact() then says kAvx512Bf16)
 
 }  // namespace torchqkit_cpu

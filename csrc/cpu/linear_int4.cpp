@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "avx2_reduce.h"
+#include "bf16_activations.h"
 #include "bf16_gemm.h"
 #include "fp32_matmul_precision.h"
 #include "kernels.h"
@@ -539,13 +540,13 @@ constexpr int64_t kPrefillTiles = 24;  // n-tiles per work item: 192 rows = 32 m
 constexpr int64_t kPrefillKc = 256;   // k per panel: 256 x 32 fp32 = 32 KiB
 constexpr int64_t kBf16BlockRows = 64;  // rows per parallel task of the bf16 prefill (two 32-row panels)
 
-void prefill_bf16(const Int4Args& p, const at::Tensor& x) {
+void prefill_bf16(const Int4Args& p, const at::Tensor& x, int planes) {
   const int64_t Kt = p.NC * 16 * p.T;
-  const at::Tensor xb = at::constant_pad_nd(x.reshape({p.M, p.K}).to(at::kBFloat16), {0, Kt - p.K}, 0).contiguous();
-  const at::Tensor xsum = xb.to(at::kFloat).view({p.M, p.G, p.g}).sum(-1);  // a reduction, not a matmul: fp32
-  const uint16_t* xbp = reinterpret_cast<const uint16_t*>(xb.data_ptr());
+  const at::Tensor x2 = x.reshape({p.M, p.K});
+  const Bf16Activations a = bf16_activations(x2, Kt, planes);
+  const at::Tensor xsum = group_sums(a, x2, p.G, p.g);
   at::parallel_for(0, (p.N + kBf16BlockRows - 1) / kBf16BlockRows, 1, [&](int64_t b0, int64_t b1) {
-    avx512_bf16::prefill(p, xbp, Kt, xsum.data_ptr<float>(), b0 * kBf16BlockRows, std::min(b1 * kBf16BlockRows, p.N));
+    avx512_bf16::prefill(p, a, Kt, xsum.data_ptr<float>(), b0 * kBf16BlockRows, std::min(b1 * kBf16BlockRows, p.N));
   });
 }
 
@@ -793,8 +794,8 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   const Isa level = selected_isa_exact(), isa = base_isa(level);
   const bool fp32_as_bf16 = dt == at::kFloat && fp32_matmul_allows_bf16();
   const bool bf16 = level == Isa::kAvx512Bf16 && (dt == at::kBFloat16 || fp32_as_bf16);
-  if (bf16 && M >= kPrefillMinM) {
-    prefill_bf16(p, x);
+  if (M >= kPrefillMinM && (bf16 || (level == Isa::kAvx512Bf16 && fp32_takes_amx_planes(dt)))) {
+    prefill_bf16(p, x, bf16 ? 1 : 3);  // float32 on AMX: three planes (Note [fp32 activations on AMX])
     return result();
   }
   const bool x_ready = dt == at::kFloat && x.is_contiguous();

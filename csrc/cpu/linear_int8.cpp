@@ -30,6 +30,9 @@
 #include <limits>
 #include <vector>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 namespace torchqkit_cpu {
 namespace {
 
@@ -576,10 +579,12 @@ void fill_panel(const WeightOnlyArgs& p, int64_t b0, int nb, int64_t k0, int64_t
       sc[s * bf16_gemm::kPanelCols + j] = j < nb ? p.scale[(b0 + j) * p.G + (p.G == 1 ? 0 : (k0 + s * seg) / p.g)] : 0.f;
 }
 
-void weight_only(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int64_t n0, int64_t n1) {
+void weight_only(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int planes, int64_t plane_stride,
+                 int64_t n0, int64_t n1) {
   const int64_t seg = bf16_gemm::segment_k(p.G, p.g);
-  const bf16_gemm::PanelProblem pb{xb, p.M, ldx, (p.K + 31) / 32 * 32, bf16_gemm::panel_block_k(seg), seg,
-                                   p.out, p.ldo, p.bias, nullptr, 0};
+  const bf16_gemm::PanelProblem pb{xb,     p.M,    ldx,     (p.K + 31) / 32 * 32, bf16_gemm::panel_block_k(seg),
+                                   seg,    p.out,  p.ldo,   p.bias,               nullptr,
+                                   0,      planes, plane_stride};
   bf16_gemm::panel_gemm(
       pb, n0, n1,
       [&](int64_t b0, int nb, int64_t k0, int64_t kc, uint32_t* panel, float* sc) {
@@ -645,6 +650,14 @@ bool cpu_avx512_bf16() {
   __builtin_cpu_init();
   return cpu_avx512_vnni() && __builtin_cpu_supports("avx512bf16");
 }
+// AMX tiles with bf16 dot products (Intel Sapphire Rapids and later), and Linux's permission to use their 8 KiB
+// of state (asked once per process; a kernel without AMX support refuses it, and the level is then not run).
+bool cpu_amx() {
+  __builtin_cpu_init();
+  if (!cpu_avx512_bf16() || !__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
+  static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return permitted;
+}
 // F16C came with AVX2 on every CPU (Haswell, Zen); the AVX2 kernels read float16 scales with it.
 bool cpu_avx2() {
   __builtin_cpu_init();
@@ -661,6 +674,7 @@ bool isa_supported(Isa isa) {
   switch (isa) {
     case Isa::kAvx512Vnni: return cpu_avx512_vnni();
     case Isa::kAvx512Bf16: return cpu_avx512_bf16();
+    case Isa::kAmx: return cpu_amx();
     // The AVX-VNNI kernels also run as their EVEX encoding (the same instruction on ymm) where AVX-512 VNNI
     // is there instead (AMD Zen 4): see Note [AVX-VNNI kernels] in linear_int4.cpp.
     case Isa::kAvxVnni: return cpu_avx2() && (cpu_has_avx_vnni_vex() || cpu_avx512_vnni());
@@ -670,6 +684,7 @@ bool isa_supported(Isa isa) {
 }
 
 Isa detected_isa() {
+  if (cpu_amx()) return Isa::kAmx;
   if (cpu_avx512_bf16()) return Isa::kAvx512Bf16;
   if (cpu_avx512_vnni()) return Isa::kAvx512Vnni;
   if (cpu_avx2() && cpu_has_avx_vnni_vex()) return Isa::kAvxVnni;
@@ -679,6 +694,7 @@ Isa detected_isa() {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::kAmx: return "amx";
     case Isa::kAvx512Bf16: return "avx512_bf16";
     case Isa::kAvx512Vnni: return "avx512_vnni";
     case Isa::kAvxVnni: return "avx_vnni";
@@ -711,8 +727,9 @@ bool weight_only_takes_bf16(const WeightOnlyArgs& p) {
   return p.M >= avx512::kWoPanelMinM && p.K > 0 && (p.G == 1 || p.g % 32 == 0);
 }
 
-void linear_weight_only_bf16(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int64_t n0, int64_t n1) {
-  avx512_bf16::weight_only(p, xb, ldx, n0, n1);
+void linear_weight_only_bf16(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int planes,
+                             int64_t plane_stride, int64_t n0, int64_t n1) {
+  avx512_bf16::weight_only(p, xb, ldx, planes, plane_stride, n0, n1);
 }
 
 int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bf16_activations.h"
 #include "fp32_matmul_precision.h"
 #include "kernels.h"
 #include "sgemm_prefill.h"
@@ -82,29 +83,39 @@ bool bf16_dot_wins(LowbitFormat fmt, int64_t M) {
   }
 }
 
+// Float32 activations of a prefill as three bf16 planes on AMX: not for nf4, whose levels the panels round to bf16
+// (Note [nf4 levels in bf16]): the planes would keep x's precision and lose the weight's.
+bool fp32_planes(at::ScalarType dt, const LowbitArgs& p) {
+  return p.fmt != LowbitFormat::kNf4 && fp32_takes_amx_planes(dt);
+}
+
 bool takes_bf16(Isa level, at::ScalarType dt, const LowbitArgs& p, int64_t M) {
   if (level != Isa::kAvx512Bf16 || !bf16_groups(p)) return false;
   const bool prefill = M > dot_max_m(p.fmt);
   if (dt == at::kBFloat16) return prefill || bf16_dot_wins(p.fmt, M);
-  return dt == at::kFloat && prefill && fp32_matmul_allows_bf16();
+  return dt == at::kFloat && prefill && (fp32_matmul_allows_bf16() || fp32_planes(dt, p));
 }
+
 
 // The AVX512-BF16 kernels (linear_lowbit_bf16.h): x as bf16 (padded with zero columns to whole steps), the dot
 // kernel up to dot_max_m tokens, bf16 panels + vdpbf16ps tiles above. Zero points (offset): the panels add
 // sum_g xsum[m, g] * offset[n, g] per 32-row panel (fp32 FMAs); after the dot kernels it is one (M, G) x (G, N)
 // matmul here, instead of a second pass in every tile.
-void run_bf16(const at::Tensor& x2, LowbitArgs p, int64_t K32, at::Tensor& out) {
-  const int64_t N = p.N, K = p.K, M = x2.size(0);
-  const at::Tensor xb = x2.to(at::kBFloat16);
-  const at::Tensor xp = K32 == K ? xb.contiguous() : at::constant_pad_nd(xb, {0, K32 - K}, 0);
+// planes: 3 for float32 activations on AMX (fp32_planes, prefill only), else 1.
+void run_bf16(const at::Tensor& x2, LowbitArgs p, int64_t K32, at::Tensor& out, int planes) {
+  const int64_t N = p.N, M = x2.size(0);
+  const Bf16Activations a = bf16_activations(x2, K32, planes);
+  const at::Tensor xp = a.data[0];  // the only plane below the prefill
   const int64_t rows = M <= dot_max_m(p.fmt) ? kDotBlockRows : kPrefillBlockRows;
   const float* offset = p.offset;
   at::Tensor xsum;
-  if (offset) xsum = xp.narrow(1, 0, K).to(at::kFloat).reshape({M, p.G, p.g}).sum(-1).contiguous();
+  if (offset) xsum = group_sums(a, x2, p.G, p.g);
   if (rows == kDotBlockRows) p.offset = nullptr;
   else p.xsum = offset ? xsum.data_ptr<float>() : nullptr;
   p.x = nullptr;
-  p.xb = reinterpret_cast<const uint16_t*>(xp.data_ptr());
+  p.xb = a.ptr();
+  p.xb_planes = a.planes;
+  p.xb_plane_stride = a.plane_stride;
   p.ldx = K32;
   at::Tensor xdot;
   int64_t perm[32];
@@ -144,7 +155,7 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
     p.out = out.data_ptr<float>();
     p.ldo = N;
     if (bf16) {
-      run_bf16(x2, p, K32, out);
+      run_bf16(x2, p, K32, out, fp32_planes(x.scalar_type(), p) ? 3 : 1);
       return out.to(x.scalar_type()).reshape(out_shape(x, N));
     }
     at::Tensor xp = K32 == K ? x2.contiguous() : at::constant_pad_nd(x2, {0, K32 - K}, 0);

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "bf16_activations.h"
 #include "fp32_matmul_precision.h"
 #include "kernels.h"
 #include "../common/aten_glue.h"
@@ -23,19 +24,20 @@ using torchqkit_glue::rows;
 using torchqkit_glue::float_bias;
 using torchqkit_glue::out_shape;
 
-// The level the CPU runs, or the one TORCHQKIT_CPU_ISA=avx512_bf16|avx512_vnni|avx_vnni|avx2|scalar forces (read on every
+// The level the CPU runs, or the one TORCHQKIT_CPU_ISA=amx|avx512_bf16|avx512_vnni|avx_vnni|avx2|scalar forces (read on every
 // call so tests can switch levels in-process). Asking for a level the CPU lacks is an error, never a crash.
 Isa selected_isa() {
   const Isa detected = detected_isa();
   const char* env = std::getenv("TORCHQKIT_CPU_ISA");
   if (env == nullptr || *env == '\0') return detected;
   Isa wanted;
-  if (std::strcmp(env, "avx512_bf16") == 0) wanted = Isa::kAvx512Bf16;
+  if (std::strcmp(env, "amx") == 0) wanted = Isa::kAmx;
+  else if (std::strcmp(env, "avx512_bf16") == 0) wanted = Isa::kAvx512Bf16;
   else if (std::strcmp(env, "avx512_vnni") == 0) wanted = Isa::kAvx512Vnni;
   else if (std::strcmp(env, "avx_vnni") == 0) wanted = Isa::kAvxVnni;
   else if (std::strcmp(env, "avx2") == 0) wanted = Isa::kAvx2;
   else if (std::strcmp(env, "scalar") == 0) wanted = Isa::kScalar;
-  else TORCH_CHECK(false, "TORCHQKIT_CPU_ISA=", env, " is not one of avx512_vnni, avx_vnni, avx2, scalar, avx512_bf16");
+  else TORCH_CHECK(false, "TORCHQKIT_CPU_ISA=", env, " is not one of amx, avx512_bf16, avx512_vnni, avx_vnni, avx2, scalar");
   TORCH_CHECK(isa_supported(wanted), "TORCHQKIT_CPU_ISA=", env, " but this CPU does not run it (its best level is ",
               isa_name(detected), "); unset it or pick another level");
   return wanted;
@@ -66,18 +68,19 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
   at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
   WeightOnlyArgs p{nullptr, M, K, K, w.data_ptr<int8_t>(), N, w.stride(0), s.data_ptr<float>(), s.size(1),
                    K / s.size(1), b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
-  // bf16 activations, and float32 ones when torch allows bf16 matmuls (Note [fp32 activations in bf16]), take the
-  // AVX512-BF16 prefill where it runs (Note [int8 weight-only in bf16] in linear_int8.cpp).
-  const Isa level = selected_isa();
-  const bool bf16 = M > 0 && N > 0 && level == Isa::kAvx512Bf16 && weight_only_takes_bf16(p) &&
-                    (x.scalar_type() == at::kBFloat16 || (x.scalar_type() == at::kFloat && fp32_matmul_allows_bf16()));
-  if (bf16) {
+  // bf16 activations, and float32 ones when torch allows bf16 matmuls (Note [fp32 activations in bf16]) or as
+  // three planes on AMX (Note [fp32 activations on AMX]), take the AVX512-BF16 prefill where it runs (Note [int8
+  // weight-only in bf16] in linear_int8.cpp).
+  const Isa level = selected_isa_exact();
+  const auto dt = x.scalar_type();
+  const bool panels = M > 0 && N > 0 && level == Isa::kAvx512Bf16 && weight_only_takes_bf16(p);
+  const bool planes = panels && fp32_takes_amx_planes(dt);
+  if (panels && (dt == at::kBFloat16 || (dt == at::kFloat && fp32_matmul_allows_bf16()) || planes)) {
     const int64_t K32 = (K + 31) / 32 * 32;
-    const at::Tensor xb = at::constant_pad_nd(x.reshape({M, K}).to(at::kBFloat16), {0, K32 - K}, 0).contiguous();
+    const Bf16Activations a = bf16_activations(x.reshape({M, K}), K32, planes ? 3 : 1);
     const int64_t block = weight_only_block_rows(Isa::kAvx512Vnni, p);
     at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
-      linear_weight_only_bf16(p, reinterpret_cast<const uint16_t*>(xb.data_ptr()), K32, b0 * block,
-                              std::min(b1 * block, N));
+      linear_weight_only_bf16(p, a.ptr(), K32, a.planes, a.plane_stride, b0 * block, std::min(b1 * block, N));
     });
     return out.to(x.scalar_type()).reshape(out_shape(x, N));
   }
@@ -134,7 +137,8 @@ at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata
 
 Isa selected_isa_for_ops() { return base_isa(selected_isa()); }
 Isa selected_isa_level() { return vnni_isa(selected_isa()); }
-Isa selected_isa_exact() { return selected_isa(); }
+Isa selected_isa_exact() { return bf16_isa(selected_isa()); }
+bool amx_selected() { return selected_isa() == Isa::kAmx; }
 
 // Defined in decode_attention_ops.cpp (attention over the filled positions of a static KV cache).
 at::Tensor sdpa_over_filled_cache(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,

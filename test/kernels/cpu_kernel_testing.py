@@ -11,13 +11,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchqkit import kernels
 
-ISA_LEVELS = ["scalar", "avx2", "avx_vnni", "avx512_vnni", "avx512_bf16"]
+ISA_LEVELS = ["scalar", "avx2", "avx_vnni", "avx512_vnni", "avx512_bf16", "amx"]
 
 
 def cpu_levels(op: str, with_avx_vnni: bool = False, with_avx512_bf16: bool = False) -> list[str]:
     """ISA levels the C++ kernel of ``op`` can be forced to here; [] without the kernel. avx_vnni only with
-    ``with_avx_vnni``, avx512_bf16 only with ``with_avx512_bf16``: the op families without such a kernel run
-    their AVX2 / AVX-512 VNNI code at that level."""
+    ``with_avx_vnni``, avx512_bf16 and amx (whose only change is the bf16 panels) only with ``with_avx512_bf16``:
+    the op families without such a kernel run their AVX2 / AVX-512 VNNI code at that level."""
     if not kernels.CPU_EXTENSION_LOADED or not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"):
         return []
     env = os.environ.get("TORCHQKIT_CPU_ISA")
@@ -35,15 +35,16 @@ def cpu_levels(op: str, with_avx_vnni: bool = False, with_avx512_bf16: bool = Fa
             os.environ.pop("TORCHQKIT_CPU_ISA", None)
         else:
             os.environ["TORCHQKIT_CPU_ISA"] = env
-    return [lv for lv in levels if (with_avx_vnni or lv != "avx_vnni") and (with_avx512_bf16 or lv != "avx512_bf16")]
+    return [lv for lv in levels if (with_avx_vnni or lv != "avx_vnni")
+            and (with_avx512_bf16 or lv not in ("avx512_bf16", "amx"))]
 
 
 def running_level(levels: list[str]) -> str:
     """The level kernels.cpu_backend names for an op with kernels at ``levels``: the level this session runs
     (TORCHQKIT_CPU_ISA's, else the CPU's best; avx_vnni is named as such where its ops run their AVX2 code), but
-    AVX-512 VNNI at the avx512_bf16 level for an op without a bf16 kernel."""
+    AVX-512 VNNI at the avx512_bf16 and amx levels for an op without a bf16 kernel."""
     isa = torch.ops.torchqkit_cpu.isa()
-    return "avx512_vnni" if isa == "avx512_bf16" and isa not in levels else isa
+    return "avx512_vnni" if isa in ("avx512_bf16", "amx") and isa not in levels else isa
 
 
 def needs_kernel(levels: list[str]):

@@ -228,7 +228,7 @@ def test_cpu_kernel_registered_and_reported(monkeypatch, op):
 def test_bad_isa_request_is_an_error(monkeypatch):
     q, s, b = _weight(8, 32, 1)
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx9000")
-    with pytest.raises(RuntimeError, match="not one of avx512_vnni, avx_vnni, avx2, scalar"):
+    with pytest.raises(RuntimeError, match="not one of amx, avx512_bf16, avx512_vnni, avx_vnni, avx2, scalar"):
         WO(torch.randn(2, 32), q, s, b)
 
 

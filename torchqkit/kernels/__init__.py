@@ -5,9 +5,10 @@ Importing this package defines every ``torchqkit::`` custom op (one module each 
 ``torchqkit._C_cpu`` if setup.py built it. Without it every op still runs, on its reference, and ``status()``
 says why. Which ops have a C++ kernel is read from the dispatcher, never listed by hand.
 
-The extension picks its ISA level at run time (AVX-512 + AVX512-BF16, AVX-512 VNNI, AVX-VNNI, AVX2 + FMA, or
-scalar); the environment variable ``TORCHQKIT_CPU_ISA=avx512_bf16|avx512_vnni|avx_vnni|avx2|scalar`` forces any
-level the CPU runs (read on every call); ``avx512_vnni`` then means AVX-512 without bf16 dot products.
+The extension picks its ISA level at run time (AMX, AVX-512 + AVX512-BF16, AVX-512 VNNI, AVX-VNNI, AVX2 + FMA, or
+scalar); the environment variable ``TORCHQKIT_CPU_ISA=amx|avx512_bf16|avx512_vnni|avx_vnni|avx2|scalar`` forces
+any level the CPU runs (read on every call); ``avx512_vnni`` then means AVX-512 without bf16 dot products, and
+``amx`` the avx512_bf16 kernels with the weight-only prefill's bf16 panels on AMX tiles.
 Op families without an AVX-VNNI kernel run their AVX2 kernel at that level, those without a bf16 kernel their
 AVX-512 VNNI kernel at the AVX512-BF16 level, and their status names the level that runs and says so.
 ``TORCHQKIT_DISABLE_CPU_EXTENSION=1`` skips loading the extension (checks the reference-only install).
@@ -124,7 +125,13 @@ _CPU_KERNEL_NOTES["torchqkit::sdpa_over_filled_cache"] = {  # see Note [Filled-c
 }
 for _notes in _CPU_KERNEL_NOTES.values():  # ops without an AVX-VNNI kernel say what serves that level
     _notes.setdefault("avx_vnni", _AVX2_AT_AVX_VNNI + _notes["avx2"])
-_NO_BF16_KERNEL = "at the avx512_bf16 level this op has no bf16 dot-product kernel: its AVX-512 VNNI kernel runs"
+# The amx level (csrc/cpu/amx_bf16_gemm.h): the ops with bf16 panels run them on AMX tiles, all else as avx512_bf16.
+_AMX = ("amx: the avx512_bf16 kernels, but the prefill's bf16 panels multiply on AMX tiles (tdpbf16ps, blocks of "
+        "32 tokens x 32 rows, fp32 sums, scales per segment: Note [bf16 panels on AMX]). ")
+for _notes in _CPU_KERNEL_NOTES.values():
+    if "avx512_bf16" in _notes:
+        _notes["amx"] = _AMX + _notes["avx512_bf16"]
+_NO_BF16_KERNEL = "at the {} level this op has no bf16 dot-product kernel: its AVX-512 VNNI kernel runs"
 KERNEL_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the C++ kernels take
 # Ops the C++ CPU extension registered a kernel for (status() lists them), read from the dispatcher.
 _CPU_OPS = tuple(op for op in OPS if CPU_EXTENSION_LOADED and torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"))
@@ -137,12 +144,17 @@ _FP32_IN_BF16_FROM = {"torchqkit::linear_int8wo_plain": "M >= 16", "torchqkit::l
                                       "M > 8"), "torchqkit::linear_intxwo": "M > 4"}
 
 
-def _fp32_activations_note(op: str) -> str:
-    """Which kernels float32 activations take at the avx512_bf16 level, as torch's fp32 matmul precision says now."""
+def _fp32_activations_note(op: str, isa: str) -> str:
+    """Which kernels float32 activations take at the avx512_bf16 / amx level, as torch's fp32 matmul precision says
+    now."""
     if torch.ops.torchqkit_cpu.fp32_takes_bf16():
         return (f" | float32 activations: {_FP32_IN_BF16_FROM[op]} in the bf16 kernels (x rounded to bf16 once), "
                 f"because torch's fp32 matmul precision allows bf16 (set_float32_matmul_precision('medium') / "
                 f"torch.backends.mkldnn.matmul.fp32_precision = 'bf16'); below that the fp32 kernels")
+    if isa == "amx" and op != "torchqkit::linear_nf4wo":
+        return (f" | float32 activations: {_FP32_IN_BF16_FROM[op]} the AMX prefill on x split into three bf16 planes "
+                f"that sum to it exactly (3x the tile work, fp32 precision: Note [fp32 activations on AMX]; nf4 "
+                f"excepted); below that the fp32 kernels")
     return (" | float32 activations: the fp32 kernels (torch's fp32 matmul precision is not 'medium' / mkldnn "
             "'bf16'; with it, the prefill would take the bf16 kernels)")
 
@@ -158,10 +170,10 @@ def cpu_backend(op: str) -> tuple[str, str]:
     forced = os.environ.get("TORCHQKIT_CPU_ISA")
     why = f"forced by TORCHQKIT_CPU_ISA={forced}" if forced else "best level this CPU runs"
     notes = _CPU_KERNEL_NOTES[op]
-    if isa == "avx512_bf16" and isa not in notes:  # the level that really runs, named as such
-        return "cpp avx512_vnni", f"{why}; {_NO_BF16_KERNEL}: {notes['avx512_vnni']}"
-    if isa == "avx512_bf16" and op in _FP32_IN_BF16_FROM:
-        return f"cpp {isa}", f"{why}; {notes[isa]}{_fp32_activations_note(op)}"
+    if isa in ("avx512_bf16", "amx") and isa not in notes:  # the level that really runs, named as such
+        return "cpp avx512_vnni", f"{why}; {_NO_BF16_KERNEL.format(isa)}: {notes['avx512_vnni']}"
+    if isa in ("avx512_bf16", "amx") and op in _FP32_IN_BF16_FROM:
+        return f"cpp {isa}", f"{why}; {notes[isa]}{_fp32_activations_note(op, isa)}"
     return f"cpp {isa}", f"{why}; {notes[isa]}"
 
 

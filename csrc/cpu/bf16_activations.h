@@ -1,0 +1,53 @@
+// The activations the bf16 panel kernels read (bf16_gemm.h), made once per call by each weight-only op's glue:
+// x rounded to bf16 (bf16 activations, or float32 ones when torch's fp32 matmul precision allows bf16: Note [fp32
+// activations in bf16]), or at the amx level float32 activations split into three bf16 planes that sum to x exactly
+// (Note [fp32 activations on AMX] in amx_bf16_gemm.h), so float32 keeps its precision on the AMX tiles.
+#pragma once
+#include <ATen/ATen.h>
+
+#include "fp32_matmul_precision.h"
+#include "kernels.h"
+
+namespace torchqkit_cpu {
+
+// Float32 activations of a weight-only prefill take the AMX planes: the amx level, and torch's fp32 matmul
+// precision asks for fp32 (under "medium" one bf16 plane is what the user allowed, and 3x faster).
+inline bool fp32_takes_amx_planes(at::ScalarType dt) {
+  return dt == at::kFloat && amx_selected() && !fp32_matmul_allows_bf16();
+}
+
+struct Bf16Activations {
+  at::Tensor data;  // (planes, M, ldx) bf16, columns K..ldx-1 zero
+  int planes;
+  int64_t plane_stride;
+  const uint16_t* ptr() const { return reinterpret_cast<const uint16_t*>(data.data_ptr()); }
+};
+
+// x2: (M, K) activations; ldx >= K. planes 3: float32 x = hi + mid + lo (each the bf16 rounding of what the
+// planes before it left: the differences are exact in fp32, the last remainder exact in bf16); planes 1: bf16(x).
+inline Bf16Activations bf16_activations(const at::Tensor& x2, int64_t ldx, int planes) {
+  const int64_t M = x2.size(0), K = x2.size(1);
+  at::Tensor data;
+  if (planes == 1) {
+    data = x2.to(at::kBFloat16);
+  } else {
+    const at::Tensor x = x2.to(at::kFloat);
+    const at::Tensor hi = x.to(at::kBFloat16), r1 = x - hi.to(at::kFloat);
+    const at::Tensor mid = r1.to(at::kBFloat16), lo = (r1 - mid.to(at::kFloat)).to(at::kBFloat16);
+    data = at::stack({hi, mid, lo});
+  }
+  data = at::constant_pad_nd(data.reshape({planes, M, K}), {0, ldx - K}, 0).contiguous();
+  return {data, planes, M * ldx};
+}
+
+// (M, G) fp32 sums of the activations over groups of g (G * g <= ldx) as the panels see them: x itself for
+// planes (their sum), bf16(x) for one plane. A reduction, not a matmul: fp32 at any matmul precision.
+inline at::Tensor group_sums(const Bf16Activations& a, const at::Tensor& x2, int64_t G, int64_t g) {
+  const int64_t M = x2.size(0), K = x2.size(1);
+  const at::Tensor x = a.planes == 1 ? a.data[0] : x2;
+  at::Tensor xf = x.narrow(1, 0, K).to(at::kFloat);
+  if (G * g > K) xf = at::constant_pad_nd(xf, {0, G * g - K}, 0);
+  return xf.reshape({M, G, g}).sum(-1).contiguous();
+}
+
+}  // namespace torchqkit_cpu
