@@ -1,6 +1,6 @@
 """The CPU kernel targets, measured and checked at every ISA level this CPU runs, one table per level.
 
-    python benchmarks/bench_targets.py                       # the best level, AVX-VNNI if the CPU has it, AVX2
+    python benchmarks/bench_targets.py                       # the best level (and avx512_bf16 below amx), AVX-VNNI, AVX2
     python benchmarks/bench_targets.py --levels avx2 --quick # one level, 1024 x 1024 (seconds; a smoke run)
 
 Each level runs in its own process with TORCHQKIT_CPU_ISA forcing torchqkit's kernels, and ATEN_CPU_CAPABILITY /

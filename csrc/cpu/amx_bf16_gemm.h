@@ -3,8 +3,8 @@
 //
 // Note [bf16 panels on AMX]: a panel's [kc / 2][32] words are exactly what tdpbf16ps wants for its B operand: a
 // tile row is one k pair for 16 columns (64 bytes), so the panel's left and right 16 columns are two B tiles of 16
-// k pairs (32 k), row stride 128 bytes. The A operand is 16 activation rows x 32 bf16 (64 bytes), loaded straight
-// from the (M, ldx) activations. One tdpbf16ps is 16 x 16 x 32 multiply-adds (16 cycles): 16x what one vdpbf16ps
+// k pairs (32 k), row stride 128 bytes. The A operand is 16 activation rows x 32 bf16 (64 bytes), from activations
+// packed per call (Note [activations packed for AMX]). One tdpbf16ps is 16 x 16 x 32 multiply-adds (16 cycles): 16x what one vdpbf16ps
 // zmm does per cycle, and on Intel's cores vdpbf16ps runs at half the fp32 FMA rate (measured on a 2-vCPU Xeon
 // with AMX: torch's bf16 F.linear without AMX at 0.7x its fp32 one, with AMX 5.8x), so this is the only bf16 route
 // that beats fp32 there. A block of up to 32 activation rows x 32 columns keeps 4 C tiles; per scale segment
@@ -33,56 +33,61 @@ namespace amx_bf16 {
 
 constexpr int kBlockRows = 32;  // activation rows per block: two A tiles of 16
 
-// The palette-1 configuration: C tiles 0, 1 (rows r0) and 2, 3 (rows r1) of 16 fp32; A tiles 4 (r0 rows) and 5
-// (r1 rows) of 32 bf16; B tiles 6, 7 of 16 k pairs. r1 = 0 leaves tiles 2, 3, 5 unconfigured.
-struct alignas(64) TileConfig {
+// Note [activations packed for AMX]: a tile load reads 16 rows of 64 bytes. From (M, K) activations that is 16
+// cache lines 2 K bytes apart (and with K = 4096 all in one L1 set), and every 32-column panel streams all of A
+// again: with three planes that stream, not the tiles, set the speed (4x one plane's time, where pointing the three
+// planes at one copy gave 2x). So at the amx level the glue packs the activations once per call as
+// [ceil(M / 32)][ldx / 32][planes][32 rows][32 k] bf16, rows past M zero: each tile is 1 KiB contiguous (row stride
+// 64 bytes) and a block's loads run through memory in order.
+inline int64_t packed_index(int64_t m, int64_t k, int planes, int pl, int64_t ldx) {
+  return (((m / kBlockRows) * (ldx / 32) + k / 32) * planes + pl) * (kBlockRows * 32) + (m % kBlockRows) * 32 + k % 32;
+}
+
+struct alignas(64) TileConfig {  // palette 1's 64 bytes
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
 
-// Loads the configuration for blocks of r0 + r1 rows unless `current` says it is loaded; current = -1 forces it.
-TQK_AMX inline void configure(int r0, int r1, int& current) {
-  if (current == r0 * 64 + r1) return;
+// The palette-1 configuration of every block: C tiles 0..3 (16 x 16 fp32), A tiles 4, 5 (16 rows x 32 bf16), B
+// tiles 6, 7 (16 k pairs x 16 columns). Packed blocks are whole 32 rows (zero past M), so one configuration serves
+// every block; `loaded` says it is already in place.
+TQK_AMX inline void configure(bool& loaded) {
+  if (loaded) return;
   TileConfig cfg;
-  const int tiles_r0[] = {0, 1, 4}, tiles_r1[] = {2, 3, 5};
-  for (int t : tiles_r0) cfg.rows[t] = static_cast<uint8_t>(r0), cfg.colsb[t] = 64;
-  if (r1 > 0)
-    for (int t : tiles_r1) cfg.rows[t] = static_cast<uint8_t>(r1), cfg.colsb[t] = 64;
-  cfg.rows[6] = cfg.rows[7] = 16;
-  cfg.colsb[6] = cfg.colsb[7] = 64;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
   _tile_loadconfig(&cfg);
-  current = r0 * 64 + r1;
+  loaded = true;
 }
 
 TQK_AMX inline void release() { _tile_release(); }
 
-// C[0:rows, 0:ncols] (+)= sum over segments s of (A[0:rows, seg s] @ panel[seg s]) * seg_scale[s][0:32], A the sum
-// of `planes` bf16 matrices plane_stride elements apart (row stride lda; kc and seg multiples of 32). kTwo: rows >
-// 16 (tiles 2, 3, 5 in use). The configuration for these rows must be loaded (configure).
+// C[0:rows, 0:ncols] (+)= sum over segments s of (A[0:rows, k0 + seg s] @ panel[seg s]) * seg_scale[s][0:32]: A one
+// packed block (Note [activations packed for AMX]) of `planes` planes that sum to the activations, ldx / 32 k steps
+// per block; kc and seg multiples of 32. kTwo: rows > 16 (tiles 2, 3, 5 in use).
 template <bool kTwo>
-TQK_AMX void block(int rows, const uint16_t* a, int64_t lda, int planes, int64_t plane_stride, const uint32_t* panel,
-                   int64_t kc, int64_t seg, const float* seg_scale, float* c, int64_t ldc, int ncols, bool first) {
+TQK_AMX void block(int rows, const uint16_t* a, int planes, int64_t k0, const uint32_t* panel, int64_t kc,
+                   int64_t seg, const float* seg_scale, float* c, int64_t ldc, int ncols, bool first) {
   alignas(64) float part[kBlockRows][32];
   alignas(64) float acc[kBlockRows][32];
-  const int64_t sa = lda * 2, sb = 32 * 4;  // row strides in bytes: activations, panel
-  for (int64_t k0 = 0, si = 0; k0 < kc; k0 += seg, ++si) {
+  constexpr int64_t sa = 64, sb = 32 * 4;  // row strides in bytes: packed activations, panel
+  for (int64_t s0 = 0, si = 0; s0 < kc; s0 += seg, ++si) {
     _tile_zero(0);
     _tile_zero(1);
     if (kTwo) {
       _tile_zero(2);
       _tile_zero(3);
     }
-    for (int64_t k = k0; k < std::min(k0 + seg, kc); k += 32) {
+    for (int64_t k = s0; k < std::min(s0 + seg, kc); k += 32) {
       _tile_loadd(6, panel + k / 2 * 32, sb);
       _tile_loadd(7, panel + k / 2 * 32 + 16, sb);
-      for (int pl = 0; pl < planes; ++pl) {
-        const uint16_t* ak = a + pl * plane_stride + k;
+      const uint16_t* ak = a + (k0 + k) / 32 * planes * (kBlockRows * 32);
+      for (int pl = 0; pl < planes; ++pl, ak += kBlockRows * 32) {
         _tile_loadd(4, ak, sa);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
         if (kTwo) {
-          _tile_loadd(5, ak + 16 * lda, sa);
+          _tile_loadd(5, ak + 16 * 32, sa);
           _tile_dpbf16ps(2, 5, 6);
           _tile_dpbf16ps(3, 5, 7);
         }
@@ -115,18 +120,19 @@ TQK_AMX void block(int rows, const uint16_t* a, int64_t lda, int planes, int64_t
   }
 }
 
-// Every row block of one panel block: M rows of A (row stride lda) in blocks of 32, each configured as needed.
-TQK_AMX inline void gemm(int64_t M, const uint16_t* a, int64_t lda, int planes, int64_t plane_stride,
-                         const uint32_t* panel, int64_t kc, int64_t seg, const float* seg_scale, float* c, int64_t ldc,
-                         int ncols, bool first, int& config) {
+// Every row block of one panel block (k [k0, k0 + kc)): M rows of the packed activations a (ldx / 32 k steps).
+TQK_AMX inline void gemm(int64_t M, const uint16_t* a, int64_t ldx, int planes, int64_t k0, const uint32_t* panel,
+                         int64_t kc, int64_t seg, const float* seg_scale, float* c, int64_t ldc, int ncols, bool first,
+                         bool& configured) {
+  configure(configured);
+  const int64_t block_elems = ldx / 32 * planes * (kBlockRows * 32);
   for (int64_t m = 0; m < M; m += kBlockRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kBlockRows, M - m));
-    configure(std::min(rows, 16), std::max(rows - 16, 0), config);
+    const uint16_t* am = a + m / kBlockRows * block_elems;
     if (rows > 16)
-      block<true>(rows, a + m * lda, lda, planes, plane_stride, panel, kc, seg, seg_scale, c + m * ldc, ldc, ncols, first);
+      block<true>(rows, am, planes, k0, panel, kc, seg, seg_scale, c + m * ldc, ldc, ncols, first);
     else
-      block<false>(rows, a + m * lda, lda, planes, plane_stride, panel, kc, seg, seg_scale, c + m * ldc, ldc, ncols,
-                   first);
+      block<false>(rows, am, planes, k0, panel, kc, seg, seg_scale, c + m * ldc, ldc, ncols, first);
   }
 }
 

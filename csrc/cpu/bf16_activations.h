@@ -5,6 +5,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include "amx_bf16_gemm.h"
 #include "fp32_matmul_precision.h"
 #include "kernels.h"
 
@@ -17,15 +18,16 @@ inline bool fp32_takes_amx_planes(at::ScalarType dt) {
 }
 
 struct Bf16Activations {
-  at::Tensor data;  // (planes, M, ldx) bf16, columns K..ldx-1 zero
+  at::Tensor data;  // (M, ldx) bf16, columns K..ldx-1 zero; packed for AMX: Note [activations packed for AMX]
   int planes;
-  int64_t plane_stride;
+  int64_t ldx;
   const uint16_t* ptr() const { return reinterpret_cast<const uint16_t*>(data.data_ptr()); }
 };
 
-// x2: (M, K) activations; ldx >= K. planes 3: float32 x = hi + mid + lo (each the bf16 rounding of what the
-// planes before it left: the differences are exact in fp32, the last remainder exact in bf16); planes 1: bf16(x).
-inline Bf16Activations bf16_activations(const at::Tensor& x2, int64_t ldx, int planes) {
+// x2: (M, K) activations; ldx >= K (a multiple of 32) the columns the kernels read. planes 3: float32 x = hi + mid
+// + lo (each the bf16 rounding of what the planes before it left: the differences are exact in fp32, the last
+// remainder exact in bf16); planes 1: bf16(x). amx_packed: in the AMX tiles' order (amx_bf16_gemm.h), else (M, ldx).
+inline Bf16Activations bf16_activations(const at::Tensor& x2, int64_t ldx, int planes, bool amx_packed) {
   const int64_t M = x2.size(0), K = x2.size(1);
   at::Tensor data;
   if (planes == 1) {
@@ -34,18 +36,20 @@ inline Bf16Activations bf16_activations(const at::Tensor& x2, int64_t ldx, int p
     const at::Tensor x = x2.to(at::kFloat);
     const at::Tensor hi = x.to(at::kBFloat16), r1 = x - hi.to(at::kFloat);
     const at::Tensor mid = r1.to(at::kBFloat16), lo = (r1 - mid.to(at::kFloat)).to(at::kBFloat16);
-    data = at::stack({hi, mid, lo});
+    data = at::stack({hi, mid, lo}, 1);  // (M, 3, K)
   }
-  data = at::constant_pad_nd(data.reshape({planes, M, K}), {0, ldx - K}, 0).contiguous();
-  return {data, planes, M * ldx};
+  if (!amx_packed) return {at::constant_pad_nd(data, {0, ldx - K}, 0).contiguous(), planes, ldx};
+  const int64_t R = amx_bf16::kBlockRows, Mb = (M + R - 1) / R;
+  data = at::constant_pad_nd(data.reshape({M, planes, K}), {0, ldx - K, 0, 0, 0, Mb * R - M}, 0);
+  data = data.view({Mb, R, planes, ldx / 32, 32}).permute({0, 3, 2, 1, 4}).contiguous();
+  return {data, planes, ldx};
 }
 
-// (M, G) fp32 sums of the activations over groups of g (G * g <= ldx) as the panels see them: x itself for
-// planes (their sum), bf16(x) for one plane. A reduction, not a matmul: fp32 at any matmul precision.
-inline at::Tensor group_sums(const Bf16Activations& a, const at::Tensor& x2, int64_t G, int64_t g) {
+// (M, G) fp32 sums of the activations over groups of g (G * g <= ldx) as the panels see them: x itself for three
+// planes (their sum), bf16(x) for one. A reduction, not a matmul: fp32 at any matmul precision.
+inline at::Tensor group_sums(const at::Tensor& x2, int planes, int64_t G, int64_t g) {
   const int64_t M = x2.size(0), K = x2.size(1);
-  const at::Tensor x = a.planes == 1 ? a.data[0] : x2;
-  at::Tensor xf = x.narrow(1, 0, K).to(at::kFloat);
+  at::Tensor xf = (planes == 1 ? x2.to(at::kBFloat16) : x2).to(at::kFloat);
   if (G * g > K) xf = at::constant_pad_nd(xf, {0, G * g - K}, 0);
   return xf.reshape({M, G, g}).sum(-1).contiguous();
 }

@@ -188,7 +188,7 @@ TQK_BF16 inline void add_group_terms(int64_t M, const float* xsum, int64_t G, co
 // (amx_bf16::gemm, Note [bf16 panels on AMX]). The panel (kc_max / 2 x 32 words: 16 KiB at
 // 256 k) stays in L1; a 32-column slice of C (M x 128 bytes) in L2. A format knows only how to fill a panel.
 struct PanelProblem {
-  const uint16_t* xb;  // (M, ldx) bf16 activations, zero columns from K up to k_extent
+  const uint16_t* xb;  // (M, ldx) bf16 activations, zero columns from K up to k_extent (amx: packed, see planes)
   int64_t M, ldx;
   int64_t k_extent;    // k covered by the panels: K rounded up to the format's 32-k steps (<= ldx)
   int64_t kc_max, seg; // k per panel block (a multiple of seg), k per scale segment (even)
@@ -197,10 +197,9 @@ struct PanelProblem {
   const float* bias;   // (N) or nullptr
   const float* xsum;   // (M, G) per-group sums of x for the offsets' term, or nullptr (no offsets)
   int64_t G;
-  // xb is the sum of `planes` bf16 matrices plane_stride elements apart: 3 for float32 activations on AMX (Note
-  // [fp32 activations on AMX]); more than 1 only at the `amx` level.
+  // At the amx level xb is packed for the tiles (Note [activations packed for AMX]), as `planes` planes that sum
+  // to the activations: 3 for float32 ones (Note [fp32 activations on AMX]), else 1.
   int planes = 1;
-  int64_t plane_stride = 0;
 };
 
 // Rows [n0, n1) of out. fill(b0, nb, k0, kc, panel, sc): rows [b0, b0 + nb) x k [k0, k0 + kc) into panel and
@@ -213,15 +212,15 @@ void panel_gemm(const PanelProblem& pb, int64_t n0, int64_t n1, Fill&& fill, Off
   std::vector<float> zp(pb.xsum ? pb.G * kPanelCols : 0);
   const bool amx = amx_selected();
   TORCH_CHECK(amx || pb.planes == 1, "bf16 panels: ", pb.planes, " activation planes need the amx level");
-  int amx_config = -1;  // nothing of ours loaded yet (Note [bf16 panels on AMX])
+  bool amx_configured = false;  // our tile configuration not loaded yet in this call (Note [bf16 panels on AMX])
   for (int64_t b0 = n0; b0 < n1; b0 += kPanelCols) {
     const int nb = static_cast<int>(std::min<int64_t>(kPanelCols, n1 - b0));
     for (int64_t k0 = 0; k0 < pb.k_extent; k0 += pb.kc_max) {
       const int64_t kc = std::min(pb.kc_max, pb.k_extent - k0);
       fill(b0, nb, k0, kc, panel.data(), sc.data());
       if (amx) {
-        amx_bf16::gemm(pb.M, pb.xb + k0, pb.ldx, pb.planes, pb.plane_stride, panel.data(), kc, pb.seg, sc.data(),
-                       pb.out + b0, pb.ldo, nb, k0 == 0, amx_config);
+        amx_bf16::gemm(pb.M, pb.xb, pb.ldx, pb.planes, k0, panel.data(), kc, pb.seg, sc.data(), pb.out + b0, pb.ldo,
+                       nb, k0 == 0, amx_configured);
         continue;
       }
       for (int64_t m = 0; m < pb.M; m += kMaxRows)
@@ -236,7 +235,7 @@ void panel_gemm(const PanelProblem& pb, int64_t n0, int64_t n1, Fill&& fill, Off
       for (int64_t m = 0; m < pb.M; ++m)
         for (int j = 0; j < nb; ++j) pb.out[m * pb.ldo + b0 + j] += pb.bias[b0 + j];
   }
-  if (amx_config != -1) amx_bf16::release();
+  if (amx_configured) amx_bf16::release();
 }
 
 }  // namespace bf16_gemm

@@ -71,12 +71,11 @@ void fill_panel(const Int4Args& p, const Int4Bf16Decoder& dec, int64_t b0, int n
 
 // Rows [n0, n1) of out = a (M, ldx bf16 per plane, zero past K) @ W^T + zero term + bias; xsum (M, G) the per-group
 // sums of the activations the planes add up to.
-void prefill(const Int4Args& p, const Bf16Activations& a, int64_t ldx, const float* xsum, int64_t n0, int64_t n1) {
+void prefill(const Int4Args& p, const Bf16Activations& a, const float* xsum, int64_t n0, int64_t n1) {
   const Int4Bf16Decoder dec(p.T);
   const int64_t Kt = p.NC * 16 * p.T;
-  const bf16_gemm::PanelProblem pb{a.ptr(), p.M,   ldx,    Kt,   bf16_gemm::panel_block_k(p.g), p.g,
-                                   p.out,   p.ldo, p.bias, xsum, p.G,                           a.planes,
-                                   a.plane_stride};
+  const bf16_gemm::PanelProblem pb{a.ptr(), p.M,    a.ldx, Kt,  bf16_gemm::panel_block_k(p.g), p.g, p.out,
+                                   p.ldo,   p.bias, xsum,  p.G, a.planes};
   bf16_gemm::panel_gemm(
       pb, n0, n1,
       [&](int64_t b0, int nb, int64_t k0, int64_t kc, uint32_t* panel, float* sc) {

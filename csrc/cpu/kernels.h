@@ -84,13 +84,13 @@ void quantize_rows(Isa isa, const float* x, int64_t ldx, int64_t K, bool symmetr
 int64_t weight_only_block_rows(Isa isa, const WeightOnlyArgs& p);
 void linear_weight_only(Isa isa, const WeightOnlyArgs& p, int64_t n0, int64_t n1);
 // AVX512-BF16 weight-only prefill (Note [int8 weight-only in bf16] in linear_int8.cpp): p.x unused, xb the bf16
-// activations (M, ldx), ldx >= K rounded up to 32, zero columns past K, the sum of `planes` such matrices
-// plane_stride elements apart (more than one only at the amx level: Note [fp32 activations on AMX]). Takes the calls weight_only_takes_bf16
+// activations (M, ldx), ldx >= K rounded up to 32, zero columns past K; at the amx level packed for the tiles as
+// `planes` planes that sum to the activations (Note [activations packed for AMX], [fp32 activations on AMX]). Takes the calls weight_only_takes_bf16
 // accepts (the panel range, M >= 16, and groups of whole 32-k steps or one per row); blocks of
 // weight_only_block_rows(Isa::kAvx512Vnni, p) rows. Call only when the CPU runs Isa::kAvx512Bf16.
 bool weight_only_takes_bf16(const WeightOnlyArgs& p);
-void linear_weight_only_bf16(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int planes,
-                             int64_t plane_stride, int64_t n0, int64_t n1);
+void linear_weight_only_bf16(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int planes, int64_t n0,
+                             int64_t n1);
 int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p);
 bool dynamic_act_wants_a16(Isa isa, int64_t M);  // the glue fills DynamicActArgs::a16 when true
 void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1);
@@ -145,10 +145,9 @@ struct LowbitArgs {
   // only; groups must be whole steps of 32, g % 32 == 0, or one per row; the dot kernels need offset == nullptr: the
   // caller adds the zero points' sum_g xsum[m, g] * offset[n, g] itself).
   const uint16_t* xb = nullptr;
-  // The prefill's xb is the sum of this many such matrices, xb_plane_stride elements apart (more than one only at
-  // the amx level: Note [fp32 activations on AMX]).
+  // At the amx level the prefill's xb is packed for the tiles as this many planes that sum to the activations
+  // (Note [activations packed for AMX], [fp32 activations on AMX]).
   int xb_planes = 1;
-  int64_t xb_plane_stride = 0;
   // With xb and offset, the bf16 prefill adds sum_g xsum[m, g] * offset[n, g] itself: (M, G) fp32 per-group sums.
   const float* xsum = nullptr;
 };

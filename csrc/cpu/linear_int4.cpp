@@ -543,10 +543,10 @@ constexpr int64_t kBf16BlockRows = 64;  // rows per parallel task of the bf16 pr
 void prefill_bf16(const Int4Args& p, const at::Tensor& x, int planes) {
   const int64_t Kt = p.NC * 16 * p.T;
   const at::Tensor x2 = x.reshape({p.M, p.K});
-  const Bf16Activations a = bf16_activations(x2, Kt, planes);
-  const at::Tensor xsum = group_sums(a, x2, p.G, p.g);
+  const Bf16Activations a = bf16_activations(x2, Kt, planes, amx_selected());
+  const at::Tensor xsum = group_sums(x2, planes, p.G, p.g);
   at::parallel_for(0, (p.N + kBf16BlockRows - 1) / kBf16BlockRows, 1, [&](int64_t b0, int64_t b1) {
-    avx512_bf16::prefill(p, a, Kt, xsum.data_ptr<float>(), b0 * kBf16BlockRows, std::min(b1 * kBf16BlockRows, p.N));
+    avx512_bf16::prefill(p, a, xsum.data_ptr<float>(), b0 * kBf16BlockRows, std::min(b1 * kBf16BlockRows, p.N));
   });
 }
 

@@ -579,12 +579,10 @@ void fill_panel(const WeightOnlyArgs& p, int64_t b0, int nb, int64_t k0, int64_t
       sc[s * bf16_gemm::kPanelCols + j] = j < nb ? p.scale[(b0 + j) * p.G + (p.G == 1 ? 0 : (k0 + s * seg) / p.g)] : 0.f;
 }
 
-void weight_only(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int planes, int64_t plane_stride,
-                 int64_t n0, int64_t n1) {
+void weight_only(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int planes, int64_t n0, int64_t n1) {
   const int64_t seg = bf16_gemm::segment_k(p.G, p.g);
-  const bf16_gemm::PanelProblem pb{xb,     p.M,    ldx,     (p.K + 31) / 32 * 32, bf16_gemm::panel_block_k(seg),
-                                   seg,    p.out,  p.ldo,   p.bias,               nullptr,
-                                   0,      planes, plane_stride};
+  const bf16_gemm::PanelProblem pb{xb,    p.M,   ldx,    (p.K + 31) / 32 * 32, bf16_gemm::panel_block_k(seg), seg,
+                                   p.out, p.ldo, p.bias, nullptr,              0,                             planes};
   bf16_gemm::panel_gemm(
       pb, n0, n1,
       [&](int64_t b0, int nb, int64_t k0, int64_t kc, uint32_t* panel, float* sc) {
@@ -727,9 +725,9 @@ bool weight_only_takes_bf16(const WeightOnlyArgs& p) {
   return p.M >= avx512::kWoPanelMinM && p.K > 0 && (p.G == 1 || p.g % 32 == 0);
 }
 
-void linear_weight_only_bf16(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int planes,
-                             int64_t plane_stride, int64_t n0, int64_t n1) {
-  avx512_bf16::weight_only(p, xb, ldx, planes, plane_stride, n0, n1);
+void linear_weight_only_bf16(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int planes, int64_t n0,
+                             int64_t n1) {
+  avx512_bf16::weight_only(p, xb, ldx, planes, n0, n1);
 }
 
 int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p) {

@@ -98,7 +98,7 @@ void prefill_bf16(const LowbitArgs& p, int64_t n0, int64_t n1) {
   const Bf16Levels<D> dec(p);
   const int64_t seg = bf16_segment(p), K32 = (p.K + kStep - 1) / kStep * kStep;
   const bf16_gemm::PanelProblem pb{p.xb,  p.M,   p.ldx,  K32, bf16_gemm::panel_block_k(seg), seg, p.out, p.ldo,
-                                   p.bias, p.offset ? p.xsum : nullptr, p.G, p.xb_planes, p.xb_plane_stride};
+                                   p.bias, p.offset ? p.xsum : nullptr, p.G, p.xb_planes};
   bf16_gemm::panel_gemm(
       pb, n0, n1,
       [&](int64_t b0, int nb, int64_t k0, int64_t kc, uint32_t* panel, float* sc) {

@@ -104,18 +104,17 @@ bool takes_bf16(Isa level, at::ScalarType dt, const LowbitArgs& p, int64_t M) {
 // planes: 3 for float32 activations on AMX (fp32_planes, prefill only), else 1.
 void run_bf16(const at::Tensor& x2, LowbitArgs p, int64_t K32, at::Tensor& out, int planes) {
   const int64_t N = p.N, M = x2.size(0);
-  const Bf16Activations a = bf16_activations(x2, K32, planes);
-  const at::Tensor xp = a.data[0];  // the only plane below the prefill
   const int64_t rows = M <= dot_max_m(p.fmt) ? kDotBlockRows : kPrefillBlockRows;
+  const Bf16Activations a = bf16_activations(x2, K32, planes, rows == kPrefillBlockRows && amx_selected());
+  const at::Tensor& xp = a.data;  // (M, K32) below the prefill
   const float* offset = p.offset;
   at::Tensor xsum;
-  if (offset) xsum = group_sums(a, x2, p.G, p.g);
+  if (offset) xsum = group_sums(x2, planes, p.G, p.g);
   if (rows == kDotBlockRows) p.offset = nullptr;
   else p.xsum = offset ? xsum.data_ptr<float>() : nullptr;
   p.x = nullptr;
   p.xb = a.ptr();
   p.xb_planes = a.planes;
-  p.xb_plane_stride = a.plane_stride;
   p.ldx = K32;
   at::Tensor xdot;
   int64_t perm[32];

@@ -77,10 +77,10 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
   const bool planes = panels && fp32_takes_amx_planes(dt);
   if (panels && (dt == at::kBFloat16 || (dt == at::kFloat && fp32_matmul_allows_bf16()) || planes)) {
     const int64_t K32 = (K + 31) / 32 * 32;
-    const Bf16Activations a = bf16_activations(x.reshape({M, K}), K32, planes ? 3 : 1);
+    const Bf16Activations a = bf16_activations(x.reshape({M, K}), K32, planes ? 3 : 1, amx_selected());
     const int64_t block = weight_only_block_rows(Isa::kAvx512Vnni, p);
     at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
-      linear_weight_only_bf16(p, a.ptr(), K32, a.planes, a.plane_stride, b0 * block, std::min(b1 * block, N));
+      linear_weight_only_bf16(p, a.ptr(), a.ldx, a.planes, b0 * block, std::min(b1 * block, N));
     });
     return out.to(x.scalar_type()).reshape(out_shape(x, N));
   }
