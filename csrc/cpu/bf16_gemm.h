@@ -213,27 +213,40 @@ void panel_gemm(const PanelProblem& pb, int64_t n0, int64_t n1, Fill&& fill, Off
   const bool amx = amx_selected();
   TORCH_CHECK(amx || pb.planes == 1, "bf16 panels: ", pb.planes, " activation planes need the amx level");
   bool amx_configured = false;  // our tile configuration not loaded yet in this call (Note [bf16 panels on AMX])
-  for (int64_t b0 = n0; b0 < n1; b0 += kPanelCols) {
+  // AMX with planes: panels in pairs, the right one here (Note [two panels per A tile])
+  const bool pairs = amx && pb.planes > 1;
+  std::vector<uint32_t> panel2(pairs ? panel.size() : 0);
+  std::vector<float> sc2(pairs ? sc.size() : 0);
+  const int64_t step = pairs ? 2 * kPanelCols : kPanelCols;
+  for (int64_t b0 = n0; b0 < n1; b0 += step) {
     const int nb = static_cast<int>(std::min<int64_t>(kPanelCols, n1 - b0));
+    const int nb2 = pairs ? static_cast<int>(std::clamp<int64_t>(n1 - b0 - kPanelCols, 0, kPanelCols)) : 0;
     for (int64_t k0 = 0; k0 < pb.k_extent; k0 += pb.kc_max) {
       const int64_t kc = std::min(pb.kc_max, pb.k_extent - k0);
       fill(b0, nb, k0, kc, panel.data(), sc.data());
       if (amx) {
-        amx_bf16::gemm(pb.M, pb.xb, pb.ldx, pb.planes, k0, panel.data(), kc, pb.seg, sc.data(), pb.out + b0, pb.ldo,
-                       nb, k0 == 0, amx_configured);
+        if (nb2 > 0) fill(b0 + kPanelCols, nb2, k0, kc, panel2.data(), sc2.data());
+        const uint32_t* const panels[2] = {panel.data(), nb2 > 0 ? panel2.data() : nullptr};
+        const float* const scales[2] = {sc.data(), sc2.data()};
+        const int ncols[2] = {nb, nb2};
+        amx_bf16::gemm(pb.M, pb.xb, pb.ldx, pb.planes, k0, panels, kc, pb.seg, scales, pb.out + b0, pb.ldo, ncols,
+                       k0 == 0, amx_configured);
         continue;
       }
       for (int64_t m = 0; m < pb.M; m += kMaxRows)
         gemm(static_cast<int>(std::min<int64_t>(kMaxRows, pb.M - m)), pb.xb + m * pb.ldx + k0, pb.ldx, panel.data(),
              kc, pb.seg, sc.data(), pb.out + m * pb.ldo + b0, pb.ldo, nb, k0 == 0);
     }
-    if (pb.xsum) {
-      offsets(b0, nb, zp.data());
-      add_group_terms(pb.M, pb.xsum, pb.G, zp.data(), pb.out + b0, pb.ldo, nb);
+    for (int64_t c0 = b0; c0 < std::min(b0 + step, n1); c0 += kPanelCols) {
+      const int nc = static_cast<int>(std::min<int64_t>(kPanelCols, n1 - c0));
+      if (pb.xsum) {
+        offsets(c0, nc, zp.data());
+        add_group_terms(pb.M, pb.xsum, pb.G, zp.data(), pb.out + c0, pb.ldo, nc);
+      }
+      if (pb.bias)
+        for (int64_t m = 0; m < pb.M; ++m)
+          for (int j = 0; j < nc; ++j) pb.out[m * pb.ldo + c0 + j] += pb.bias[c0 + j];
     }
-    if (pb.bias)
-      for (int64_t m = 0; m < pb.M; ++m)
-        for (int j = 0; j < nb; ++j) pb.out[m * pb.ldo + b0 + j] += pb.bias[b0 + j];
   }
   if (amx_configured) amx_bf16::release();
 }
