@@ -18,7 +18,9 @@ from cpu_kernel_testing import assert_rel, cpu_levels, gen
 LEVELS = cpu_levels("torchqkit::linear_nf4wo", with_avx512_bf16=True)
 pytestmark = pytest.mark.skipif("amx" not in LEVELS, reason="the CPU (or its OS) does not run AMX-BF16 tiles")
 
-K, N = 320, 72  # K: ten 32-k steps (not a whole 256-k panel block); N: two full 32-row panels and 8 rows
+# K: ten 32-k steps (not a whole 256-k panel block); N: two full 32-row panels and 8 rows (50 rows: a pair of panels
+# whose right one is partial, as the float32 planes run them)
+K, N = 320, 72
 
 
 def _w(n=N, k=K):
@@ -29,6 +31,8 @@ def _w(n=N, k=K):
 WEIGHTS = {
     "int8 per row": lambda: qk.quantize_weight(_w(), Q.int8, qk.PerRow(), qk.PlainLayout(), mapping="symmetric",
                                                scale_dtype=torch.float32),
+    "int8 per row, 50 rows": lambda: qk.quantize_weight(_w(50, K), Q.int8, qk.PerRow(), qk.PlainLayout(),
+                                                        mapping="symmetric", scale_dtype=torch.float32),
     "int8 g64": lambda: qk.quantize_weight(_w(), Q.int8, qk.PerGroup(64), qk.PlainLayout(), mapping="symmetric",
                                            scale_dtype=torch.float32),
     "int4 tiled g32": lambda: qk.quantize_weight(_w().bfloat16(), Q.uint4, qk.PerGroup(32),
