@@ -18,20 +18,19 @@
 // tdpbf16ps per tile sum them in fp32: the fp32 result up to fp32 rounding of the sums, at 3x the bf16 work, which
 // AMX still does several times faster than fp32 FMAs (subnormal planes, |x| < 2^-110, are flushed to zero).
 //
-// Tile state belongs to the thread and other libraries (oneDNN) load their own configuration, so every
-// panel_gemm call loads its configuration before its first tile instruction and releases the tiles at its end.
 #pragma once
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "amx_tiles.h"
+
 namespace torchqkit_cpu {
 namespace amx_bf16 {
 
-#define TQK_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")))
-
-constexpr int kBlockRows = 32;  // activation rows per block: two A tiles of 16
+using amx::kBlockRows;
+using amx::configure;
 
 // Note [activations packed for AMX]: a tile load reads 16 rows of 64 bytes. From (M, K) activations that is 16
 // cache lines 2 K bytes apart (and with K = 4096 all in one L1 set), and every 32-column panel streams all of A
@@ -39,29 +38,6 @@ constexpr int kBlockRows = 32;  // activation rows per block: two A tiles of 16
 // planes at one copy gave 2x). So at the amx level the glue packs the activations once per call as
 // [ceil(M / 32)][ldx / 32][planes][32 rows][32 k] bf16, rows past M zero: each tile is 1 KiB contiguous (row stride
 // 64 bytes) and a block's loads run through memory in order.
-inline int64_t packed_index(int64_t m, int64_t k, int planes, int pl, int64_t ldx) {
-  return (((m / kBlockRows) * (ldx / 32) + k / 32) * planes + pl) * (kBlockRows * 32) + (m % kBlockRows) * 32 + k % 32;
-}
-
-struct alignas(64) TileConfig {  // palette 1's 64 bytes
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// The palette-1 configuration of every block: C tiles 0..3 (16 x 16 fp32), A tiles 4, 5 (16 rows x 32 bf16), B
-// tiles 6, 7 (16 k pairs x 16 columns). Packed blocks are whole 32 rows (zero past M), so one configuration serves
-// every block; `loaded` says it is already in place.
-TQK_AMX inline void configure(bool& loaded) {
-  if (loaded) return;
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  _tile_loadconfig(&cfg);
-  loaded = true;
-}
-
-TQK_AMX inline void release() { _tile_release(); }
-
 // C[0:rows, 0:ncols] (+)= sum over segments s of (A[0:rows, k0 + seg s] @ panel[seg s]) * seg_scale[s][0:32]: A one
 // packed block (Note [activations packed for AMX]) of `planes` planes that sum to the activations, ldx / 32 k steps
 // per block; kc and seg multiples of 32. kTwo: rows > 16 (tiles 2, 3, 5 in use).
@@ -127,16 +103,21 @@ TQK_AMX void block(int rows, const uint16_t* a, int planes, int64_t k0, const ui
 // 64 columns: each A tile is loaded for the left panel and again, now from L1, for the right one, halving the
 // stream from L2 (23 -> 19.5 ms; one plane, where the stream is a third, stays with block(): 6.6 vs 7.3 ms).
 //
-// One 32-k step of one panel (its row pair kp at `panel`) for 16 rows, every plane: C tiles C0 (left 16 columns)
-// and C1 (right) += A @ B. Tile numbers are immediates, hence the template.
-template <int C0, int C1>
+// One 32-k step of one panel (its row pair kp at `panel`) for 16 rows, every plane: C tiles 0, 1 (kRight: 2, 3)
+// += A @ B. The tile intrinsics take their tile numbers as literal text, hence the two spelled-out branches.
+template <bool kRight>
 TQK_AMX inline void panel_step(const uint32_t* panel, const uint16_t* a, int planes) {
   _tile_loadd(6, panel, 32 * 4);
   _tile_loadd(7, panel + 16, 32 * 4);
   for (int pl = 0; pl < planes; ++pl) {
     _tile_loadd(4, a + pl * (kBlockRows * 32), 64);
-    _tile_dpbf16ps(C0, 4, 6);
-    _tile_dpbf16ps(C1, 4, 7);
+    if constexpr (kRight) {
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_dpbf16ps(3, 4, 7);
+    } else {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+    }
   }
 }
 
@@ -155,8 +136,8 @@ TQK_AMX inline void block64(int rows, const uint16_t* a, int half, int planes, i
     _tile_zero(3);
     for (int64_t k = s0; k < std::min(s0 + seg, kc); k += 32) {
       const uint16_t* ak = a + (k0 + k) / 32 * planes * (kBlockRows * 32) + half * 16 * 32;
-      panel_step<0, 1>(panel[0] + k / 2 * 32, ak, planes);
-      panel_step<2, 3>(panel[1] + k / 2 * 32, ak, planes);
+      panel_step<false>(panel[0] + k / 2 * 32, ak, planes);
+      panel_step<true>(panel[1] + k / 2 * 32, ak, planes);
     }
     _tile_stored(0, &part[0][0], 256);
     _tile_stored(1, &part[0][16], 256);
@@ -212,8 +193,6 @@ TQK_AMX inline void gemm(int64_t M, const uint16_t* a, int64_t ldx, int planes, 
       block<false>(rows, am, planes, k0, panel, kc, seg, seg_scale, c + m * ldc, ldc, nc, first);
   }
 }
-
-#undef TQK_AMX
 
 }  // namespace amx_bf16
 }  // namespace torchqkit_cpu

@@ -248,7 +248,7 @@ void panel_gemm(const PanelProblem& pb, int64_t n0, int64_t n1, Fill&& fill, Off
           for (int j = 0; j < nc; ++j) pb.out[m * pb.ldo + c0 + j] += pb.bias[c0 + j];
     }
   }
-  if (amx_configured) amx_bf16::release();
+  if (amx_configured) amx::release();
 }
 
 }  // namespace bf16_gemm

@@ -71,6 +71,8 @@ struct DynamicActArgs {
   int64_t ldo;
   const int16_t* a16 = nullptr;  // the codes a widened to int16, same shape and lda, when
                                  // dynamic_act_wants_a16 (Note [AVX2 int8 prefill]); else nullptr
+  const uint8_t* a_amx = nullptr;  // at the amx level, a packed for the tiles (Note [int8 panels on AMX]): the
+                                   // panel kernel multiplies on AMX; else nullptr
 };
 
 // Rows [m0, m1) of x (fp32, row stride ldx) -> shifted codes, scale and 128 + zero point, with the
@@ -93,6 +95,8 @@ void linear_weight_only_bf16(const WeightOnlyArgs& p, const uint16_t* xb, int64_
                              int64_t n1);
 int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p);
 bool dynamic_act_wants_a16(Isa isa, int64_t M);  // the glue fills DynamicActArgs::a16 when true
+// At the amx level from the panel kernel's M on: the glue fills DynamicActArgs::a_amx (Note [int8 panels on AMX]).
+bool dynamic_act_takes_amx(int64_t M);
 void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1);
 
 // AVX-512 fp32 GEMM micro-kernel of the weight-only panel path (linear_int8.cpp), shared with linear_int4.cpp:

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "avx2_reduce.h"
-#include "bf16_activations.h"
+#include "panel_activations.h"
 #include "bf16_gemm.h"
 #include "fp32_matmul_precision.h"
 #include "kernels.h"

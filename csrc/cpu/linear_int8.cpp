@@ -16,6 +16,7 @@
 //     time, into a k-major panel (fp32 for weight-only, 4 k-bytes per int32 lane for VNNI) that stays in
 //     L2 while every activation row tile (6 rows) streams over it; accumulators are 6 x 2 zmm, each
 //     activation value is broadcast. This is the classic register-blocked GEMM shape.
+#include "amx_int8_gemm.h"
 #include "bf16_gemm.h"
 #include "kernels.h"
 #include "scalar_linear.h"
@@ -452,24 +453,10 @@ struct DaEpilogue {
   bool add_to_c = false; // the float result is added to C (group-wise scales: one call per group block)
 };
 
-template <int R>
-void da_micro(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t k4n, float* c, int64_t ldc,
-              __mmask16 cm0, __mmask16 cm1, bool first, const DaEpilogue& ep) {
-  __m512i acc[R][2];
-  for (int m = 0; m < R; ++m) {
-    acc[m][0] = first ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi32(cm0, c + m * ldc);
-    acc[m][1] = first ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi32(cm1, c + m * ldc + 16);
-  }
-  for (int64_t k4 = 0; k4 < k4n; ++k4) {
-    const __m512i b0 = _mm512_loadu_si512(panel + k4 * 4 * NR), b1 = _mm512_loadu_si512(panel + k4 * 4 * NR + 64);
-    for (int m = 0; m < R; ++m) {
-      int32_t a4;
-      std::memcpy(&a4, a + m * lda + 4 * k4, 4);
-      const __m512i av = _mm512_set1_epi32(a4);
-      acc[m][0] = V::dot(acc[m][0], av, b0);
-      acc[m][1] = V::dot(acc[m][1], av, b1);
-    }
-  }
+// Rows [0, R) of int32 sums (the earlier k blocks' included) into C: as int32 while k blocks remain (ep.a_scale ==
+// nullptr), else the float epilogue. Shared by the register tiles and the AMX tiles.
+inline void da_store(const __m512i (*acc)[2], int R, float* c, int64_t ldc, __mmask16 cm0, __mmask16 cm1,
+                     const DaEpilogue& ep) {
   if (!ep.a_scale) {
     for (int m = 0; m < R; ++m) {
       _mm512_mask_storeu_epi32(c + m * ldc, cm0, acc[m][0]);
@@ -493,6 +480,27 @@ void da_micro(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t k4n, f
   }
 }
 
+template <int R>
+void da_micro(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t k4n, float* c, int64_t ldc,
+              __mmask16 cm0, __mmask16 cm1, bool first, const DaEpilogue& ep) {
+  __m512i acc[R][2];
+  for (int m = 0; m < R; ++m) {
+    acc[m][0] = first ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi32(cm0, c + m * ldc);
+    acc[m][1] = first ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi32(cm1, c + m * ldc + 16);
+  }
+  for (int64_t k4 = 0; k4 < k4n; ++k4) {
+    const __m512i b0 = _mm512_loadu_si512(panel + k4 * 4 * NR), b1 = _mm512_loadu_si512(panel + k4 * 4 * NR + 64);
+    for (int m = 0; m < R; ++m) {
+      int32_t a4;
+      std::memcpy(&a4, a + m * lda + 4 * k4, 4);
+      const __m512i av = _mm512_set1_epi32(a4);
+      acc[m][0] = V::dot(acc[m][0], av, b0);
+      acc[m][1] = V::dot(acc[m][1], av, b1);
+    }
+  }
+  da_store(acc, R, c, ldc, cm0, cm1, ep);
+}
+
 // da_micro on the r (<= R) activation rows the tile has.
 template <int R>
 void da_micro_rows(int64_t r, const uint8_t* a, int64_t lda, const int8_t* panel, int64_t k4n, float* c, int64_t ldc,
@@ -505,10 +513,33 @@ void da_micro_rows(int64_t r, const uint8_t* a, int64_t lda, const int8_t* panel
 
 constexpr int DA_MR = MR;  // 8 or 12 rows (16 / 24 accumulators) measured no faster
 
+// Rows [m, m + rows) (rows <= 32, m a multiple of 32) of a panel's k block on the AMX tiles (Note [int8 panels on
+// AMX]): the tiles' int32 sums plus the earlier k blocks' (kept in C), then da_store.
+void da_amx_rows(const DynamicActArgs& p, int64_t m, int rows, int64_t k0, const int8_t* panel, int64_t kc, float* c,
+                 __mmask16 cm0, __mmask16 cm1, bool first, const DaEpilogue& ep, bool& configured) {
+  alignas(64) int32_t sums[32][32];
+  amx::configure(configured);
+  const uint8_t* block = amx_int8::packed_block(p.a_amx, m, p.lda);
+  if (rows > 16) amx_int8::sums<true>(block, k0, panel, kc, sums);
+  else amx_int8::sums<false>(block, k0, panel, kc, sums);
+  __m512i acc[32][2];
+  for (int r = 0; r < rows; ++r) {
+    acc[r][0] = _mm512_load_si512(&sums[r][0]);
+    acc[r][1] = _mm512_load_si512(&sums[r][16]);
+    if (!first) {
+      acc[r][0] = _mm512_add_epi32(acc[r][0], _mm512_maskz_loadu_epi32(cm0, c + r * p.ldo));
+      acc[r][1] = _mm512_add_epi32(acc[r][1], _mm512_maskz_loadu_epi32(cm1, c + r * p.ldo + 16));
+    }
+  }
+  da_store(acc, rows, c, p.ldo, cm0, cm1, ep);
+}
+
 void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
   const int64_t npanels = (n1 - n0 + NR - 1) / NR;
   std::vector<int8_t> buf(DA_KC * NR);  // one panel at a time: Note [panel loop order]
   std::vector<int32_t> rowsum(npanels * NR, 0);
+  const int64_t mr = p.a_amx ? amx::kBlockRows : DA_MR;
+  bool amx_configured = false;
   for (int64_t k0 = 0; k0 < p.K; k0 += DA_KC) {
     const int64_t kc = std::min(DA_KC, p.K - k0), k4n = (kc + 3) / 4;
     const bool first = k0 == 0, last = k0 + kc == p.K;
@@ -517,7 +548,7 @@ void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
       da_pack(p.w, p.ldw, col, n1, k0, kc, buf.data(), rowsum.data() + j * NR);
       const __mmask16 cm0 = tail16(n1 - col), cm1 = tail16(n1 - col - 16);
       const int8_t* panel = buf.data();
-      for (int64_t m = 0; m < p.M; m += DA_MR) {
+      for (int64_t m = 0; m < p.M; m += mr) {
         const uint8_t* a = p.a + m * p.lda + k0;
         DaEpilogue ep{nullptr, nullptr, nullptr, nullptr, rowsum.data() + j * NR};
         if (last) {
@@ -526,11 +557,14 @@ void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
           ep.w_scale = p.w_scale + col;
           ep.bias = p.bias ? p.bias + col : nullptr;
         }
-        da_micro_rows<DA_MR>(std::min<int64_t>(DA_MR, p.M - m), a, p.lda, panel, k4n, p.out + m * p.ldo + col, p.ldo,
-                             cm0, cm1, first, ep);
+        float* c = p.out + m * p.ldo + col;
+        const int rows = static_cast<int>(std::min<int64_t>(mr, p.M - m));
+        if (p.a_amx) da_amx_rows(p, m, rows, k0, panel, kc, c, cm0, cm1, first, ep, amx_configured);
+        else da_micro_rows<DA_MR>(rows, a, p.lda, panel, k4n, c, p.ldo, cm0, cm1, first, ep);
       }
     }
   }
+  if (amx_configured) amx::release();
 }
 
 constexpr int64_t kDaPanelMinM = 8;  // below: the dot kernel (measured with benchmarks/bench_linear.py)
@@ -648,11 +682,13 @@ bool cpu_avx512_bf16() {
   __builtin_cpu_init();
   return cpu_avx512_vnni() && __builtin_cpu_supports("avx512bf16");
 }
-// AMX tiles with bf16 dot products (Intel Sapphire Rapids and later), and Linux's permission to use their 8 KiB
+// AMX tiles with bf16 and int8 dot products (Intel Sapphire Rapids and later), and Linux's permission to use their 8 KiB
 // of state (asked once per process; a kernel without AMX support refuses it, and the level is then not run).
 bool cpu_amx() {
   __builtin_cpu_init();
-  if (!cpu_avx512_bf16() || !__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
+  if (!cpu_avx512_bf16() || !__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16") ||
+      !__builtin_cpu_supports("amx-int8"))
+    return false;
   static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return permitted;
 }
@@ -737,6 +773,8 @@ int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p) {
 }
 
 bool dynamic_act_wants_a16(Isa isa, int64_t M) { return isa == Isa::kAvx2 && M >= avx2::kDaPanelMinM; }
+
+bool dynamic_act_takes_amx(int64_t M) { return amx_selected() && M >= avx512::kDaPanelMinM; }
 
 void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1) {
   switch (isa) {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "bf16_activations.h"
+#include "panel_activations.h"
 #include "fp32_matmul_precision.h"
 #include "kernels.h"
 #include "sgemm_prefill.h"

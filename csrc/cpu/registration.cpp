@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-#include "bf16_activations.h"
+#include "panel_activations.h"
 #include "fp32_matmul_precision.h"
 #include "kernels.h"
 #include "../common/aten_glue.h"
@@ -120,10 +120,14 @@ at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata
     DynamicActArgs p{a.data_ptr<uint8_t>(), M, K, lda, a_scale.data_ptr<float>(), a_zp.data_ptr<int32_t>(),
                            w.data_ptr<int8_t>(), N, w.stride(0), s.data_ptr<float>(),
                            b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
-    at::Tensor a16;
+    at::Tensor a16, a_amx;
     if (dynamic_act_wants_a16(isa, M)) {
       a16 = a.to(at::kShort);
       p.a16 = a16.data_ptr<int16_t>();
+    }
+    if (dynamic_act_takes_amx(M)) {
+      a_amx = amx_packed_codes(a);
+      p.a_amx = a_amx.data_ptr<uint8_t>();
     }
     const int64_t block = dynamic_act_block_rows(isa, p);
     at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {

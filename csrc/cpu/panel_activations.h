@@ -1,4 +1,4 @@
-// The activations the bf16 panel kernels read (bf16_gemm.h), made once per call by each weight-only op's glue:
+// Activations as the panel kernels read them, made once per call by the ops' glue. The bf16 panels (bf16_gemm.h):
 // x rounded to bf16 (bf16 activations, or float32 ones when torch's fp32 matmul precision allows bf16: Note [fp32
 // activations in bf16]), or at the amx level float32 activations split into three bf16 planes that sum to x exactly
 // (Note [fp32 activations on AMX] in amx_bf16_gemm.h), so float32 keeps its precision on the AMX tiles.
@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "amx_bf16_gemm.h"
+#include "amx_tiles.h"
 #include "fp32_matmul_precision.h"
 #include "kernels.h"
 
@@ -39,7 +40,7 @@ inline Bf16Activations bf16_activations(const at::Tensor& x2, int64_t ldx, int p
     data = at::stack({hi, mid, lo}, 1);  // (M, 3, K)
   }
   if (!amx_packed) return {at::constant_pad_nd(data, {0, ldx - K}, 0).contiguous(), planes, ldx};
-  const int64_t R = amx_bf16::kBlockRows, Mb = (M + R - 1) / R;
+  const int64_t R = amx::kBlockRows, Mb = (M + R - 1) / R;
   data = at::constant_pad_nd(data.reshape({M, planes, K}), {0, ldx - K, 0, 0, 0, Mb * R - M}, 0);
   data = data.view({Mb, R, planes, ldx / 32, 32}).permute({0, 3, 2, 1, 4}).contiguous();
   return {data, planes, ldx};
@@ -52,6 +53,13 @@ inline at::Tensor group_sums(const at::Tensor& x2, int planes, int64_t G, int64_
   at::Tensor xf = (planes == 1 ? x2.to(at::kBFloat16) : x2).to(at::kFloat);
   if (G * g > K) xf = at::constant_pad_nd(xf, {0, G * g - K}, 0);
   return xf.reshape({M, G, g}).sum(-1).contiguous();
+}
+
+// The int8 dynamic-activation codes (M, lda) (lda % 64 == 0) packed for the AMX tiles: [ceil(M / 32)][lda / 64]
+// [32 rows][64 k] u8, rows past M zero (Note [int8 panels on AMX] in amx_int8_gemm.h).
+inline at::Tensor amx_packed_codes(const at::Tensor& a) {
+  const int64_t M = a.size(0), lda = a.size(1), R = amx::kBlockRows, Mb = (M + R - 1) / R;
+  return at::constant_pad_nd(a, {0, 0, 0, Mb * R - M}, 0).view({Mb, R, lda / 64, 64}).permute({0, 2, 1, 3}).contiguous();
 }
 
 }  // namespace torchqkit_cpu
