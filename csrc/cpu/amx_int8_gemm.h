@@ -28,11 +28,14 @@ inline const uint8_t* packed_block(const uint8_t* a, int64_t m0, int64_t lda) {
   return a + m0 / kBlockRows * (lda / 64) * (kBlockRows * 64);
 }
 
-// sums[0:32][0:32] = A[block rows, k0:k0 + kc) @ panel (int32, exact); kc a multiple of 64 but for the last block of
-// k (see above). kTwo: the block has more than 16 rows (tiles 2, 3, 5 in use; else sums rows 16..31 are untouched).
-// The configuration must be loaded (amx::configure).
+// sums[0:32][0:32] = A[32 rows, 0:kc) @ panel (int32, exact); kc a multiple of 64 but for the last block of k (see
+// above). A's 64-k step s of row r at a + s * step_bytes + r * row_bytes: the packed block at its first k step
+// (row_bytes 64, step_bytes 32 * 64) or row-major codes (row_bytes = their row stride, step_bytes 64; 16 rows
+// readable from the last 16-row half's first). kTwo: more than 16 rows (tiles 2, 3, 5 in use; else sums rows 16..31
+// are untouched). The configuration must be loaded (amx::configure).
 template <bool kTwo>
-TQK_AMX inline void sums(const uint8_t* block, int64_t k0, const int8_t* panel, int64_t kc, int32_t (&out)[32][32]) {
+TQK_AMX inline void sums(const uint8_t* a, int64_t row_bytes, int64_t step_bytes, const int8_t* panel, int64_t kc,
+                         int32_t (&out)[32][32]) {
   _tile_zero(0);
   _tile_zero(1);
   if (kTwo) {
@@ -42,12 +45,12 @@ TQK_AMX inline void sums(const uint8_t* block, int64_t k0, const int8_t* panel, 
   for (int64_t k = 0; k < kc; k += 64) {
     _tile_loadd(6, panel + k * 32, 128);  // quad row k / 4 of 32 columns x 4 bytes
     _tile_loadd(7, panel + k * 32 + 64, 128);
-    const uint8_t* ak = block + (k0 + k) / 64 * (kBlockRows * 64);
-    _tile_loadd(4, ak, 64);
+    const uint8_t* ak = a + k / 64 * step_bytes;
+    _tile_loadd(4, ak, row_bytes);
     _tile_dpbusd(0, 4, 6);
     _tile_dpbusd(1, 4, 7);
     if (kTwo) {
-      _tile_loadd(5, ak + 16 * 64, 64);
+      _tile_loadd(5, ak + 16 * row_bytes, row_bytes);
       _tile_dpbusd(2, 5, 6);
       _tile_dpbusd(3, 5, 7);
     }

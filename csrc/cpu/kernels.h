@@ -115,6 +115,12 @@ void pack_s8_panel(const int8_t* w, int64_t ldw, int64_t rows, int64_t kc, int8_
 void gemm_u8s8_6x32(int R, const uint8_t* a, int64_t lda, const int8_t* panel, int64_t kc, float* c, int64_t ldc,
                     int ncols, const float* a_scale, const int32_t* a_zp128, const float* w_scale,
                     const float* bias, const int32_t* rowsum, bool add_to_c);
+// The same for R <= 32 rows on AMX-INT8 tiles (the amx level; Note [int8 panels on AMX]): 16 rows of a readable
+// from the last 16-row half's first, kc rounded up to 64 with zero codes past kc; loads the tile configuration
+// unless `configured` (the caller releases the tiles, amx::release, once done).
+void gemm_u8s8_amx(int R, const uint8_t* a, int64_t lda, const int8_t* panel, int64_t kc, float* c, int64_t ldc,
+                   int ncols, const float* a_scale, const int32_t* a_zp128, const float* w_scale, const float* bias,
+                   const int32_t* rowsum, bool add_to_c, bool& configured);
 
 // ---------------------------------------------------------------- low-bit weight-only (linear_lowbit.cpp)
 // The layouts' bytes as stored (see the docstrings of torchqkit/layouts/nf4.py, float8.py, packed_intx.py):

@@ -1007,8 +1007,11 @@ void expand_block(const DaInt4Args& p, int64_t col, int64_t rows, int64_t k0, in
   }
 }
 
-void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1) {
+// amx: the AMX-INT8 tiles instead of the 6x32 register tiles (the amx level, blocks of whole 64-k steps: Note [int8
+// panels on AMX]).
+void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1, bool amx) {
   const int64_t kb = da_block_k(p.G, p.g);
+  bool configured = false;
   alignas(64) int8_t tmp[32 * 128];
   alignas(64) int8_t panel[32 * 128];
   alignas(64) float ws[32];
@@ -1022,12 +1025,21 @@ void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1) {
       pack_s8_panel(tmp, 128, rows, kc, panel, rowsum);
       for (int64_t r = 0; r < rows; ++r) ws[r] = load_float(p.scale, p.st, (col + r) * p.G + gi);
       const bool last = k0 + kc >= p.K;
-      for (int64_t m = 0; m < p.M; m += 6)
-        gemm_u8s8_6x32((int)std::min<int64_t>(6, p.M - m), p.ap + (k0 / kb) * p.M * kb + m * kb, kb, panel, kc,
-                       p.out + m * p.ldo + col, p.ldo, (int)rows, p.a_scale + m, p.zp128 + m, ws,
-                       last && p.bias ? p.bias + col : nullptr, rowsum, k0 > 0);
+      const int64_t mr = amx ? 32 : 6;
+      for (int64_t m = 0; m < p.M; m += mr) {
+        const int R = (int)std::min<int64_t>(mr, p.M - m);
+        const uint8_t* a = p.ap + (k0 / kb) * p.M * kb + m * kb;
+        float* c = p.out + m * p.ldo + col;
+        const float* bias = last && p.bias ? p.bias + col : nullptr;
+        if (amx)
+          gemm_u8s8_amx(R, a, kb, panel, kc, c, p.ldo, (int)rows, p.a_scale + m, p.zp128 + m, ws, bias, rowsum,
+                        k0 > 0, configured);
+        else
+          gemm_u8s8_6x32(R, a, kb, panel, kc, c, p.ldo, (int)rows, p.a_scale + m, p.zp128 + m, ws, bias, rowsum, k0 > 0);
+      }
     }
   }
+  if (configured) amx::release();
 }
 
 }  // namespace avx512
@@ -1094,7 +1106,10 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   const auto al64 = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
   const int64_t o_ap = al64(M * lda), o_as = o_ap + al64(M * lda), o_zp = o_as + al64(4 * M), o_s = o_zp + al64(4 * M);
   const int64_t sums_bytes = panel ? 0 : lanes ? 4 * M * (lda / 8) : 4 * M * G;
-  at::Tensor scratch = at::empty({o_s + sums_bytes}, x2.options().dtype(at::kByte));
+  // AMX tiles read 16 rows of a block's codes from the last 16-row half's first row: up to 15 rows past the end
+  const bool amx = panel && amx_selected() && kb % 64 == 0;
+  const int64_t slack = amx ? 16 * kb : 0;
+  at::Tensor scratch = at::empty({o_s + sums_bytes + slack}, x2.options().dtype(at::kByte));
   uint8_t* const a = scratch.data_ptr<uint8_t>();  // the CPU allocator aligns to 64 bytes
   uint8_t* const ap = a + o_ap;
   float* const a_scale = reinterpret_cast<float*>(a + o_as);
@@ -1148,7 +1163,7 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   const bool vex = cpu_has_avx_vnni_vex();
   if (panel) {
     at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t j0, int64_t j1) {
-      avx512::da_int4_prefill(p, j0, j1);
+      avx512::da_int4_prefill(p, j0, j1, amx);
     });
     return out.to(dt).reshape(shape);
   }

@@ -519,9 +519,9 @@ void da_amx_rows(const DynamicActArgs& p, int64_t m, int rows, int64_t k0, const
                  __mmask16 cm0, __mmask16 cm1, bool first, const DaEpilogue& ep, bool& configured) {
   alignas(64) int32_t sums[32][32];
   amx::configure(configured);
-  const uint8_t* block = amx_int8::packed_block(p.a_amx, m, p.lda);
-  if (rows > 16) amx_int8::sums<true>(block, k0, panel, kc, sums);
-  else amx_int8::sums<false>(block, k0, panel, kc, sums);
+  const uint8_t* a = amx_int8::packed_block(p.a_amx, m, p.lda) + k0 / 64 * (amx::kBlockRows * 64);
+  if (rows > 16) amx_int8::sums<true>(a, 64, amx::kBlockRows * 64, panel, kc, sums);
+  else amx_int8::sums<false>(a, 64, amx::kBlockRows * 64, panel, kc, sums);
   __m512i acc[32][2];
   for (int r = 0; r < rows; ++r) {
     acc[r][0] = _mm512_load_si512(&sums[r][0]);
@@ -668,6 +668,22 @@ void gemm_u8s8_6x32(int R, const uint8_t* a, int64_t lda, const int8_t* panel, i
     case 2: return avx512::da_micro<2>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
     default: return avx512::da_micro<1>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
   }
+}
+
+TQK_AMX void gemm_u8s8_amx(int R, const uint8_t* a, int64_t lda, const int8_t* panel, int64_t kc, float* c,
+                           int64_t ldc, int ncols, const float* a_scale, const int32_t* a_zp128, const float* w_scale,
+                           const float* bias, const int32_t* rowsum, bool add_to_c, bool& configured) {
+  alignas(64) int32_t sums[32][32];
+  amx::configure(configured);
+  if (R > 16) amx_int8::sums<true>(a, lda, 64, panel, kc, sums);
+  else amx_int8::sums<false>(a, lda, 64, panel, kc, sums);
+  __m512i acc[32][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = _mm512_load_si512(&sums[r][0]);
+    acc[r][1] = _mm512_load_si512(&sums[r][16]);
+  }
+  const avx512::DaEpilogue ep{a_scale, a_zp128, w_scale, bias, rowsum, add_to_c};
+  avx512::da_store(acc, R, c, ldc, avx512::tail16(ncols), avx512::tail16(ncols - 16), ep);
 }
 
 namespace {

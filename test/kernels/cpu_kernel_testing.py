@@ -14,10 +14,11 @@ from torchqkit import kernels
 ISA_LEVELS = ["scalar", "avx2", "avx_vnni", "avx512_vnni", "avx512_bf16", "amx"]
 
 
-def cpu_levels(op: str, with_avx_vnni: bool = False, with_avx512_bf16: bool = False) -> list[str]:
+def cpu_levels(op: str, with_avx_vnni: bool = False, with_avx512_bf16: bool = False, with_amx: bool = False) -> list[str]:
     """ISA levels the C++ kernel of ``op`` can be forced to here; [] without the kernel. avx_vnni only with
-    ``with_avx_vnni``, avx512_bf16 and amx (whose only change is the bf16 panels) only with ``with_avx512_bf16``:
-    the op families without such a kernel run their AVX2 / AVX-512 VNNI code at that level."""
+    ``with_avx_vnni``, avx512_bf16 only with ``with_avx512_bf16``, amx with either that (the bf16 panels) or
+    ``with_amx`` (the int8 dynamic-activation panels): the op families without such a kernel run their AVX2 /
+    AVX-512 VNNI code at that level."""
     if not kernels.CPU_EXTENSION_LOADED or not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"):
         return []
     env = os.environ.get("TORCHQKIT_CPU_ISA")
@@ -35,8 +36,8 @@ def cpu_levels(op: str, with_avx_vnni: bool = False, with_avx512_bf16: bool = Fa
             os.environ.pop("TORCHQKIT_CPU_ISA", None)
         else:
             os.environ["TORCHQKIT_CPU_ISA"] = env
-    return [lv for lv in levels if (with_avx_vnni or lv != "avx_vnni")
-            and (with_avx512_bf16 or lv not in ("avx512_bf16", "amx"))]
+    return [lv for lv in levels if (with_avx_vnni or lv != "avx_vnni") and (with_avx512_bf16 or lv != "avx512_bf16")
+            and (with_avx512_bf16 or with_amx or lv != "amx")]
 
 
 def running_level(levels: list[str]) -> str:

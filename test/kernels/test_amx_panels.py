@@ -112,5 +112,35 @@ def test_status_names_the_amx_level(monkeypatch):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", "amx")
     backend, why = kernels.cpu_backend("torchqkit::linear_int8wo_plain")
     assert backend == "cpp amx" and "AMX tiles" in why and "three bf16 planes" in why
-    backend, why = kernels.cpu_backend("torchqkit::linear_int8da_int8_plain")  # no bf16 panels: AVX-512 VNNI
+    backend, why = kernels.cpu_backend("torchqkit::linear_int8da_int8_plain")
+    assert backend == "cpp amx" and "AMX-INT8" in why
+    backend, why = kernels.cpu_backend("torchqkit::sdpa_over_filled_cache")  # no AMX or bf16 kernel: AVX-512
     assert backend == "cpp avx512_vnni" and "amx level" in why
+
+
+def _dyn_int4(n, k, gran):
+    act = qk.ActivationQuantSpec(Q.int8, qk.PerToken(), "asymmetric")
+    return qk.quantize_weight(_w(n, k), Q.int4, gran, qk.PackedIntxLayout(), mapping="symmetric", act_quant=act)
+
+
+DYNAMIC = {  # int8 dynamic activations: AMX-INT8 tiles (Note [int8 panels on AMX]); g32 blocks stay on vpdpbusd
+    "x int8 per row": lambda: qk.quantize_weight(_w(), Q.int8, qk.PerRow(), qk.PlainLayout(), mapping="symmetric",
+                                                 act_quant=qk.ActivationQuantSpec(Q.int8, qk.PerToken(), "asymmetric"),
+                                                 scale_dtype=torch.float32),
+    "x int4 g128": lambda: _dyn_int4(N, 512, qk.PerGroup(128)),
+    "x int4 g64": lambda: _dyn_int4(N, K, qk.PerGroup(64)),
+    "x int4 per row": lambda: _dyn_int4(50, 384, qk.PerRow()),
+    "x int4 g32": lambda: _dyn_int4(N, K, qk.PerGroup(32)),
+}
+
+
+@pytest.mark.parametrize("name", list(DYNAMIC))
+@pytest.mark.parametrize("m", MS)
+def test_int8_dynamic_activations_give_the_vnni_kernels_result_bit_for_bit(name, m, monkeypatch):
+    """Exact int32 sums either way, then the same epilogue: equal floats."""
+    w = DYNAMIC[name]()
+    x = torch.randn(m, w.shape[1], generator=gen(5)) * 3
+    bias = torch.randn(w.shape[0], generator=gen(6))
+    ref = _at("avx512_bf16", monkeypatch, lambda: F.linear(x, w, bias))
+    out = _at("amx", monkeypatch, lambda: F.linear(x, w, bias))
+    assert torch.equal(out, ref), (out - ref).abs().max()

@@ -27,6 +27,8 @@ needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
 # The weight-only op also has AVX512-BF16 kernels (Note [int8 weight-only in bf16] in csrc/cpu/linear_int8.cpp).
 WO_LEVELS = cpu_levels("torchqkit::linear_int8wo_plain", with_avx512_bf16=True)
+# The dynamic-activation op also has AMX-INT8 panels (Note [int8 panels on AMX] in csrc/cpu/amx_int8_gemm.h).
+DA_LEVELS = cpu_levels("torchqkit::linear_int8da_int8_plain", with_amx=True)
 
 
 
@@ -216,7 +218,8 @@ def test_opcheck(op, extra, dtype):
 def test_cpu_kernel_registered_and_reported(monkeypatch, op):
     assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")
     assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CompositeExplicitAutograd")
-    assert kernels.cpu_backend(op)[0] == f"cpp {running_level(WO_LEVELS if op.endswith('int8wo_plain') else LEVELS)}"
+    levels = WO_LEVELS if op.endswith("int8wo_plain") else DA_LEVELS
+    assert kernels.cpu_backend(op)[0] == f"cpp {running_level(levels)}"
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", "scalar")
     path, why = kernels.cpu_backend(op)
     assert path == "cpp scalar" and "TORCHQKIT_CPU_ISA=scalar" in why

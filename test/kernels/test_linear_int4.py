@@ -24,7 +24,7 @@ LEVELS = cpu_levels("torchqkit::linear_int4wo_tiled", with_avx512_bf16=True)
 needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
 # The int8 x int4 op also has AVX-VNNI kernels (Note [AVX-VNNI kernels] in csrc/cpu/int4_packed_vec256.inc).
-DA4_LEVELS = cpu_levels("torchqkit::linear_int8da_int4_packed", with_avx_vnni=True)
+DA4_LEVELS = cpu_levels("torchqkit::linear_int8da_int4_packed", with_avx_vnni=True, with_amx=True)
 
 
 

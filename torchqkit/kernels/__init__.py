@@ -131,6 +131,13 @@ _AMX = ("amx: the avx512_bf16 kernels, but the prefill's bf16 panels multiply on
 for _notes in _CPU_KERNEL_NOTES.values():
     if "avx512_bf16" in _notes:
         _notes["amx"] = _AMX + _notes["avx512_bf16"]
+_CPU_KERNEL_NOTES["torchqkit::linear_int8da_int8_plain"]["amx"] = (
+    "amx: M >= 8 the packed VNNI panels multiply on AMX-INT8 tiles (tdpbusd, 32 tokens x 32 rows, the codes packed "
+    "per call; exact int32 sums, the same epilogue: Note [int8 panels on AMX]); below, the avx512_vnni dot kernel")
+_CPU_KERNEL_NOTES["torchqkit::linear_int8da_int4_packed"]["amx"] = (
+    "amx: M >= 16 with k blocks of whole 64-k steps (groups of 64 or more, or per channel) the expanded int8 panels "
+    "multiply on AMX-INT8 tiles (tdpbusd, exact int32 sums, the same epilogue: Note [int8 panels on AMX]); groups "
+    "of 32 and M < 16: the avx512_vnni kernels")
 _NO_BF16_KERNEL = "at the {} level this op has no bf16 dot-product kernel: its AVX-512 VNNI kernel runs"
 KERNEL_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # activations the C++ kernels take
 # Ops the C++ CPU extension registered a kernel for (status() lists them), read from the dispatcher.
