@@ -15,6 +15,7 @@
 #include "panel_activations.h"
 #include "fp32_matmul_precision.h"
 #include "kernels.h"
+#include "sgemm_prefill.h"
 #include "../common/aten_glue.h"
 
 namespace torchqkit_cpu {
@@ -44,6 +45,21 @@ Isa selected_isa() {
 }
 
 std::string isa_op() { return isa_name(selected_isa()); }
+
+// From this M the int8 weight-only op below AVX-512 multiplies dequantized rows by ATen's sgemm (the rows, 4 bytes
+// per weight, are written and read again: at M = 32 that costs more than the dot kernel's compute).
+constexpr int64_t kInt8SgemmMinM = 48;  // AVX2, 4096^2, 2 threads: the dot kernel wins at M = 32, loses at 64
+
+// Rows [r0, r1) of the int8 weight as fp32 code * scale (the scale of the code's group), row n at dst + (n - r0) * ldd.
+void dequantize_int8_rows(const WeightOnlyArgs& p, int64_t r0, int64_t r1, float* dst, int64_t ldd) {
+  for (int64_t n = r0; n < r1; ++n) {
+    const int8_t* w = p.w + n * p.ldw;
+    const float* s = p.scale + n * p.G;
+    float* d = dst + (n - r0) * ldd;
+    for (int64_t gi = 0; gi < p.G; ++gi)
+      for (int64_t k = gi * p.g; k < (gi + 1) * p.g; ++k) d[k] = static_cast<float>(w[k]) * s[gi];
+  }
+}
 
 void check_weight(const at::Tensor& x, const at::Tensor& qdata, const char* op) {
   TORCH_CHECK(qdata.dim() == 2 && qdata.scalar_type() == at::kChar, op, ": qdata must be a 2-D int8 (N, K) tensor, got ",
@@ -86,8 +102,16 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
   }
   const at::Tensor x2 = x.reshape({M, K}).to(at::kFloat).contiguous();
   p.x = x2.data_ptr<float>();
+  const Isa isa = base_isa(level);  // no AVX-VNNI variant: its AVX2 kernel
+  if (M >= kInt8SgemmMinM && N > 0 && isa != Isa::kAvx512Vnni) {
+    // Below AVX-512 the dot kernel is an fp32 GEMM at a quarter of its FMA rate (4 rows x 2 tokens per pass: 0.35-0.40x
+    // fp32 F.linear at M = 256 on Intel); rows dequantized once + ATen's sgemm tie F.linear (sgemm_prefill.h).
+    prefill_by_sgemm(x2, N, K, 16, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
+      dequantize_int8_rows(p, r0, r1, dst, K);
+    });
+    return out.to(x.scalar_type()).reshape(out_shape(x, N));
+  }
   if (M > 0 && N > 0) {
-    const Isa isa = base_isa(level);  // no AVX-VNNI variant: its AVX2 kernel
     const int64_t block = weight_only_block_rows(isa, p);
     at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
       linear_weight_only(isa, p, b0 * block, std::min(b1 * block, N));

@@ -58,6 +58,7 @@ WO_CASES = [
     (1, 1, 1, 1), (3, 1, 37, 1), (1, 100, 37, 1), (1, 96, 29, 6), (3, 100, 47, 4), (17, 16, 33, 1), (17, 96, 65, 12),
     (17, 96, 65, 6), (40, 300, 97, 1), (40, 512, 70, 16), (1, 1030, 37, 1), (8, 520, 129, 65),
     (17, 1100, 33, 1), (17, 1088, 33, 17),  # the AVX-512 fp32 panel's k block (1024) and a tail, per channel / g64
+    (50, 300, 97, 1), (257, 96, 65, 6),  # below AVX-512 from M = 48: dequantized rows + ATen's sgemm
 ]
 # The AVX512-BF16 prefill (M >= 16; groups of whole 32-k steps or one per row): N odd and past one 32-row panel
 # (a partial panel), K past one 256-k panel block with a tail step (K = 300, 1100), M = 17 / 255 (a last 6-row

@@ -61,8 +61,10 @@ _CPU_KERNEL_NOTES = {
         "avx512_bf16": "M < 16: the avx512_vnni dot kernel (fp32; bf16 activations converted); M >= 16 with bf16 "
                        "activations (groups of whole 32-k steps or per channel): int8 codes as exact bf16 in k-pair "
                        "panels + 6x32 vdpbf16ps tiles, fp32 sums, the scale per segment; else the avx512_vnni kernels",
-        "avx2": "dot kernel (4 rows x 2 tokens, 8 lanes) for every M",
-        "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
+        "avx2": "M < 48: dot kernel (4 rows x 2 tokens, 8 lanes); M >= 48: blocks of 512 rows dequantized to fp32, "
+                "then ATen's fp32 GEMM",
+        "scalar": "plain loops (M >= 48: dequantized blocks + ATen's fp32 GEMM): the CPU has no AVX2+FMA, or "
+                  "TORCHQKIT_CPU_ISA forced it",
     },
     "torchqkit::linear_int8da_int8_plain": {
         "avx512_vnni": "vpdpbusd (u8 = q + 128 times s8, corrected by row sums); M >= 8: packed panels, 6x32 tiles",
