@@ -25,8 +25,8 @@ __all__ = ["BlockInputs", "find_blocks", "capture_block_inputs", "run_block", "c
            "BlockProgress"]
 
 # Keyword arguments a decoder block receives that would make repeated runs change state (a KV cache
-# grows on every call): captured as None / False.
-_STATEFUL_KWARGS = {"past_key_values": None, "past_key_value": None, "use_cache": False}
+# grows on every call): captured as None / False. transformers 5.24 names the cache `cache`.
+_STATEFUL_KWARGS = {"past_key_values": None, "past_key_value": None, "cache": None, "use_cache": False}
 
 
 @dataclass

@@ -60,7 +60,8 @@ __all__ = ["LeanDecoder", "greedy_decode"]
 class LeanDecoder:
     """Greedy decoding of a transformers causal LM (batch 1) with a static KV cache of `max_length` positions.
 
-    model: a transformers causal LM whose forward takes `past_key_values`, `cache_position` and `position_ids`
+    model: a transformers causal LM whose forward takes a cache (`cache` since transformers 5.24, `past_key_values`
+        before), `cache_position` and `position_ids`
         (LLaMA, Mistral, Qwen2, ... under transformers' StaticCache). It is used as it is (eval mode is the
         caller's choice; decoding runs under torch.no_grad()).
     max_length: prompt + new tokens of the longest request; the K/V cache holds that many positions.
@@ -101,6 +102,7 @@ class LeanDecoder:
                                        if filled_cache_attention is None else bool(filled_cache_attention))
         self.attention: str | None = None
         self._cache = StaticCache(config=model.config, max_cache_len=max_length)
+        self._cache_arg = cache_argument(model)
         self._backend = ReplayingInductor(inductor_options) if compile else None
         # dynamic=False: another cache length gets its own static graph; after a recompile dynamo would otherwise
         # make the length symbolic, a graph that replay cannot call (Note [Step replay]) and that runs slower.
@@ -143,7 +145,7 @@ class LeanDecoder:
         self._cache.reset()
         positions = torch.arange(prompt, device=device)
         logits = self.model(input_ids=ids, cache_position=positions, position_ids=positions.unsqueeze(0),
-                            past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
+                            **{self._cache_arg: self._cache}, use_cache=True, logits_to_keep=1).logits
         token = logits[:, -1].argmax(dim=-1, keepdim=True)
         out[0] = token[0, 0]
         if on_token is not None:
@@ -186,7 +188,7 @@ class LeanDecoder:
 
     def _forward_one(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         logits = self.model(input_ids=token, cache_position=position, position_ids=position.unsqueeze(0),
-                            past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
+                            **{self._cache_arg: self._cache}, use_cache=True, logits_to_keep=1).logits
         return logits[:, -1].argmax(dim=-1, keepdim=True)
 
 
@@ -201,13 +203,20 @@ def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *,
     return torch.cat([ids.to(new.device), new.unsqueeze(0)], dim=1)
 
 
+def cache_argument(model: nn.Module) -> str:
+    """The keyword the model's forward takes its KV cache by: `cache` (transformers >= 5.24) or
+    `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def _check_model(model: nn.Module) -> None:
     config = getattr(model, "config", None)
     params = inspect.signature(model.forward).parameters
     # transformers 5 passes cache_position through **kwargs; a forward without **kwargs must name each one.
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    missing = [name for name in ("past_key_values", "cache_position", "position_ids")
-               if name not in params and not (takes_kwargs and name != "past_key_values")]
+    cache = cache_argument(model)
+    missing = [name for name in (cache, "cache_position", "position_ids")
+               if name not in params and not (takes_kwargs and name != cache)]
     if config is None or missing:
         what = "no `config`" if config is None else f"a forward without {', '.join(missing)}"
         raise TypeError(f"LeanDecoder decodes transformers causal LMs with a static KV cache; "
