@@ -202,53 +202,80 @@ struct PanelProblem {
   int planes = 1;
 };
 
+// The zero-point term and bias of rows [c0, c0 + nc) (one panel's), after its k blocks.
+template <class Offsets>
+void panel_epilogue(const PanelProblem& pb, int64_t c0, int nc, Offsets& offsets, float* zp) {
+  if (pb.xsum) {
+    offsets(c0, nc, zp);
+    add_group_terms(pb.M, pb.xsum, pb.G, zp, pb.out + c0, pb.ldo, nc);
+  }
+  if (pb.bias)
+    for (int64_t m = 0; m < pb.M; ++m)
+      for (int j = 0; j < nc; ++j) pb.out[m * pb.ldo + c0 + j] += pb.bias[c0 + j];
+}
+
+// Note [AMX panel blocking]: the vdpbf16ps loop fills one panel and runs every token over it, so the activations
+// stream from memory once per panel; for AMX, whose tiles outrun that stream, that order made a float32 call with
+// M = 1000, K = 1536, N = 384 (MiniLM's down projection) 2.6x slower than fp32 F.linear: its three planes (9 MB)
+// came from L3 for every pair of panels. So the amx loop fills up to kAmxPanels panels of one k block (128 KiB at
+// 256 k, in L2) and runs each 32-token block of activations (48 KiB with three planes) over all of them before the
+// next: the activations are read once per k block and panel group, from L2 / L1 in between.
+constexpr int kAmxPanels = 8;
+
+template <class Fill, class Offsets>
+void panel_gemm_amx(const PanelProblem& pb, int64_t n0, int64_t n1, Fill& fill, Offsets& offsets) {
+  const int64_t panel_words = pb.kc_max / 2 * kPanelCols, panel_scales = (pb.kc_max / pb.seg + 1) * kPanelCols;
+  std::vector<uint32_t> panels(kAmxPanels * panel_words);
+  std::vector<float> scales(kAmxPanels * panel_scales);
+  std::vector<float> zp(pb.xsum ? pb.G * kPanelCols : 0);
+  const int step = pb.planes > 1 ? 2 : 1;  // panels per call: pairs with planes (Note [two panels per A tile])
+  const int64_t R = amx::kBlockRows, block_elems = pb.ldx / 32 * pb.planes * (R * 32);
+  bool configured = false;
+  for (int64_t g0 = n0; g0 < n1; g0 += kAmxPanels * kPanelCols) {
+    const int np = static_cast<int>((std::min<int64_t>(kAmxPanels * kPanelCols, n1 - g0) + kPanelCols - 1) / kPanelCols);
+    const auto cols = [&](int p) { return static_cast<int>(std::clamp<int64_t>(n1 - g0 - p * kPanelCols, 0, kPanelCols)); };
+    for (int64_t k0 = 0; k0 < pb.k_extent; k0 += pb.kc_max) {
+      const int64_t kc = std::min(pb.kc_max, pb.k_extent - k0);
+      for (int p = 0; p < np; ++p)
+        fill(g0 + p * kPanelCols, cols(p), k0, kc, panels.data() + p * panel_words, scales.data() + p * panel_scales);
+      for (int64_t m = 0; m < pb.M; m += R) {
+        for (int p = 0; p < np; p += step) {
+          const bool two = step == 2 && p + 1 < np;
+          const uint32_t* const pp[2] = {panels.data() + p * panel_words,
+                                         two ? panels.data() + (p + 1) * panel_words : nullptr};
+          const float* const ss[2] = {scales.data() + p * panel_scales, scales.data() + (two ? p + 1 : p) * panel_scales};
+          const int nc[2] = {cols(p), two ? cols(p + 1) : 0};
+          amx_bf16::gemm(std::min<int64_t>(R, pb.M - m), pb.xb + m / R * block_elems, pb.ldx, pb.planes, k0, pp, kc,
+                         pb.seg, ss, pb.out + m * pb.ldo + g0 + p * kPanelCols, pb.ldo, nc, k0 == 0, configured);
+        }
+      }
+    }
+    for (int p = 0; p < np; ++p) panel_epilogue(pb, g0 + p * kPanelCols, cols(p), offsets, zp.data());
+  }
+  if (configured) amx::release();
+}
+
 // Rows [n0, n1) of out. fill(b0, nb, k0, kc, panel, sc): rows [b0, b0 + nb) x k [k0, k0 + kc) into panel and
 // sc[s][32] (rows past nb zero); offsets(b0, nb, zp): zp[g][32] the offsets of those rows (only with xsum).
 // Call only when the CPU runs Isa::kAvx512Bf16.
 template <class Fill, class Offsets>
 void panel_gemm(const PanelProblem& pb, int64_t n0, int64_t n1, Fill&& fill, Offsets&& offsets) {
+  if (amx_selected()) return panel_gemm_amx(pb, n0, n1, fill, offsets);
+  TORCH_CHECK(pb.planes == 1, "bf16 panels: ", pb.planes, " activation planes need the amx level");
   std::vector<uint32_t> panel(pb.kc_max / 2 * kPanelCols);
   std::vector<float> sc((pb.kc_max / pb.seg + 1) * kPanelCols);
   std::vector<float> zp(pb.xsum ? pb.G * kPanelCols : 0);
-  const bool amx = amx_selected();
-  TORCH_CHECK(amx || pb.planes == 1, "bf16 panels: ", pb.planes, " activation planes need the amx level");
-  bool amx_configured = false;  // our tile configuration not loaded yet in this call (Note [bf16 panels on AMX])
-  // AMX with planes: panels in pairs, the right one here (Note [two panels per A tile])
-  const bool pairs = amx && pb.planes > 1;
-  std::vector<uint32_t> panel2(pairs ? panel.size() : 0);
-  std::vector<float> sc2(pairs ? sc.size() : 0);
-  const int64_t step = pairs ? 2 * kPanelCols : kPanelCols;
-  for (int64_t b0 = n0; b0 < n1; b0 += step) {
+  for (int64_t b0 = n0; b0 < n1; b0 += kPanelCols) {
     const int nb = static_cast<int>(std::min<int64_t>(kPanelCols, n1 - b0));
-    const int nb2 = pairs ? static_cast<int>(std::clamp<int64_t>(n1 - b0 - kPanelCols, 0, kPanelCols)) : 0;
     for (int64_t k0 = 0; k0 < pb.k_extent; k0 += pb.kc_max) {
       const int64_t kc = std::min(pb.kc_max, pb.k_extent - k0);
       fill(b0, nb, k0, kc, panel.data(), sc.data());
-      if (amx) {
-        if (nb2 > 0) fill(b0 + kPanelCols, nb2, k0, kc, panel2.data(), sc2.data());
-        const uint32_t* const panels[2] = {panel.data(), nb2 > 0 ? panel2.data() : nullptr};
-        const float* const scales[2] = {sc.data(), sc2.data()};
-        const int ncols[2] = {nb, nb2};
-        amx_bf16::gemm(pb.M, pb.xb, pb.ldx, pb.planes, k0, panels, kc, pb.seg, scales, pb.out + b0, pb.ldo, ncols,
-                       k0 == 0, amx_configured);
-        continue;
-      }
       for (int64_t m = 0; m < pb.M; m += kMaxRows)
         gemm(static_cast<int>(std::min<int64_t>(kMaxRows, pb.M - m)), pb.xb + m * pb.ldx + k0, pb.ldx, panel.data(),
              kc, pb.seg, sc.data(), pb.out + m * pb.ldo + b0, pb.ldo, nb, k0 == 0);
     }
-    for (int64_t c0 = b0; c0 < std::min(b0 + step, n1); c0 += kPanelCols) {
-      const int nc = static_cast<int>(std::min<int64_t>(kPanelCols, n1 - c0));
-      if (pb.xsum) {
-        offsets(c0, nc, zp.data());
-        add_group_terms(pb.M, pb.xsum, pb.G, zp.data(), pb.out + c0, pb.ldo, nc);
-      }
-      if (pb.bias)
-        for (int64_t m = 0; m < pb.M; ++m)
-          for (int j = 0; j < nc; ++j) pb.out[m * pb.ldo + c0 + j] += pb.bias[c0 + j];
-    }
+    panel_epilogue(pb, b0, nb, offsets, zp.data());
   }
-  if (amx_configured) amx::release();
 }
 
 }  // namespace bf16_gemm
