@@ -315,7 +315,7 @@ def main(argv=None) -> int:
     print(f"machine: {bench_model.machine()}; CPU {bench_linear.cpu_model()}")
     print(f"float32 matmul precision: {torch.get_float32_matmul_precision()}")
     print(f"ISA: TORCHQKIT_CPU_ISA={os.environ.get('TORCHQKIT_CPU_ISA', '(auto)')}, torch CPU capability "
-          f"{torch.backends.cpu.get_cpu_capability()}; read bandwidth {bandwidth:.1f} GB/s (128 MiB sum, this run)")
+          f"{torch.backends.cpu.get_cpu_capability()}; read bandwidth {bandwidth:.1f} GB/s (sum over {bench_linear.RING_BYTES >> 20} MiB, this run)")
     print(f"prompt: {len(ids)} tokens; {args.new_tokens} greedy tokens, prefill excluded, median of {args.repeats}, "
           f"{args.threads} threads; compiled rows: fullgraph, inductor options {args.inductor}; lean loops' KV cache "
           f"('cache'): positions; attention 'filled': torchqkit::sdpa_over_filled_cache "

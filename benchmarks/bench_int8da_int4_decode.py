@@ -17,7 +17,7 @@ Columns:
              bandwidth is the fastest of its passes (on a shared 2-core host a median of 2-thread calls measures the
              neighbours: one thread descheduled for a 12-16 ms time slice)
   2t GB/s    weight bytes / 2t us
-  2t bw%     2t GB/s against the read bandwidth measured in the same run (128 MiB sum)
+  2t bw%     2t GB/s against the read bandwidth measured in the same run (a sum over 3x L3)
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def main() -> None:
     print(f"machine: {cpu_model()}, torch {torch.__version__}; linear_int8da_int4_packed: {path}")
     bench_linear._stat = min  # the fastest bandwidth pass, like the fastest ring call
     bw = read_bandwidth()
-    print(f"read bandwidth (128 MiB sum, fastest of 7, same run): {bw:.1f} GB/s")
+    print(f"read bandwidth (sum over {RING_BYTES >> 20} MiB, median of 7, same run): {bw:.1f} GB/s")
     print("    K      N   M    g    cpu us  GB/s/core    f32 us     2t us  2t GB/s  2t bw%")
     for k, n in shapes:
         for m in (int(v) for v in args.ms.split(",")):

@@ -349,7 +349,7 @@ def main():
     bw = read_bandwidth()
     where = ("reuse one cached weight (--hot)" if args.hot else
              f"read their weight from memory (a ring of copies > {RING_BYTES >> 20} MiB)")
-    print(f"read bandwidth (128 MiB sum, same run): {bw:.1f} GB/s; decode rows (M <= 8) {where}")
+    print(f"read bandwidth (sum over {RING_BYTES >> 20} MiB, same run): {bw:.1f} GB/s; decode rows (M <= 8) {where}")
     formats = args.formats.split(",")
     if args.fp32_precision:
         for op in ("torchqkit::linear_int8wo_plain", "torchqkit::linear_nf4wo"):

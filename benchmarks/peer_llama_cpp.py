@@ -28,8 +28,11 @@ def main() -> int:
     args = parser.parse_args()
     import llama_cpp
 
-    llm = llama_cpp.Llama(args.gguf, n_threads=args.threads, n_threads_batch=args.threads, n_ctx=512,
-                          verbose=False)
+    # n_batch = 1: the prompt goes in one token at a time. llama-cpp-python 0.3.36 built on a Xeon with AMX
+    # segfaulted on any prompt batch of 2 or more tokens (its AMX path); decode steps are single tokens either way,
+    # and only they are timed.
+    llm = llama_cpp.Llama(args.gguf, n_threads=args.threads, n_threads_batch=args.threads, n_ctx=512, n_batch=1,
+                          n_ubatch=1, verbose=False)
     prompt = llm.tokenize(args.prompt.encode(), add_bos=False)
 
     def run() -> tuple[list[float], list[int]]:
