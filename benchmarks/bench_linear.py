@@ -11,7 +11,7 @@ of the weight, taken in turn from a ring of copies that together exceed 3x the L
 comes from memory while the code, the activation and the threads stay warm, as for the layers of a
 decoder step. (Flushing the caches before each call instead also charges every call 0.1-0.2 ms of
 cold Python / dispatcher / thread wake-up that no model sees.) The read bandwidth the "GB/s" column is
-compared with is measured by the same run, as a sum over a buffer of 3x L3 (at least 128 MiB) after a
+compared with is measured by the same run, as a sum over a buffer of 3x L3 (at least 96 MiB) after a
 flush (these hosts are shared, and their bandwidth drifts). GB/s counts the weight bytes (codes + scales) only.
 
 Columns: f32 / bf16 = F.linear with a float weight; i8pack = torch._weight_int8pack_mm (bf16 activations);
