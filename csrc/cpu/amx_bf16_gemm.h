@@ -4,12 +4,12 @@
 // Note [bf16 panels on AMX]: a panel's [kc / 2][32] words are exactly what tdpbf16ps wants for its B operand: a
 // tile row is one k pair for 16 columns (64 bytes), so the panel's left and right 16 columns are two B tiles of 16
 // k pairs (32 k), row stride 128 bytes. The A operand is 16 activation rows x 32 bf16 (64 bytes), from activations
-// packed per call (Note [activations packed for AMX]). One tdpbf16ps is 16 x 16 x 32 multiply-adds (16 cycles): 16x what one vdpbf16ps
-// zmm does per cycle, and on Intel's cores vdpbf16ps runs at half the fp32 FMA rate (measured on a 2-vCPU Xeon
-// with AMX: torch's bf16 F.linear without AMX at 0.7x its fp32 one, with AMX 5.8x), so this is the only bf16 route
-// that beats fp32 there. A block of up to 32 activation rows x 32 columns keeps 4 C tiles; per scale segment
-// (Note [bf16 panels]) the C tiles start at zero, are stored to an L1 buffer and folded into the fp32 sums with
-// the segment's scales, so products and sums round as in the vdpbf16ps kernel.
+// packed per call (Note [activations packed for AMX]). One tdpbf16ps is 16 x 16 x 32 multiply-adds (16 cycles):
+// 16x what one vdpbf16ps zmm does per cycle, and on Intel's cores vdpbf16ps runs at half the fp32 FMA rate
+// (measured on a 2-vCPU Xeon with AMX: torch's bf16 F.linear without AMX at 0.7x its fp32 one, with AMX 5.8x), so
+// this is the only bf16 route that beats fp32 there. A block of up to 32 activation rows x 32 columns keeps 4 C
+// tiles; per scale segment (Note [bf16 panels]) the C tiles start at zero, are stored to an L1 buffer and folded
+// into the fp32 sums with the segment's scales, so products and sums round as in the vdpbf16ps kernel.
 //
 // Note [fp32 activations on AMX]: float32 activations split exactly into three bf16 planes, x = hi + mid + lo
 // (hi = bf16(x), mid = bf16(x - hi), lo = x - hi - mid: each takes the next 8 significant bits, and bf16 has
@@ -17,7 +17,6 @@
 // the documented exception, Note [nf4 levels in bf16]), so each plane's products are exact and the three
 // tdpbf16ps per tile sum them in fp32: the fp32 result up to fp32 rounding of the sums, at 3x the bf16 work, which
 // AMX still does several times faster than fp32 FMAs (subnormal planes, |x| < 2^-110, are flushed to zero).
-//
 #pragma once
 #include <immintrin.h>
 
@@ -32,12 +31,14 @@ namespace amx_bf16 {
 using amx::kBlockRows;
 using amx::configure;
 
-// Note [activations packed for AMX]: a tile load reads 16 rows of 64 bytes. From (M, K) activations that is 16
-// cache lines 2 K bytes apart (and with K = 4096 all in one L1 set), and every 32-column panel streams all of A
-// again: with three planes that stream, not the tiles, set the speed (4x one plane's time, where pointing the three
-// planes at one copy gave 2x). So at the amx level the glue packs the activations once per call as
-// [ceil(M / 32)][ldx / 32][planes][32 rows][32 k] bf16, rows past M zero: each tile is 1 KiB contiguous (row stride
-// 64 bytes) and a block's loads run through memory in order.
+// Note [activations packed for AMX]: a tile load reads 16 rows of 64 bytes; from (M, K) activations those are 16
+// cache lines 2 K bytes apart (with K = 4096 all in one L1 set). At the amx level the glue packs the activations
+// once per call as [ceil(M / 32)][ldx / 32][planes][32 rows][32 k] bf16, rows past M zero: each tile is 1 KiB
+// contiguous (row stride 64 bytes), a block's loads run through memory in order, and whole 32-row blocks let one
+// tile configuration serve every block. By itself that changed little (a float32 call at M = 256, 4096^2: 23.7 ->
+// 23.0 ms): what limited the planes was how often the activations stream from L2 / L3 (Note [two panels per A
+// tile], Note [AMX panel blocking] in bf16_gemm.h) and the split itself (pack_fp32_planes).
+
 // C[0:rows, 0:ncols] (+)= sum over segments s of (A[0:rows, k0 + seg s] @ panel[seg s]) * seg_scale[s][0:32]: A one
 // packed block (Note [activations packed for AMX]) of `planes` planes that sum to the activations, ldx / 32 k steps
 // per block; kc and seg multiples of 32. kTwo: rows > 16 (tiles 2, 3, 5 in use).
@@ -78,12 +79,15 @@ TQK_AMX void block(int rows, const uint16_t* a, int planes, int64_t k0, const ui
     const __m512 sc0 = _mm512_loadu_ps(seg_scale + si * 32), sc1 = _mm512_loadu_ps(seg_scale + si * 32 + 16);
     for (int m = 0; m < rows; ++m) {
       const __m512 p0 = _mm512_load_ps(&part[m][0]), p1 = _mm512_load_ps(&part[m][16]);
-      _mm512_store_ps(&acc[m][0], si == 0 ? _mm512_mul_ps(p0, sc0) : _mm512_fmadd_ps(p0, sc0, _mm512_load_ps(&acc[m][0])));
-      _mm512_store_ps(&acc[m][16], si == 0 ? _mm512_mul_ps(p1, sc1) : _mm512_fmadd_ps(p1, sc1, _mm512_load_ps(&acc[m][16])));
+      _mm512_store_ps(&acc[m][0],
+                      si == 0 ? _mm512_mul_ps(p0, sc0) : _mm512_fmadd_ps(p0, sc0, _mm512_load_ps(&acc[m][0])));
+      _mm512_store_ps(&acc[m][16],
+                      si == 0 ? _mm512_mul_ps(p1, sc1) : _mm512_fmadd_ps(p1, sc1, _mm512_load_ps(&acc[m][16])));
     }
   }
   const __mmask16 m0 = ncols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
-  const __mmask16 m1 = ncols >= 32 ? (__mmask16)0xFFFF : ncols <= 16 ? (__mmask16)0 : (__mmask16)((1u << (ncols - 16)) - 1);
+  const __mmask16 m1 =
+      ncols >= 32 ? (__mmask16)0xFFFF : ncols <= 16 ? (__mmask16)0 : (__mmask16)((1u << (ncols - 16)) - 1);
   for (int m = 0; m < rows; ++m) {
     float* cr = c + m * ldc;
     __m512 v0 = _mm512_load_ps(&acc[m][0]), v1 = _mm512_load_ps(&acc[m][16]);
@@ -99,9 +103,9 @@ TQK_AMX void block(int rows, const uint16_t* a, int planes, int64_t k0, const ui
 // Note [two panels per A tile]: block() reads each A tile for 32 columns (one panel), so A streams from L2 once per
 // panel. Three planes make that stream 3x (6 KiB per 32-k step of a block for 12 tdpbf16ps) and it, not the tiles,
 // set the speed: pointing the three planes at one copy (A from L1) took the float32 call from 23 to 13.5 ms (M =
-// 256, 4096^2, 2 threads). With planes, the panel loop therefore fills panels in pairs and block64 runs 16 rows x
-// 64 columns: each A tile is loaded for the left panel and again, now from L1, for the right one, halving the
-// stream from L2 (23 -> 19.5 ms; one plane, where the stream is a third, stays with block(): 6.6 vs 7.3 ms).
+// 256, 4096^2, 2 threads). With planes, the amx panel loop therefore runs its panels in pairs through block64, 16
+// rows x 64 columns: each A tile is loaded for the left panel and again, now from L1, for the right one, halving
+// the stream from L2 (23 -> 19.5 ms; one plane, where the stream is a third, stays with block(): 6.6 vs 7.3 ms).
 //
 // One 32-k step of one panel (its row pair kp at `panel`) for 16 rows, every plane: C tiles 0, 1 (kRight: 2, 3)
 // += A @ B. The tile intrinsics take their tile numbers as literal text, hence the two spelled-out branches.

@@ -8,8 +8,9 @@
 
 #include <cstdint>
 
-#define TQK_AMX \
-  __attribute__((target("amx-tile,amx-bf16,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx2,fma,f16c")))
+#define TQK_AMX                                                                                           \
+  __attribute__((target("amx-tile,amx-bf16,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni," \
+                        "avx2,fma,f16c")))
 
 namespace torchqkit_cpu {
 namespace amx {

@@ -698,8 +698,8 @@ bool cpu_avx512_bf16() {
   __builtin_cpu_init();
   return cpu_avx512_vnni() && __builtin_cpu_supports("avx512bf16");
 }
-// AMX tiles with bf16 and int8 dot products (Intel Sapphire Rapids and later), and Linux's permission to use their 8 KiB
-// of state (asked once per process; a kernel without AMX support refuses it, and the level is then not run).
+// AMX tiles with bf16 and int8 dot products (Intel Sapphire Rapids and later), and Linux's permission to use their
+// 8 KiB of state (asked once per process; a kernel without AMX support refuses it, and the level is then not run).
 bool cpu_amx() {
   __builtin_cpu_init();
   if (!cpu_avx512_bf16() || !__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16") ||

@@ -45,7 +45,8 @@ TQK_PLANES inline void pack_fp32_planes(const float* x, int64_t M, int64_t K, in
       for (int64_t s = 0; s < steps; ++s)
         for (int h = 0; h < 2; ++h) {
           const int64_t k = s * 32 + h * 16;
-          const __mmask16 in = m < M && k < K ? (K - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1)) : 0;
+          const __mmask16 in =
+              m < M && k < K ? (K - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1)) : 0;
           const __m512 v = _mm512_maskz_loadu_ps(in, x + m * K + k);
           const __m256bh hi = _mm512_cvtneps_pbh(v);
           const __m512 r1 = _mm512_sub_ps(v, widen_bf16(hi));
@@ -97,7 +98,8 @@ inline at::Tensor group_sums(const at::Tensor& x2, int planes, int64_t G, int64_
 // [32 rows][64 k] u8, rows past M zero (Note [int8 panels on AMX] in amx_int8_gemm.h).
 inline at::Tensor amx_packed_codes(const at::Tensor& a) {
   const int64_t M = a.size(0), lda = a.size(1), R = amx::kBlockRows, Mb = (M + R - 1) / R;
-  return at::constant_pad_nd(a, {0, 0, 0, Mb * R - M}, 0).view({Mb, R, lda / 64, 64}).permute({0, 2, 1, 3}).contiguous();
+  const at::Tensor rows = at::constant_pad_nd(a, {0, 0, 0, Mb * R - M}, 0);
+  return rows.view({Mb, R, lda / 64, 64}).permute({0, 2, 1, 3}).contiguous();
 }
 
 }  // namespace torchqkit_cpu

@@ -25,8 +25,8 @@ using torchqkit_glue::rows;
 using torchqkit_glue::float_bias;
 using torchqkit_glue::out_shape;
 
-// The level the CPU runs, or the one TORCHQKIT_CPU_ISA=amx|avx512_bf16|avx512_vnni|avx_vnni|avx2|scalar forces (read on every
-// call so tests can switch levels in-process). Asking for a level the CPU lacks is an error, never a crash.
+// The level the CPU runs, or the one TORCHQKIT_CPU_ISA=amx|avx512_bf16|avx512_vnni|avx_vnni|avx2|scalar forces (read
+// on every call so tests can switch levels in-process). Asking for a level the CPU lacks is an error, never a crash.
 Isa selected_isa() {
   const Isa detected = detected_isa();
   const char* env = std::getenv("TORCHQKIT_CPU_ISA");
@@ -38,7 +38,8 @@ Isa selected_isa() {
   else if (std::strcmp(env, "avx_vnni") == 0) wanted = Isa::kAvxVnni;
   else if (std::strcmp(env, "avx2") == 0) wanted = Isa::kAvx2;
   else if (std::strcmp(env, "scalar") == 0) wanted = Isa::kScalar;
-  else TORCH_CHECK(false, "TORCHQKIT_CPU_ISA=", env, " is not one of amx, avx512_bf16, avx512_vnni, avx_vnni, avx2, scalar");
+  else
+    TORCH_CHECK(false, "TORCHQKIT_CPU_ISA=", env, " is not one of amx, avx512_bf16, avx512_vnni, avx_vnni, avx2, scalar");
   TORCH_CHECK(isa_supported(wanted), "TORCHQKIT_CPU_ISA=", env, " but this CPU does not run it (its best level is ",
               isa_name(detected), "); unset it or pick another level");
   return wanted;

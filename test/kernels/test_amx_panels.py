@@ -1,8 +1,9 @@
 """The amx level (csrc/cpu/amx_bf16_gemm.h): the weight-only prefill's bf16 panels on AMX tiles, and float32
 activations as three exact bf16 planes there. Against the avx512_bf16 level's vdpbf16ps kernels on the same bytes
-(bf16 activations) and against its fp32 kernels (float32 activations: the planes keep fp32 precision), on token counts that
-leave partial 16- and 32-row blocks and weights with partial 32-row panels; and next to torch's own AMX matmuls
-(oneDNN loads its own tile configuration in the same thread)."""
+(bf16 activations) and against its fp32 kernels (float32 activations: the planes keep fp32 precision), on token
+counts that leave partial 16- and 32-row blocks, weights with partial 32-row panels and more panels than one group
+(Note [AMX panel blocking]); and next to torch's own AMX matmuls (oneDNN loads its own tile configuration in the
+same thread)."""
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,8 @@ LEVELS = cpu_levels("torchqkit::linear_nf4wo", with_avx512_bf16=True)
 pytestmark = pytest.mark.skipif("amx" not in LEVELS, reason="the CPU (or its OS) does not run AMX-BF16 tiles")
 
 # K: ten 32-k steps (not a whole 256-k panel block); N: two full 32-row panels and 8 rows (50 rows: a pair of panels
-# whose right one is partial, as the float32 planes run them)
+# whose right one is partial, as the float32 planes run them; 300 rows: a group of 8 panels, then a full and a
+# partial one)
 K, N = 320, 72
 
 
@@ -33,6 +35,8 @@ WEIGHTS = {
                                                scale_dtype=torch.float32),
     "int8 per row, 50 rows": lambda: qk.quantize_weight(_w(50, K), Q.int8, qk.PerRow(), qk.PlainLayout(),
                                                         mapping="symmetric", scale_dtype=torch.float32),
+    "int8 per row, 300 rows": lambda: qk.quantize_weight(_w(300, K), Q.int8, qk.PerRow(), qk.PlainLayout(),
+                                                         mapping="symmetric", scale_dtype=torch.float32),
     "int8 g64": lambda: qk.quantize_weight(_w(), Q.int8, qk.PerGroup(64), qk.PlainLayout(), mapping="symmetric",
                                            scale_dtype=torch.float32),
     "int4 tiled g32": lambda: qk.quantize_weight(_w().bfloat16(), Q.uint4, qk.PerGroup(32),
