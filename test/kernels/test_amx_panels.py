@@ -148,3 +148,17 @@ def test_int8_dynamic_activations_give_the_vnni_kernels_result_bit_for_bit(name,
     ref = _at("avx512_bf16", monkeypatch, lambda: F.linear(x, w, bias))
     out = _at("amx", monkeypatch, lambda: F.linear(x, w, bias))
     assert torch.equal(out, ref), (out - ref).abs().max()
+
+
+def test_float32_planes_split_values_of_every_magnitude_exactly(monkeypatch):
+    """Rows of very different scales (1e-20 .. 1e20), negative values, zeros and a k tail inside a 16-lane step:
+    each row's result within fp32 rounding of that row's own size, as the fp32 kernels give it."""
+    w = qk.quantize_weight(_w(40, 100), Q.int8, qk.PerRow(), qk.PlainLayout(), mapping="symmetric",
+                           scale_dtype=torch.float32)
+    x = torch.randn(33, 100, generator=gen(7)) * torch.logspace(-20, 20, 33).unsqueeze(1)
+    x[3, :50] = 0.0
+    x[5] = -x[5]
+    ref = _at("avx512_bf16", monkeypatch, lambda: F.linear(x, w))
+    out = _at("amx", monkeypatch, lambda: F.linear(x, w))
+    for m in range(33):
+        assert_rel(out[m], ref[m], 1e-5, f"row {m} (|x| ~ {x[m].abs().max().item():.1e})")
