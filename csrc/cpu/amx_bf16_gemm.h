@@ -49,12 +49,7 @@ TQK_AMX void block(int rows, const uint16_t* a, int planes, int64_t k0, const ui
   alignas(64) float acc[kBlockRows][32];
   constexpr int64_t sa = 64, sb = 32 * 4;  // row strides in bytes: packed activations, panel
   for (int64_t s0 = 0, si = 0; s0 < kc; s0 += seg, ++si) {
-    _tile_zero(0);
-    _tile_zero(1);
-    if (kTwo) {
-      _tile_zero(2);
-      _tile_zero(3);
-    }
+    amx::zero_c<kTwo>();
     for (int64_t k = s0; k < std::min(s0 + seg, kc); k += 32) {
       _tile_loadd(6, panel + k / 2 * 32, sb);
       _tile_loadd(7, panel + k / 2 * 32 + 16, sb);
@@ -70,12 +65,7 @@ TQK_AMX void block(int rows, const uint16_t* a, int planes, int64_t k0, const ui
         }
       }
     }
-    _tile_stored(0, &part[0][0], 128);
-    _tile_stored(1, &part[0][16], 128);
-    if (kTwo) {
-      _tile_stored(2, &part[16][0], 128);
-      _tile_stored(3, &part[16][16], 128);
-    }
+    amx::store_c<kTwo>(part);
     const __m512 sc0 = _mm512_loadu_ps(seg_scale + si * 32), sc1 = _mm512_loadu_ps(seg_scale + si * 32 + 16);
     for (int m = 0; m < rows; ++m) {
       const __m512 p0 = _mm512_load_ps(&part[m][0]), p1 = _mm512_load_ps(&part[m][16]);
@@ -134,10 +124,7 @@ TQK_AMX inline void block64(int rows, const uint16_t* a, int half, int planes, i
   alignas(64) float part[16][64];
   alignas(64) float acc[16][64];
   for (int64_t s0 = 0, si = 0; s0 < kc; s0 += seg, ++si) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    amx::zero_c<true>();
     for (int64_t k = s0; k < std::min(s0 + seg, kc); k += 32) {
       const uint16_t* ak = a + (k0 + k) / 32 * planes * (kBlockRows * 32) + half * 16 * 32;
       panel_step<false>(panel[0] + k / 2 * 32, ak, planes);

@@ -36,12 +36,7 @@ inline const uint8_t* packed_block(const uint8_t* a, int64_t m0, int64_t lda) {
 template <bool kTwo>
 TQK_AMX inline void sums(const uint8_t* a, int64_t row_bytes, int64_t step_bytes, const int8_t* panel, int64_t kc,
                          int32_t (&out)[32][32]) {
-  _tile_zero(0);
-  _tile_zero(1);
-  if (kTwo) {
-    _tile_zero(2);
-    _tile_zero(3);
-  }
+  amx::zero_c<kTwo>();
   for (int64_t k = 0; k < kc; k += 64) {
     _tile_loadd(6, panel + k * 32, 128);  // quad row k / 4 of 32 columns x 4 bytes
     _tile_loadd(7, panel + k * 32 + 64, 128);
@@ -55,12 +50,14 @@ TQK_AMX inline void sums(const uint8_t* a, int64_t row_bytes, int64_t step_bytes
       _tile_dpbusd(3, 5, 7);
     }
   }
-  _tile_stored(0, &out[0][0], 128);
-  _tile_stored(1, &out[0][16], 128);
-  if (kTwo) {
-    _tile_stored(2, &out[16][0], 128);
-    _tile_stored(3, &out[16][16], 128);
-  }
+  amx::store_c<kTwo>(out);
+}
+
+// sums<rows > 16>: rows (<= 32) of A.
+TQK_AMX inline void sums_rows(int rows, const uint8_t* a, int64_t row_bytes, int64_t step_bytes, const int8_t* panel,
+                              int64_t kc, int32_t (&out)[32][32]) {
+  if (rows > 16) sums<true>(a, row_bytes, step_bytes, panel, kc, out);
+  else sums<false>(a, row_bytes, step_bytes, panel, kc, out);
 }
 
 }  // namespace amx_int8

@@ -39,5 +39,29 @@ TQK_AMX inline void configure(bool& loaded) {
 
 TQK_AMX inline void release() { _tile_release(); }
 
+// C tiles 0, 1 (and with kTwo 2, 3) to zero.
+template <bool kTwo>
+TQK_AMX inline void zero_c() {
+  _tile_zero(0);
+  _tile_zero(1);
+  if (kTwo) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+}
+
+// C tiles to a [32][32] block of 4-byte sums (fp32 or int32): 0, 1 the left / right 16 columns of rows 0..15, 2, 3
+// those of rows 16..31 (kTwo only).
+template <bool kTwo>
+TQK_AMX inline void store_c(void* out) {
+  char* o = static_cast<char*>(out);
+  _tile_stored(0, o, 128);
+  _tile_stored(1, o + 64, 128);
+  if (kTwo) {
+    _tile_stored(2, o + 16 * 128, 128);
+    _tile_stored(3, o + 16 * 128 + 64, 128);
+  }
+}
+
 }  // namespace amx
 }  // namespace torchqkit_cpu

@@ -513,25 +513,31 @@ void da_micro_rows(int64_t r, const uint8_t* a, int64_t lda, const int8_t* panel
 
 constexpr int DA_MR = MR;  // 8 or 12 rows (16 / 24 accumulators) measured no faster
 
+// Rows [0, R) of AMX int32 sums (amx_int8::sums) into C by da_store, the earlier k blocks' sums (kept in C) added
+// unless `first`. Shared by the int8 and the int4 panel paths on AMX.
+inline void da_store_sums(const int32_t (&sums)[32][32], int R, float* c, int64_t ldc, __mmask16 cm0, __mmask16 cm1,
+                          bool first, const DaEpilogue& ep) {
+  __m512i acc[32][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = _mm512_load_si512(&sums[r][0]);
+    acc[r][1] = _mm512_load_si512(&sums[r][16]);
+    if (!first) {
+      acc[r][0] = _mm512_add_epi32(acc[r][0], _mm512_maskz_loadu_epi32(cm0, c + r * ldc));
+      acc[r][1] = _mm512_add_epi32(acc[r][1], _mm512_maskz_loadu_epi32(cm1, c + r * ldc + 16));
+    }
+  }
+  da_store(acc, R, c, ldc, cm0, cm1, ep);
+}
+
 // Rows [m, m + rows) (rows <= 32, m a multiple of 32) of a panel's k block on the AMX tiles (Note [int8 panels on
-// AMX]): the tiles' int32 sums plus the earlier k blocks' (kept in C), then da_store.
+// AMX]), from the packed codes.
 void da_amx_rows(const DynamicActArgs& p, int64_t m, int rows, int64_t k0, const int8_t* panel, int64_t kc, float* c,
                  __mmask16 cm0, __mmask16 cm1, bool first, const DaEpilogue& ep, bool& configured) {
   alignas(64) int32_t sums[32][32];
   amx::configure(configured);
   const uint8_t* a = amx_int8::packed_block(p.a_amx, m, p.lda) + k0 / 64 * (amx::kBlockRows * 64);
-  if (rows > 16) amx_int8::sums<true>(a, 64, amx::kBlockRows * 64, panel, kc, sums);
-  else amx_int8::sums<false>(a, 64, amx::kBlockRows * 64, panel, kc, sums);
-  __m512i acc[32][2];
-  for (int r = 0; r < rows; ++r) {
-    acc[r][0] = _mm512_load_si512(&sums[r][0]);
-    acc[r][1] = _mm512_load_si512(&sums[r][16]);
-    if (!first) {
-      acc[r][0] = _mm512_add_epi32(acc[r][0], _mm512_maskz_loadu_epi32(cm0, c + r * p.ldo));
-      acc[r][1] = _mm512_add_epi32(acc[r][1], _mm512_maskz_loadu_epi32(cm1, c + r * p.ldo + 16));
-    }
-  }
-  da_store(acc, rows, c, p.ldo, cm0, cm1, ep);
+  amx_int8::sums_rows(rows, a, 64, amx::kBlockRows * 64, panel, kc, sums);
+  da_store_sums(sums, rows, c, p.ldo, cm0, cm1, first, ep);
 }
 
 void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
@@ -675,15 +681,9 @@ TQK_AMX void gemm_u8s8_amx(int R, const uint8_t* a, int64_t lda, const int8_t* p
                            const float* bias, const int32_t* rowsum, bool add_to_c, bool& configured) {
   alignas(64) int32_t sums[32][32];
   amx::configure(configured);
-  if (R > 16) amx_int8::sums<true>(a, lda, 64, panel, kc, sums);
-  else amx_int8::sums<false>(a, lda, 64, panel, kc, sums);
-  __m512i acc[32][2];
-  for (int r = 0; r < R; ++r) {
-    acc[r][0] = _mm512_load_si512(&sums[r][0]);
-    acc[r][1] = _mm512_load_si512(&sums[r][16]);
-  }
+  amx_int8::sums_rows(R, a, lda, 64, panel, kc, sums);
   const avx512::DaEpilogue ep{a_scale, a_zp128, w_scale, bias, rowsum, add_to_c};
-  avx512::da_store(acc, R, c, ldc, avx512::tail16(ncols), avx512::tail16(ncols - 16), ep);
+  avx512::da_store_sums(sums, R, c, ldc, avx512::tail16(ncols), avx512::tail16(ncols - 16), true, ep);
 }
 
 namespace {

@@ -151,6 +151,8 @@ _CPU_OPS = tuple(op for op in OPS if CPU_EXTENSION_LOADED and torch._C._dispatch
 _FP32_IN_BF16_FROM = {"torchqkit::linear_int8wo_plain": "M >= 16", "torchqkit::linear_int4wo_tiled": "every M (M >= 32 at inner_k_tiles 2)",
                       **dict.fromkeys(("torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo", "torchqkit::linear_mxwo"),
                                       "M > 8"), "torchqkit::linear_intxwo": "M > 4"}
+# At the amx level float32 activations take the three planes from the prefill M of each op (nf4 never).
+_FP32_PLANES_FROM = {**_FP32_IN_BF16_FROM, "torchqkit::linear_int4wo_tiled": "M >= 32"}
 
 
 def _fp32_activations_note(op: str, isa: str) -> str:
@@ -161,7 +163,7 @@ def _fp32_activations_note(op: str, isa: str) -> str:
                 f"because torch's fp32 matmul precision allows bf16 (set_float32_matmul_precision('medium') / "
                 f"torch.backends.mkldnn.matmul.fp32_precision = 'bf16'); below that the fp32 kernels")
     if isa == "amx" and op != "torchqkit::linear_nf4wo":
-        return (f" | float32 activations: {_FP32_IN_BF16_FROM[op]} the AMX prefill on x split into three bf16 planes "
+        return (f" | float32 activations: {_FP32_PLANES_FROM[op]} the AMX prefill on x split into three bf16 planes "
                 f"that sum to it exactly (3x the tile work, fp32 precision: Note [fp32 activations on AMX]; nf4 "
                 f"excepted); below that the fp32 kernels")
     return (" | float32 activations: the fp32 kernels (torch's fp32 matmul precision is not 'medium' / mkldnn "
