@@ -189,7 +189,7 @@ def torch_int4_pack(aqt, k: int, n: int, group: int):
 
 
 def int4_row(k, n, m, bw, args, group=128):
-    """int4 g128 weight-only: torch's native _weight_int4pack_mm_for_cpu (bf16 activations; its own packing)
+    """int4 weight-only (group size `group`): torch's native _weight_int4pack_mm_for_cpu (bf16 activations; its own packing)
     next to torchqkit::linear_int4wo_tiled on TensorCoreTiledLayout(8) bytes with f32 / bf16 activations."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=g).bfloat16()
@@ -224,12 +224,13 @@ def int4_row(k, n, m, bw, args, group=128):
 
 
 def int4_table(shapes, ms, bw, args):
-    odd = [k for k, _ in shapes if k % 128]
+    g = args.int4_group
+    odd = [k for k, _ in shapes if k % g]
     if odd:  # the ops are called directly here, without the layouts' padding of x to whole groups
-        raise SystemExit(f"--formats int4 times the ops on g128 weights: K must be a multiple of 128, got {odd} "
+        raise SystemExit(f"--formats int4 times the ops on g{g} weights: K must be a multiple of {g}, got {odd} "
                          f"(a quantized model pads x itself; time such shapes through the model)")
     print(torchao_int4_status())
-    print("int4 g128 (bf16 weights): i4pack = torch._weight_int4pack_mm_for_cpu (bf16 x); i4 = torchqkit::"
+    print(f"int4 g{g} (bf16 weights): i4pack = torch._weight_int4pack_mm_for_cpu (bf16 x); i4 = torchqkit::"
           "linear_int4wo_tiled (TensorCoreTiledLayout(8)); da4 = torchqkit::linear_int8da_int4_packed (f32 x, "
           "asymmetric per-token int8, PackedIntxLayout int4 symmetric); GB/s counts codes + scale/zero bytes")
     head = ["    K     N    M"] + [f"{c:>9}" for c in ("f32", "bf16", "i4pack", "i4 f32", "i4 bf16", "da4")]
@@ -237,7 +238,7 @@ def int4_table(shapes, ms, bw, args):
     print("  ".join(head) + f"    [ms, {args.stat}]")
     for k, n in shapes:
         for m in ms:
-            print(int4_row(k, n, m, bw, args), flush=True)
+            print(int4_row(k, n, m, bw, args, g), flush=True)
 
 
 def _precision_weight(name: str, k: int, n: int):
@@ -315,6 +316,8 @@ def main():
                         "(which other jobs on a shared host also load)")
     p.add_argument("--stat", choices=sorted(STAT), default="median",
                    help="min: the fastest call of each cell and the fastest bandwidth pass (a shared, loaded host)")
+    p.add_argument("--int4-group", type=int, default=128, choices=(32, 64, 128, 256),
+                   help="group size of the int4 table's weights (default 128)")
     p.add_argument("--cpu-time", action="store_true",
                    help="time each call as this thread's CPU time (needs --threads 1): the before / after figure on a "
                         "loaded shared host, where wall time measures the other jobs")

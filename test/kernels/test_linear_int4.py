@@ -141,12 +141,13 @@ def test_group32_decode_at_smollm2_width(monkeypatch, isa, dtype, m):
 
 # inner_k_tiles 4 at SmolLM2's K = 576 (9 chunks of 64, no padding): each vector of a chunk holds two rows, which the
 # bf16 decode kernel sums half by half; g = 32 is two groups per chunk, g = 64 one, g = 128 one per two chunks (K
-# padded to 640). M = 1 and 5, every activation dtype (bf16 takes that kernel on AVX512-BF16, the others the fp32 one).
+# padded to 640), g = 256 one per four (768). M = 1, 2 and 5, every activation dtype (bf16 takes that kernel on
+# AVX512-BF16, the others the fp32 one).
 @needs_ext
 @isa_param
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("g", [32, 64, 128])
-@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("g", [32, 64, 128, 256])
+@pytest.mark.parametrize("m", [1, 2, 5])
 def test_inner_k_tiles_4_decode_at_smollm2_width(monkeypatch, isa, dtype, g, m):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     w = _tiled(72, 576, g, 4, dtype)
@@ -165,7 +166,7 @@ def test_inner_k_tiles_4_decode_at_smollm2_width(monkeypatch, isa, dtype, g, m):
 @isa_param
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("g", [128, 256])
-@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("m", [1, 2, 5])
 def test_one_group_per_chunk_decode_at_smollm2_width(monkeypatch, isa, dtype, g, m):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     w = _tiled(72, 576, g, 8, dtype)
@@ -174,6 +175,32 @@ def test_one_group_per_chunk_decode_at_smollm2_width(monkeypatch, isa, dtype, g,
     out, ref = OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b))
     for t in range(m):
         assert_rel(out[t], ref[t], TOL[dtype], f"{isa} {dtype} g={g} token {t}")
+
+
+# Many groups (G >= 48) run the decode in blocks of n-tiles whose scales are copied to a buffer (Note [scales staged
+# per block] in csrc/cpu/linear_int4.cpp): K = 2048 at g = 32 is 64 groups, blocks of 32 n-tiles with bf16 / fp16
+# scales and 16 with float32 ones. 1292 rows = 162 n-tiles (the last one half empty): several blocks a thread, a
+# thread's first block on the stored scales, a last block cut short, on one thread and on two. M = 1 and 3, every
+# activation dtype and both tilings; each token against the reference.
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("t", [8, 4])
+def test_decode_in_scale_blocks(monkeypatch, isa, dtype, t):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = _tiled(1292, 2048, 32, t, dtype)
+    assert w.scale_and_zero.shape == (64, 1296, 2)
+    threads = torch.get_num_threads()
+    try:
+        for nt in (1, 2):
+            torch.set_num_threads(nt)
+            for m in (1, 3):
+                x, b = _act(m, 2048, dtype, seed=m), torch.randn(1292, generator=gen(2)).to(dtype)
+                out, ref = OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b))
+                for tok in range(m):
+                    assert_rel(out[tok], ref[tok], TOL[dtype], f"{isa} {dtype} T={t} threads={nt} token {tok}")
+    finally:
+        torch.set_num_threads(threads)
 
 
 # The glue reads a float32 contiguous x in place and makes out in x's leading shape; any other x is copied first.
