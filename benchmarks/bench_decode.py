@@ -63,6 +63,17 @@ CONFIGS = {
                                                                    layout=qk.TensorCoreTiledLayout(inner_k_tiles=8)),
 }
 FUSED = "+fused"  # config-name suffix: qk.fuse_shared_input_linears after quantizing
+CPP_WRAPPER = "+cpp-wrapper"  # config-name suffix: the compiled step's wrapper in C++ (inductor's cpp_wrapper)
+
+
+def base_config(name: str) -> str:
+    """The CONFIGS name under a config name's suffixes."""
+    return name.removesuffix(CPP_WRAPPER).removesuffix(FUSED)
+
+
+def inductor_options(name: str, args) -> dict:
+    """Inductor options of a config's compiled rows: --inductor, plus cpp_wrapper for a +cpp-wrapper name."""
+    return {**args.inductor, "cpp_wrapper": True} if name.endswith(CPP_WRAPPER) else args.inductor
 LOOPS = ("generate", "lean-eager", "lean-compiled")
 FILLED_CACHE = {"auto": None, "on": True, "off": False}
 
@@ -71,7 +82,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS),
                         help=f"comma-separated, of {', '.join(CONFIGS)}; a name + '{FUSED}' (int4-g32{FUSED}) also "
-                             f"fuses the q/k/v and gate/up projections (Note [Fused projections])")
+                             f"fuses the q/k/v and gate/up projections (Note [Fused projections]); then + "
+                             f"'{CPP_WRAPPER}' compiles that row's step with inductor's C++ wrapper")
     parser.add_argument("--loops", default=",".join(LOOPS), help=f"comma-separated, of {', '.join(LOOPS)}")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per run (default: 32)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row, median (default: 3)")
@@ -102,7 +114,7 @@ def _parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
     args.loops = [c for c in args.loops.split(",") if c]
-    for given, known, what in (([c.removesuffix(FUSED) for c in args.configs], CONFIGS, "--configs"),
+    for given, known, what in (([base_config(c) for c in args.configs], CONFIGS, "--configs"),
                                (args.loops, LOOPS, "--loops")):
         unknown = sorted(set(given) - set(known))
         if unknown:
@@ -135,7 +147,7 @@ def llama_cpp_row(args, gguf: Path) -> dict:
 
 def quantized_copy(base, name: str):
     model = copy.deepcopy(base)
-    make = CONFIGS[name.removesuffix(FUSED)]
+    make = CONFIGS[base_config(name)]
     if make is None:
         return model, "-"
     config = make()
@@ -143,7 +155,7 @@ def quantized_copy(base, name: str):
     report = qk.quantize_(model, qk.ModuleConfigs({"lm_head": config, "_default": config}), strict=True)
     if model.lm_head.weight is not model.model.embed_tokens.weight:
         raise RuntimeError("the lm_head is no longer tied to the embedding")
-    if name.endswith(FUSED):
+    if name.removesuffix(CPP_WRAPPER).endswith(FUSED):
         fused = qk.fuse_shared_input_linears(model)
         if set(fused.values()) != {"fused"}:
             raise RuntimeError(f"not every projection group fused: {fused}")
@@ -165,11 +177,12 @@ def weight_mb_per_token(model) -> float:
     return total / 1e6
 
 
-def measure(model, ids, loop_name: str, args, max_length: int | None = None, filled: str = "auto") -> dict:
+def measure(model, ids, loop_name: str, args, max_length: int | None = None, filled: str = "auto",
+            inductor: dict | None = None) -> dict:
     kwargs = {"decode": "generate"} if loop_name == "generate" else {
         "decode": "lean", "max_length": max_length, "filled_cache_attention": FILLED_CACHE[filled]}
     if loop_name == "lean-compiled":
-        kwargs.update(compile=True, inductor_options=args.inductor)
+        kwargs.update(compile=True, inductor_options=args.inductor if inductor is None else inductor)
     loop = DecodeLoop(model, ids, args.new_tokens, **kwargs)
     loop.run()                                      # warm-up; compiles the lean step
     parts = decode_breakdown(loop, repeats=args.repeats)
@@ -248,7 +261,7 @@ def alternating_rounds(args, gguf) -> str:
         print(f"[bench_decode] {name}: quantize, compile", file=sys.stderr, flush=True)
         model, _ = quantized_copy(base, name)
         loops[name] = (DecodeLoop(model, ids, args.new_tokens, decode="lean", compile=True,
-                                  inductor_options=args.inductor), weight_mb_per_token(model))
+                                  inductor_options=inductor_options(name, args)), weight_mb_per_token(model))
         loops[name][0].run()
     ms = {name: [] for name in loops}
     names = list(loops)
@@ -302,7 +315,7 @@ def main(argv=None) -> int:
             for max_length, filled in lean_variants(loop_name, args):
                 print(f"[bench_decode] {name} {loop_name} cache {max_length or 'auto'} filled-cache {filled}",
                       file=sys.stderr, flush=True)
-                row = measure(model, ids, loop_name, args, max_length, filled)
+                row = measure(model, ids, loop_name, args, max_length, filled, inductor_options(name, args))
                 reference = row["tokens"] if loop_name == "generate" else reference
                 row.update(config=name, quantized=quantized, ppl=ppl, mb=weight_mb_per_token(model),
                            same="-" if reference is None or loop_name == "generate" else

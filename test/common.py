@@ -1,4 +1,5 @@
-"""Shared test helpers: SQNR, the SQNR threshold table, and small models with realistic module names."""
+"""Shared test helpers: SQNR, the SQNR threshold table, small models with realistic module names, and what a
+compiled graph's code calls."""
 from __future__ import annotations
 
 import pytest
@@ -112,3 +113,14 @@ def make_model(kind: str, seed: int = 0) -> nn.Module:
 def model_input(kind: str, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn((5, 128) if kind == "mlp" else (2, 7, 128), generator=g)
+
+
+def op_calls(code: str, op: str) -> int:
+    """Calls of torchqkit::`op` in compiled code (run_and_get_code): inductor's Python wrapper or its C++ one (the
+    lean decode loop's default on CPU, Note [Lean decode] in torchqkit/eval/decode.py)."""
+    return (code.count(f"torch.ops.torchqkit.{op}.default(")
+            + code.count(f'aoti_torch_call_dispatcher("torchqkit::{op}"'))
+
+
+# A float matmul in compiled code, in either wrapper.
+FLOAT_MM_CALLS = ("extern_kernels.mm(", "extern_kernels.addmm(", "aoti_torch_cpu_mm_out(", "aoti_torch_cpu_addmm_out(")

@@ -13,6 +13,7 @@ import torchqkit as qk
 from torchqkit.api.fuse import FusedLinearMember
 from torchqkit.eval import LeanDecoder
 
+from ..common import op_calls
 from ..eval.models import tiny_llama
 
 PROMPT = torch.tensor([[5, 17, 3, 42, 8, 60, 11]])
@@ -129,7 +130,7 @@ def test_compiled_lean_decode_of_a_fused_model_takes_one_call_per_group():
     tokens, code = run_and_get_code(decoder.generate, PROMPT[0], new)
     assert tokens.tolist() == expected.tolist()
     # 2 layers x (q/k/v, o, gate/up, down): 8 calls, where the unfused step makes 14 (the tied lm_head stays float)
-    assert "\n".join(code).count("torchqkit.linear_int4wo_tiled.default(") == 8
+    assert op_calls("\n".join(code), "linear_int4wo_tiled") == 8
     assert decoder.replay_off is None and decoder.replayed_steps == new - 2
 
 

@@ -10,6 +10,7 @@ import torchqkit as qk
 from torchqkit.eval import LeanDecoder, greedy_decode
 from torchqkit.eval.step_replay import ReplayingInductor
 
+from ..common import FLOAT_MM_CALLS, op_calls
 from .models import tiny_llama
 
 pytest.importorskip("transformers")
@@ -50,7 +51,9 @@ def test_compiled_lean_decode_follows_the_model_and_calls_custom_ops():
 
     model = tiny_llama(96)
     decoder = LeanDecoder(model, max_length=PROMPT.numel() + NEW, compile=True)
-    assert decoder.generate(PROMPT, NEW).tolist() == generate_reference(model)[0, PROMPT.numel():].tolist()
+    tokens, code = run_and_get_code(decoder.generate, PROMPT, NEW)
+    assert tokens.tolist() == generate_reference(model)[0, PROMPT.numel():].tolist()
+    assert any(call in "\n".join(code) for call in FLOAT_MM_CALLS)  # the float model's linears: what is looked for below
     assert decoder.compile_seconds is not None and decoder.compile_seconds > 0
     # Steps after the first call the inductor graph without dynamo (Note [Step replay]).
     assert (decoder.replayed_steps, decoder.replay_off) == (NEW - 2, None)
@@ -65,8 +68,8 @@ def test_compiled_lean_decode_follows_the_model_and_calls_custom_ops():
     assert tokens.tolist() == expected.tolist()
     # fullgraph=True: one graph; its 15 quantized linears are calls of the int4 op, not dequantize + mm.
     step_code = "\n".join(code)
-    assert step_code.count("torchqkit.linear_int4wo_tiled") >= 15
-    assert "extern_kernels.mm(" not in step_code and "extern_kernels.addmm(" not in step_code
+    assert op_calls(step_code, "linear_int4wo_tiled") >= 15
+    assert not any(call in step_code for call in FLOAT_MM_CALLS)
     assert "assert_size_stride(" not in step_code  # STEP_INDUCTOR_DEFAULTS: no per-input / per-op checks
     assert decoder.generate(PROMPT, NEW).tolist() == expected.tolist()   # the recompiled step, replayed
     assert decoder.replayed_steps == NEW - 2
@@ -143,7 +146,7 @@ def test_lean_decode_attends_over_the_filled_cache_and_restores_the_model():
     decoder = LeanDecoder(model, 256, compile=True)
     tokens, code = run_and_get_code(decoder.generate, PROMPT, NEW)
     assert tokens.tolist() == expected and decoder.attention == FILLED_CACHE_SDPA
-    assert "\n".join(code).count("torch.ops.torchqkit.sdpa_over_filled_cache.default(") == 2   # 2 layers
+    assert op_calls("\n".join(code), "sdpa_over_filled_cache") == 2   # 2 layers
     assert model.config._attn_implementation == "sdpa"                    # only while decoding
     with pytest.raises(ValueError, match="new_tokens must be a positive int"):
         decoder.generate(PROMPT, 0)

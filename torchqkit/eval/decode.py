@@ -19,7 +19,9 @@ from .filled_cache_attention import filled_cache_pays, register_filled_cache_sdp
 from .perplexity import check_token_ids, model_vocab_size
 from .step_replay import ReplayingInductor
 
-__all__ = ["LeanDecoder", "greedy_decode"]
+__all__ = ["LeanDecoder", "greedy_decode", "CPU_STEP_INDUCTOR_DEFAULTS"]
+
+CPU_STEP_INDUCTOR_DEFAULTS = {"cpp_wrapper": True}  # see the note on inductor options below
 
 # Note [Lean decode]
 # ~~~~~~~~~~~~~~~~~~
@@ -51,10 +53,12 @@ __all__ = ["LeanDecoder", "greedy_decode"]
 # Tokens equal generate(do_sample=False) with min_new_tokens = max_new_tokens (no early stop at
 # end-of-sequence), up to ties in argmax that a different summation order can flip.
 
-# Inductor options are passed per compile (torch.compile(options=...)), never set globally. Measured on
-# SmolLM2-135M (README, "Greedy decode"): cpp_wrapper compiles for minutes (a 0.5 MB C++ wrapper for 30
-# layers) and decoded no faster, so the default is inductor's own settings, less the wrapper's size / stride
-# asserts (STEP_INDUCTOR_DEFAULTS in step_replay.py, which says why).
+# Inductor options are passed per compile (torch.compile(options=...)), never set globally: inductor's own
+# settings, less the wrapper's size / stride asserts (STEP_INDUCTOR_DEFAULTS in step_replay.py, which says why),
+# and on CPU the C++ wrapper (CPU_STEP_INDUCTOR_DEFAULTS): the generated code that calls the step's ~270 kernels and
+# custom ops is C++ instead of Python, which takes about 0.4 ms off each SmolLM2-135M token (1.09x tokens/s in
+# alternating rounds, benchmarks/bench_decode.py --alternate, Intel Xeon, 2 threads) for a longer first compile
+# (62 s instead of 33 s with an empty inductor cache). inductor_options={"cpp_wrapper": False} restores the Python one.
 
 
 class LeanDecoder:
@@ -68,7 +72,9 @@ class LeanDecoder:
     compile: torch.compile(fullgraph=True) the one-token step. The first step compiles (seconds to a minute:
         `compile_seconds` says how long); a graph break raises.
     inductor_options: inductor settings for this compile only, e.g. {"freezing": True}, on top of
-        STEP_INDUCTOR_DEFAULTS (no size / stride asserts in the step's wrapper; {"size_asserts": True} restores them).
+        STEP_INDUCTOR_DEFAULTS (no size / stride asserts in the step's wrapper; {"size_asserts": True} restores them)
+        and, for a model on the CPU, CPU_STEP_INDUCTOR_DEFAULTS (the wrapper in C++; {"cpp_wrapper": False} for
+        inductor's Python one, which compiles in about half the time).
     skip_guards: after the first step of each call, call the compiled graph without dynamo (or, where that is
         not possible, skip dynamo's guard checks); see Note [Lean decode].
     filled_cache_attention: while decoding, a model on transformers' "sdpa" attention attends over the filled
@@ -103,7 +109,8 @@ class LeanDecoder:
         self.attention: str | None = None
         self._cache = StaticCache(config=model.config, max_cache_len=max_length)
         self._cache_arg = cache_argument(model)
-        self._backend = ReplayingInductor(inductor_options) if compile else None
+        device_defaults = CPU_STEP_INDUCTOR_DEFAULTS if _device_of(model).type == "cpu" else {}
+        self._backend = ReplayingInductor({**device_defaults, **(inductor_options or {})}) if compile else None
         # dynamic=False: another cache length gets its own static graph; after a recompile dynamo would otherwise
         # make the length symbolic, a graph that replay cannot call (Note [Step replay]) and that runs slower.
         self._step = (torch.compile(self._forward_one, fullgraph=True, dynamic=False, backend=self._backend)
