@@ -63,17 +63,19 @@ CONFIGS = {
                                                                    layout=qk.TensorCoreTiledLayout(inner_k_tiles=8)),
 }
 FUSED = "+fused"  # config-name suffix: qk.fuse_shared_input_linears after quantizing
-CPP_WRAPPER = "+cpp-wrapper"  # config-name suffix: the compiled step's wrapper in C++ (inductor's cpp_wrapper)
+# config-name suffix: the compiled step's wrapper in Python (inductor's default) instead of LeanDecoder's CPU default,
+# C++ (CPU_STEP_INDUCTOR_DEFAULTS)
+PY_WRAPPER = "+python-wrapper"
 
 
 def base_config(name: str) -> str:
     """The CONFIGS name under a config name's suffixes."""
-    return name.removesuffix(CPP_WRAPPER).removesuffix(FUSED)
+    return name.removesuffix(PY_WRAPPER).removesuffix(FUSED)
 
 
 def inductor_options(name: str, args) -> dict:
-    """Inductor options of a config's compiled rows: --inductor, plus cpp_wrapper for a +cpp-wrapper name."""
-    return {**args.inductor, "cpp_wrapper": True} if name.endswith(CPP_WRAPPER) else args.inductor
+    """Inductor options of a config's compiled rows: --inductor, with cpp_wrapper off for a +python-wrapper name."""
+    return {**args.inductor, "cpp_wrapper": False} if name.endswith(PY_WRAPPER) else args.inductor
 LOOPS = ("generate", "lean-eager", "lean-compiled")
 FILLED_CACHE = {"auto": None, "on": True, "off": False}
 
@@ -83,7 +85,8 @@ def _parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--configs", default=",".join(CONFIGS),
                         help=f"comma-separated, of {', '.join(CONFIGS)}; a name + '{FUSED}' (int4-g32{FUSED}) also "
                              f"fuses the q/k/v and gate/up projections (Note [Fused projections]); then + "
-                             f"'{CPP_WRAPPER}' compiles that row's step with inductor's C++ wrapper")
+                             f"'{PY_WRAPPER}' compiles that row's step with inductor's Python wrapper (LeanDecoder's "
+                             f"default on CPU is the C++ one)")
     parser.add_argument("--loops", default=",".join(LOOPS), help=f"comma-separated, of {', '.join(LOOPS)}")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per run (default: 32)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row, median (default: 3)")
@@ -155,7 +158,7 @@ def quantized_copy(base, name: str):
     report = qk.quantize_(model, qk.ModuleConfigs({"lm_head": config, "_default": config}), strict=True)
     if model.lm_head.weight is not model.model.embed_tokens.weight:
         raise RuntimeError("the lm_head is no longer tied to the embedding")
-    if name.removesuffix(CPP_WRAPPER).endswith(FUSED):
+    if name.removesuffix(PY_WRAPPER).endswith(FUSED):
         fused = qk.fuse_shared_input_linears(model)
         if set(fused.values()) != {"fused"}:
             raise RuntimeError(f"not every projection group fused: {fused}")
