@@ -43,6 +43,17 @@ def _args(w, x, bias=None):
     return (x, w.qdata, w.scale_and_zero, w.block_size[1], w.logical_shape[0], bias)
 
 
+def _assert_tokens_match_ref(w, m, dtype, what, seed=1):
+    """The op on m tokens of x (with a bias) against the reference on the same bytes, token by token (a row or group
+    mixed up shows as a large error in some token); returns x and the bias."""
+    n, k = w.logical_shape
+    x, b = _act(m, k, dtype, seed), torch.randn(n, generator=gen(2)).to(dtype)
+    out, ref = OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b))
+    for t in range(m):
+        assert_rel(out[t], ref[t], TOL[dtype], f"{what} token {t}")
+    return x, b, out
+
+
 
 # Kernel vs reference on the same bytes, both in fp32: they differ by summation order and by the kernel's
 # factorization s * sum(x u) + (z - 8 s) * sum(x) (Note [int4 tiled math]), whose terms can be a few times
@@ -131,10 +142,7 @@ def test_group32_decode_at_smollm2_width(monkeypatch, isa, dtype, m):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     w = _tiled(72, 576, 32, 8, dtype)
     assert w.scale_and_zero.shape == (20, 72, 2) and w.qdata.shape == (9, 5, 32, 4)
-    x, b = _act(m, 576, dtype), torch.randn(72, generator=gen(2)).to(dtype)
-    out, ref = OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b))
-    for t in range(m):
-        assert_rel(out[t], ref[t], TOL[dtype], f"{isa} {dtype} token {t}")
+    x, b, out = _assert_tokens_match_ref(w, m, dtype, f"{isa} {dtype}")
     if dtype == torch.float32:
         assert_rel(out - b, F.linear(x, w.dequantize()), 2e-5, f"{isa} against the dequantized weight")
 
@@ -152,10 +160,7 @@ def test_inner_k_tiles_4_decode_at_smollm2_width(monkeypatch, isa, dtype, g, m):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     w = _tiled(72, 576, g, 4, dtype)
     assert w.qdata.shape == (9, -(-576 // g) * g // 64, 32, 2)
-    x, b = _act(m, 576, dtype), torch.randn(72, generator=gen(2)).to(dtype)
-    out, ref = OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b))
-    for t in range(m):
-        assert_rel(out[t], ref[t], TOL[dtype], f"{isa} {dtype} g={g} token {t}")
+    _assert_tokens_match_ref(w, m, dtype, f"{isa} {dtype} g={g}")
 
 
 # One group per chunk at inner_k_tiles 8 (g = 128, 256) broadcasts each row's scale from the stored float32
@@ -171,10 +176,7 @@ def test_one_group_per_chunk_decode_at_smollm2_width(monkeypatch, isa, dtype, g,
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     w = _tiled(72, 576, g, 8, dtype)
     assert w.qdata.shape == (9, -(-576 // g) * g // 128, 32, 4) and w.scale_and_zero.dtype == dtype  # K 640 / 768
-    x, b = _act(m, 576, dtype), torch.randn(72, generator=gen(2)).to(dtype)
-    out, ref = OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b))
-    for t in range(m):
-        assert_rel(out[t], ref[t], TOL[dtype], f"{isa} {dtype} g={g} token {t}")
+    _assert_tokens_match_ref(w, m, dtype, f"{isa} {dtype} g={g}")
 
 
 # Many groups (G >= 48) run the decode in blocks of n-tiles whose scales are copied to a buffer (Note [scales staged
@@ -195,10 +197,7 @@ def test_decode_in_scale_blocks(monkeypatch, isa, dtype, t):
         for nt in (1, 2):
             torch.set_num_threads(nt)
             for m in (1, 3):
-                x, b = _act(m, 2048, dtype, seed=m), torch.randn(1292, generator=gen(2)).to(dtype)
-                out, ref = OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b))
-                for tok in range(m):
-                    assert_rel(out[tok], ref[tok], TOL[dtype], f"{isa} {dtype} T={t} threads={nt} token {tok}")
+                _assert_tokens_match_ref(w, m, dtype, f"{isa} {dtype} T={t} threads={nt}", seed=m)
     finally:
         torch.set_num_threads(threads)
 
