@@ -181,12 +181,11 @@ def weight_mb_per_token(model) -> float:
     return total / 1e6
 
 
-def measure(model, ids, loop_name: str, args, max_length: int | None = None, filled: str = "auto",
-            inductor: dict | None = None) -> dict:
+def measure(model, ids, loop_name: str, args, max_length: int | None, filled: str, inductor: dict) -> dict:
     kwargs = {"decode": "generate"} if loop_name == "generate" else {
         "decode": "lean", "max_length": max_length, "filled_cache_attention": FILLED_CACHE[filled]}
     if loop_name == "lean-compiled":
-        kwargs.update(compile=True, inductor_options=args.inductor if inductor is None else inductor)
+        kwargs.update(compile=True, inductor_options=inductor)
     loop = DecodeLoop(model, ids, args.new_tokens, **kwargs)
     loop.run()                                      # warm-up; compiles the lean step
     parts = decode_breakdown(loop, repeats=args.repeats)

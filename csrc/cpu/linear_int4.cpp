@@ -183,8 +183,11 @@ inline void prefetch_scales(const Int4Args& p, int groups, int64_t i, int64_t j)
     const int64_t chunks = (p.nxt0 - p.blk0) * p.NC, total = p.G * lines, per = (total + chunks - 1) / chunks;
     const int64_t t0 = ((i - p.blk0) * p.NC + j) * per, t1 = std::min(total, t0 + per);
     const char* base = static_cast<const char*>(p.src) + 16 * p.nxt0 * esz;
-    for (int64_t t = t0; t < t1; ++t)
-      _mm_prefetch(base + (t / lines) * p.lds_src * esz + 64 * (t % lines), _MM_HINT_T1);
+    int64_t g = t0 / lines, l = t0 - g * lines;  // line l of group g's piece; one division per chunk
+    for (int64_t t = t0; t < t1; ++t) {
+      _mm_prefetch(base + g * p.lds_src * esz + 64 * l, _MM_HINT_T1);
+      if (++l == lines) l = 0, ++g;
+    }
     return;
   }
   if (p.src != nullptr && p.sz != p.src) return;  // a staged last block: its scales are in the buffer
