@@ -135,9 +135,9 @@ constexpr int64_t kPfSzChunks = 8;  // the scales' distance, in chunks (Note [de
 // Note [scales staged per block]: the (scale, zero) pairs are stored [G][N8][2], so an n-tile reads a 32- or 64-byte
 // piece of each of G rows lds elements apart. At K = 576 (G = 18 at g = 32) that is cheap, but at K = 4096 and g = 32
 // the 128 rows are 16 KiB apart when N = 4096: every piece of a tile falls in the same few L1 / L2 sets (a power-of-
-// two stride), and each scale line was a DRAM access of its own. A 4096 x 4096 M = 1 call took 1.30 ms against
-// 0.52 ms at g = 256 (0.78 ms at N = 4104, whose stride is not a power of two; Intel Xeon, 2 threads, weights from
-// DRAM). So from kSzBlockMinGroups groups on, each thread takes its n-tiles in blocks of B (scales of about
+// two stride), and each scale line was a DRAM access of its own. A 4096 x 4096 M = 1 call took 1.24 ms against
+// 0.52 ms at g = 128 and 0.68 ms at N = 4104, whose stride is not a power of two (bench_linear.py --formats int4
+// --int4-group 32; Intel Xeon, 2 threads, weights from DRAM). So from kSzBlockMinGroups groups on, each thread takes its n-tiles in blocks of B (scales of about
 // kSzBlockBytes, scale_block_tiles). While a block runs, each chunk prefetches its share of the next block's pieces
 // into L2 group by group (each group's piece is a contiguous run of B 32 or 64 bytes); before the next block runs,
 // its pieces are copied into a per-thread buffer whose group rows are an odd number of cache lines apart (no set
