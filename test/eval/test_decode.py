@@ -56,7 +56,7 @@ def test_compiled_lean_decode_follows_the_model_and_calls_custom_ops():
     assert any(call in "\n".join(code) for call in FLOAT_MM_CALLS)  # the float linears, which the check below excludes
     assert decoder.compile_seconds is not None and decoder.compile_seconds > 0
     # Steps after the first call the inductor graph without dynamo (Note [Step replay]).
-    assert (decoder.replayed_steps, decoder.replay_off) == (NEW - 2, None)
+    assert (decoder.replayed_steps, decoder.replay_off, decoder.replay_calls) == (NEW - 2, None, "inductor")
     # Guards are skipped after each call's first step, never across calls: new values are read by the same
     # graph, new weight objects (quantized, of another type) recompile at the next call's first step.
     with torch.no_grad():
@@ -72,7 +72,8 @@ def test_compiled_lean_decode_follows_the_model_and_calls_custom_ops():
     assert not any(call in step_code for call in FLOAT_MM_CALLS)
     assert "assert_size_stride(" not in step_code  # STEP_INDUCTOR_DEFAULTS: no per-input / per-op checks
     assert decoder.generate(PROMPT, NEW).tolist() == expected.tolist()   # the recompiled step, replayed
-    assert decoder.replayed_steps == NEW - 2
+    # inductor's own graph with the int4 weights' inner tensors, not the wrapper that flattens them (Note [Inner replay])
+    assert (decoder.replayed_steps, decoder.replay_calls) == (NEW - 2, "inductor")
 
 
 def test_compiled_lean_decode_with_guards_goes_through_dynamo_every_step():
@@ -94,6 +95,14 @@ def test_replay_binds_only_a_graph_call_that_took_the_token_and_position():
     assert torch.equal(replay(torch.tensor([[3]]), torch.tensor([2])), step(torch.tensor([[3]]), torch.tensor([2]),
                                                                           weight))
     assert torch.equal(replay(token, position), out)
+    assert backend.replay_calls == "inductor"
+    # Without a recorded inner call (a graph that is not inductor's CompiledFxGraph) replay calls the outer graph.
+    assert torch.equal(step(token, position, weight), out)
+    backend._inner = None
+    replay, why = backend.bind(token, position)
+    assert why is None and backend.replay_calls == "aot_autograd"
+    assert torch.equal(replay(torch.tensor([[3]]), torch.tensor([2])), step(torch.tensor([[3]]), torch.tensor([2]),
+                                                                          weight))
     assert backend.bind(torch.tensor([[1]]), position)[1] == "the graph does not take the token and the position as inputs"
     backend.forget()
     assert backend.bind(token, position)[0] is None

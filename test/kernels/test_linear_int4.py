@@ -76,6 +76,8 @@ CASES = [
     # the prefills at SmolLM2's K = 576 (padded to 640): 4 groups per chunk with N odd over two 32-row panels and
     # a 3-token last tile (M = 255), one group per chunk (g 128)
     (255, 45, 576, 32, 8), (64, 70, 576, 128, 8),
+    # K not a multiple of 16: the decode's group sums end on a partial vector (K = 100: 4 of the last group of 32)
+    (1, 37, 100, 32, 2), (3, 13, 200, 64, 4),
 ]
 
 

@@ -84,7 +84,8 @@ class LeanDecoder:
 
     After generate(): `attention` names the attention implementation the call ran; `replayed_steps` is how many
     of its steps called the graph without dynamo; `replay_off` says why none could (None when they did, or when
-    the decoder is eager or keeps its guards).
+    the decoder is eager or keeps its guards); `replay_calls` which graph they called ("inductor": inductor's own,
+    the usual case; "aot_autograd": the wrapper around it, Note [Inner replay] in step_replay.py).
     """
 
     def __init__(self, model: nn.Module, max_length: int, *, compile: bool = False,
@@ -104,6 +105,7 @@ class LeanDecoder:
         self.compile_seconds: float | None = None
         self.replayed_steps = 0
         self.replay_off: str | None = None
+        self.replay_calls: str | None = None
         self.filled_cache_attention = (filled_cache_pays(max_length, _device_of(model))
                                        if filled_cache_attention is None else bool(filled_cache_attention))
         self.attention: str | None = None
@@ -183,6 +185,7 @@ class LeanDecoder:
         if not self.skip_guards:
             return None
         replay, self.replay_off = self._backend.bind(token, position)
+        self.replay_calls = self._backend.replay_calls if replay is not None else None
         return replay
 
     def _timed_step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
