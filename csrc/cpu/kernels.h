@@ -181,5 +181,8 @@ Isa selected_isa_for_ops();
 Isa selected_isa_level();
 Isa selected_isa_exact();
 bool amx_selected();  // the selected level is amx (selected_isa_exact() then says kAvx512Bf16)
+// Whether a weight-only op's float32 prefill at base level `isa` dequantizes rows for ATen's sgemm
+// (prefill_by_sgemm) rather than running its own fp32 panels (Note [fp32 prefill by sgemm], registration.cpp).
+bool fp32_prefill_by_sgemm(Isa isa);
 
 }  // namespace torchqkit_cpu

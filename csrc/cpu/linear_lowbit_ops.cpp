@@ -164,7 +164,7 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
       at::parallel_for(0, (N + kDotBlockRows - 1) / kDotBlockRows, 1, [&](int64_t b0, int64_t b1) {
         linear_lowbit_dot(isa, p, b0 * kDotBlockRows, std::min(b1 * kDotBlockRows, N));
       });
-    } else if (isa != Isa::kAvx512Vnni && M >= kSgemmMinM) {
+    } else if (M >= kSgemmMinM && fp32_prefill_by_sgemm(isa)) {
       prefill_by_sgemm(xp, N, K32, kDotBlockRows, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
         linear_lowbit_decode(isa, p, r0, r1, dst, K32);
       });

@@ -47,6 +47,43 @@ Isa selected_isa() {
 
 std::string isa_op() { return isa_name(selected_isa()); }
 
+bool cpu_is_intel() {
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel");
+}
+
+}  // namespace
+
+// Note [fp32 prefill by sgemm]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Below AVX-512 the weight-only ops have no fp32 panel micro-kernel worth its name, so their float32 prefill
+// dequantizes blocks of rows once and multiplies them by ATen's sgemm (sgemm_prefill.h). With AVX-512 they have
+// 6x32 FMA panels, which run near ATen's sgemm where a core has one 512-bit FMA pipe (AMD Zen 4, where they measured
+// 1.0-1.25x fp32 F.linear at M = 256) but at about half its speed on Intel's two-pipe cores, where MKL's sgemm is
+// near the FMA peak. Intel Xeon (Sapphire Rapids class), 2 threads, 4096^2, forced to avx512_vnni, ms panels /
+// sgemm (TORCHQKIT_CPU_FP32_PREFILL=panels|sgemm python benchmarks/bench_linear.py --formats int8,nf4,fp8
+// --shapes 4096:4096 --ms 64,128,256 --no-native): M = 256 int8 31.7 / 27.4, nf4 39.8 / 27.1, fp8 42.2 / 27.4;
+// M = 128 int8 17.1 / 15.6, nf4 24.0 / 15.4; M = 64 a tie for int8 (9.6), fp32 F.linear 24 / 13 / 8.5 ms.
+// So on Intel CPUs the AVX-512 levels of the int8 and low-bit ops take the sgemm route from the M their AVX2
+// levels do; elsewhere the panels. Not int4: its rows are dequantized in natural k order by scalar code, which
+// made the route slower there (M = 32: 14.0 ms against the panels' 4.5). TORCHQKIT_CPU_FP32_PREFILL=sgemm|panels
+// forces a route at the AVX-512 levels (read on every call, like TORCHQKIT_CPU_ISA, so tests cover both routes
+// on one machine).
+bool fp32_prefill_by_sgemm(Isa isa) {
+  if (isa != Isa::kAvx512Vnni) return true;
+  const char* env = std::getenv("TORCHQKIT_CPU_FP32_PREFILL");
+  if (env == nullptr || *env == '\0') {
+    static const bool intel = cpu_is_intel();
+    return intel;
+  }
+  if (std::strcmp(env, "sgemm") == 0) return true;
+  if (std::strcmp(env, "panels") == 0) return false;
+  TORCH_CHECK(false, "TORCHQKIT_CPU_FP32_PREFILL=", env, " is not one of sgemm, panels; unset it for the CPU's "
+              "default (sgemm on Intel, panels elsewhere)");
+}
+
+namespace {
+
 // From this M the int8 weight-only op below AVX-512 multiplies dequantized rows by ATen's sgemm (the rows, 4 bytes
 // per weight, are written and read again: at M = 32 that costs more than the dot kernel's compute).
 constexpr int64_t kInt8SgemmMinM = 48;  // AVX2, 4096^2, 2 threads: the dot kernel wins at M = 32, loses at 64
@@ -104,7 +141,7 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
   const at::Tensor x2 = x.reshape({M, K}).to(at::kFloat).contiguous();
   p.x = x2.data_ptr<float>();
   const Isa isa = base_isa(level);  // no AVX-VNNI variant: its AVX2 kernel
-  if (M >= kInt8SgemmMinM && N > 0 && isa != Isa::kAvx512Vnni) {
+  if (M >= kInt8SgemmMinM && N > 0 && fp32_prefill_by_sgemm(isa)) {
     // Below AVX-512 the dot kernel is an fp32 GEMM at a quarter of its FMA rate (4 rows x 2 tokens per pass: 0.35-0.40x
     // fp32 F.linear at M = 256 on Intel); rows dequantized once + ATen's sgemm tie F.linear (sgemm_prefill.h).
     prefill_by_sgemm(x2, N, K, 16, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {

@@ -58,7 +58,8 @@ WO_CASES = [
     (1, 1, 1, 1), (3, 1, 37, 1), (1, 100, 37, 1), (1, 96, 29, 6), (3, 100, 47, 4), (17, 16, 33, 1), (17, 96, 65, 12),
     (17, 96, 65, 6), (40, 300, 97, 1), (40, 512, 70, 16), (1, 1030, 37, 1), (8, 520, 129, 65),
     (17, 1100, 33, 1), (17, 1088, 33, 17),  # the AVX-512 fp32 panel's k block (1024) and a tail, per channel / g64
-    (50, 300, 97, 1), (257, 96, 65, 6),  # below AVX-512 from M = 48: dequantized rows + ATen's sgemm
+    (50, 300, 97, 1), (257, 96, 65, 6),  # from M = 48 (AVX-512: on Intel) dequantized rows + ATen's sgemm
+    (64, 1100, 37, 1),  # both float32 prefill routes past the panel's k block
 ]
 # The AVX512-BF16 prefill (M >= 16; groups of whole 32-k steps or one per row): N odd and past one 32-row panel
 # (a partial panel), K past one 256-k panel block with a tail step (K = 300, 1100), M = 17 / 255 (a last 6-row
@@ -120,8 +121,12 @@ def test_weight_only_matches_reference(monkeypatch, isa, dtype, case):
     m, k, n, groups = case
     q, s, b = _weight(n, k, groups)
     x = _act(m, k, dtype)
-    assert_rel(WO(x, q, s, b.to(dtype)), linear_int8wo_plain_ref(x, q, s, b.to(dtype)), TOL[dtype], f"{isa} {case}")
-    assert_rel(WO(x, q, s, None), linear_int8wo_plain_ref(x, q, s, None), TOL[dtype], f"{isa} {case} no bias")
+    # From M = 48 each float32 prefill route (Note [fp32 prefill by sgemm]; the AVX-512 levels pick one by vendor)
+    for route in ("sgemm", "panels") if m >= 48 else ("",):
+        monkeypatch.setenv("TORCHQKIT_CPU_FP32_PREFILL", route)
+        what = f"{isa} {case} {route}"
+        assert_rel(WO(x, q, s, b.to(dtype)), linear_int8wo_plain_ref(x, q, s, b.to(dtype)), TOL[dtype], what)
+        assert_rel(WO(x, q, s, None), linear_int8wo_plain_ref(x, q, s, None), TOL[dtype], f"{what} no bias")
 
 
 @needs_ext
@@ -229,6 +234,18 @@ def test_cpu_kernel_registered_and_reported(monkeypatch, op):
 
 
 @needs_ext
+def test_bad_fp32_prefill_route_is_an_error(monkeypatch):
+    monkeypatch.setenv("TORCHQKIT_CPU_FP32_PREFILL", "mkl")
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx512_vnni" if "avx512_vnni" in WO_LEVELS else "avx2")
+    q, s, b = _weight(8, 32, 1)
+    x = _act(64, 32, torch.float32)
+    if os.environ["TORCHQKIT_CPU_ISA"] == "avx512_vnni":  # the route is read where it matters: the AVX-512 prefill
+        with pytest.raises(RuntimeError, match="TORCHQKIT_CPU_FP32_PREFILL=mkl is not one of sgemm, panels"):
+            WO(x, q, s, b)
+    else:
+        assert_rel(WO(x, q, s, b), linear_int8wo_plain_ref(x, q, s, b), TOL[torch.float32])
+
+
 def test_bad_isa_request_is_an_error(monkeypatch):
     q, s, b = _weight(8, 32, 1)
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx9000")

@@ -122,17 +122,19 @@ def weights():
 
 @needs_ext
 @isa_param
-@pytest.mark.parametrize("m", [1, 3, 7, 17, 130])  # 130: below AVX-512, blocks dequantized for ATen's sgemm
+@pytest.mark.parametrize("m", [1, 3, 7, 17, 130])  # 130: blocks dequantized for ATen's sgemm, or AVX-512 panels
 @pytest.mark.parametrize("name", list(WEIGHTS))
 def test_kernel_matches_dequantized_reference(monkeypatch, weights, isa, m, name):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     w = weights[name]
     n, k = w.shape
     bias = torch.randn(n, generator=gen(2))
-    for dtype in DTYPES:
-        x = _act(m, k, dtype)
-        b = bias.to(dtype) if dtype != torch.float16 else None
-        assert_rel(_call(w, x, b), _reference(w, x, b), TOL[dtype], f"{isa} {name} M={m} {dtype}")
+    for route in ("sgemm", "panels") if m >= 128 else ("",):  # Note [fp32 prefill by sgemm]
+        monkeypatch.setenv("TORCHQKIT_CPU_FP32_PREFILL", route)
+        for dtype in DTYPES:
+            x = _act(m, k, dtype)
+            b = bias.to(dtype) if dtype != torch.float16 else None
+            assert_rel(_call(w, x, b), _reference(w, x, b), TOL[dtype], f"{isa} {name} M={m} {dtype} {route}")
 
 
 # The dot kernel (decode) on every token count it tiles differently (1..9: AVX-512 tiles of 4 tokens, AVX2 of 2;

@@ -55,9 +55,14 @@ def _load_cpu_extension() -> tuple[bool, str]:
 
 CPU_EXTENSION_LOADED, CPU_EXTENSION_REASON = _load_cpu_extension()
 
+# Note [fp32 prefill by sgemm] in csrc/cpu/registration.cpp
+_FP32_PREFILL = ("MKL's sgemm runs near the FMA peak of Intel's two 512-bit pipes, the panels at about half; "
+                 "TORCHQKIT_CPU_FP32_PREFILL=sgemm|panels forces a route")
 _CPU_KERNEL_NOTES = {
     "torchqkit::linear_int8wo_plain": {
-        "avx512_vnni": "M < 16: streams each weight row once (dot kernel); M >= 16: fp32 panels + 6x32 FMA tiles",
+        "avx512_vnni": "M < 16: streams each weight row once (dot kernel); M >= 16: fp32 panels + 6x32 FMA tiles, "
+                       "except from M = 48 on Intel CPUs: blocks of 512 rows dequantized to fp32, then ATen's fp32 "
+                       "GEMM (" + _FP32_PREFILL + ")",
         "avx512_bf16": "M < 16: the avx512_vnni dot kernel (fp32; bf16 activations converted); M >= 16 with bf16 "
                        "activations (groups of whole 32-k steps or per channel): int8 codes as exact bf16 in k-pair "
                        "panels + 6x32 vdpbf16ps tiles, fp32 sums, the scale per segment; else the avx512_vnni kernels",
@@ -77,7 +82,8 @@ _CPU_KERNEL_NOTES = {
 _LOWBIT_NOTES = {  # see Note [Low-bit decode] in csrc/cpu/linear_lowbit.cpp
     "avx512_vnni": "M <= 8 (nf4, mxfp4, float8) / 4 (intx): 16 weights per zmm decoded in registers (4 rows x 4 tokens); "
                    "up to M = 63: 32 x 1024 blocks decoded to fp32 (L2), then 4x4 dot tiles; M >= 64: 32-row k-major "
-                   "panels + 6x32 FMA tiles",
+                   "panels + 6x32 FMA tiles, except from M = 128 on Intel CPUs: blocks of 512 rows decoded to fp32, "
+                   "then ATen's fp32 GEMM (" + _FP32_PREFILL + ")",
     "avx512_bf16": "bf16 activations: levels decoded to bf16 (exact; nf4 levels rounded to bf16, Note [nf4 levels "
                    "in bf16]) and multiplied by vdpbf16ps with fp32 sums. Decode M (<= 8; intx <= 4): 32 weights per "
                    "vdpbf16ps in registers (tiles of up to 4 tokens) for nf4 / mxfp4 from M = 2 and intx at M = 4, "
