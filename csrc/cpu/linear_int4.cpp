@@ -374,6 +374,54 @@ struct Vec : Vec256 {  // the tiled kernel's traits (int4_tiled_dot.inc) on simd
 
 #include "int4_tiled_dot.inc"
 
+// The AVX-512 dequant_tiles at 8 lanes, for the sgemm prefill (Note [int4 prefill below AVX-512]): n-tiles [i0, i1)
+// -> fp32 rows dst[8 (i - i0) + r][kk], kk = 16 T j + 2 T q + l for word l of row r and nibble q (the permuted k
+// order; the activation is permuted to match). A word's group within its chunk depends on its lane only: its k
+// (k_of) is 32 (l % (T / 2)) plus less than 32.
+void dequant_tiles(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int64_t ldd) {
+  const int64_t T = p.T, chunk = 16 * T, words = 2 * T, ng = std::max<int64_t>(1, chunk / p.g);
+  const __m256i nibble = _mm256_set1_epi32(0xF);
+  const __m256 eight = _mm256_set1_ps(8.f);
+  int lane_group[16];
+  for (int64_t l = 0; l < words; ++l) lane_group[l] = ng == 1 ? 0 : (int)((l % (T / 2)) * 32 / p.g);
+  for (int64_t i = i0; i < i1; ++i) {
+    float* rows = dst + 8 * (i - i0) * ldd;
+    for (int64_t j = 0; j < p.NC; ++j) {
+      const int64_t g0 = chunk * j / p.g;
+      float s[8][4], z[8][4];
+      for (int r = 0; r < 8; ++r)
+        for (int64_t t = 0; t < ng; ++t) {
+          s[r][t] = sz_at(p, g0 + t, 8 * i + r, 0);
+          z[r][t] = sz_at(p, g0 + t, 8 * i + r, 1);
+        }
+      const int32_t* blk = p.q + i * p.ldq + j * chunk;
+      for (int64_t u = 0; u < 2 * T; ++u) {  // 8 words: word b = 8 u + e is lane l = b % 2T of row b / 2T
+        alignas(32) float sv[8], zv[8];
+        for (int e = 0; e < 8; ++e) {
+          const int64_t b = 8 * u + e, r = b / words, l = b % words;
+          sv[e] = s[r][lane_group[l]];
+          zv[e] = z[r][lane_group[l]];
+        }
+        const __m256 sc = _mm256_load_ps(sv), ze = _mm256_load_ps(zv);
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 8 * u));
+        const int64_t b0 = 8 * u, r0 = b0 / words, l0 = b0 % words;
+        for (int q = 0; q < 8; ++q) {
+          const __m256 code = _mm256_sub_ps(
+              _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(wv, 4 * q), nibble)), eight);
+          const __m256 val = _mm256_fmadd_ps(code, sc, ze);
+          float* at = rows + r0 * ldd + chunk * j + words * q + l0;
+          if (words >= 8) {
+            _mm256_storeu_ps(at, val);
+          } else {  // T = 2: 4 words a row, two rows per vector
+            _mm_storeu_ps(at, _mm256_castps256_ps128(val));
+            _mm_storeu_ps(at + ldd, _mm256_extractf128_ps(val, 1));
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace avx2
 #pragma GCC pop_options
 
@@ -841,9 +889,24 @@ void prefill(const Int4Args& p, const at::Tensor& x2, at::Tensor& out) {
 
 // Note [int4 prefill below AVX-512]: without AVX-512 there is no fp32 panel micro-kernel here, and the decode
 // kernel (one pass per 1-2 tokens) re-decodes every weight byte M / 2 times: 18x slower than fp32 F.linear at
-// M = 256 on AVX2. From kSgemmMinM tokens on, n-tiles are dequantized in natural k order (dequant_natural) for
-// prefill_by_sgemm (sgemm_prefill.h).
+// M = 256 on AVX2. From kSgemmMinM tokens on, n-tiles are dequantized for prefill_by_sgemm (sgemm_prefill.h): in the
+// permuted k order by vector code (avx2::dequant_tiles, the activation's columns permuted to match), or in natural
+// order by the scalar level (dequant_natural). The scalar dequantization had cost 5-7 ms of a 4096^2 call (AVX2,
+// Intel Xeon, 2 threads: M = 64 14.2 -> 11.1 ms, M = 256 31.5 -> 29.6 with the vector one; fp32 F.linear 8.1 / 24).
 constexpr int64_t kSgemmMinM = 16;  // AVX2, 4096^2: M = 8 breaks even with the decode kernel, M = 32 is 3x faster
+constexpr int64_t kAvx512SgemmMinM = 128;  // where the AVX-512 panels take it (Note [fp32 prefill by sgemm])
+
+// x (M, K) -> (M, Kt) with column kk = 16 T j + 2 T q + l holding x[:, k_of(T, j, l, q)] (0 past K): the
+// activation for rows dequantized in the permuted k order (dequant_tiles).
+at::Tensor permuted_columns(const at::Tensor& x, int64_t T, int64_t NC) {
+  const int64_t K = x.size(1), Kt = NC * 16 * T;
+  std::vector<int64_t> perm(Kt);
+  for (int64_t j = 0; j < NC; ++j)
+    for (int q = 0; q < 8; ++q)
+      for (int64_t l = 0; l < 2 * T; ++l) perm[16 * T * j + 2 * T * q + l] = k_of(T, j, l, q);
+  const at::Tensor padded = Kt == K ? x : at::constant_pad_nd(x, {0, Kt - K}, 0);
+  return padded.index_select(1, at::tensor(perm, at::kLong)).contiguous();
+}
 
 // n-tiles [i0, i1) -> dst[8 (i - i0) + r][k], k in natural order (Note [Tensor-core tiled int4]), row stride ldd.
 void dequant_natural(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int64_t ldd) {
@@ -937,16 +1000,30 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   }
   const bool x_ready = dt == at::kFloat && x.is_contiguous();
   const at::Tensor x2 = x_ready ? x : x.reshape({-1, K}).to(at::kFloat).contiguous();
-  if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM) {
+  // Note [fp32 prefill by sgemm] (registration.cpp): on Intel the AVX-512 level takes the sgemm route from
+  // kAvx512SgemmMinM tokens.
+  const bool by_sgemm = isa == Isa::kAvx512Vnni ? M >= kAvx512SgemmMinM && fp32_prefill_by_sgemm(isa)
+                                                : M >= kSgemmMinM;
+  if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM && !by_sgemm) {
     prefill(p, x2.reshape({M, K}), out);
     return result();
   }
-  if (isa != Isa::kAvx512Vnni && M >= kSgemmMinM) {
-    // Whole n-tiles of 8 rows: the buffer holds the last tile's padding rows, the GEMM reads the first N.
+  if (by_sgemm) {
+    // Whole n-tiles of 8 rows: the buffer holds the last tile's padding rows, the GEMM reads the first N. The SIMD
+    // levels dequantize in the permuted k order (vector code) and the activation's columns follow it; the scalar
+    // level keeps the natural order.
     at::Tensor out2 = out.view({M, N});
-    prefill_by_sgemm(x2.reshape({M, K}), N, Kt, 8, p.bias, out2, [&](int64_t r0, int64_t r1, float* dst) {
-      dequant_natural(p, r0 / 8, (r1 + 7) / 8, dst, Kt);
-    });
+    if (isa != Isa::kScalar) {
+      const at::Tensor xk = permuted_columns(x2.reshape({M, K}), T, NC);
+      prefill_by_sgemm(xk, N, Kt, 8, p.bias, out2, [&](int64_t r0, int64_t r1, float* dst) {
+        if (isa == Isa::kAvx512Vnni) avx512::dequant_tiles(p, r0 / 8, (r1 + 7) / 8, 0, NC, dst, Kt);
+        else avx2::dequant_tiles(p, r0 / 8, (r1 + 7) / 8, dst, Kt);
+      });
+    } else {
+      prefill_by_sgemm(x2.reshape({M, K}), N, Kt, 8, p.bias, out2, [&](int64_t r0, int64_t r1, float* dst) {
+        dequant_natural(p, r0 / 8, (r1 + 7) / 8, dst, Kt);
+      });
+    }
     return result();
   }
   const bool bf16_dot = bf16 && avx512_bf16::dot_tiles_take(T);

@@ -64,9 +64,11 @@ bool cpu_is_intel() {
 // sgemm (TORCHQKIT_CPU_FP32_PREFILL=panels|sgemm python benchmarks/bench_linear.py --formats int8,nf4,fp8
 // --shapes 4096:4096 --ms 64,128,256 --no-native): M = 256 int8 31.7 / 27.4, nf4 39.8 / 27.1, fp8 42.2 / 27.4;
 // M = 128 int8 17.1 / 15.6, nf4 24.0 / 15.4; M = 64 a tie for int8 (9.6), fp32 F.linear 24 / 13 / 8.5 ms.
-// So on Intel CPUs the AVX-512 levels of the int8 and low-bit ops take the sgemm route from the M their AVX2
-// levels do; elsewhere the panels. Not int4: its rows are dequantized in natural k order by scalar code, which
-// made the route slower there (M = 32: 14.0 ms against the panels' 4.5). TORCHQKIT_CPU_FP32_PREFILL=sgemm|panels
+// int4 (rows dequantized in the permuted k order by dequant_tiles' vector code, x's columns permuted to match):
+// M = 256 32.1 / 27.4, M = 128 16.2 / 15.4, M = 64 8.2 / 7.8; int4 takes the route from M = 128 only
+// (kAvx512SgemmMinM), where it was measured to win with the scalar dequantization it had before.
+// So on Intel CPUs the AVX-512 levels of the int8, int4 and low-bit ops take the sgemm route (int8 and low-bit from
+// the M their AVX2 levels do); elsewhere the panels. TORCHQKIT_CPU_FP32_PREFILL=sgemm|panels
 // forces a route at the AVX-512 levels (read on every call, like TORCHQKIT_CPU_ISA, so tests cover both routes
 // on one machine).
 bool fp32_prefill_by_sgemm(Isa isa) {

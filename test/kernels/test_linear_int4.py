@@ -78,6 +78,8 @@ CASES = [
     (255, 45, 576, 32, 8), (64, 70, 576, 128, 8),
     # K not a multiple of 16: the decode's group sums end on a partial vector (K = 100: 4 of the last group of 32)
     (1, 37, 100, 32, 2), (3, 13, 200, 64, 4),
+    # the sgemm prefill's permuted columns with K padded (Kt = 256 / 128) and groups of 64 / 32 inside a chunk
+    (130, 21, 200, 64, 4), (40, 19, 100, 32, 8),
 ]
 
 
@@ -90,8 +92,11 @@ def test_kernel_matches_reference(monkeypatch, isa, dtype, case):
     m, n, k, g, t = case
     w = _tiled(n, k, g, t, dtype)
     x, b = _act(m, k, dtype), torch.randn(n, generator=gen(2)).to(dtype)
-    assert_rel(OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b)), TOL[dtype], f"{isa} {case}")
-    assert_rel(OP(*_args(w, x)), linear_int4wo_tiled_ref(*_args(w, x)), TOL[dtype], f"{isa} {case} no bias")
+    for route in ("sgemm", "panels") if m >= 128 else ("",):  # the AVX-512 fp32 prefills (Note [fp32 prefill by sgemm])
+        monkeypatch.setenv("TORCHQKIT_CPU_FP32_PREFILL", route)
+        what = f"{isa} {case} {route}"
+        assert_rel(OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b)), TOL[dtype], what)
+        assert_rel(OP(*_args(w, x)), linear_int4wo_tiled_ref(*_args(w, x)), TOL[dtype], f"{what} no bias")
 
 
 @needs_ext

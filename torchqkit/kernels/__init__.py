@@ -100,14 +100,16 @@ _CPU_KERNEL_NOTES.update(dict.fromkeys(("torchqkit::linear_nf4wo", "torchqkit::l
 _AVX2_AT_AVX_VNNI = "no AVX-VNNI kernel: its AVX2 kernel runs. "
 _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_int4.cpp
     "avx512_vnni": "M < 32: tiled words streamed once per 4 tokens, nibbles -> fp32 by vpermps (dot kernel); "
-                   "M >= 32: n-tiles dequantized to fp32 + the 6x32 FMA panel micro-kernel",
+                   "M >= 32: n-tiles dequantized to fp32 + the 6x32 FMA panel micro-kernel, except from M = 128 on "
+                   "Intel CPUs: blocks of 512 rows dequantized to fp32 (permuted k order, x permuted to match), then "
+                   "ATen's fp32 GEMM (" + _FP32_PREFILL + ")",
     "avx512_bf16": "bf16 activations: M < 32 (inner_k_tiles 8 or 4) nibble pairs made bf16 (128 + u) by one vpternlogd, "
                    "32 weights per vdpbf16ps, 4 tokens per pass (Note [int4 bf16 decode]); M >= 32 codes - 8 as "
                    "exact bf16 in natural-k-order panels + 6x32 vdpbf16ps tiles, group scales per segment, zero "
                    "points as sum_g xsum * z in fp32; float32 / float16 activations (and other tilings at M < 32): "
                    "the avx512_vnni kernels",
     "avx2": "M < 16: dot kernel (8 words per ymm, 2 tokens per pass); M >= 16: blocks of 512 rows dequantized "
-            "to fp32, then ATen's fp32 GEMM",
+            "to fp32 (permuted k order, x permuted to match), then ATen's fp32 GEMM",
     "scalar": "plain loops (M >= 16: dequantized blocks + ATen's fp32 GEMM): the CPU has no AVX2+FMA, or "
               "TORCHQKIT_CPU_ISA forced it",
 }
