@@ -734,6 +734,16 @@ __attribute__((always_inline)) inline void permute_row(const float* xr, int64_t 
   for (int64_t gi = 0; gi < G; ++gi) sx[gi] = group_sum(xr + gi * g, std::min(K, (gi + 1) * g) - gi * g);
 }
 
+template <typename FullChunk, typename GroupSum>
+__attribute__((always_inline)) inline void permute_rows_with(const float* x, int64_t m0, int64_t m1, int64_t K,
+                                                             int64_t T, int64_t NC, int64_t g, int64_t G,
+                                                             const PermuteTable& pt, float* xp, float* sx,
+                                                             const FullChunk& full_chunk,
+                                                             const GroupSum& group_sum) {
+  for (int64_t m = m0; m < m1; ++m)
+    permute_row(x + m * K, K, T, NC, g, G, pt, xp + m * NC * 128, sx + m * G, full_chunk, group_sum);
+}
+
 namespace scalar {
 void permute_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t T, int64_t NC, int64_t g, int64_t G,
                   const PermuteTable& pt, float* xp, float* sx) {
@@ -745,8 +755,7 @@ void permute_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t T, 
     for (int64_t k = 0; k < n; ++k) sum += v[k];
     return sum;
   };
-  for (int64_t m = m0; m < m1; ++m)
-    permute_row(x + m * K, K, T, NC, g, G, pt, xp + m * NC * 128, sx + m * G, full_chunk, group_sum);
+  permute_rows_with(x, m0, m1, K, T, NC, g, G, pt, xp, sx, full_chunk, group_sum);
 }
 }  // namespace scalar
 #pragma GCC push_options
@@ -768,8 +777,7 @@ void permute_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t T, 
     for (; k < n; ++k) sum += v[k];
     return sum;
   };
-  for (int64_t m = m0; m < m1; ++m)
-    permute_row(x + m * K, K, T, NC, g, G, pt, xp + m * NC * 128, sx + m * G, full_chunk, group_sum);
+  permute_rows_with(x, m0, m1, K, T, NC, g, G, pt, xp, sx, full_chunk, group_sum);
 }
 }  // namespace avx2
 #pragma GCC pop_options
@@ -791,8 +799,7 @@ void permute_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t T, 
     if (k < n) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps((__mmask16)((1u << (n - k)) - 1), v + k));
     return _mm512_reduce_add_ps(acc);
   };
-  for (int64_t m = m0; m < m1; ++m)
-    permute_row(x + m * K, K, T, NC, g, G, pt, xp + m * NC * 128, sx + m * G, full_chunk, group_sum);
+  permute_rows_with(x, m0, m1, K, T, NC, g, G, pt, xp, sx, full_chunk, group_sum);
 }
 }  // namespace avx512
 #pragma GCC pop_options
