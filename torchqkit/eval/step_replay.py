@@ -41,12 +41,13 @@ STEP_INDUCTOR_DEFAULTS = {"size_asserts": False, "alignment_asserts": False, "sc
 # flattens every tensor-subclass input into its inner tensors on each call (~360 -> 396 inputs for SmolLM2-135M)
 # before inductor's own wrapper turns them into handles for the C++ code. Replay calls inductor's graph directly
 # with the flattened inputs recorded on the step's graph call (inner_compile wraps the compiled graph's
-# `current_callable`), which takes about 0.1 ms off each SmolLM2 token (1.04x tokens/s in alternating rounds,
-# Intel Xeon, 2 threads). That is only sound where AOTAutograd's wrapper does nothing else: the inner graph returns
+# `current_callable`), which took about 0.1 ms off each SmolLM2 token (1.04x tokens/s, the two replays alternated
+# in one process by a scratch script, Intel Xeon, 2 threads). That is only sound where AOTAutograd's wrapper does nothing else: the inner graph returns
 # the next token and nothing more (no mutated inputs for the wrapper to copy back, no outputs to re-wrap) and takes
 # the token and position themselves (by identity); else replay calls the outer graph as before. AOTAutograd's
 # cache is off for this backend's compiles: a cache hit returns a graph that never went through inner_compile
-# (inductor's own FX graph cache still serves, so a warm compile stays seconds).
+# (inductor's own FX graph cache still serves: a warm SmolLM2 compile took ~11 s instead of ~7). Greedy decoding
+# has no RNG inputs; effect tokens or mutations AOTAutograd keeps outside the graph show up as more outputs.
 
 
 class ReplayingInductor:
