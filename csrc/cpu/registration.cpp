@@ -70,7 +70,8 @@ bool cpu_is_intel() {
 // So on Intel CPUs the AVX-512 levels of the int8, int4 and low-bit ops take the sgemm route (int8 and low-bit from
 // the M their AVX2 levels do); elsewhere the panels. TORCHQKIT_CPU_FP32_PREFILL=sgemm|panels
 // forces a route at the AVX-512 levels (read on every call, like TORCHQKIT_CPU_ISA, so tests cover both routes
-// on one machine).
+// on one machine). Not measured: Intel cores with one 512-bit FMA pipe (client Ice / Tiger Lake, some Xeon Silver),
+// where the panels may tie the sgemm route.
 bool fp32_prefill_by_sgemm(Isa isa) {
   if (isa != Isa::kAvx512Vnni) return true;
   const char* env = std::getenv("TORCHQKIT_CPU_FP32_PREFILL");
