@@ -708,8 +708,8 @@ inline float bf16_rounded(float v) {
   return v;
 }
 
-// One row of permute_activation; each ISA passes its vector chunk gather and group sum (always_inline into the
-// functions under the target pragmas below). The plain loops (a scalar load per element, a dependent add per element
+// One row of permute_activation; each ISA passes its vector chunk gather and group sum (int4_permute.inc, included
+// under the target pragmas below; this body is always_inline into them). The plain loops (a scalar load per element, a dependent add per element
 // of the sums) took 0.7 us at K = 576 and 1.7 us at K = 1536 of every M = 1 call, before its parallel region starts;
 // the vector ones 0.3 us at K = 576 (Note [int4 call overhead]; rdtsc around the call, SmolLM2 decode, Intel Xeon).
 // full_chunk(xc, pt, dst): dst[i] = xc[pt.off[i]] * pt.f[i] for i < 128 (GCC does not turn it into gathers);
@@ -761,46 +761,13 @@ void permute_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t T, 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
-void permute_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t T, int64_t NC, int64_t g, int64_t G,
-                  const PermuteTable& pt, float* xp, float* sx) {
-  auto full_chunk = [](const float* xc, const PermuteTable& t, float* dst) {
-    for (int i = 0; i < 128; i += 8) {
-      const __m256i o = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.off + i));
-      _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_i32gather_ps(xc, o, 4), _mm256_loadu_ps(t.f + i)));
-    }
-  };
-  auto group_sum = [](const float* v, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(v + k));
-    float sum = hsum(acc);
-    for (; k < n; ++k) sum += v[k];
-    return sum;
-  };
-  permute_rows_with(x, m0, m1, K, T, NC, g, G, pt, xp, sx, full_chunk, group_sum);
-}
+#include "int4_permute.inc"
 }  // namespace avx2
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 namespace avx512 {
-void permute_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t T, int64_t NC, int64_t g, int64_t G,
-                  const PermuteTable& pt, float* xp, float* sx) {
-  auto full_chunk = [](const float* xc, const PermuteTable& t, float* dst) {
-    for (int i = 0; i < 128; i += 16) {
-      const __m512i o = _mm512_loadu_si512(t.off + i);
-      _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_i32gather_ps(o, xc, 4), _mm512_loadu_ps(t.f + i)));
-    }
-  };
-  auto group_sum = [](const float* v, int64_t n) {
-    __m512 acc = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(v + k));
-    if (k < n) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps((__mmask16)((1u << (n - k)) - 1), v + k));
-    return _mm512_reduce_add_ps(acc);
-  };
-  permute_rows_with(x, m0, m1, K, T, NC, g, G, pt, xp, sx, full_chunk, group_sum);
-}
+#include "int4_permute.inc"
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -1009,8 +976,7 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   const at::Tensor x2 = x_ready ? x : x.reshape({-1, K}).to(at::kFloat).contiguous();
   // Note [fp32 prefill by sgemm] (registration.cpp): on Intel the AVX-512 level takes the sgemm route from
   // kAvx512SgemmMinM tokens.
-  const bool by_sgemm = isa == Isa::kAvx512Vnni ? M >= kAvx512SgemmMinM && fp32_prefill_by_sgemm(isa)
-                                                : M >= kSgemmMinM;
+  const bool by_sgemm = M >= (isa == Isa::kAvx512Vnni ? kAvx512SgemmMinM : kSgemmMinM) && fp32_prefill_by_sgemm(isa);
   if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM && !by_sgemm) {
     prefill(p, x2.reshape({M, K}), out);
     return result();

@@ -146,7 +146,8 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
   const Isa isa = base_isa(level);  // no AVX-VNNI variant: its AVX2 kernel
   if (M >= kInt8SgemmMinM && N > 0 && fp32_prefill_by_sgemm(isa)) {
     // Below AVX-512 the dot kernel is an fp32 GEMM at a quarter of its FMA rate (4 rows x 2 tokens per pass: 0.35-0.40x
-    // fp32 F.linear at M = 256 on Intel); rows dequantized once + ATen's sgemm tie F.linear (sgemm_prefill.h).
+    // fp32 F.linear at M = 256 on Intel); rows dequantized once + ATen's sgemm tie F.linear (sgemm_prefill.h). The
+    // AVX-512 levels take this route on Intel too (Note [fp32 prefill by sgemm]).
     prefill_by_sgemm(x2, N, K, 16, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
       dequantize_int8_rows(p, r0, r1, dst, K);
     });
