@@ -708,12 +708,15 @@ inline float bf16_rounded(float v) {
   return v;
 }
 
-// One row of permute_activation; each ISA passes its vector chunk gather and group sum (int4_permute.inc, included
-// under the target pragmas below; this body is always_inline into them). The plain loops (a scalar load per element, a dependent add per element
+// One row of permute_activation; each ISA passes its vector chunk gather and group sum (always_inline into the
+// functions under the target pragmas below). The plain loops (a scalar load per element, a dependent add per element
 // of the sums) took 0.7 us at K = 576 and 1.7 us at K = 1536 of every M = 1 call, before its parallel region starts;
 // the vector ones 0.3 us at K = 576 (Note [int4 call overhead]; rdtsc around the call, SmolLM2 decode, Intel Xeon).
 // full_chunk(xc, pt, dst): dst[i] = xc[pt.off[i]] * pt.f[i] for i < 128 (GCC does not turn it into gathers);
-// group_sum(v, n): v[0] + ... + v[n - 1], in the ISA's vector lanes.
+// group_sum(v, n): v[0] + ... + v[n - 1], in the ISA's vector lanes. The two lambdas are written per ISA, not once
+// over simd.h's Vec in an included file: that version (same instructions) made the float32 decode at 4096^2 g128
+// M = 1 run 0.58-0.60 ms instead of 0.51-0.54 (bench_linear.py --formats int4 --ms 1, three runs each; code
+// placement of the dot kernel, which that file changed), so it was not kept.
 template <typename FullChunk, typename GroupSum>
 __attribute__((always_inline)) inline void permute_row(const float* xr, int64_t K, int64_t T, int64_t NC,
                                                        int64_t g, int64_t G, const PermuteTable& pt, float* xp,
@@ -761,13 +764,46 @@ void permute_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t T, 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
-#include "int4_permute.inc"
+void permute_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t T, int64_t NC, int64_t g, int64_t G,
+                  const PermuteTable& pt, float* xp, float* sx) {
+  auto full_chunk = [](const float* xc, const PermuteTable& t, float* dst) {
+    for (int i = 0; i < 128; i += 8) {
+      const __m256i o = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.off + i));
+      _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_i32gather_ps(xc, o, 4), _mm256_loadu_ps(t.f + i)));
+    }
+  };
+  auto group_sum = [](const float* v, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(v + k));
+    float sum = hsum(acc);
+    for (; k < n; ++k) sum += v[k];
+    return sum;
+  };
+  permute_rows_with(x, m0, m1, K, T, NC, g, G, pt, xp, sx, full_chunk, group_sum);
+}
 }  // namespace avx2
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 namespace avx512 {
-#include "int4_permute.inc"
+void permute_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t T, int64_t NC, int64_t g, int64_t G,
+                  const PermuteTable& pt, float* xp, float* sx) {
+  auto full_chunk = [](const float* xc, const PermuteTable& t, float* dst) {
+    for (int i = 0; i < 128; i += 16) {
+      const __m512i o = _mm512_loadu_si512(t.off + i);
+      _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_i32gather_ps(o, xc, 4), _mm512_loadu_ps(t.f + i)));
+    }
+  };
+  auto group_sum = [](const float* v, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= n; k += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(v + k));
+    if (k < n) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps((__mmask16)((1u << (n - k)) - 1), v + k));
+    return _mm512_reduce_add_ps(acc);
+  };
+  permute_rows_with(x, m0, m1, K, T, NC, g, G, pt, xp, sx, full_chunk, group_sum);
+}
 }  // namespace avx512
 #pragma GCC pop_options
 

@@ -5,8 +5,7 @@
 //   V::F / V::I     fp32 / int32 vector of L lanes;  V::H  L 16-bit lanes (half width)
 //   arithmetic      zero, set1, loadu, storeu, fmadd, mul, add, sub, div, min, max, abs, reduce (horizontal
 //                   sum), reduce_max / reduce_min, round_even (to an integral float, ties to even),
-//                   loadu_n(p, n) (the first n lanes of p, the rest 0; 0 < n < L), gather(base, idx) (base[idx] per
-//                   lane, int32 element indices)
+//                   loadu_n(p, n) (the first n lanes of p, the rest 0; 0 < n < L)
 //   integer         zero_i, set1_i, load_i, add_i, and_i, sub_i, srlv (per-lane right shift), srli_i<n> (every
 //                   lane >> n, logical), shuffle_bytes
 //                   (pshufb within each 128-bit lane), broadcast128 (the same 16 bytes in every 128-bit lane),
@@ -101,7 +100,6 @@ struct Vec512 : VecTypes<16, 32, __m512, __m512i, __m256i> {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(t), _CMP_GE_OQ), y);
   }
   TQK_AVX512 F loadu_n(const float* p, int64_t n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p); }
-  TQK_AVX512 F gather(const float* base, I idx) { return _mm512_i32gather_ps(idx, base, 4); }
   TQK_AVX512 F s8_to_f_n(const int8_t* p, int64_t n) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8((__mmask16)((1u << n) - 1), p)));
   }
@@ -148,7 +146,6 @@ struct Vec256 : VecTypes<8, 16, __m256, __m256i, __m128i> {
   TQK_AVX2 __m128i load_bytes(const void* p) { return _mm_loadl_epi64(static_cast<const __m128i*>(p)); }
   TQK_SAME_SHAPED_OPS(TQK_AVX2, _mm256, si256, _mm, si128)
   TQK_AVX2 float reduce(F v) { return hsum(v); }
-  TQK_AVX2 F gather(const float* base, I idx) { return _mm256_i32gather_ps(base, idx, 4); }
   TQK_AVX2 float reduce_max(F v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
