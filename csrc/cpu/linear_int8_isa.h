@@ -80,7 +80,13 @@ constexpr int kWoMaxMB = V::kRegs / 8;
 constexpr int kDecodeNB = V::L == 16 ? 8 : NB;
 // Note [decode prefetch] (linear_int4.cpp): each row's bytes 4 KiB ahead into L2 took M = 1 from about 50%
 // to about 70% of a plain streaming sum's bandwidth (swept 1-4 KiB), so the k loop steps a cache line (64 k).
-constexpr int64_t kPfBytes = 4096;
+// Note [int8 prefetch one tile ahead]: a tile's NB rows are contiguous, so NB row strides on is the same column of the
+// next tile, which the hardware has not asked for yet; 4 KiB was inside the tile's own rows at K = 4096. On the Intel
+// Xeon (AMX VM, 2 threads, M = 1 from DRAM, bench_linear.py --formats int8, f32 x, two rounds) 4096 x 4096 took
+// 0.70-0.71 ms 4 KiB ahead, 0.65-0.66 at 16 KiB and 0.64-0.66 at 32 KiB (one 8-row tile); forced AVX2 (4-row tiles)
+// 0.80-0.82 at 4 KiB, 0.67-0.68 at 16 KiB (one tile), 0.70-0.71 at 32 KiB. Capped at kPfMaxBytes for long rows.
+constexpr int64_t kPfMaxBytes = 32768;
+inline int64_t tile_prefetch_bytes(int nb, int64_t ldw) { return std::min<int64_t>(nb * ldw, kPfMaxBytes); }
 
 // L k (the first n of them if kTail) of NB weight rows x MB tokens. A function, not a lambda: Note
 // [accumulators in registers] in kernels.h.
@@ -117,14 +123,14 @@ void wo_dot_tile(const WeightOnlyArgs& p, int64_t m0, int64_t n0, int nr) {
   // One segment per group with its scale folded into the weights (GROUPED), or one segment [0, K) with the
   // scale applied at the end. Whole cache lines first (one prefetch per row each), then single vectors, then
   // one partial vector.
-  const int64_t nseg = GROUPED ? p.G : 1, seg = GROUPED ? p.g : p.K;
+  const int64_t nseg = GROUPED ? p.G : 1, seg = GROUPED ? p.g : p.K, pf = tile_prefetch_bytes(NB, p.ldw);
   for (int64_t gi = 0; gi < nseg; ++gi) {
     F sv[NB];
     for (int i = 0; i < NB; ++i) sv[i] = GROUPED ? V::set1(sr[i][gi]) : V::zero();
     const int64_t ke = (gi + 1) * seg;
     int64_t k = gi * seg;
     for (; k + 64 <= ke; k += 64) {
-      for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + kPfBytes), _MM_HINT_T1);
+      for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + pf), _MM_HINT_T1);
 #pragma GCC unroll 8
       for (int u = 0; u < 64 / V::L; ++u) wo_step<MB, NB, GROUPED, false>(acc, wr, xr, sv, k + V::L * u, 0);
     }
@@ -196,13 +202,15 @@ void da_dot_tile(const DynamicActArgs& p, int64_t m0, int64_t n0, int nr) {
     rs[i] = V::zero_i();
     for (int m = 0; m < MB; ++m) acc[m][i] = V::zero_i();
   }
+  const int64_t pf = tile_prefetch_bytes(NB, p.ldw);
   int64_t k = 0;
-  // Each row's bytes kPfBytes ahead into L2, once per cache line, as the weight-only wo_step does. On the Intel Xeon
+  // Each row's bytes one tile ahead into L2, once per cache line, as the weight-only kernel does (Note [int8 prefetch
+  // one tile ahead]); the figures below are at 4 KiB ahead. On the Intel Xeon
   // (AMX VM, 2 threads, M = 1, weights from DRAM, two alternating rounds of bench_linear.py --formats int8): 4096 x
   // 11008 1.78-1.82 -> 1.65-1.72 ms, 4096 x 4096 0.71 -> 0.65-0.70; forced AVX2 1.98-2.05 -> 1.93, 0.88-0.89 -> 0.87-0.89.
   for (; k + V::kDotBytes <= p.K; k += V::kDotBytes) {
     if ((k & 63) == 0)
-      for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + kPfBytes), _MM_HINT_T1);
+      for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + pf), _MM_HINT_T1);
     da_step<MB, NB, false>(acc, rs, wr, ar, k, 0);
   }
   if (k < p.K) da_step<MB, NB, true>(acc, rs, wr, ar, k, p.K - k);
