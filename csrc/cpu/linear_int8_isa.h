@@ -205,9 +205,9 @@ void da_dot_tile(const DynamicActArgs& p, int64_t m0, int64_t n0, int nr) {
   const int64_t pf = tile_prefetch_bytes(NB, p.ldw);
   int64_t k = 0;
   // Each row's bytes one tile ahead into L2, once per cache line, as the weight-only kernel does (Note [int8 prefetch
-  // one tile ahead]); the figures below are at 4 KiB ahead. On the Intel Xeon
-  // (AMX VM, 2 threads, M = 1, weights from DRAM, two alternating rounds of bench_linear.py --formats int8): 4096 x
-  // 11008 1.78-1.82 -> 1.65-1.72 ms, 4096 x 4096 0.71 -> 0.65-0.70; forced AVX2 1.98-2.05 -> 1.93, 0.88-0.89 -> 0.87-0.89.
+  // one tile ahead]). This loop had no software prefetch; 4 KiB ahead took the Intel Xeon (AMX VM, 2 threads, M = 1
+  // from DRAM, bench_linear.py --formats int8) from 1.78-1.82 to 1.65-1.72 ms at 4096 x 11008 (forced AVX2: 1.98-2.05
+  // -> 1.93), one tile ahead to 1.61-1.65 (AVX2 1.75-1.82).
   for (; k + V::kDotBytes <= p.K; k += V::kDotBytes) {
     if ((k & 63) == 0)
       for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + k + pf), _MM_HINT_T1);
