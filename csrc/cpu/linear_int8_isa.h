@@ -78,13 +78,14 @@ constexpr int kWoMaxMB = V::kRegs / 8;
 // 28 -> 22 GB/s, from memory no faster), and several tokens keep 4 rows: their MB x NB accumulators must stay in
 // registers.
 constexpr int kDecodeNB = V::L == 16 ? 8 : NB;
-// Note [decode prefetch] (linear_int4.cpp): each row's bytes 4 KiB ahead into L2 took M = 1 from about 50%
-// to about 70% of a plain streaming sum's bandwidth (swept 1-4 KiB), so the k loop steps a cache line (64 k).
-// Note [int8 prefetch one tile ahead]: a tile's NB rows are contiguous, so NB row strides on is the same column of the
-// next tile, which the hardware has not asked for yet; 4 KiB was inside the tile's own rows at K = 4096. On the Intel
-// Xeon (AMX VM, 2 threads, M = 1 from DRAM, bench_linear.py --formats int8, f32 x, two rounds) 4096 x 4096 took
-// 0.70-0.71 ms 4 KiB ahead, 0.65-0.66 at 16 KiB and 0.64-0.66 at 32 KiB (one 8-row tile); forced AVX2 (4-row tiles)
-// 0.80-0.82 at 4 KiB, 0.67-0.68 at 16 KiB (one tile), 0.70-0.71 at 32 KiB. Capped at kPfMaxBytes for long rows.
+// Note [decode prefetch] (linear_int4.cpp): each row's bytes prefetched into L2 once per cache line (64 k), which
+// took M = 1 from about 50% to about 70% of a plain streaming sum's bandwidth at 4 KiB ahead. How far ahead: one tile
+// of NB rows, as the low-bit dot loop does (Note [decode prefetch distance], linear_lowbit_isa.h); 4 KiB landed
+// inside the tile's own rows at K = 4096 here too. On the Intel Xeon (AMX VM, 2 threads, M = 1 from DRAM,
+// bench_linear.py --formats int8, f32 x, two rounds) 4096 x 4096 took 0.70-0.71 ms 4 KiB ahead, 0.65-0.66 at 16 KiB
+// and 0.64-0.66 at 32 KiB (one 8-row tile); forced AVX2 (4-row tiles) 0.80-0.82 at 4 KiB, 0.67-0.68 at 16 KiB (one
+// tile), 0.70-0.71 at 32 KiB. Unlike the low-bit rows, an int8 row is a byte per weight: the distance is capped at
+// kPfMaxBytes (a 4096 x 11008 tile would be 88 KiB ahead; capped, that call went 1.90 -> 1.70 ms).
 constexpr int64_t kPfMaxBytes = 32768;
 inline int64_t tile_prefetch_bytes(int nb, int64_t ldw) { return std::min<int64_t>(nb * ldw, kPfMaxBytes); }
 
@@ -204,8 +205,8 @@ void da_dot_tile(const DynamicActArgs& p, int64_t m0, int64_t n0, int nr) {
   }
   const int64_t pf = tile_prefetch_bytes(NB, p.ldw);
   int64_t k = 0;
-  // Each row's bytes one tile ahead into L2, once per cache line, as the weight-only kernel does (Note [int8 prefetch
-  // one tile ahead]). This loop had no software prefetch; 4 KiB ahead took the Intel Xeon (AMX VM, 2 threads, M = 1
+  // Each row's bytes one tile ahead into L2, once per cache line, as the weight-only kernel does (Note [decode
+  // prefetch] above). This loop had no software prefetch; 4 KiB ahead took the Intel Xeon (AMX VM, 2 threads, M = 1
   // from DRAM, bench_linear.py --formats int8) from 1.78-1.82 to 1.65-1.72 ms at 4096 x 11008 (forced AVX2: 1.98-2.05
   // -> 1.93), one tile ahead to 1.61-1.65 (AVX2 1.75-1.82).
   for (; k + V::kDotBytes <= p.K; k += V::kDotBytes) {
