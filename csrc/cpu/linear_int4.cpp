@@ -1105,7 +1105,9 @@ struct DaInt4Args {
   const uint8_t* ap;      // (M, lda) shifted codes, each 128-k block permuted to [even k | odd k] (the panel
                           // path: natural k order); 0 past K
   int64_t M, K, lda;
-  const float* a_scale;   // (M)
+  const float* a_scale;   // (M); 1 when a_gscale is given
+  const float* a_gscale;  // (M, G) the activation's scale per (token, weight group), or nullptr (Note [int8 x int4
+                          // per-group activation scales])
   const int32_t* zp128;   // (M) 128 + activation zero point
   const float* bsum;      // (M, G) sum_k a - zp128 * g per group (nullptr where unused: the panel path, lsum)
   const int32_t* lsum;    // (M, lda / 8) 8 * sum (a - zp128) over k in [8 j, 8 j + 8), k < K: the SIMD decode
@@ -1115,6 +1117,9 @@ struct DaInt4Args {
   const void* scale;      // (N, G) contiguous, of type st
   SzType st;
   const int8_t* zp;       // (N, G) weight zero points or nullptr (symmetric)
+  const void* zf;         // (N, G) float weight zero points of type st (w = (u - 8) s + z), or nullptr; the decode
+                          // kernels take them, the glue adds them after the panel paths (Note [int8 x int4 float
+                          // zero points])
   int64_t G, g;
   const float* bias;
   float* out;
@@ -1125,13 +1130,14 @@ struct DaInt4Args {
 // straddles two groups).
 inline int64_t da_block_k(int64_t G, int64_t g) { return (G > 1 && g < 128) ? g : 128; }
 
-// Row n's scales s and s * c (c = 8 + zero point) as fp32 into srow[G], scrow[G].
+// Row n's scales s and zero terms (s c, c = 8 + zero point; 8 s - z with float zero points) as fp32 into srow[G],
+// scrow[G].
 void row_scales(const DaInt4Args& p, int64_t n, float* srow, float* scrow) {
   for (int64_t gi = 0; gi < p.G; ++gi) {
     const int64_t off = n * p.G + gi;
     const float s = load_float(p.scale, p.st, off);
     srow[gi] = s;
-    scrow[gi] = s * (8.f + (p.zp ? (float)p.zp[off] : 0.f));
+    scrow[gi] = p.zf ? 8.f * s - load_float(p.zf, p.st, off) : s * (8.f + (p.zp ? (float)p.zp[off] : 0.f));
   }
 }
 
@@ -1152,7 +1158,8 @@ void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
           const int32_t a = ar[blk * 128 + (r & 1) * 64 + r / 2];
           e += (a - p.zp128[m]) * u;
         }
-        acc += srow[gi] * (float)e - scrow[gi] * p.bsum[m * p.G + gi];
+        const float part = srow[gi] * (float)e - scrow[gi] * p.bsum[m * p.G + gi];
+        acc += p.a_gscale ? p.a_gscale[m * p.G + gi] * part : part;
       }
       p.out[m * p.ldo + n] = p.a_scale[m] * acc + (p.bias ? p.bias[n] : 0.f);
     }
@@ -1258,6 +1265,7 @@ void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1, bool amx) {
   alignas(64) int8_t panel[32 * 128];
   alignas(64) float ws[32];
   alignas(64) int32_t rowsum[32];
+  alignas(64) float sa[32];  // a block's per-(token, group) activation scales (a_gscale)
   for (int64_t j = j0; j < j1; ++j) {
     const int64_t col = 32 * j, rows = std::min<int64_t>(32, p.N - col);
     for (int64_t k0 = 0; k0 < p.K; k0 += kb) {
@@ -1273,11 +1281,15 @@ void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1, bool amx) {
         const uint8_t* a = p.ap + (k0 / kb) * p.M * kb + m * kb;
         float* c = p.out + m * p.ldo + col;
         const float* bias = last && p.bias ? p.bias + col : nullptr;
+        const float* as = p.a_scale + m;
+        if (p.a_gscale) {
+          for (int r = 0; r < R; ++r) sa[r] = p.a_gscale[(m + r) * p.G + gi];
+          as = sa;
+        }
         if (amx)
-          gemm_u8s8_amx(R, a, kb, panel, kc, c, p.ldo, (int)rows, p.a_scale + m, p.zp128 + m, ws, bias, rowsum,
-                        k0 > 0, configured);
+          gemm_u8s8_amx(R, a, kb, panel, kc, c, p.ldo, (int)rows, as, p.zp128 + m, ws, bias, rowsum, k0 > 0, configured);
         else
-          gemm_u8s8_6x32(R, a, kb, panel, kc, c, p.ldo, (int)rows, p.a_scale + m, p.zp128 + m, ws, bias, rowsum, k0 > 0);
+          gemm_u8s8_6x32(R, a, kb, panel, kc, c, p.ldo, (int)rows, as, p.zp128 + m, ws, bias, rowsum, k0 > 0);
       }
     }
   }
@@ -1297,7 +1309,7 @@ constexpr int64_t kDaInt4LaneSumMaxM = 4;
 
 at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
                                      const std::optional<at::Tensor>& zero_point,
-                                     const std::optional<at::Tensor>& bias, bool act_symmetric) {
+                                     const std::optional<at::Tensor>& bias, bool act_symmetric, int64_t act_group_size) {
   constexpr const char* op = "torchqkit::linear_int8da_int4_packed";
   const auto dt = x.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op,
@@ -1313,14 +1325,19 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   TORCH_CHECK(G == 1 || (g % 8 == 0 && (128 % g == 0 || g % 128 == 0)), op, ": group size ", g,
               " is not supported (per channel, or a multiple of 8 that divides 128 or that 128 divides)");
   TORCH_CHECK(K < (1 << 16), op, ": K = ", K, " could overflow the int32 accumulator (limit 65535)");
-  at::Tensor zw;
-  if (zero_point.has_value()) {
-    TORCH_CHECK(zero_point->sizes() == scale.sizes() && !at::isFloatingType(zero_point->scalar_type()), op,
-                ": zero_point must be integer codes shaped like scale, got ", zero_point->scalar_type(), " ",
-                zero_point->sizes());
-    zw = zero_point->to(at::kChar).contiguous();  // int4 zero points: no copy when stored as int8
-  }
+  TORCH_CHECK(act_group_size == 0 || (act_group_size == g && G > 1 && act_symmetric), op, ": act_group_size ",
+              act_group_size, " must be 0 (one activation scale per token) or the weight's group size ", g,
+              " with symmetric activations (act_symmetric=True)");
   const at::Tensor s = scale.contiguous();
+  at::Tensor zw, zf;  // integer zero point codes, or float zero points (w = (u - 8) s + z) in the scales' dtype
+  if (zero_point.has_value()) {
+    TORCH_CHECK(zero_point->sizes() == scale.sizes(), op, ": zero_point must be shaped like scale ", scale.sizes(),
+                ", got ", zero_point->sizes());
+    if (at::isFloatingType(zero_point->scalar_type()))
+      zf = zero_point->to(s.scalar_type()).contiguous();
+    else
+      zw = zero_point->to(at::kChar).contiguous();  // int4 zero points: no copy when stored as int8
+  }
   const at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat).contiguous();
   at::Tensor b;
   if (bias.has_value()) {
@@ -1340,14 +1357,22 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   // The SIMD decode kernels with symmetric weights subtract lane sums of the activation (lsum) up to
   // kDaInt4LaneSumMaxM tokens, the other paths per-group sums (bsum); the AVX-512 panel path neither (Note [int8 x
   // int4 prefill]).
-  const bool lanes = !panel && !panel256 && isa != Isa::kScalar && !zw.defined() && M <= kDaInt4LaneSumMaxM;
+  const bool lanes = !panel && !panel256 && isa != Isa::kScalar && !zw.defined() && !zf.defined() &&
+                     M <= kDaInt4LaneSumMaxM;
+  // Float zero points: the decode kernels stage them with the scales; after the panel paths (which expand u - 8)
+  // the glue adds sum_g z (activation scale x group sum) as one small matmul (Note [int8 x int4 float zero points]).
+  const bool zf_after = zf.defined() && (panel || panel256);
+  const bool ga = act_group_size > 0;
   // The AVX-512 panel path reads the unsigned codes in natural k order (Note [int8 x int4 prefill]); the 256-bit
   // panel path signed codes in natural order (Note [int8 x int4 prefill on 256 bits]); the decode kernels signed
   // codes permuted per 128-k block (Note [int8 x int4 decode]); scalar unsigned codes, permuted.
-  // One scratch allocation (a fixed cost of every call): a, ap (M, lda) codes; a_scale, zp (M); bsum or lsum.
+  // One scratch allocation (a fixed cost of every call): a, ap (M, lda) codes; a_scale, zp (M); the activation's
+  // group scales (M, G) when ga; bsum or lsum.
   const auto al64 = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
-  const int64_t o_ap = al64(M * lda), o_as = o_ap + al64(M * lda), o_zp = o_as + al64(4 * M), o_s = o_zp + al64(4 * M);
-  const int64_t sums_bytes = panel ? 0 : lanes ? 4 * M * (lda / 8) : 4 * M * G;
+  const int64_t o_ap = al64(M * lda), o_as = o_ap + al64(M * lda), o_zp = o_as + al64(4 * M),
+                o_ga = o_zp + al64(4 * M), o_s = o_ga + (ga ? al64(4 * M * G) : 0);
+  const bool sums = !lanes && (!panel || zf_after);  // bsum
+  const int64_t sums_bytes = lanes ? 4 * M * (lda / 8) : sums ? 4 * M * G : 0;
   // AMX tiles read 16 rows of a block's codes from the last 16-row half's first row: up to 15 rows past the end
   const bool amx = panel && amx_selected() && kb % 64 == 0;
   const int64_t slack = amx ? 16 * kb : 0;
@@ -1356,11 +1381,21 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   uint8_t* const ap = a + o_ap;
   float* const a_scale = reinterpret_cast<float*>(a + o_as);
   int32_t* const zp = reinterpret_cast<int32_t*>(a + o_zp);
-  float* const bsum = panel || lanes ? nullptr : reinterpret_cast<float*>(a + o_s);
+  float* const a_gscale = ga ? reinterpret_cast<float*>(a + o_ga) : nullptr;
+  float* const bsum = sums ? reinterpret_cast<float*>(a + o_s) : nullptr;
   int32_t* const lsum = lanes ? reinterpret_cast<int32_t*>(a + o_s) : nullptr;
   const uint8_t flip = isa != Isa::kScalar ? 0x80 : 0;
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
-    quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a, lda, a_scale, zp, m0, m1);
+    if (ga) {  // each token's groups as rows of g: symmetric, so every group's zero point is 0 (zp128 = 128)
+      std::vector<int32_t> gzp(G);
+      for (int64_t m = m0; m < m1; ++m) {
+        quantize_rows(isa, x2.data_ptr<float>() + m * K, g, g, true, a + m * lda, g, a_gscale + m * G, gzp.data(), 0, G);
+        a_scale[m] = 1.f;
+        zp[m] = 128;
+      }
+    } else {
+      quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a, lda, a_scale, zp, m0, m1);
+    }
     for (int64_t m = m0; m < m1; ++m) {
       const uint8_t* ar = a + m * lda;
       uint8_t* pr = ap + m * lda;
@@ -1372,7 +1407,7 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
           for (int64_t i = 0; i < n; ++i) dst[i] = ar[k0 + i] ^ f;
           std::memset(dst + n, 0, kb - n);
         }
-        if (panel) continue;
+        if (panel && !sums) continue;
       } else {  // each 128-k block as [even k | odd k]
         for (int64_t b = 0; b < lda; b += 128) {
           for (int64_t i = 0; i < 64; ++i) {
@@ -1399,21 +1434,28 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
       }
     }
   });
-  const DaInt4Args p{ap, M, K, lda, a_scale, zp, bsum, lsum, qdata.data_ptr<uint8_t>(), N, qdata.stride(0), s.data_ptr(),
-                     sz_type(s.scalar_type(), op), zw.defined() ? zw.data_ptr<int8_t>() : nullptr, G, g,
+  const DaInt4Args p{ap, M, K, lda, a_scale, a_gscale, zp, bsum, lsum, qdata.data_ptr<uint8_t>(), N, qdata.stride(0),
+                     s.data_ptr(), sz_type(s.scalar_type(), op), zw.defined() ? zw.data_ptr<int8_t>() : nullptr,
+                     zf_after || !zf.defined() ? nullptr : zf.data_ptr(), G, g,
                      b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
   const bool vex = cpu_has_avx_vnni_vex();
-  if (panel) {
-    at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t j0, int64_t j1) {
-      avx512::da_int4_prefill(p, j0, j1, amx);
-    });
-    return out.to(dt).reshape(shape);
-  }
-  if (panel256) {
-    at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t j0, int64_t j1) {
-      if (isa == Isa::kAvx2) return avx2::da_int4_prefill(p, j0, j1);
-      return vex ? avx_vnni::da_int4_prefill(p, j0, j1) : avx_vnni_evex::da_int4_prefill(p, j0, j1);
-    });
+  if (panel || panel256) {
+    if (panel) {
+      at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t j0, int64_t j1) {
+        avx512::da_int4_prefill(p, j0, j1, amx);
+      });
+    } else {
+      at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t j0, int64_t j1) {
+        if (isa == Isa::kAvx2) return avx2::da_int4_prefill(p, j0, j1);
+        return vex ? avx_vnni::da_int4_prefill(p, j0, j1) : avx_vnni_evex::da_int4_prefill(p, j0, j1);
+      });
+    }
+    if (zf_after) {  // out += (activation scale x group sums) (M, G) @ z^T (G, N)
+      const at::Tensor asum = at::from_blob(bsum, {M, G}, x2.options()) *
+                              (ga ? at::from_blob(a_gscale, {M, G}, x2.options())
+                                  : at::from_blob(a_scale, {M, 1}, x2.options()));
+      out.addmm_(asum, zf.to(at::kFloat).t());
+    }
     return out.to(dt).reshape(shape);
   }
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {

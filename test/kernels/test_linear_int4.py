@@ -437,12 +437,78 @@ def test_int8da_int4_extreme_activation_zero_points(monkeypatch, isa, m, wmap):
     assert_rel(DA4(*args), linear_int8da_int4_packed_ref(*args), TOL[torch.float32], f"{isa} m={m}")
 
 
+# Per-(token, group) activation scales (act_group_size = the weight's group) and float zero points (GGUF Q4_1's
+# w = q s + z), alone and together, on every path: decode passes of 1..4 tokens and tails (M = 1, 3, 5), both panel
+# paths (M = 17, 40: AVX-512 6-token tiles / AMX, 256-bit 16-column panels), groups of 8 / 32 / 64 / 128 / 256
+# (a group spanning blocks), K = 576 (SmolLM2: 4.5 blocks of 128 k, a masked tail), 72 (one vector and a tail).
+DA4_GROUP_CASES = [(1, 37, 576, 32), (3, 9, 96, 32), (5, 17, 1536, 64), (17, 19, 256, 8), (40, 40, 512, 128),
+                   (2, 9, 512, 256), (20, 70, 576, 32), (1, 3, 72, 8), (4, 33, 576, 32)]
+
+
+@needs_ext
+@pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
+@pytest.mark.parametrize("zero", ["none", "int", "float"])
+@pytest.mark.parametrize("act_groups", [False, True], ids=["act_per_token", "act_per_group"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", DA4_GROUP_CASES, ids=str)
+def test_int8da_int4_group_activations_and_float_zero_points(monkeypatch, isa, zero, act_groups, dtype, case):
+    # Tolerance as test_int8da_int4_matches_reference: exact int32 sums per group, fp32 scaling (measured <= 5e-7).
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    m, n, k, group = case
+    g = gen(7)
+    q = torch.randint(0, 256, (n, (k + 1) // 2), dtype=torch.uint8, generator=g)
+    s = ((torch.rand(n, k // group, generator=g) + 0.5) * 0.01).to(dtype)
+    z = {"none": None, "int": torch.randint(-8, 8, s.shape, generator=g).to(torch.int8),
+         "float": (torch.randn(s.shape, generator=g) * 0.05).to(dtype)}[zero]
+    # feature magnitudes 0.1 .. 5 along K: one scale per token would flatten the small features
+    x = (torch.randn(m, k, generator=g) * torch.linspace(0.1, 5, k)).to(dtype)
+    args = (x, q, s, z, torch.randn(n, generator=g).to(dtype), True, group if act_groups else 0)
+    from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
+    assert_rel(DA4(*args), linear_int8da_int4_packed_ref(*args), TOL[dtype], f"{isa} {case} {zero}")
+
+
+def test_int8da_int4_group_activations_are_closer_to_float():
+    # The point of per-group activation scales: with features of very different magnitudes (an LLM's outlier
+    # channels), one scale per token rounds the small features away; per group only the outliers' own group shares
+    # their scale.
+    k, n = 576, 64
+    q = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen(4))
+    s = torch.full((n, k // 32), 0.01)
+    s[:, 2] = 0  # the outliers' group weighs nothing: the output is the small features' alone
+    wf = linear_int8da_int4_packed_weight_f32(q, s, k)
+    x = torch.randn(2, k, generator=gen(5))
+    x[:, 64:96] *= 100  # one group of outlier features
+    exact = x @ wf.t()
+    err = {}
+    for groups in (0, 32):
+        out = DA4(x, q, s, None, None, True, groups)
+        err[groups] = ((out - exact).norm() / exact.norm()).item()
+    assert err[32] < 1e-2 and err[0] > 20 * err[32], err  # measured: 6.6e-3 per group, 0.40 per token
+
+
+def linear_int8da_int4_packed_weight_f32(q, s, k):
+    from torchqkit.kernels.reference import int4_packed_weight
+    return int4_packed_weight(q, s, None, k)
+
+
+def test_int8da_int4_act_group_size_errors():
+    q = torch.zeros(4, 32, dtype=torch.uint8)
+    s = torch.ones(4, 2)
+    x = torch.randn(1, 64)
+    for bad, symmetric in ((16, True), (32, False), (64, True)):
+        with pytest.raises(RuntimeError, match="act_group_size .* must be 0 .* or the weight's group size 32"):
+            DA4(x, q, s, None, None, symmetric, bad)
+    with pytest.raises(RuntimeError, match="zero_point must be shaped like scale"):
+        DA4(x, q, s, torch.zeros(4, 1), None, True, 32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_int8da_int4_opcheck(dtype):
     w = _int4_packed(24, 96, 32, "asymmetric", dtype)
     x = _act(3, 96, dtype).reshape(1, 3, 96)
     torch.library.opcheck(DA4, (x, w.qdata, w.scale, w.zero_point, torch.randn(24).to(dtype), False))
     torch.library.opcheck(DA4, (x.requires_grad_(), w.qdata, w.scale, None, None, True))
+    torch.library.opcheck(DA4, (x.detach(), w.qdata, w.scale, w.scale * 0.5, None, True, 32))
 
 
 def test_int8da_int4_config_routes_to_the_op_and_matches_fake_quant():
@@ -460,7 +526,7 @@ def test_int8da_int4_config_routes_to_the_op_and_matches_fake_quant():
     ref = F.linear(w.act_quant.fake_quantize(x), w.dequantize(), lin.bias)  # fp32: summation order only
     assert_rel(out, ref, 2e-5, "layout")
     if LEVELS:
-        row = next(r for r in kernels.status() if r["linear"].startswith("int8 dynamic act (per token) x int4"))
+        row = next(r for r in kernels.status() if r["linear"].startswith("int8 dynamic act (per token, or per token and weight group) x int4"))
         assert row["path"] == f"torchqkit::linear_int8da_int4_packed (cpp {running_level(DA4_LEVELS)})"
 
 

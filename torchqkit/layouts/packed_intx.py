@@ -175,21 +175,23 @@ def _stored_k(w) -> int:
 
 
 def _int8_int4_applies(w, x) -> bool:
-    """int8 dynamic per-token act x int4 (symmetric or integer zero point), per group of 8 k dividing 128
-    (or a multiple of 128) or per channel: the torchqkit::linear_int8da_int4_packed kernel takes it."""
+    """int8 dynamic act (per token, or per token and weight group) x int4 (symmetric, integer or float zero point),
+    per group of 8 k dividing 128 (or a multiple of 128) or per channel: the torchqkit::linear_int8da_int4_packed
+    kernel takes it."""
     spec = w.act_quant
     if (spec is None or w.qlayout.ternary or w.qdtype != int4 or spec.qdtype.kind is not QKind.INT
             or spec.static_scale is not None or spec.mapping not in (MappingType.SYMMETRIC, MappingType.ASYMMETRIC)
-            or ZeroPointDomain(w.zero_point_domain) not in (ZeroPointDomain.NONE, ZeroPointDomain.INT)
             or w.block_size[0] != 1):
         return False
     g, k = w.block_size[1], w.logical_shape[1]
+    if spec.group_size is not None and (spec.group_size != g or g >= k):
+        return False
     return g == k or (g % 8 == 0 and (128 % g == 0 or g % 128 == 0))
 
 
 def _int8_int4_call(fn, w, x, bias):
     return fn(pad_features(x, _stored_k(w)), w.qdata, w.scale, w.zero_point, bias,
-              w.act_quant.mapping is MappingType.SYMMETRIC)
+              w.act_quant.mapping is MappingType.SYMMETRIC, w.act_quant.group_size or 0)
 
 
 def _intx_call(fn, w, x, bias):
@@ -200,7 +202,7 @@ def _intx_call(fn, w, x, bias):
 PackedIntxLayout.routes = (
     Route("1..7-bit int weight-only (any zero point domain, per-group / per-row), not ternary",
           lambda w, x: w.act_quant is None and not w.qlayout.ternary, op="torchqkit::linear_intxwo", call=_intx_call),
-    Route("int8 dynamic act (per token) x int4 (symmetric / int zero point), per group of 8..128 (dividing 128) "
-          "or multiples of 128, or per channel", _int8_int4_applies,
+    Route("int8 dynamic act (per token, or per token and weight group) x int4 (symmetric / int or float zero "
+          "point), per group of 8..128 (dividing 128) or multiples of 128, or per channel", _int8_int4_applies,
           op="torchqkit::linear_int8da_int4_packed", call=_int8_int4_call),
 )

@@ -63,7 +63,8 @@ def _symmetric_int8_codes(w) -> bool:
 def _int_act_per_row_weight(w) -> bool:
     """int activations x a symmetric signed int weight with one scale per row: an integer matmul applies."""
     spec = w.act_quant
-    return (spec is not None and spec.qdtype.kind is QKind.INT and w.qdtype.kind is QKind.INT and w.qdtype.signed
+    return (spec is not None and spec.qdtype.kind is QKind.INT and spec.group_size is None
+            and w.qdtype.kind is QKind.INT and w.qdtype.signed
             and w.zero_point_domain is ZeroPointDomain.NONE and w.block_size == (1, w.logical_shape[1]))
 
 

@@ -7,7 +7,7 @@ See Note [torchqkit safetensors format] in save_load.py. An entry:
      "dtype": "bfloat16",                                           # outer dtype, dequantize() returns it
      "zero_point_domain": "float", "transposed": false, "kernel_preference": "auto",
      "act_quant": null | {"qdtype": "int8", "granularity": {"type": "PerToken"}, "mapping": "symmetric",
-                          "static_scale": null},
+                          "static_scale": null},                   # or {"type": "PerGroup", "group_size": 32}
      "tensors": ["qdata", "scale_and_zero"]}                        # inner tensors stored as "<name>:<inner>"
 
 ``decode_entry`` turns it back into constructor arguments, checking every field against the registries
@@ -36,7 +36,8 @@ __all__ = ["INNER_SEP", "encode_entry", "decode_entry", "check_tensors", "ORIG_D
 INNER_SEP = ":"  # "layers.0.mlp.up_proj.weight:qdata"; ":" never occurs in a module path
 ORIG_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _ORIG_DTYPE_NAMES = {v: k for k, v in ORIG_DTYPES.items()}
-_GRANULARITIES = {c.__name__: c for c in (_granularity.PerTensor, _granularity.PerRow, _granularity.PerToken)}
+_GRANULARITIES = {c.__name__: c for c in (_granularity.PerTensor, _granularity.PerRow, _granularity.PerToken,
+                                           _granularity.PerGroup)}
 _ENTRY_KEYS = {"layout", "qdtype", "block_size", "shape", "dtype", "zero_point_domain", "transposed",
                "kernel_preference", "act_quant", "tensors"}
 
@@ -51,7 +52,7 @@ def encode_entry(w: AffineQuantizedTensor) -> dict:
         "zero_point_domain": w.zero_point_domain.value, "transposed": w.transposed,
         "kernel_preference": w.kernel_preference.value,
         "act_quant": None if act is None else {
-            "qdtype": act.qdtype.name, "granularity": {"type": type(act.granularity).__name__},
+            "qdtype": act.qdtype.name, "granularity": _encode_act_granularity(act),
             "mapping": act.mapping.value, "static_scale": act.static_scale},
         "tensors": [n for n, t in w.inner_tensors().items() if t is not None],
     }
@@ -125,19 +126,30 @@ def _decode_layout(d):
         raise ValueError(f"layout {d['type']!r}: {e}") from None
 
 
+def _encode_act_granularity(act: ActivationQuantSpec) -> dict:
+    g = {"type": type(act.granularity).__name__}
+    return g if act.group_size is None else {**g, "group_size": act.group_size}
+
+
 def _decode_act(d) -> ActivationQuantSpec | None:
     if d is None:
         return None
     if not isinstance(d, dict) or set(d) != {"qdtype", "granularity", "mapping", "static_scale"}:
         raise ValueError(f"act_quant must be null or have qdtype, granularity, mapping, static_scale; got {quote(d)}")
     g = d["granularity"]
-    kind = g.get("type") if isinstance(g, dict) and set(g) == {"type"} else None
+    keys = {"type", "group_size"} if isinstance(g, dict) and g.get("type") == "PerGroup" else {"type"}
+    kind = g.get("type") if isinstance(g, dict) and set(g) == keys else None
     if not isinstance(kind, str) or kind not in _GRANULARITIES:
-        raise ValueError(f"act_quant granularity must be one of {sorted(_GRANULARITIES)}, got {quote(g)}")
+        raise ValueError(f"act_quant granularity must be one of {sorted(_GRANULARITIES)} (PerGroup with its "
+                         f"group_size), got {quote(g)}")
+    size = g.get("group_size")
+    if kind == "PerGroup" and (type(size) is not int or size < 1):
+        raise ValueError(f"act_quant granularity PerGroup needs a positive int group_size, got {quote(g)}")
     static = d["static_scale"]
     if static is not None and (type(static) not in (int, float) or not math.isfinite(static) or not static > 0):
         raise ValueError(f"act_quant static_scale must be null or a finite positive number, got {quote(static)}")
-    return ActivationQuantSpec(qdtype_from_name(_string(d, "qdtype")), _GRANULARITIES[g["type"]](),
+    granularity = _GRANULARITIES[kind](size) if kind == "PerGroup" else _GRANULARITIES[kind]()
+    return ActivationQuantSpec(qdtype_from_name(_string(d, "qdtype")), granularity,
                                MappingType(_string(d, "mapping")), None if static is None else float(static))
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.granularity import Granularity, PerRow, PerTensor, PerToken
+from ..core.granularity import Granularity, PerGroup, PerRow, PerTensor, PerToken
 from ..core.primitives import (MappingType, ZeroPointDomain, choose_qparams_affine,
                                dequantize_affine, quantize_affine)
 from ..core.qdtype import QDType, QKind
@@ -37,7 +37,8 @@ class QuantizedActivation:
 class ActivationQuantSpec:
     """How a linear quantizes its input before the matmul.
 
-    int8: PerToken, symmetric or asymmetric (dynamic scales), or PerTensor symmetric with a given ``static_scale``.
+    int8: PerToken, symmetric or asymmetric (dynamic scales); PerGroup(n), symmetric dynamic scales per token and
+    group of n features (llama.cpp's Q8_1); or PerTensor symmetric with a given ``static_scale``.
     float8: PerTensor or PerRow (= per token), dynamic, or static with a given ``static_scale``.
     """
     qdtype: QDType
@@ -50,8 +51,12 @@ class ActivationQuantSpec:
         if self.qdtype.kind is QKind.INT:
             if self.qdtype.name != "int8":
                 raise ValueError(f"activation quantization supports int8 or float8, got {self.qdtype.name}")
-            if self.static_scale is None and not isinstance(self.granularity, (PerToken, PerRow)):
-                raise ValueError("dynamic int8 activation quantization is per token: use PerToken()")
+            if self.static_scale is None and not isinstance(self.granularity, (PerToken, PerRow, PerGroup)):
+                raise ValueError("dynamic int8 activation quantization is per token: use PerToken() (or PerGroup(n) "
+                                 "for a scale per token and group of n features)")
+            if isinstance(self.granularity, PerGroup) and self.mapping is not MappingType.SYMMETRIC:
+                raise ValueError("int8 activations per group (PerGroup) are quantized symmetrically: use "
+                                 "MappingType.SYMMETRIC")
             if self.static_scale is not None and (not isinstance(self.granularity, PerTensor)
                                                   or self.mapping is not MappingType.SYMMETRIC):
                 raise ValueError("a static int8 activation scale is one symmetric per-tensor scale: use PerTensor() "
@@ -65,6 +70,11 @@ class ActivationQuantSpec:
             _check_static_scale(self.static_scale)
         else:
             raise ValueError(f"activation quantization supports int8 or float8, got {self.qdtype.name}")
+
+    @property
+    def group_size(self) -> int | None:
+        """Features per scale within a token (PerGroup), or None: one scale per token or per tensor."""
+        return self.granularity.group_size if isinstance(self.granularity, PerGroup) else None
 
     @property
     def per_tensor(self) -> bool:
@@ -95,8 +105,10 @@ class ActivationQuantSpec:
         return QuantizedActivation(q, scale, zp)
 
     def block_size(self, x2d: torch.Tensor) -> tuple[int, int]:
-        """The oracle's block size for a (M, K) activation: the whole tensor, or one row per token (a static int8
-        scale is carried per row too, see ``quantize``)."""
+        """The oracle's block size for a (M, K) activation: the whole tensor, one row per token (a static int8
+        scale is carried per row too, see ``quantize``), or a group of one token's features."""
+        if self.group_size is not None:
+            return (1, self.group_size)
         per_row = not self.per_tensor or (self.static_scale is not None and self.qdtype.kind is QKind.INT)
         return (1, x2d.shape[1]) if per_row else (x2d.shape[0], x2d.shape[1])
 
