@@ -1307,6 +1307,22 @@ constexpr int64_t kDaInt4Panel256MinM = 16;
 // with benchmarks/bench_int8da_int4_decode.py); up to 4 tokens the lane sums are faster (no per-row work).
 constexpr int64_t kDaInt4LaneSumMaxM = 4;
 
+// Note [int8 x int4 float zero points]: GGUF's Q4_1 stores w = d q + m per 32 weights (q = 0..15, a float
+// minimum m). An integer zero point can't hold m / d in general: requantized with one, SmolLM2's Q4_1 weights moved by
+// up to 3.5% of their range and its perplexity went 38.4 -> 54.9 (int8 activations per token, 256 tokens), where
+// float zero points in float16 reproduce the file's weights and give 42.8 (benchmarks/bench_decode.py's rows). With
+// u = q + 8 as stored, w = (u - 8) s + z, so per group sum_k a w = s sum_k a u - (8 s - z) sum_k a: the decode
+// kernels stage 8 s - z where integer zero points give s c (stage_scales, row_scales), and the per-group sums of
+// the activation codes (bsum) do the rest as before. The panel paths expand u - 8 to int8 (no zero point); the
+// glue then adds sum_g z (activation scale x bsum) as one (M, G) x (G, N) matmul, a small fraction of a prefill.
+//
+// Note [int8 x int4 per-group activation scales]: act_group_size = the weight's group size quantizes each token's
+// groups symmetrically with their own scale (llama.cpp's Q8_1 blocks: outlier features no longer set the step of the
+// whole token). A group's integer dot product is scaled by s_w s_a instead of s_w; the decode kernels fold each
+// token's s_a into its copy of the staged weight scales (stage_scales, with the group scales tiled over a stage's rows
+// so the stage stays one vector loop), so a token costs the same as with one scale; the panel paths take s_a per
+// block in their epilogues (blocks never straddle groups). Activations are symmetric then: every zero point is 0.
+
 at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
                                      const std::optional<at::Tensor>& zero_point,
                                      const std::optional<at::Tensor>& bias, bool act_symmetric, int64_t act_group_size) {
