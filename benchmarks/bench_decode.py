@@ -43,6 +43,7 @@ import llm_models  # noqa: E402
 import torchqkit as qk  # noqa: E402
 from torchqkit import kernels  # noqa: E402
 from torchqkit.api.fuse import FusedLinearMember  # noqa: E402
+from torchqkit.demo import DEMO_CONFIGS  # noqa: E402
 from torchqkit.kernels.reference import sdpa_over_filled_cache_ref  # noqa: E402
 from torchqkit.eval import (DecodeLoop, decode_breakdown, eval_text, load_gguf, perplexity,  # noqa: E402
                             smollm2_gguf_path)
@@ -59,11 +60,11 @@ CONFIGS = {
     "int4-g32-fp16-scales": lambda: qk.Int4WeightOnlyConfig(group_size=32, scale_dtype=torch.float16),
     "int4-g128-bf16-scales": lambda: qk.Int4WeightOnlyConfig(group_size=128, scale_dtype=torch.bfloat16),
     "int8": qk.Int8WeightOnlyConfig,
-    # llama.cpp's arithmetic on Q4_1: int4 g32 with a float zero point (the file's own grid) x int8 activations
-    # with a scale per token and group of 32 (Q8_1), integer dot products (torchqkit::linear_int8da_int4_packed)
-    "int4-g32-int8-act-g32": lambda: qk.Int8DynamicActivationIntxWeightConfig(
-        weight_granularity=qk.PerGroup(32), weight_mapping="asymmetric", weight_zero_point_domain="float",
-        weight_scale_dtype="float16", act_granularity=qk.PerGroup(32), act_mapping="symmetric"),
+    # int8 dynamic activations x int4 g32 with float16 scales and float zero points, Q4_1's own grid (Note [int8 x
+    # int4 float zero points]): integer dot products (torchqkit::linear_int8da_int4_packed), the activations with
+    # one asymmetric scale per token, or (act-g32) a symmetric one per token and group of 32: llama.cpp's Q8_1
+    "int4-g32-q41-int8-act": DEMO_CONFIGS["int8-dyn-int4-q41"],
+    "int4-g32-q41-int8-act-g32": DEMO_CONFIGS["int8-dyn-g32-int4-q41"],
     # the tiling every int4 weight had before Note [inner_k_tiles per weight]: K = 576 padded to 640
     "int4-g32-bf16-scales-tiles8": lambda: qk.Int4WeightOnlyConfig(group_size=32, scale_dtype=torch.bfloat16,
                                                                    layout=qk.TensorCoreTiledLayout(inner_k_tiles=8)),

@@ -24,6 +24,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torchqkit
 
 # Built lazily so that `--help` and the name check never construct a config.
+def _q41_int8_act(act_granularity, act_mapping) -> torchqkit.Int8DynamicActivationIntxWeightConfig:
+    return torchqkit.Int8DynamicActivationIntxWeightConfig(
+        weight_granularity=torchqkit.PerGroup(32), weight_mapping="asymmetric", weight_zero_point_domain="float",
+        weight_scale_dtype="float16", act_granularity=act_granularity, act_mapping=act_mapping)
+
+
 DEMO_CONFIGS: dict[str, Callable[[], torchqkit.QuantConfig]] = {
     "int8-wo": lambda: torchqkit.Int8WeightOnlyConfig(),
     "int4-wo-g32": lambda: torchqkit.Int4WeightOnlyConfig(group_size=32),
@@ -37,6 +43,10 @@ DEMO_CONFIGS: dict[str, Callable[[], torchqkit.QuantConfig]] = {
     "int8-dyn-int4-g32": lambda: torchqkit.Int8DynamicActivationIntxWeightConfig(
         weight_bits=4, weight_granularity=torchqkit.PerGroup(32)
     ),
+    # GGUF Q4_1's weights (float16 scale and float minimum per 32) x int8 activations per token, or per token and
+    # group of 32 (llama.cpp's Q8_1): Note [int8 x int4 float zero points] in csrc/cpu/linear_int4.cpp
+    "int8-dyn-int4-q41": lambda: _q41_int8_act(torchqkit.PerToken(), "asymmetric"),
+    "int8-dyn-g32-int4-q41": lambda: _q41_int8_act(torchqkit.PerGroup(32), "symmetric"),
     "nf4-b64": lambda: torchqkit.NF4WeightOnlyConfig(block_size=64),
     "nf4-b64-dq": lambda: torchqkit.NF4WeightOnlyConfig(block_size=64, double_quant=True),
     "mxfp4": lambda: torchqkit.MXFP4WeightOnlyConfig(),
