@@ -1382,8 +1382,8 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   // The AVX-512 panel path reads the unsigned codes in natural k order (Note [int8 x int4 prefill]); the 256-bit
   // panel path signed codes in natural order (Note [int8 x int4 prefill on 256 bits]); the decode kernels signed
   // codes permuted per 128-k block (Note [int8 x int4 decode]); scalar unsigned codes, permuted.
-  // One scratch allocation (a fixed cost of every call): a, ap (M, lda) codes; a_scale, zp (M); the activation's
-  // group scales (M, G) when ga; bsum or lsum.
+  // One scratch buffer, the calling thread's, kept across calls (an allocation was a fixed cost of every decode
+  // call): a, ap (M, lda) codes; a_scale, zp (M); the activation's group scales (M, G) when ga; bsum or lsum.
   const auto al64 = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
   const int64_t o_ap = al64(M * lda), o_as = o_ap + al64(M * lda), o_zp = o_as + al64(4 * M),
                 o_ga = o_zp + al64(4 * M), o_s = o_ga + (ga ? al64(4 * M * G) : 0);
@@ -1392,8 +1392,10 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   // AMX tiles read 16 rows of a block's codes from the last 16-row half's first row: up to 15 rows past the end
   const bool amx = panel && amx_selected() && kb % 64 == 0;
   const int64_t slack = amx ? 16 * kb : 0;
-  at::Tensor scratch = at::empty({o_s + sums_bytes + slack}, x2.options().dtype(at::kByte));
-  uint8_t* const a = scratch.data_ptr<uint8_t>();  // the CPU allocator aligns to 64 bytes
+  thread_local std::vector<uint8_t> scratch;
+  const size_t need = (size_t)(o_s + sums_bytes + slack + 64);
+  if (scratch.size() < need) scratch.resize(need);
+  uint8_t* const a = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
   uint8_t* const ap = a + o_ap;
   float* const a_scale = reinterpret_cast<float*>(a + o_as);
   int32_t* const zp = reinterpret_cast<int32_t*>(a + o_zp);
