@@ -23,13 +23,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchqkit
 
-# Built lazily so that `--help` and the name check never construct a config.
 def _q41_int8_act(act_granularity, act_mapping) -> torchqkit.Int8DynamicActivationIntxWeightConfig:
     return torchqkit.Int8DynamicActivationIntxWeightConfig(
         weight_granularity=torchqkit.PerGroup(32), weight_mapping="asymmetric", weight_zero_point_domain="float",
         weight_scale_dtype="float16", act_granularity=act_granularity, act_mapping=act_mapping)
 
 
+# Built lazily so that `--help` and the name check never construct a config.
 DEMO_CONFIGS: dict[str, Callable[[], torchqkit.QuantConfig]] = {
     "int8-wo": lambda: torchqkit.Int8WeightOnlyConfig(),
     "int4-wo-g32": lambda: torchqkit.Int4WeightOnlyConfig(group_size=32),

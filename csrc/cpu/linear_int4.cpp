@@ -1109,7 +1109,8 @@ struct DaInt4Args {
   const float* a_gscale;  // (M, G) the activation's scale per (token, weight group), or nullptr (Note [int8 x int4
                           // per-group activation scales])
   const int32_t* zp128;   // (M) 128 + activation zero point
-  const float* bsum;      // (M, G) sum_k a - zp128 * g per group (nullptr where unused: the panel path, lsum)
+  const float* bsum;      // (M, G) sum_k a - zp128 * g per group (nullptr where unused: lsum, the AVX-512 panel
+                          // path without float zero points)
   const int32_t* lsum;    // (M, lda / 8) 8 * sum (a - zp128) over k in [8 j, 8 j + 8), k < K: the SIMD decode
                           // kernels with symmetric weights (Note [int8 x int4 decode]); nullptr otherwise
   const uint8_t* w;       // (N, ceil(K / 2)) packed nibbles, row stride ldw
@@ -1308,9 +1309,9 @@ constexpr int64_t kDaInt4Panel256MinM = 16;
 constexpr int64_t kDaInt4LaneSumMaxM = 4;
 
 // Note [int8 x int4 float zero points]: GGUF's Q4_1 stores w = d q + m per 32 weights (q = 0..15, a float
-// minimum m). An integer zero point can't hold m / d in general: requantized with one, SmolLM2's Q4_1 weights moved by
-// up to 3.5% of their range and its perplexity went 38.4 -> 54.9 (int8 activations per token, 256 tokens), where
-// float zero points in float16 reproduce the file's weights and give 42.8 (benchmarks/bench_decode.py's rows). With
+// minimum m). An integer zero point can't hold m / d in general: requantized with one, SmolLM2's Q4_1 weights move and
+// its perplexity over 128 tokens is 1.41x the float model's, where float zero points in float16 reproduce the file's
+// weights (to float16's rounding of z) and give 1.14x (test/api/test_int8_act_groups.py). With
 // u = q + 8 as stored, w = (u - 8) s + z, so per group sum_k a w = s sum_k a u - (8 s - z) sum_k a: the decode
 // kernels stage 8 s - z where integer zero points give s c (stage_scales, row_scales), and the per-group sums of
 // the activation codes (bsum) do the rest as before. The panel paths expand u - 8 to int8 (no zero point); the

@@ -19,7 +19,7 @@ __all__ = ["ActivationQuantSpec", "KernelPreference", "QuantizedActivation"]
 @dataclass(frozen=True)
 class QuantizedActivation:
     qdata: torch.Tensor          # (M, K) codes
-    scale: torch.Tensor          # (M, 1) or (1, 1), float32
+    scale: torch.Tensor          # (M, 1), (1, 1) or per group (M, K / group_size), float32
     zero_point: torch.Tensor | None  # (M, 1) int8 codes for asymmetric int8, else None
 
 

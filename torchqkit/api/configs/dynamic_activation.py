@@ -1,6 +1,7 @@
 """Dynamic int8 activation configs: Int8DynamicActivationInt8WeightConfig, Int8DynamicActivationIntxWeightConfig.
 
-The activation is quantized per token inside the linear, from an ActivationQuantSpec stored on the weight.
+The activation is quantized inside the linear (per token, or per token and weight group), from an
+ActivationQuantSpec stored on the weight.
 """
 from __future__ import annotations
 
