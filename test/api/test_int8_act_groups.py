@@ -78,6 +78,22 @@ def test_save_and_load_keep_the_activation_groups(tmp_path):
         assert torch.equal(fresh(x), model(x))
 
 
+def test_file_entry_of_the_activation_groups_is_checked():
+    from torchqkit.serialization.entries import decode_entry, encode_entry
+
+    lin, _ = _q41_linear(k=64, n=8)
+    entry = encode_entry(lin.weight)
+    assert entry["act_quant"]["granularity"] == {"type": "PerGroup", "group_size": 32}
+    assert decode_entry(entry)["act_quant"] == lin.weight.act_quant
+    for bad, message in (({"type": "PerGroup"}, "must be one of"), ({"type": "PerGroup", "group_size": 0},
+                         "PerGroup needs a positive int group_size"), ({"type": "PerGroup", "group_size": "32"},
+                         "PerGroup needs a positive int group_size"), ({"type": "PerToken", "group_size": 32},
+                         "must be one of")):
+        broken = {**entry, "act_quant": {**entry["act_quant"], "granularity": bad}}
+        with pytest.raises(ValueError, match=message):
+            decode_entry(broken)
+
+
 def test_compiled_fullgraph_calls_the_op_with_the_group_size():
     lin, _ = _q41_linear(k=128, n=24)
     x = torch.randn(2, 128)
