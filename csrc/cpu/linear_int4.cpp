@@ -1131,14 +1131,18 @@ struct DaInt4Args {
 // straddles two groups).
 inline int64_t da_block_k(int64_t G, int64_t g) { return (G > 1 && g < 128) ? g : 128; }
 
-// Row n's scales s and zero terms (s c, c = 8 + zero point; 8 s - z with float zero points) as fp32 into srow[G],
-// scrow[G].
+// The zero term of the group at element off whose scale is s: s c (c = 8 + zero point, 8 when symmetric), or 8 s - z
+// with float zero points (w = (u - 8) s + z). The SIMD stages (stage_run) compute the same by vectors.
+inline float zero_term(const DaInt4Args& p, float s, int64_t off) {
+  return p.zf ? 8.f * s - load_float(p.zf, p.st, off) : s * (8.f + (p.zp ? (float)p.zp[off] : 0.f));
+}
+
+// Row n's scales and zero terms as fp32 into srow[G], scrow[G].
 void row_scales(const DaInt4Args& p, int64_t n, float* srow, float* scrow) {
   for (int64_t gi = 0; gi < p.G; ++gi) {
     const int64_t off = n * p.G + gi;
-    const float s = load_float(p.scale, p.st, off);
-    srow[gi] = s;
-    scrow[gi] = p.zf ? 8.f * s - load_float(p.zf, p.st, off) : s * (8.f + (p.zp ? (float)p.zp[off] : 0.f));
+    srow[gi] = load_float(p.scale, p.st, off);
+    scrow[gi] = zero_term(p, srow[gi], off);
   }
 }
 
@@ -1406,7 +1410,8 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   const uint8_t flip = isa != Isa::kScalar ? 0x80 : 0;
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
     if (ga) {  // each token's groups as rows of g: symmetric, so every group's zero point is 0 (zp128 = 128)
-      std::vector<int32_t> gzp(G);
+      thread_local std::vector<int32_t> gzp;  // quantize_rows' zero-point output, unused: kept across calls
+      if ((int64_t)gzp.size() < G) gzp.resize(G);
       for (int64_t m = m0; m < m1; ++m) {
         quantize_rows(isa, x2.data_ptr<float>() + m * K, g, g, true, a + m * lda, g, a_gscale + m * G, gzp.data(), 0, G);
         a_scale[m] = 1.f;

@@ -4,22 +4,22 @@ GGUF Q4_1's w = q s + z) and 16-bit scales; their checks, files, compiled graphs
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import torchqkit as qk
+from torchqkit.demo import DEMO_CONFIGS
 from torchqkit.layouts.routes import reference_linear, route_for
 
 from ..common import op_calls
 
 
 def q41_config(**kw) -> qk.Int8DynamicActivationIntxWeightConfig:
-    """int4 g32 with GGUF Q4_1's float minimum x int8 activations per token and group of 32 (Q8_1)."""
-    args = dict(weight_granularity=qk.PerGroup(32), weight_mapping="asymmetric", weight_zero_point_domain="float",
-                weight_scale_dtype="float16", act_granularity=qk.PerGroup(32), act_mapping="symmetric")
-    return qk.Int8DynamicActivationIntxWeightConfig(**{**args, **kw})
+    """The shipped config: int4 g32 with GGUF Q4_1's float minimum x int8 activations per token and group of 32
+    (Q8_1); fields in kw replaced (and checked again)."""
+    return dataclasses.replace(DEMO_CONFIGS["int8-dyn-g32-int4-q41"](), **kw)
 
 
 def test_config_checks_name_the_field_and_the_fix():
@@ -31,6 +31,9 @@ def test_config_checks_name_the_field_and_the_fix():
         q41_config(act_granularity=qk.PerTensor())
     with pytest.raises(ValueError, match="weight_zero_point_domain='float' doesn't go with weight_mapping='symmetric'"):
         q41_config(weight_mapping="symmetric")
+    # symmetric_no_clipping_err is symmetric: no zero points
+    config = q41_config(weight_mapping="symmetric_no_clipping_err", weight_zero_point_domain="none")
+    assert config.weight_zero_point_domain.value == "none"
     with pytest.raises(ValueError, match="weight_scale_dtype"):
         q41_config(weight_scale_dtype="float64")
     with pytest.raises(ValueError, match="int8 activations per group .* are quantized symmetrically"):

@@ -85,7 +85,7 @@ class Int8DynamicActivationIntxWeightConfig(QuantConfig):
         elif not isinstance(g, PerToken):
             raise ValueError(f"{who}: act_granularity must be PerToken() or PerGroup(n), got {g!r}")
         zpd = self.weight_zero_point_domain
-        if zpd is not None and (zpd is ZeroPointDomain.NONE) != (self.weight_mapping is MappingType.SYMMETRIC):
+        if zpd is not None and (zpd is ZeroPointDomain.NONE) != (self.weight_mapping is not MappingType.ASYMMETRIC):
             raise ValueError(f"{who}: weight_zero_point_domain={zpd.value!r} doesn't go with weight_mapping="
                              f"{self.weight_mapping.value!r}: zero points ('int' / 'float') are for 'asymmetric', "
                              f"'none' for 'symmetric'")
