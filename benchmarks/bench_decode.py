@@ -26,6 +26,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -153,6 +154,14 @@ def llama_cpp_row(args, gguf: Path) -> dict:
     if done.returncode != 0:
         return {"note": f"failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"}
     return json.loads(done.stdout)
+
+
+def llama_cpp_simd(system_info: str) -> str:
+    """The x86 vector extensions a llama.cpp build was compiled for ("AVX2 AVX512 ..."), from its system info line
+    ("CPU : SSE3 = 1 | ... | AVX2 = 1 | ..."): a build for the machine's best ISA and an AVX2-only build (what a
+    laptop without AVX-512 runs) decode at different speeds on the same CPU."""
+    on = re.findall(r"\b(AVX\w*|AMX\w*) = 1", system_info)
+    return " ".join(on) if on else "SIMD unknown"
 
 
 def quantized_copy(base, name: str):
@@ -358,7 +367,8 @@ def main(argv=None) -> int:
         # minutes apart, so it runs before and after torchqkit's rows and each row's ratio is to the mean.
         after = peer_after.get("tok_s")
         peer_tok_s = (peer["tok_s"] + after) / 2 if after else peer["tok_s"]
-        print(f"llama.cpp (llama-cpp-python {peer['version']}, {gguf.name}): {peer['tok_s']:.1f} tok/s before "
+        print(f"llama.cpp (llama-cpp-python {peer['version']}, built for {llama_cpp_simd(peer['system_info'])}; "
+              f"{gguf.name}): {peer['tok_s']:.1f} tok/s before "
               f"torchqkit's rows, {f'{after:.1f}' if after else peer_after.get('note', '-')} after ('x llama.cpp': "
               f"against {peer_tok_s:.1f}); its first {agree} of {args.new_tokens} tokens equal torchqkit "
               f"{same['config'] if same else '-'}'s")
