@@ -110,6 +110,17 @@ void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
 
 }  // namespace scalar
 
+// A panel kernel's epilogue: every token's int32 sums c (row stride ldc) over columns [col, col + nc) ->
+//   out = (c - (128 + zp) * rowsum) * sa * sw + bias.
+inline void store_panel_sums(const DynamicActArgs& p, const int32_t* c, int64_t ldc, const int32_t* rowsum, int64_t col,
+                             int64_t nc) {
+  for (int64_t m = 0; m < p.M; ++m)
+    for (int64_t j = 0; j < nc; ++j) {
+      const int32_t dot = c[m * ldc + j] - p.a_zp128[m] * rowsum[j];
+      p.out[m * p.ldo + col + j] = (float)dot * (p.a_scale[m] * p.w_scale[col + j]) + (p.bias ? p.bias[col + j] : 0.f);
+    }
+}
+
 // ================================================================================================
 // AVX2 + FMA (8 lanes): the dot kernels for every M, and an int16 panel kernel for the dynamic-activation
 // prefill.
@@ -231,15 +242,7 @@ void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
         }
       }
     }
-    // Epilogue: (sum - zp128 * rowsum) * sa * sw + bias, columns [col, col + nc).
-    const int64_t nc = std::min(kPanelCols, n1 - col);
-    for (int64_t m = 0; m < p.M; ++m) {
-      const int32_t* c = cbuf.data() + m * kPanelCols;
-      for (int64_t j = 0; j < nc; ++j) {
-        const int32_t dot = c[j] - p.a_zp128[m] * rowsum[j];
-        p.out[m * p.ldo + col + j] = (float)dot * (p.a_scale[m] * p.w_scale[col + j]) + (p.bias ? p.bias[col + j] : 0.f);
-      }
-    }
+    store_panel_sums(p, cbuf.data(), kPanelCols, rowsum, col, std::min(kPanelCols, n1 - col));
   }
 }
 
@@ -252,6 +255,16 @@ void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
 
 }  // namespace avx2
 #pragma GCC pop_options
+
+// AVX-VNNI (VEX, and its EVEX form on ymm): the dynamic-activation prefill (Note [int8 x int8 prefill on AVX-VNNI]).
+#define I8_NS avx_vnni
+#define I8_TARGET _Pragma("GCC target(\"avx2,fma,f16c,avxvnni\")")
+#define I8_DPBUSD _mm256_dpbusd_avx_epi32
+#include "int8_panel_vnni256.inc"
+#define I8_NS avx_vnni_evex
+#define I8_TARGET _Pragma("GCC target(\"avx2,fma,f16c,avx512vl,avx512vnni\")")
+#define I8_DPBUSD _mm256_dpbusd_epi32
+#include "int8_panel_vnni256.inc"
 
 // ================================================================================================
 // AVX-512 F/BW/VL/DQ + VNNI (16 lanes): the dot kernels, and panel kernels for the prefill.
@@ -789,6 +802,14 @@ int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p) {
 }
 
 bool dynamic_act_wants_a16(Isa isa, int64_t M) { return isa == Isa::kAvx2 && M >= avx2::kDaPanelMinM; }
+
+bool dynamic_act_takes_vnni256(Isa level, int64_t M) { return level == Isa::kAvxVnni && M >= avx2::kDaPanelMinM; }
+
+int64_t vnni256_block_rows() { return 8 * avx_vnni::kPanelCols; }
+
+void linear_dynamic_act_vnni256(const DynamicActArgs& p, int64_t n0, int64_t n1) {
+  return cpu_has_avx_vnni_vex() ? avx_vnni::da_panel(p, n0, n1) : avx_vnni_evex::da_panel(p, n0, n1);
+}
 
 bool dynamic_act_takes_amx(int64_t M) { return amx_selected() && M >= avx512::kDaPanelMinM; }
 

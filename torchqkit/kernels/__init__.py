@@ -73,6 +73,8 @@ _CPU_KERNEL_NOTES = {
     },
     "torchqkit::linear_int8da_int8_plain": {
         "avx512_vnni": "vpdpbusd (u8 = q + 128 times s8, corrected by row sums); M >= 8: packed panels, 6x32 tiles",
+        "avx_vnni": "M < 16: the AVX2 dot kernel; M >= 16: int8 k-quad panels + 6x16 tiles of 256-bit vpdpbusd (VEX; "
+                    "EVEX on ymm where only AVX-512 VNNI exists; Note [int8 x int8 prefill on AVX-VNNI])",
         "avx2": "exact int16 madd (vpmaddwd): M < 16 dot kernel; M >= 16 int16 k-pair panels + 6x16 tiles",
         "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
     },
