@@ -93,16 +93,13 @@ void linear_weight_only(Isa isa, const WeightOnlyArgs& p, int64_t n0, int64_t n1
 bool weight_only_takes_bf16(const WeightOnlyArgs& p);
 void linear_weight_only_bf16(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int planes, int64_t n0,
                              int64_t n1);
+// The dynamic-activation functions take the selected level (selected_isa_level()): avx_vnni runs the AVX2 kernels
+// except the prefill panels (256-bit vpdpbusd, Note [int8 x int8 prefill on AVX-VNNI] in linear_int8.cpp).
 int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p);
 bool dynamic_act_wants_a16(Isa isa, int64_t M);  // the glue fills DynamicActArgs::a16 when true
 // At the amx level from the panel kernel's M on: the glue fills DynamicActArgs::a_amx (Note [int8 panels on AMX]).
 bool dynamic_act_takes_amx(int64_t M);
 void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1);
-// At the avx_vnni level (`level`: selected_isa_level()) from the panel kernel's M on, the prefill is 256-bit vpdpbusd
-// panels (Note [int8 x int8 prefill on AVX-VNNI]) on blocks of vnni256_block_rows() rows, not the AVX2 kernel.
-bool dynamic_act_takes_vnni256(Isa level, int64_t M);
-int64_t vnni256_block_rows();
-void linear_dynamic_act_vnni256(const DynamicActArgs& p, int64_t n0, int64_t n1);
 
 // AVX-512 fp32 GEMM micro-kernel of the weight-only panel path (linear_int8.cpp), shared with linear_int4.cpp:
 // C[0:R, 0:ncols] (+)= A[0:R, 0:kc] @ panel[kc][32] (1 <= R <= 6, ncols <= 32; the panel is always read

@@ -110,17 +110,6 @@ void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
 
 }  // namespace scalar
 
-// A panel kernel's epilogue: every token's int32 sums c (row stride ldc) over columns [col, col + nc) ->
-//   out = (c - (128 + zp) * rowsum) * sa * sw + bias.
-inline void store_panel_sums(const DynamicActArgs& p, const int32_t* c, int64_t ldc, const int32_t* rowsum, int64_t col,
-                             int64_t nc) {
-  for (int64_t m = 0; m < p.M; ++m)
-    for (int64_t j = 0; j < nc; ++j) {
-      const int32_t dot = c[m * ldc + j] - p.a_zp128[m] * rowsum[j];
-      p.out[m * p.ldo + col + j] = (float)dot * (p.a_scale[m] * p.w_scale[col + j]) + (p.bias ? p.bias[col + j] : 0.f);
-    }
-}
-
 // ================================================================================================
 // AVX2 + FMA (8 lanes): the dot kernels for every M, and an int16 panel kernel for the dynamic-activation
 // prefill.
@@ -131,6 +120,8 @@ namespace avx2 {
 
 using V = Vec256;
 #include "linear_int8_isa.h"
+
+#include "int8_panel_loop.inc"  // run_panels, compiled for this level
 
 // ---------------------------------------------------------------- dynamic activation, int16 panel kernel
 // Note [AVX2 int8 prefill]: vpmaddubsw (u8 x s8 -> saturating int16 pairs) can't take the shifted codes
@@ -221,35 +212,27 @@ void panel_micro(const int16_t* a, int64_t lda, const int16_t* panel, int64_t np
     for (int h = 0; h < 2; ++h) _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 16 * m + 8 * h), acc[m][h]);
 }
 
-void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
-  std::vector<int16_t> panel(kPanelKc * kPanelCols);
-  std::vector<int32_t> cbuf((p.M + kPanelMr) * kPanelCols);  // int32 sums of every token, one panel
-  for (int64_t col = n0; col < n1; col += kPanelCols) {
-    alignas(32) int32_t rowsum[kPanelCols] = {};
-    for (int64_t k0 = 0; k0 < p.K; k0 += kPanelKc) {
-      const int64_t kc = std::min(kPanelKc, p.K - k0), np = (kc + 1) / 2;
-      pack_panel16(p, col, n1, k0, kc, panel.data(), rowsum);
-      for (int64_t m = 0; m < p.M; m += kPanelMr) {
-        const int16_t* a = p.a16 + m * p.lda + k0;
-        int32_t* c = cbuf.data() + m * kPanelCols;
-        switch (std::min<int64_t>(kPanelMr, p.M - m)) {
-          case 6: panel_micro<6>(a, p.lda, panel.data(), np, c, k0 == 0); break;
-          case 5: panel_micro<5>(a, p.lda, panel.data(), np, c, k0 == 0); break;
-          case 4: panel_micro<4>(a, p.lda, panel.data(), np, c, k0 == 0); break;
-          case 3: panel_micro<3>(a, p.lda, panel.data(), np, c, k0 == 0); break;
-          case 2: panel_micro<2>(a, p.lda, panel.data(), np, c, k0 == 0); break;
-          default: panel_micro<1>(a, p.lda, panel.data(), np, c, k0 == 0); break;
-        }
-      }
-    }
-    store_panel_sums(p, cbuf.data(), kPanelCols, rowsum, col, std::min(kPanelCols, n1 - col));
+// The int16 panels for run_panels: k pairs, the activation codes widened by the glue (DynamicActArgs::a16).
+struct Int16Panels {
+  using Elem = int16_t;
+  static constexpr int64_t kKc = kPanelKc;
+  static constexpr int kMr = kPanelMr;
+  static int64_t steps(int64_t kc) { return (kc + 1) / 2; }
+  static const int16_t* codes(const DynamicActArgs& p) { return p.a16; }
+  static void pack(const DynamicActArgs& p, int64_t col, int64_t n1, int64_t k0, int64_t kc, int16_t* panel,
+                   int32_t* rowsum) {
+    pack_panel16(p, col, n1, k0, kc, panel, rowsum);
   }
-}
+  template <int R>
+  static void micro(const int16_t* a, int64_t lda, const int16_t* panel, int64_t np, int32_t* c, bool first) {
+    panel_micro<R>(a, lda, panel, np, c, first);
+  }
+};
 
 constexpr int64_t kDaPanelMinM = 16;  // below: the dot kernel
 
 void dynamic_act(const DynamicActArgs& p, int64_t n0, int64_t n1) {
-  if (p.a16 != nullptr && p.M >= kDaPanelMinM) return da_panel(p, n0, n1);
+  if (p.a16 != nullptr && p.M >= kDaPanelMinM) return run_panels<Int16Panels>(p, n0, n1);
   da_dot(p, n0, n1);
 }
 
@@ -769,7 +752,8 @@ const char* isa_name(Isa isa) {
 void quantize_rows(Isa isa, const float* x, int64_t ldx, int64_t K, bool symmetric, uint8_t* a, int64_t lda,
                    float* scale, int32_t* zp128, int64_t m0, int64_t m1) {
   if (isa == Isa::kAvx512Vnni) return avx512::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1);
-  if (isa == Isa::kAvx2) return avx2::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1);
+  if (isa == Isa::kAvx2 || isa == Isa::kAvxVnni)
+    return avx2::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1);
   scalar::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1);
 }
 
@@ -798,18 +782,11 @@ void linear_weight_only_bf16(const WeightOnlyArgs& p, const uint16_t* xb, int64_
 int64_t dynamic_act_block_rows(Isa isa, const DynamicActArgs& p) {
   if (isa == Isa::kAvx512Vnni && p.M >= avx512::kDaPanelMinM) return avx512::PANELS * avx512::NR;
   if (isa == Isa::kAvx2 && dynamic_act_wants_a16(isa, p.M)) return 8 * avx2::kPanelCols;
+  if (isa == Isa::kAvxVnni && p.M >= avx2::kDaPanelMinM) return 8 * avx_vnni::kPanelCols;
   return 16;
 }
 
 bool dynamic_act_wants_a16(Isa isa, int64_t M) { return isa == Isa::kAvx2 && M >= avx2::kDaPanelMinM; }
-
-bool dynamic_act_takes_vnni256(Isa level, int64_t M) { return level == Isa::kAvxVnni && M >= avx2::kDaPanelMinM; }
-
-int64_t vnni256_block_rows() { return 8 * avx_vnni::kPanelCols; }
-
-void linear_dynamic_act_vnni256(const DynamicActArgs& p, int64_t n0, int64_t n1) {
-  return cpu_has_avx_vnni_vex() ? avx_vnni::da_panel(p, n0, n1) : avx_vnni_evex::da_panel(p, n0, n1);
-}
 
 bool dynamic_act_takes_amx(int64_t M) { return amx_selected() && M >= avx512::kDaPanelMinM; }
 
@@ -817,6 +794,9 @@ void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1
   switch (isa) {
     case Isa::kAvx512Vnni: return avx512::dynamic_act(p, n0, n1);
     case Isa::kAvx2: return avx2::dynamic_act(p, n0, n1);
+    case Isa::kAvxVnni:  // the AVX2 dot kernel below the panels' M (p.a16 is null at this level)
+      if (p.M < avx2::kDaPanelMinM) return avx2::dynamic_act(p, n0, n1);
+      return cpu_has_avx_vnni_vex() ? avx_vnni::da_panel(p, n0, n1) : avx_vnni_evex::da_panel(p, n0, n1);
     default: return scalar::dynamic_act(p, n0, n1);
   }
 }

@@ -175,8 +175,7 @@ at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata
   const int64_t M = x2.size(0), lda = (K + 63) / 64 * 64;
   at::Tensor out = at::empty({M, N}, x2.options());
   if (M > 0 && N > 0) {
-    const Isa isa = selected_isa_for_ops();  // AVX-VNNI: the AVX2 kernels, except the prefill (vnni256)
-    const bool vnni256 = dynamic_act_takes_vnni256(selected_isa_level(), M);
+    const Isa isa = selected_isa_level();  // AVX-VNNI: the AVX2 kernels, except the prefill panels
     at::Tensor a = at::empty({M, lda}, x2.options().dtype(at::kByte));
     at::Tensor a_scale = at::empty({M}, x2.options());
     at::Tensor a_zp = at::empty({M}, x2.options().dtype(at::kInt));
@@ -188,7 +187,7 @@ at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata
                            w.data_ptr<int8_t>(), N, w.stride(0), s.data_ptr<float>(),
                            b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
     at::Tensor a16, a_amx;
-    if (!vnni256 && dynamic_act_wants_a16(isa, M)) {
+    if (dynamic_act_wants_a16(isa, M)) {
       a16 = a.to(at::kShort);
       p.a16 = a16.data_ptr<int16_t>();
     }
@@ -196,9 +195,8 @@ at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata
       a_amx = amx_packed_codes(a);
       p.a_amx = a_amx.data_ptr<uint8_t>();
     }
-    const int64_t block = vnni256 ? vnni256_block_rows() : dynamic_act_block_rows(isa, p);
+    const int64_t block = dynamic_act_block_rows(isa, p);
     at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
-      if (vnni256) return linear_dynamic_act_vnni256(p, b0 * block, std::min(b1 * block, N));
       linear_dynamic_act(isa, p, b0 * block, std::min(b1 * block, N));
     });
   }

@@ -27,9 +27,10 @@ needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
 # The weight-only op also has AVX512-BF16 kernels (Note [int8 weight-only in bf16] in csrc/cpu/linear_int8.cpp).
 WO_LEVELS = cpu_levels("torchqkit::linear_int8wo_plain", with_avx512_bf16=True)
-# The dynamic-activation op also has AMX-INT8 panels (Note [int8 panels on AMX] in csrc/cpu/amx_int8_gemm.h) and
-# 256-bit vpdpbusd panels at the avx_vnni level (Note [int8 x int8 prefill on AVX-VNNI] in csrc/cpu).
-DA_LEVELS = cpu_levels("torchqkit::linear_int8da_int8_plain", with_avx_vnni=True, with_amx=True)
+# The dynamic-activation op also has AMX-INT8 panels (Note [int8 panels on AMX] in csrc/cpu/amx_int8_gemm.h; tested
+# in test_amx_panels.py) and 256-bit vpdpbusd panels at the avx_vnni level (Note [int8 x int8 prefill on AVX-VNNI]).
+DA_LEVELS = cpu_levels("torchqkit::linear_int8da_int8_plain", with_amx=True)
+DA_KERNEL_LEVELS = cpu_levels("torchqkit::linear_int8da_int8_plain", with_avx_vnni=True)
 
 
 
@@ -131,7 +132,7 @@ def test_weight_only_matches_reference(monkeypatch, isa, dtype, case):
 
 
 @needs_ext
-@isa_param_for(DA_LEVELS)
+@isa_param_for(DA_KERNEL_LEVELS)
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", DA_CASES, ids=str)
@@ -147,7 +148,7 @@ def test_dynamic_int8_matches_reference(monkeypatch, isa, symmetric, dtype, case
     assert_rel(out, ref, TOL[dtype], f"{isa} {case}")
 
 
-@pytest.mark.skipif("avx_vnni" not in DA_LEVELS, reason="the CPU runs no AVX-VNNI (VEX or AVX-512 VNNI's EVEX ymm form)")
+@pytest.mark.skipif("avx_vnni" not in DA_KERNEL_LEVELS, reason="the CPU runs no AVX-VNNI (VEX or AVX-512 VNNI's EVEX ymm form)")
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 @pytest.mark.parametrize("case", [c for c in DA_CASES if c[0] >= 16], ids=str)
 def test_dynamic_int8_avx_vnni_prefill_equals_avx2(monkeypatch, symmetric, case):
