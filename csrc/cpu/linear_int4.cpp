@@ -1238,8 +1238,10 @@ struct DaVec : Vec512 {  // the decode kernel's operations on zmm (int4_packed_d
 // group, or 128 k of a larger group / a per-channel row) are expanded once to int8 q = u - c, packed into
 // the VNNI panel of the int8 x int8 path (pack_s8_panel) and multiplied with every token's shifted codes
 // by its 6x32 micro-kernel (gemm_u8s8_6x32), whose epilogue applies that block's scales and adds into the
-// fp32 output. The activation is in natural k order, stored block-major by the glue ([k block][token][k in block]:
-// rows 4 KiB apart thrashed L1), see Note [int8 x int4 prefill on 256 bits].
+// fp32 output (below kDaInt4RegsMinM tokens; from there the tile keeps the output in registers across a panel of
+// blocks, Note [int8 x int4 prefill, group sums in registers]). The activation is in natural k order, stored
+// block-major by the glue ([k block][token][k in block]: rows 4 KiB apart thrashed L1), see Note [int8 x int4 prefill
+// on 256 bits].
 constexpr int64_t kDaInt4PanelMinM = 16;  // below: da_int4 above (measured with benchmarks/bench_linear.py)
 
 // tmp[r][0:kc] = q of rows col + r (r < rows), k in [k0, k0 + kc): 64 codes per step from 32 bytes.
@@ -1261,9 +1263,186 @@ void expand_block(const DaInt4Args& p, int64_t col, int64_t rows, int64_t k0, in
   }
 }
 
-// amx: the AMX-INT8 tiles instead of the 6x32 register tiles (the amx level, blocks of whole 64-k steps: Note [int8
-// panels on AMX]).
-void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1, bool amx) {
+// Note [int8 x int4 prefill, group sums in registers]: the 6x32 tile keeps its int32 sums of one block (kb k) in 12
+// zmm and folds them into 12 fp32 accumulators at the block's end, f += float(d) s_w (s_w s_a with per-group
+// activation scales), so a tile runs over a whole panel of kDaInt4Kc k with one load and one store of its outputs.
+// (Storing each block's scaled sums into the fp32 output and loading them for the next block, as gemm_u8s8_6x32 does
+// per call, cost 4096^2 at M = 256 8.7 ms against the int8 x int8 panels' 5.0 ms, benchmarks/bench_linear.py on a
+// Zen 5.) The activation's shift (codes a = q + zp128) leaves d = sum_k a w - zp128 rowsum exact in int32: each
+// block's sums start at -zp128 rowsum by one vpdpwssd (|rowsum| <= 128 x 15 fits its int16 halves), not at zero.
+// Subtracting zp128 sum_b s_b rowsum_b once in fp32 instead cancels two large sums: with asymmetric weights (a
+// rowsum of 128 x 7.5 per block) it missed the reference's tolerance at K = 4608.
+constexpr int64_t kDaInt4Kc = 4096;  // k per panel: 32 x 4096 int8 = 128 KiB, in L2 (as the int8 path's DA_KC)
+
+struct GroupPanel {
+  const int8_t* codes;   // [kc / 4][32][4]: block b's k-quads from row b kb / 4 (pack_s8_panel per block)
+  const float* sw;       // [nb][32] each block's weight scales
+  const int32_t* rs;     // [nb][32] each block's code sums
+  int64_t nb, kb;
+};
+
+// The packed nibbles the next panel expands (rows x lines_per_row cache lines, rows ldw apart), fetched into L2 a few
+// lines per block while this panel's tiles run: expanding them straight from memory left the cores waiting on the
+// bus (4096 x 11008 at M = 16: 2.3 ms one block at a time, 3.2-3.6 ms panels without prefetch).
+struct NextPanel {
+  const uint8_t* w = nullptr;
+  int64_t ldw = 0, lines_per_row = 1, lines = 0;
+  void fetch(int64_t l0, int64_t l1) const {
+    for (int64_t l = std::max<int64_t>(l0, 0); l < std::min(l1, lines); ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(w + l / lines_per_row * ldw + l % lines_per_row * 64), _MM_HINT_T1);
+  }
+};
+
+// One tile's tokens [m, m + R) against a panel.
+struct GroupTile {
+  const uint8_t* a;  // the tokens' codes in the panel's first block: token stride kb, block stride a_bs
+  int64_t a_bs;
+  const int32_t* zp128;   // (R) the tokens' shifts
+  const float* a_scale;   // (R) their scales (nullptr with per-group scales)
+  const float* sag;       // their scales per group (token stride G) or nullptr; block b of the panel is in group
+  int64_t G, b0, bpg;     // (b0 + b) / bpg
+  float* c;               // (R, 32) at row stride ldc: the fp32 sums of the earlier panels unless `first`; with
+  int64_t ldc;            // `last`, c = s_a f + bias (s_a = 1 with per-group scales), else f as it is
+  __mmask16 cm0, cm1;
+  bool first, last;
+  const float* bias;      // (32) or nullptr
+  int64_t pf0, pfn;       // block b fetches lines [pf0 + b pfn, pf0 + (b + 1) pfn) of the next panel
+};
+
+template <int R, bool GA>
+void grouped_micro(const GroupPanel& gp, const GroupTile& t, const NextPanel& next) {
+  __m512 f[R][2];
+  for (int m = 0; m < R; ++m) {
+    f[m][0] = t.first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(t.cm0, t.c + m * t.ldc);
+    f[m][1] = t.first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(t.cm1, t.c + m * t.ldc + 16);
+  }
+  const int64_t kb = gp.kb, k4n = kb / 4;
+  for (int64_t b = 0; b < gp.nb; ++b) {
+    next.fetch(t.pf0 + b * t.pfn, t.pf0 + (b + 1) * t.pfn);
+    __m512i acc[R][2];
+    const __m512i r0 = _mm512_load_si512(gp.rs + 32 * b), r1 = _mm512_load_si512(gp.rs + 32 * b + 16);
+    for (int m = 0; m < R; ++m) {  // -zp128 x rowsum in the low int16 halves (the high halves times zero)
+      const __m512i z = _mm512_set1_epi32((uint16_t)(-t.zp128[m]));
+      acc[m][0] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), z, r0);
+      acc[m][1] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), z, r1);
+    }
+    const int8_t* w = gp.codes + b * kb * 32;
+    const uint8_t* ab = t.a + b * t.a_bs;
+    for (int64_t k4 = 0; k4 < k4n; ++k4) {
+      const __m512i w0 = _mm512_load_si512(w + k4 * 128), w1 = _mm512_load_si512(w + k4 * 128 + 64);
+      for (int m = 0; m < R; ++m) {
+        int32_t a4;
+        std::memcpy(&a4, ab + m * kb + 4 * k4, 4);
+        const __m512i av = _mm512_set1_epi32(a4);
+        acc[m][0] = dpbusd(acc[m][0], av, w0);
+        acc[m][1] = dpbusd(acc[m][1], av, w1);
+      }
+    }
+    const __m512 s0 = _mm512_load_ps(gp.sw + 32 * b), s1 = _mm512_load_ps(gp.sw + 32 * b + 16);
+    for (int m = 0; m < R; ++m) {
+      __m512 t0 = s0, t1 = s1;
+      if constexpr (GA) {
+        const __m512 sa = _mm512_set1_ps(t.sag[m * t.G + (t.b0 + b) / t.bpg]);
+        t0 = _mm512_mul_ps(s0, sa);
+        t1 = _mm512_mul_ps(s1, sa);
+      }
+      f[m][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m][0]), t0, f[m][0]);
+      f[m][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m][1]), t1, f[m][1]);
+    }
+  }
+  if (t.last) {
+    const __m512 bb0 = t.bias ? _mm512_maskz_loadu_ps(t.cm0, t.bias) : _mm512_setzero_ps();
+    const __m512 bb1 = t.bias ? _mm512_maskz_loadu_ps(t.cm1, t.bias + 16) : _mm512_setzero_ps();
+    for (int m = 0; m < R; ++m) {
+      const __m512 sa = _mm512_set1_ps(GA ? 1.f : t.a_scale[m]);
+      f[m][0] = _mm512_fmadd_ps(f[m][0], sa, bb0);
+      f[m][1] = _mm512_fmadd_ps(f[m][1], sa, bb1);
+    }
+  }
+  for (int m = 0; m < R; ++m) {
+    _mm512_mask_storeu_ps(t.c + m * t.ldc, t.cm0, f[m][0]);
+    _mm512_mask_storeu_ps(t.c + m * t.ldc + 16, t.cm1, f[m][1]);
+  }
+}
+
+template <bool GA, int R = 6>
+void grouped_tile(int rows, const GroupPanel& gp, const GroupTile& t, const NextPanel& next) {
+  if constexpr (R > 1) {
+    if (rows < R) return grouped_tile<GA, R - 1>(rows, gp, t, next);
+  }
+  grouped_micro<R, GA>(gp, t, next);
+}
+
+inline __mmask16 cols_mask(int64_t n) { return n <= 0 ? 0 : n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
+
+// The 6x32 register tiles over panels of kDaInt4Kc k (Note [int8 x int4 prefill, group sums in registers]).
+void da_int4_prefill_regs(const DaInt4Args& p, int64_t j0, int64_t j1) {
+  const int64_t kb = da_block_k(p.G, p.g), kcmax = std::min(p.K + kb - 1, kDaInt4Kc) / kb * kb;
+  const int64_t nbmax = kcmax / kb, bpg = p.G == 1 ? 1 : std::max<int64_t>(1, p.g / kb);
+  // One buffer, 64-byte aligned: the panel's codes, then the blocks' scales and code sums.
+  std::vector<uint8_t> buf(kcmax * 32 + 2 * nbmax * 128 + 64);
+  int8_t* const codes = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
+  float* const sw = reinterpret_cast<float*>(codes + kcmax * 32);
+  int32_t* const rs = reinterpret_cast<int32_t*>(sw + nbmax * 32);
+  alignas(64) int8_t tmp[32 * 128];
+  const int64_t ntiles = (p.M + 5) / 6;
+  for (int64_t j = j0; j < j1; ++j) {
+    const int64_t col = 32 * j, rows = std::min<int64_t>(32, p.N - col);
+    const __mmask16 cm0 = cols_mask(rows), cm1 = cols_mask(rows - 16);
+    for (int64_t k0 = 0; k0 < p.K; k0 += kcmax) {
+      const int64_t kc = std::min(kcmax, p.K - k0), nb = (kc + kb - 1) / kb;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t kk = k0 + b * kb, kn = std::min(kb, p.K - kk), gi = p.G == 1 ? 0 : kk / p.g;
+        int8_t* dst = codes + b * kb * 32;
+        if (kn < kb) std::memset(dst, 0, kb * 32);  // the last block of a per-channel row: zero codes past K
+        expand_block(p, col, rows, kk, kn, tmp, 128);
+        std::memset(rs + 32 * b, 0, 128);
+        pack_s8_panel(tmp, 128, rows, kn, dst, rs + 32 * b);
+        for (int64_t r = 0; r < 32; ++r) sw[32 * b + r] = r < rows ? load_float(p.scale, p.st, (col + r) * p.G + gi) : 0.f;
+      }
+      // the next panel: the row's next k range, else the next 32 rows' first
+      NextPanel next;
+      const int64_t nk0 = k0 + kc < p.K ? k0 + kc : 0, ncol = nk0 > 0 ? col : col + 32;
+      if (nk0 > 0 || j + 1 < j1) {
+        const int64_t bytes = (std::min(kcmax, p.K - nk0) + 1) / 2;
+        next = NextPanel{p.w + ncol * p.ldw + nk0 / 2, p.ldw, (bytes + 63) / 64,
+                         std::min<int64_t>(32, p.N - ncol) * ((bytes + 63) / 64)};
+      }
+      const int64_t pfn = (next.lines + ntiles * nb - 1) / (ntiles * nb);
+      const GroupPanel gp{codes, sw, rs, nb, kb};
+      GroupTile t{};
+      t.a_bs = p.M * kb;
+      t.G = p.G;
+      t.b0 = k0 / kb;  // the panel's first block
+      t.bpg = bpg;
+      t.ldc = p.ldo;
+      t.cm0 = cm0;
+      t.cm1 = cm1;
+      t.first = k0 == 0;
+      t.last = k0 + kc >= p.K;
+      t.bias = p.bias ? p.bias + col : nullptr;
+      t.pfn = pfn;
+      for (int64_t m = 0; m < p.M; m += 6) {
+        t.a = p.ap + (t.b0 * p.M + m) * kb;
+        t.zp128 = p.zp128 + m;
+        t.a_scale = p.a_gscale ? nullptr : p.a_scale + m;
+        t.sag = p.a_gscale ? p.a_gscale + m * p.G : nullptr;
+        t.c = p.out + m * p.ldo + col;
+        t.pf0 = m / 6 * nb * pfn;
+        const int R = (int)std::min<int64_t>(6, p.M - m);
+        p.a_gscale ? grouped_tile<true>(R, gp, t, next) : grouped_tile<false>(R, gp, t, next);
+      }
+    }
+  }
+}
+
+// One block (kb k) at a time: expand, pack, then every token's tile adds the block's scaled sums into the fp32
+// output (gemm_u8s8_6x32), or on the AMX-INT8 tiles (the amx level, blocks of whole 64-k steps: Note [int8 panels on
+// AMX]). Below kDaInt4RegsMinM tokens, with a weight streamed from memory, this is faster than the register tiles'
+// panels (4096 x 11008 at M = 16: 2.3-2.4 against 2.8-3.2 ms; they tie at M = 32 and 64, and from M = 96 the panels
+// win; on weights that stay in cache, 576 x 1536 in groups of 32 as SmolLM2, the panels win from M = 16 by 10%, by
+// 1.5x at M = 128). Timed with the op alone, 2 threads, Zen 5.
+void da_int4_prefill_blocks(const DaInt4Args& p, int64_t j0, int64_t j1, bool amx) {
   const int64_t kb = da_block_k(p.G, p.g);
   bool configured = false;
   alignas(64) int8_t tmp[32 * 128];
@@ -1299,6 +1478,13 @@ void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1, bool amx) {
     }
   }
   if (configured) amx::release();
+}
+
+constexpr int64_t kDaInt4RegsMinM = 32;
+
+void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1, bool amx) {
+  if (amx || p.M < kDaInt4RegsMinM) return da_int4_prefill_blocks(p, j0, j1, amx);
+  da_int4_prefill_regs(p, j0, j1);
 }
 
 }  // namespace avx512
