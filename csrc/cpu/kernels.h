@@ -111,15 +111,12 @@ void gemm_f32_6x32(int R, const float* a, int64_t lda, const float* panel, int64
 // pack_s8_panel: rows [0, rows) x k [0, kc) of an int8 matrix (row stride ldw; rows up to 32, kc <= 1024)
 // -> panel [ceil(kc/4)][32][4] (missing rows and k zero); rowsum[0:32] += each row's sum of codes.
 void pack_s8_panel(const int8_t* w, int64_t ldw, int64_t rows, int64_t kc, int8_t* dst, int32_t* rowsum);
-// gemm_u8s8_6x32: for rows m < R (<= 6), columns n < ncols (<= 32), with exact int32 d = sum_k a[m][k] * panel[k][n]
+// gemm_u8s8_amx: for rows m < R (<= 32), columns n < ncols (<= 32), with exact int32 d = sum_k a[m][k] * panel[k][n]
 // (a: shifted u8 codes, row stride lda, zero past kc), C[m][n] = (add_to_c ? C[m][n] : 0)
-//   + (d - a_zp128[m] * rowsum[n]) * a_scale[m] * w_scale[n] + (bias ? bias[n] : 0).
-void gemm_u8s8_6x32(int R, const uint8_t* a, int64_t lda, const int8_t* panel, int64_t kc, float* c, int64_t ldc,
-                    int ncols, const float* a_scale, const int32_t* a_zp128, const float* w_scale,
-                    const float* bias, const int32_t* rowsum, bool add_to_c);
-// The same for R <= 32 rows on AMX-INT8 tiles (the amx level; Note [int8 panels on AMX]): 16 rows of a readable
-// from the last 16-row half's first, kc rounded up to 64 with zero codes past kc; loads the tile configuration
-// unless `configured` (the caller releases the tiles, amx::release, once done).
+//   + (d - a_zp128[m] * rowsum[n]) * a_scale[m] * w_scale[n] + (bias ? bias[n] : 0),
+// on AMX-INT8 tiles (the amx level; Note [int8 panels on AMX]): 16 rows of a readable from the last 16-row half's
+// first, kc rounded up to 64 with zero codes past kc; loads the tile configuration unless `configured` (the caller
+// releases the tiles, amx::release, once done).
 void gemm_u8s8_amx(int R, const uint8_t* a, int64_t lda, const int8_t* panel, int64_t kc, float* c, int64_t ldc,
                    int ncols, const float* a_scale, const int32_t* a_zp128, const float* w_scale, const float* bias,
                    const int32_t* rowsum, bool add_to_c, bool& configured);

@@ -1235,14 +1235,14 @@ struct DaVec : Vec512 {  // the decode kernel's operations on zmm (int4_packed_d
 #include "int4_packed_dot.inc"
 
 // Note [int8 x int4 prefill]: from kDaInt4PanelMinM tokens the nibbles of 32 rows x one block of k (a
-// group, or 128 k of a larger group / a per-channel row) are expanded once to int8 q = u - c, packed into
-// the VNNI panel of the int8 x int8 path (pack_s8_panel) and multiplied with every token's shifted codes
-// by its 6x32 micro-kernel (gemm_u8s8_6x32), whose epilogue applies that block's scales and adds into the
-// fp32 output (below kDaInt4RegsMinM tokens; from there the tile keeps the output in registers across a panel of
-// blocks, Note [int8 x int4 prefill, group sums in registers]). The activation is in natural k order, stored
-// block-major by the glue ([k block][token][k in block]: rows 4 KiB apart thrashed L1), see Note [int8 x int4 prefill
-// on 256 bits].
-constexpr int64_t kDaInt4PanelMinM = 16;  // below: da_int4 above (measured with benchmarks/bench_linear.py)
+// group, or 128 k of a larger group / a per-channel row) are expanded once to int8 q = u - c and packed into
+// the VNNI panel layout of the int8 x int8 path (pack_s8_panel), block after block over a panel of k; 6-token x
+// 32-row tiles of vpdpbusd multiply it with every token's shifted codes (Note [int8 x int4 prefill, group sums in
+// registers]). The activation is in natural k order, stored block-major by the glue ([k block][token][k in block]:
+// rows 4 KiB apart thrashed L1), see Note [int8 x int4 prefill on 256 bits].
+// Below: da_int4 above. At M = 12 the panels won on every shape timed (the op alone, 2 threads, Zen 5: 4096 x 11008
+// 2.5 -> 1.9 ms, 576 x 1536 g32 0.093 -> 0.075 ms); at M = 8-11 the decode kernel still won on some (1536 x 576 g32).
+constexpr int64_t kDaInt4PanelMinM = 12;
 
 // tmp[r][0:kc] = q of rows col + r (r < rows), k in [k0, k0 + kc): 64 codes per step from 32 bytes.
 void expand_block(const DaInt4Args& p, int64_t col, int64_t rows, int64_t k0, int64_t kc, int8_t* tmp, int64_t ldt) {
@@ -1266,9 +1266,9 @@ void expand_block(const DaInt4Args& p, int64_t col, int64_t rows, int64_t k0, in
 // Note [int8 x int4 prefill, group sums in registers]: the 6x32 tile keeps its int32 sums of one block (kb k) in 12
 // zmm and folds them into 12 fp32 accumulators at the block's end, f += float(d) s_w (s_w s_a with per-group
 // activation scales), so a tile runs over a whole panel of kDaInt4Kc k with one load and one store of its outputs.
-// (Storing each block's scaled sums into the fp32 output and loading them for the next block, as gemm_u8s8_6x32 does
-// per call, cost 4096^2 at M = 256 8.7 ms against the int8 x int8 panels' 5.0 ms, benchmarks/bench_linear.py on a
-// Zen 5.) The activation's shift (codes a = q + zp128) leaves d = sum_k a w - zp128 rowsum exact in int32: each
+// (Storing each block's scaled sums into the fp32 output and loading them for the next block, as the AMX path still
+// does, cost 4096^2 at M = 256 8.7 ms against the int8 x int8 panels' 5.0 ms, benchmarks/bench_linear.py on a Zen 5;
+// at M = 16-64 it also lost, 4096 x 11008 at M = 32 4.4 against 3.0 ms, the op alone.) The activation's shift (codes a = q + zp128) leaves d = sum_k a w - zp128 rowsum exact in int32: each
 // block's sums start at -zp128 rowsum by one vpdpwssd (|rowsum| <= 128 x 15 fits its int16 halves), not at zero.
 // Subtracting zp128 sum_b s_b rowsum_b once in fp32 instead cancels two large sums: with asymmetric weights (a
 // rowsum of 128 x 7.5 per block) it missed the reference's tolerance at K = 4608.
@@ -1282,13 +1282,15 @@ struct GroupPanel {
 };
 
 // The packed nibbles the next panel expands (rows x lines_per_row cache lines, rows ldw apart), fetched into L2 a few
-// lines per block while this panel's tiles run: expanding them straight from memory left the cores waiting on the
-// bus (4096 x 11008 at M = 16: 2.3 ms one block at a time, 3.2-3.6 ms panels without prefetch).
+// lines per block while this panel's tiles run. Without it expand_block waited on its loads: 14% of the op's cycles
+// at 4096^2, M = 256, one thread (perf record), 5% with it; 12.0 -> 11.1 ms a call.
 struct NextPanel {
   const uint8_t* w = nullptr;
   int64_t ldw = 0, lines_per_row = 1, lines = 0;
+  // Bounds as plain values: with `l < std::min(l1, lines)` GCC 12 deleted the whole loop (checked in the object code).
   void fetch(int64_t l0, int64_t l1) const {
-    for (int64_t l = std::max<int64_t>(l0, 0); l < std::min(l1, lines); ++l)
+    const int64_t end = l1 < lines ? l1 : lines;
+    for (int64_t l = l0 > 0 ? l0 : 0; l < end; ++l)
       _mm_prefetch(reinterpret_cast<const char*>(w + l / lines_per_row * ldw + l % lines_per_row * 64), _MM_HINT_T1);
   }
 };
@@ -1408,7 +1410,7 @@ void da_int4_prefill_regs(const DaInt4Args& p, int64_t j0, int64_t j1) {
         next = NextPanel{p.w + ncol * p.ldw + nk0 / 2, p.ldw, (bytes + 63) / 64,
                          std::min<int64_t>(32, p.N - ncol) * ((bytes + 63) / 64)};
       }
-      const int64_t pfn = (next.lines + ntiles * nb - 1) / (ntiles * nb);
+      const int64_t pfn = (next.lines + ntiles * nb - 1) / (ntiles * nb);  // lines per block, spread over the tiles
       const GroupPanel gp{codes, sw, rs, nb, kb};
       GroupTile t{};
       t.a_bs = p.M * kb;
@@ -1436,13 +1438,9 @@ void da_int4_prefill_regs(const DaInt4Args& p, int64_t j0, int64_t j1) {
   }
 }
 
-// One block (kb k) at a time: expand, pack, then every token's tile adds the block's scaled sums into the fp32
-// output (gemm_u8s8_6x32), or on the AMX-INT8 tiles (the amx level, blocks of whole 64-k steps: Note [int8 panels on
-// AMX]). Below kDaInt4RegsMinM tokens, with a weight streamed from memory, this is faster than the register tiles'
-// panels (4096 x 11008 at M = 16: 2.3-2.4 against 2.8-3.2 ms; they tie at M = 32 and 64, and from M = 96 the panels
-// win; on weights that stay in cache, 576 x 1536 in groups of 32 as SmolLM2, the panels win from M = 16 by 10%, by
-// 1.5x at M = 128). Timed with the op alone, 2 threads, Zen 5.
-void da_int4_prefill_blocks(const DaInt4Args& p, int64_t j0, int64_t j1, bool amx) {
+// The amx level: one block (kb k, whole 64-k steps) at a time on the AMX-INT8 tiles, 32 tokens per tile, each block's
+// scaled sums added into the fp32 output (Note [int8 panels on AMX]).
+void da_int4_prefill_amx(const DaInt4Args& p, int64_t j0, int64_t j1) {
   const int64_t kb = da_block_k(p.G, p.g);
   bool configured = false;
   alignas(64) int8_t tmp[32 * 128];
@@ -1459,9 +1457,8 @@ void da_int4_prefill_blocks(const DaInt4Args& p, int64_t j0, int64_t j1, bool am
       pack_s8_panel(tmp, 128, rows, kc, panel, rowsum);
       for (int64_t r = 0; r < rows; ++r) ws[r] = load_float(p.scale, p.st, (col + r) * p.G + gi);
       const bool last = k0 + kc >= p.K;
-      const int64_t mr = amx ? 32 : 6;
-      for (int64_t m = 0; m < p.M; m += mr) {
-        const int R = (int)std::min<int64_t>(mr, p.M - m);
+      for (int64_t m = 0; m < p.M; m += 32) {
+        const int R = (int)std::min<int64_t>(32, p.M - m);
         const uint8_t* a = p.ap + (k0 / kb) * p.M * kb + m * kb;
         float* c = p.out + m * p.ldo + col;
         const float* bias = last && p.bias ? p.bias + col : nullptr;
@@ -1470,21 +1467,15 @@ void da_int4_prefill_blocks(const DaInt4Args& p, int64_t j0, int64_t j1, bool am
           for (int r = 0; r < R; ++r) sa[r] = p.a_gscale[(m + r) * p.G + gi];
           as = sa;
         }
-        if (amx)
-          gemm_u8s8_amx(R, a, kb, panel, kc, c, p.ldo, (int)rows, as, p.zp128 + m, ws, bias, rowsum, k0 > 0, configured);
-        else
-          gemm_u8s8_6x32(R, a, kb, panel, kc, c, p.ldo, (int)rows, as, p.zp128 + m, ws, bias, rowsum, k0 > 0);
+        gemm_u8s8_amx(R, a, kb, panel, kc, c, p.ldo, (int)rows, as, p.zp128 + m, ws, bias, rowsum, k0 > 0, configured);
       }
     }
   }
   if (configured) amx::release();
 }
 
-constexpr int64_t kDaInt4RegsMinM = 32;
-
 void da_int4_prefill(const DaInt4Args& p, int64_t j0, int64_t j1, bool amx) {
-  if (amx || p.M < kDaInt4RegsMinM) return da_int4_prefill_blocks(p, j0, j1, amx);
-  da_int4_prefill_regs(p, j0, j1);
+  amx ? da_int4_prefill_amx(p, j0, j1) : da_int4_prefill_regs(p, j0, j1);
 }
 
 }  // namespace avx512

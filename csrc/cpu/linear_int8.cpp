@@ -655,23 +655,6 @@ void pack_s8_panel(const int8_t* w, int64_t ldw, int64_t rows, int64_t kc, int8_
   avx512::da_pack(w, ldw, 0, rows, 0, kc, dst, rowsum);
 }
 
-void gemm_u8s8_6x32(int R, const uint8_t* a, int64_t lda, const int8_t* panel, int64_t kc, float* c, int64_t ldc,
-                    int ncols, const float* a_scale, const int32_t* a_zp128, const float* w_scale,
-                    const float* bias, const int32_t* rowsum, bool add_to_c) {
-  const __mmask16 cm0 = ncols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
-  const __mmask16 cm1 = ncols >= 32 ? (__mmask16)0xFFFF : ncols <= 16 ? (__mmask16)0 : (__mmask16)((1u << (ncols - 16)) - 1);
-  const avx512::DaEpilogue ep{a_scale, a_zp128, w_scale, bias, rowsum, add_to_c};
-  const int64_t k4n = (kc + 3) / 4;
-  switch (R) {
-    case 6: return avx512::da_micro<6>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
-    case 5: return avx512::da_micro<5>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
-    case 4: return avx512::da_micro<4>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
-    case 3: return avx512::da_micro<3>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
-    case 2: return avx512::da_micro<2>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
-    default: return avx512::da_micro<1>(a, lda, panel, k4n, c, ldc, cm0, cm1, true, ep);
-  }
-}
-
 TQK_AMX void gemm_u8s8_amx(int R, const uint8_t* a, int64_t lda, const int8_t* panel, int64_t kc, float* c,
                            int64_t ldc, int ncols, const float* a_scale, const int32_t* a_zp128, const float* w_scale,
                            const float* bias, const int32_t* rowsum, bool add_to_c, bool& configured) {

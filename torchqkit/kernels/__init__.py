@@ -116,11 +116,10 @@ _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_i
               "TORCHQKIT_CPU_ISA forced it",
 }
 _CPU_KERNEL_NOTES["torchqkit::linear_int8da_int4_packed"] = {  # see Note [int8 x int4 decode] in csrc/cpu/int4_packed_dot.inc
-    "avx512_vnni": "M < 16: vpdpbusd on low / high nibbles (128 k per zmm, exact int32 per lane, per-lane group "
-                   "scales) against the per-call quantized, permuted activation, 4 tokens per pass; M >= 16: "
-                   "nibbles expanded to int8 panels + the 6x32 vpdpbusd micro-kernel, one group block at a time "
-                   "below M = 32, from there over panels of 4096 k with each block's int32 sums folded into fp32 "
-                   "accumulators in registers",
+    "avx512_vnni": "M < 12: vpdpbusd on low / high nibbles (128 k per zmm, exact int32 per lane, per-lane group "
+                   "scales) against the per-call quantized, permuted activation, 4 tokens per pass; M >= 12: "
+                   "nibbles expanded to int8 panels + 6x32 vpdpbusd tiles over panels of 4096 k, each block's "
+                   "int32 sums folded into fp32 accumulators in registers",
     "avx_vnni": "M < 16: the 256-bit decode kernel with vpdpbusd (VEX; EVEX on ymm where only AVX-512 VNNI exists), "
                 "2 tokens per pass; M >= 16: 16-row nibble panels x 6-token tiles (vpdpbusd)",
     "avx2": "M < 16: vpmaddubsw + vpmaddwd, unsigned nibbles x signed activation codes (64 k per ymm, exact int32 "
