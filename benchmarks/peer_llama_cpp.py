@@ -1,4 +1,5 @@
-"""Greedy decode tokens/s of llama.cpp (through llama-cpp-python) on a GGUF file, as JSON on stdout.
+"""Greedy decode tokens/s of llama.cpp (through llama-cpp-python) on a GGUF file, as JSON on stdout; with
+--prefill-tokens N, its prompt processing instead: N tokens of --prompt evaluated as one batch.
 
 Run by bench_decode.py with the Python of a venv where llama-cpp-python is installed, never imported by
 torchqkit (llama.cpp is a peer to measure against, not a dependency):
@@ -8,6 +9,10 @@ torchqkit (llama.cpp is a peer to measure against, not a dependency):
 Timing matches torchqkit.eval's Note [Decode timing]: the time at which each new token exists, the first
 one from the prefill; rate = (new_tokens - 1) / (last - first), median of --repeats runs after a warm-up.
 Greedy: llama.cpp's sampler with top_k=1 (argmax), no repetition penalty.
+
+Prefill (bench_prefill.py): the first N prompt tokens through Llama.eval with n_batch = n_ubatch = N (one batch, the
+logits of the last position only, as a generate call computes them), after llm.reset(); rate = N / the median
+wall time of --repeats evals after a warm-up.
 """
 from __future__ import annotations
 
@@ -25,8 +30,12 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prefill-tokens", type=int, default=0)
     args = parser.parse_args()
     import llama_cpp
+
+    if args.prefill_tokens:
+        return prefill(args, llama_cpp)
 
     # n_batch = 1: the prompt goes in one token at a time. llama-cpp-python 0.3.36 built on a Xeon with AMX
     # segfaulted on any prompt batch of 2 or more tokens (its AMX path); decode steps are single tokens either way,
@@ -53,6 +62,27 @@ def main() -> int:
         durations.append(times[-1] - times[0])
     json.dump({"version": llama_cpp.__version__, "prompt_tokens": prompt,
                "tok_s": (args.new_tokens - 1) / statistics.median(durations), "tokens": tokens,
+               "system_info": llama_cpp.llama_print_system_info().decode()}, sys.stdout)
+    return 0
+
+
+def prefill(args, llama_cpp) -> int:
+    n = args.prefill_tokens
+    llm = llama_cpp.Llama(args.gguf, n_threads=args.threads, n_threads_batch=args.threads, n_ctx=n + 16, n_batch=n,
+                          n_ubatch=n, verbose=False)
+    prompt = llm.tokenize(args.prompt.encode(), add_bos=False)[:n]
+    if len(prompt) < n:
+        raise SystemExit(f"the prompt has {len(prompt)} tokens, fewer than --prefill-tokens {n}")
+
+    def run() -> float:
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(prompt)
+        return time.perf_counter() - start
+
+    run()
+    seconds = statistics.median(run() for _ in range(args.repeats))
+    json.dump({"version": llama_cpp.__version__, "prefill_tokens": n, "tok_s": n / seconds,
                "system_info": llama_cpp.llama_print_system_info().decode()}, sys.stdout)
     return 0
 
