@@ -1172,6 +1172,21 @@ void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
 }
 }  // namespace scalar
 
+// The packed nibbles the next panel of a prefill expands (rows x lines_per_row cache lines, rows ldw apart), fetched
+// into L2 a few lines per block while this panel's tiles run (the AVX-512 and AVX-VNNI register-sum prefills).
+// Without it the AVX-512 expand_block waited on its loads: 14% of the op's cycles at 4096^2, M = 256, one thread
+// (perf record), 5% with it; 12.0 -> 11.1 ms a call.
+struct NextPanel {
+  const uint8_t* w = nullptr;
+  int64_t ldw = 0, lines_per_row = 1, lines = 0;
+  // Bounds as plain values: with `l < std::min(l1, lines)` GCC 12 deleted the whole loop (checked in the object code).
+  void fetch(int64_t l0, int64_t l1) const {
+    const int64_t end = l1 < lines ? l1 : lines;
+    for (int64_t l = l0 > 0 ? l0 : 0; l < end; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(w + l / lines_per_row * ldw + l % lines_per_row * 64), _MM_HINT_T1);
+  }
+};
+
 // The 256-bit levels of the decode kernel (int4_packed_vec256.inc).
 #define DA4_NS avx2
 #define DA4_TARGET _Pragma("GCC target(\"avx2,fma,f16c\")")
@@ -1179,10 +1194,14 @@ void da_int4(const DaInt4Args& p, int64_t n0, int64_t n1) {
 #define DA4_NS avx_vnni
 #define DA4_TARGET _Pragma("GCC target(\"avx2,fma,f16c,avxvnni\")")
 #define DA4_DPBUSD256 _mm256_dpbusd_avx_epi32
+#define DA4_DPBUSD_ASM "%{vex%} vpdpbusd %2, %1, %0"  // %{ %}: braces, not asm dialect alternatives
+#define DA4_DPWSSD256 _mm256_dpwssd_avx_epi32
 #include "int4_packed_vec256.inc"
 #define DA4_NS avx_vnni_evex
 #define DA4_TARGET _Pragma("GCC target(\"avx2,fma,f16c,avx512vl,avx512vnni\")")
 #define DA4_DPBUSD256 _mm256_dpbusd_epi32
+#define DA4_DPBUSD_ASM "vpdpbusd %2, %1, %0"
+#define DA4_DPWSSD256 _mm256_dpwssd_epi32
 #include "int4_packed_vec256.inc"
 
 #pragma GCC push_options
@@ -1282,19 +1301,6 @@ struct GroupPanel {
   int64_t nb, kb;
 };
 
-// The packed nibbles the next panel expands (rows x lines_per_row cache lines, rows ldw apart), fetched into L2 a few
-// lines per block while this panel's tiles run. Without it expand_block waited on its loads: 14% of the op's cycles
-// at 4096^2, M = 256, one thread (perf record), 5% with it; 12.0 -> 11.1 ms a call.
-struct NextPanel {
-  const uint8_t* w = nullptr;
-  int64_t ldw = 0, lines_per_row = 1, lines = 0;
-  // Bounds as plain values: with `l < std::min(l1, lines)` GCC 12 deleted the whole loop (checked in the object code).
-  void fetch(int64_t l0, int64_t l1) const {
-    const int64_t end = l1 < lines ? l1 : lines;
-    for (int64_t l = l0 > 0 ? l0 : 0; l < end; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(w + l / lines_per_row * ldw + l % lines_per_row * 64), _MM_HINT_T1);
-  }
-};
 
 // One tile's tokens [m, m + R) against a panel.
 struct GroupTile {
