@@ -1573,8 +1573,8 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   const bool panel256 = wide && M >= kDaInt4Panel256MinM;
   const int64_t kb = da_block_k(G, g);
   // The SIMD decode kernels with symmetric weights subtract lane sums of the activation (lsum) up to
-  // kDaInt4LaneSumMaxM tokens, the other paths per-group sums (bsum); the AVX-512 panel path neither (Note [int8 x
-  // int4 prefill]).
+  // kDaInt4LaneSumMaxM tokens, the other paths per-group sums (bsum); the register-sum panel paths neither (Note
+  // [int8 x int4 prefill, group sums in registers], Note [int8 x int4 prefill on AVX-VNNI, sums in registers]).
   const bool lanes = !panel && !panel256 && isa != Isa::kScalar && !zw.defined() && !zf.defined() &&
                      M <= kDaInt4LaneSumMaxM;
   // Float zero points: the decode kernels stage them with the scales; after the panel paths (which expand u - 8)
@@ -1589,7 +1589,10 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   const auto al64 = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
   const int64_t o_ap = al64(M * lda), o_as = o_ap + al64(M * lda), o_zp = o_as + al64(4 * M),
                 o_ga = o_zp + al64(4 * M), o_s = o_ga + (ga ? al64(4 * M * G) : 0);
-  const bool sums = !lanes && (!panel || zf_after);  // bsum
+  // bsum: the decode kernels and the AVX2 panels; the register-sum panels (AVX-512, AVX-VNNI) only for the float zero
+  // points (the AVX-VNNI ones sum their blocks themselves)
+  const bool regs = panel || (panel256 && isa == Isa::kAvxVnni);
+  const bool sums = !lanes && (!regs || zf_after);
   const int64_t sums_bytes = lanes ? 4 * M * (lda / 8) : sums ? 4 * M * G : 0;
   // AMX tiles read 16 rows of a block's codes from the last 16-row half's first row: up to 15 rows past the end
   const bool amx = panel && amx_selected() && kb % 64 == 0;
@@ -1628,7 +1631,7 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
           for (int64_t i = 0; i < n; ++i) dst[i] = ar[k0 + i] ^ f;
           std::memset(dst + n, 0, kb - n);
         }
-        if (panel && !sums) continue;
+        if (regs && !sums) continue;
       } else {  // each 128-k block as [even k | odd k]
         for (int64_t b = 0; b < lda; b += 128) {
           for (int64_t i = 0; i < 64; ++i) {

@@ -121,7 +121,8 @@ _CPU_KERNEL_NOTES["torchqkit::linear_int8da_int4_packed"] = {  # see Note [int8 
                    "nibbles expanded to int8 panels + 6x32 vpdpbusd tiles over panels of 4096 k, each block's "
                    "int32 sums folded into fp32 accumulators in registers",
     "avx_vnni": "M < 16: the 256-bit decode kernel with vpdpbusd (VEX; EVEX on ymm where only AVX-512 VNNI exists), "
-                "2 tokens per pass; M >= 16: 16-row nibble panels x 6-token tiles (vpdpbusd)",
+                "2 tokens per pass; M >= 16: 16-row nibble panels x 6-token tiles (vpdpbusd) over panels of 4096 k, "
+                "each block's int32 sums in registers, folded into fp32 once per block",
     "avx2": "M < 16: vpmaddubsw + vpmaddwd, unsigned nibbles x signed activation codes (64 k per ymm, exact int32 "
             "per lane) against the permuted activation, 2 tokens per pass; M >= 16: 16-row nibble panels x "
             "4-token tiles (vpmaddubsw int16 windows of 32 k, then vpmaddwd)",
