@@ -1187,6 +1187,15 @@ struct NextPanel {
   }
 };
 
+// After the panel of rows [col, col + cols) that ends at k `end`: the same rows' next k range (panels of kcmax k), else
+// the next `cols` rows' first if this thread has them (more_rows), else nothing.
+inline NextPanel next_panel(const DaInt4Args& p, int64_t col, int64_t cols, int64_t end, int64_t kcmax, bool more_rows) {
+  const int64_t k0 = end < p.K ? end : 0, row = k0 > 0 ? col : col + cols;
+  if (k0 == 0 && !more_rows) return NextPanel{};
+  const int64_t lpr = ((std::min(kcmax, p.K - k0) + 1) / 2 + 63) / 64;
+  return NextPanel{p.w + row * p.ldw + k0 / 2, p.ldw, lpr, std::min(cols, p.N - row) * lpr};
+}
+
 // The 256-bit levels of the decode kernel (int4_packed_vec256.inc).
 #define DA4_NS avx2
 #define DA4_TARGET _Pragma("GCC target(\"avx2,fma,f16c\")")
@@ -1420,14 +1429,7 @@ void da_int4_prefill_regs(const DaInt4Args& p, int64_t j0, int64_t j1) {
           for (int64_t r = 0; r < 32; ++r) rs[32 * b + r] *= -128;
         for (int64_t r = 0; r < 32; ++r) sw[32 * b + r] = r < rows ? load_float(p.scale, p.st, (col + r) * p.G + gi) : 0.f;
       }
-      // the next panel: the row's next k range, else the next 32 rows' first
-      NextPanel next;
-      const int64_t nk0 = k0 + kc < p.K ? k0 + kc : 0, ncol = nk0 > 0 ? col : col + 32;
-      if (nk0 > 0 || j + 1 < j1) {
-        const int64_t bytes = (std::min(kcmax, p.K - nk0) + 1) / 2;
-        next = NextPanel{p.w + ncol * p.ldw + nk0 / 2, p.ldw, (bytes + 63) / 64,
-                         std::min<int64_t>(32, p.N - ncol) * ((bytes + 63) / 64)};
-      }
+      const NextPanel next = next_panel(p, col, 32, k0 + kc, kcmax, j + 1 < j1);
       const int64_t pfn = (next.lines + ntiles * nb - 1) / (ntiles * nb);  // lines per block, spread over the tiles
       const GroupPanel gp{codes, sw, rs, nb, kb};
       GroupTile t{};
