@@ -1189,7 +1189,8 @@ struct NextPanel {
 
 // After the panel of rows [col, col + cols) that ends at k `end`: the same rows' next k range (panels of kcmax k), else
 // the next `cols` rows' first if this thread has them (more_rows), else nothing.
-inline NextPanel next_panel(const DaInt4Args& p, int64_t col, int64_t cols, int64_t end, int64_t kcmax, bool more_rows) {
+inline NextPanel next_panel(const DaInt4Args& p, int64_t col, int64_t cols, int64_t end, int64_t kcmax,
+                            bool more_rows) {
   const int64_t k0 = end < p.K ? end : 0, row = k0 > 0 ? col : col + cols;
   if (k0 == 0 && !more_rows) return NextPanel{};
   const int64_t lpr = ((std::min(kcmax, p.K - k0) + 1) / 2 + 63) / 64;
@@ -1296,8 +1297,9 @@ void expand_block(const DaInt4Args& p, int64_t col, int64_t rows, int64_t k0, in
 // activation scales), so a tile runs over a whole panel of kDaInt4Kc k with one load and one store of its outputs.
 // (Storing each block's scaled sums into the fp32 output and loading them for the next block, as the AMX path still
 // does, cost 4096^2 at M = 256 8.7 ms against the int8 x int8 panels' 5.0 ms, benchmarks/bench_linear.py on a Zen 5;
-// at M = 16-64 it also lost, 4096 x 11008 at M = 32 4.4 against 3.0 ms, the op alone.) The activation's shift (codes a = q + zp128) leaves d = sum_k a w - zp128 rowsum exact in int32: each
-// block's sums start at -zp128 rowsum by one vpdpwssd (|rowsum| <= 128 x 15 fits its int16 halves), not at zero.
+// at M = 16-64 it also lost, 4096 x 11008 at M = 32 4.4 against 3.0 ms, the op alone.) The activation's shift (codes
+// a = q + zp128) leaves d = sum_k a w - zp128 rowsum exact in int32: each block's sums start at -zp128 rowsum by one
+// vpdpwssd (|rowsum| <= 128 x 15 fits its int16 halves), not at zero.
 // Subtracting zp128 sum_b s_b rowsum_b once in fp32 instead cancels two large sums: with asymmetric weights (a
 // rowsum of 128 x 7.5 per block) it missed the reference's tolerance at K = 4608.
 constexpr int64_t kDaInt4Kc = 4096;  // k per panel: 32 x 4096 int8 = 128 KiB, in L2 (as the int8 path's DA_KC)
@@ -1309,7 +1311,6 @@ struct GroupPanel {
                          // -128 x them: the sums' start, one vector for all tokens
   int64_t nb, kb;
 };
-
 
 // One tile's tokens [m, m + R) against a panel.
 struct GroupTile {
@@ -1427,7 +1428,8 @@ void da_int4_prefill_regs(const DaInt4Args& p, int64_t j0, int64_t j1) {
         pack_s8_panel(tmp, 128, rows, kn, dst, rs + 32 * b);
         if (z128)
           for (int64_t r = 0; r < 32; ++r) rs[32 * b + r] *= -128;
-        for (int64_t r = 0; r < 32; ++r) sw[32 * b + r] = r < rows ? load_float(p.scale, p.st, (col + r) * p.G + gi) : 0.f;
+        for (int64_t r = 0; r < 32; ++r)
+          sw[32 * b + r] = r < rows ? load_float(p.scale, p.st, (col + r) * p.G + gi) : 0.f;
       }
       const NextPanel next = next_panel(p, col, 32, k0 + kc, kcmax, j + 1 < j1);
       const int64_t pfn = (next.lines + ntiles * nb - 1) / (ntiles * nb);  // lines per block, spread over the tiles
