@@ -13,16 +13,18 @@ real prompt. The prompt is the first N tokens of the text torchqkit ships (torch
 (peer_llama_cpp.py --prefill-tokens, in --peer-python's venv: a peer, never a dependency) takes the first N tokens
 of its own tokenization of the same text, as one batch of N. tokens/s = N / the median of --repeats timed prefills
 after a warm-up, each config's rounds alternating with the others' (a shared host's slow spells hit every config).
-llama.cpp runs before and after torchqkit's rows; 'x llama.cpp' is against the mean of the two.
+llama.cpp runs before and after torchqkit's rows; 'x llama.cpp' is against the mean of the two. (llama-cpp-python
+0.3.36 built on a Xeon with AMX segfaulted on prompt batches of 2 or more tokens, peer_llama_cpp.py: its line then
+says 'failed' and torchqkit's rows still print.)
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
-import json
 import time
 from pathlib import Path
 
