@@ -355,10 +355,12 @@ def _int4_packed(n, k, group, weight_mapping="symmetric", dtype=torch.float32, s
 # (M, N, K, group, weight mapping): M = 1, 3, 4 (4-token passes + a tail) and, from M = 12 (16 on AVX2 / AVX-VNNI:
 # M = 13 is on either side), the panel paths (Note [int8 x int4 prefill]: 6-token micro-tiles + a tail, 32-column
 # panels + a tail, group sums in registers over panels of 4096 k; on AVX2 / AVX-VNNI Note [int8 x int4 prefill on
-# 256 bits]: 4- / 6-token tiles, 16-column panels, int16 windows of 32 k); K = 8
+# 256 bits]: 16-column panels, AVX2 4-token tiles with int16 windows of 32 k, AVX-VNNI 6-token tiles over panels of
+# 4096 k); K = 8
 # (smallest: one lane), K not a multiple of the 128-k block (200, 96, 77 odd: half a byte), groups of 8 / 32 /
 # 64 / 128 / 256 and per channel (group = K); asymmetric weights carry int zero points. K = 4200 per channel: the
-# AVX-512 panels of 4096 k (Note [int8 x int4 prefill, group sums in registers]) and a last block of 104 k.
+# AVX-512 / AVX-VNNI panels of 4096 k (Note [int8 x int4 prefill, group sums in registers]) and a last block of
+# 104 k.
 DA4_CASES = [(1, 1, 8, 8, "symmetric"), (3, 37, 96, 32, "asymmetric"), (17, 19, 256, 64, "symmetric"),
              (40, 40, 512, 128, "asymmetric"), (2, 9, 512, 256, "asymmetric"), (4, 11, 200, 8, "symmetric"),
              (1, 5, 77, 77, "asymmetric"), (3, 33, 1030, 1030, "symmetric"), (16, 70, 200, 8, "asymmetric"),
@@ -444,7 +446,7 @@ def test_int8da_int4_extreme_activation_zero_points(monkeypatch, isa, m, wmap):
 # w = q s + z), alone and together, on every path: decode passes of 1..4 tokens and tails (M = 1, 3, 5), both panel
 # paths (M = 17, 40: AVX-512 6-token tiles / AMX, 256-bit 16-column panels), groups of 8 / 32 / 64 / 128 / 256
 # (a group spanning blocks), K = 576 (SmolLM2: 4.5 blocks of 128 k, a masked tail), 72 (one vector and a tail);
-# K = 4608 in groups of 384: an AVX-512 panel of 4096 k ends inside a group.
+# K = 4608 in groups of 384: an AVX-512 / AVX-VNNI panel of 4096 k ends inside a group.
 DA4_GROUP_CASES = [(1, 37, 576, 32), (3, 9, 96, 32), (5, 17, 1536, 64), (17, 19, 256, 8), (40, 40, 512, 128),
                    (2, 9, 512, 256), (20, 70, 576, 32), (1, 3, 72, 8), (4, 33, 576, 32), (17, 33, 4608, 384)]
 
