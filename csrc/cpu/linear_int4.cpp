@@ -1113,6 +1113,9 @@ struct DaInt4Args {
                           // path without float zero points)
   const int32_t* lsum;    // (M, lda / 8) 8 * sum (a - zp128) over k in [8 j, 8 j + 8), k < K: the SIMD decode
                           // kernels with symmetric weights (Note [int8 x int4 decode]); nullptr otherwise
+  const int32_t* zb;      // (ceil(K / kb), M) (-zpa, -B) int16 pairs per block and token, B = sum (a - zp128) over
+                          // the block's k < K: the AVX-VNNI panels (Note [int8 x int4 prefill on AVX-VNNI, sums in
+                          // registers]); nullptr otherwise
   const uint8_t* w;       // (N, ceil(K / 2)) packed nibbles, row stride ldw
   int64_t N, ldw;
   const void* scale;      // (N, G) contiguous, of type st
@@ -1403,8 +1406,11 @@ inline __mmask16 cols_mask(int64_t n) { return n <= 0 ? 0 : n >= 16 ? (__mmask16
 void da_int4_prefill_regs(const DaInt4Args& p, int64_t j0, int64_t j1) {
   const int64_t kb = da_block_k(p.G, p.g), kcmax = std::min(p.K + kb - 1, kDaInt4Kc) / kb * kb;
   const int64_t nbmax = kcmax / kb, bpg = p.G == 1 ? 1 : std::max<int64_t>(1, p.g / kb);
-  // One buffer, 64-byte aligned: the panel's codes, then the blocks' scales and code sums.
-  std::vector<uint8_t> buf(kcmax * 32 + 2 * nbmax * 128 + 64);
+  // One buffer, 64-byte aligned, the thread's, kept across calls (every byte read is written first): the panel's
+  // codes, then the blocks' scales and code sums.
+  thread_local std::vector<uint8_t> buf;
+  const size_t need = (size_t)(kcmax * 32 + 2 * nbmax * 128 + 64);
+  if (buf.size() < need) buf.resize(need);
   int8_t* const codes = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
   float* const sw = reinterpret_cast<float*>(codes + kcmax * 32);
   int32_t* const rs = reinterpret_cast<int32_t*>(sw + nbmax * 32);
@@ -1595,14 +1601,15 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
                 o_ga = o_zp + al64(4 * M), o_s = o_ga + (ga ? al64(4 * M * G) : 0);
   // bsum: the decode kernels and the AVX2 panels; the register-sum panels (AVX-512, AVX-VNNI) only for the float zero
   // points (the AVX-VNNI ones sum their blocks themselves)
-  const bool regs = panel || (panel256 && isa == Isa::kAvxVnni);
+  const bool vnni256 = panel256 && isa == Isa::kAvxVnni, regs = panel || vnni256;
   const bool sums = !lanes && (!regs || zf_after);
   const int64_t sums_bytes = lanes ? 4 * M * (lda / 8) : sums ? 4 * M * G : 0;
+  const int64_t o_zb = o_s + al64(sums_bytes), zb_bytes = vnni256 ? 4 * M * ((K + kb - 1) / kb) : 0;
   // AMX tiles read 16 rows of a block's codes from the last 16-row half's first row: up to 15 rows past the end
   const bool amx = panel && amx_selected() && kb % 64 == 0;
   const int64_t slack = amx ? 16 * kb : 0;
   thread_local std::vector<uint8_t> scratch;
-  const size_t need = (size_t)(o_s + sums_bytes + slack + 64);
+  const size_t need = (size_t)(o_zb + zb_bytes + slack + 64);
   if (scratch.size() < need) scratch.resize(need);
   uint8_t* const a = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
   uint8_t* const ap = a + o_ap;
@@ -1611,6 +1618,7 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   float* const a_gscale = ga ? reinterpret_cast<float*>(a + o_ga) : nullptr;
   float* const bsum = sums ? reinterpret_cast<float*>(a + o_s) : nullptr;
   int32_t* const lsum = lanes ? reinterpret_cast<int32_t*>(a + o_s) : nullptr;
+  int32_t* const zb = vnni256 ? reinterpret_cast<int32_t*>(a + o_zb) : nullptr;
   const uint8_t flip = isa != Isa::kScalar ? 0x80 : 0;
   at::parallel_for(0, M, 8, [&](int64_t m0, int64_t m1) {
     if (ga) {  // each token's groups as rows of g: symmetric, so every group's zero point is 0 (zp128 = 128)
@@ -1634,6 +1642,12 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
           const int64_t n = std::min(kb, K - k0);
           for (int64_t i = 0; i < n; ++i) dst[i] = ar[k0 + i] ^ f;
           std::memset(dst + n, 0, kb - n);
+          if (zb) {  // the block's sum of a - zp128 (dst holds a - 128 as int8) and -zpa, as int16 pairs
+            int32_t t = 0;
+            for (int64_t i = 0; i < n; ++i) t += (int8_t)dst[i];
+            const int32_t zpa = zp[m] - 128, bs = t - zpa * (int32_t)n;
+            zb[k0 / kb * M + m] = (int32_t)((uint32_t)(uint16_t)(-zpa) | ((uint32_t)(uint16_t)(-bs) << 16));
+          }
         }
         if (regs && !sums) continue;
       } else {  // each 128-k block as [even k | odd k]
@@ -1662,7 +1676,7 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
       }
     }
   });
-  const DaInt4Args p{ap, M, K, lda, a_scale, a_gscale, zp, bsum, lsum, qdata.data_ptr<uint8_t>(), N, qdata.stride(0),
+  const DaInt4Args p{ap, M, K, lda, a_scale, a_gscale, zp, bsum, lsum, zb, qdata.data_ptr<uint8_t>(), N, qdata.stride(0),
                      s.data_ptr(), sz_type(s.scalar_type(), op), zw.defined() ? zw.data_ptr<int8_t>() : nullptr,
                      zf_after || !zf.defined() ? nullptr : zf.data_ptr(), G, g,
                      b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
