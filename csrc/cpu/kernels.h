@@ -107,6 +107,14 @@ void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1
 void gemm_f32_6x32(int R, const float* a, int64_t lda, const float* panel, int64_t kc, float* c, int64_t ldc,
                    int ncols, bool first);
 
+// AVX2 + FMA fp32 GEMM of the dequantized weight-only prefill at the 256-bit levels (fp32_panels256.cpp; the driver
+// is prefill_by_panels256 in sgemm_prefill.h). Call only when the CPU runs Isa::kAvx2.
+// pack_f32_panel16: rows [0, nrows) (nrows <= 16, row stride ldr) x k [0, kc) -> panel[kc][16] (rows past nrows 0).
+// gemm_f32_6x16: C[0:R][0:16] (+)= A[0:R, 0:kc] @ panel[kc][16], 1 <= R <= 6, C's row stride 16.
+constexpr int64_t kFp32PanelCols = 16;
+void pack_f32_panel16(const float* rows, int64_t ldr, int nrows, int64_t kc, float* panel);
+void gemm_f32_6x16(int R, const float* a, int64_t lda, const float* panel, int64_t kc, float* c, bool first);
+
 // AVX-512 VNNI pieces of the int8 dynamic-activation panel path (linear_int8.cpp), shared with linear_int4.cpp.
 // pack_s8_panel: rows [0, rows) x k [0, kc) of an int8 matrix (row stride ldw; rows up to 32, kc <= 1024)
 // -> panel [ceil(kc/4)][32][4] (missing rows and k zero); rowsum[0:32] += each row's sum of codes.
@@ -180,8 +188,11 @@ Isa selected_isa_for_ops();
 Isa selected_isa_level();
 Isa selected_isa_exact();
 bool amx_selected();  // the selected level is amx (selected_isa_exact() then says kAvx512Bf16)
-// Whether a weight-only op's float32 prefill at base level `isa` dequantizes rows for ATen's sgemm
-// (prefill_by_sgemm) rather than running its own fp32 panels (Note [fp32 prefill by sgemm], registration.cpp).
+// Whether a weight-only op's float32 prefill at base level `isa` dequantizes rows for a GEMM (prefill_dequantized)
+// rather than running its own fp32 panels (Note [fp32 prefill by sgemm], registration.cpp). Always below AVX-512.
 bool fp32_prefill_by_sgemm(Isa isa);
+// Whether that GEMM is the 256-bit fp32 panels (prefill_by_panels256) rather than ATen's sgemm: at the AVX2 base level
+// except on Intel CPUs (Note [fp32 panels at 256 bits], sgemm_prefill.h).
+bool fp32_prefill_by_panels256(Isa isa);
 
 }  // namespace torchqkit_cpu

@@ -897,13 +897,18 @@ void prefill(const Int4Args& p, const at::Tensor& x2, at::Tensor& out) {
   });
 }
 
-// Note [int4 prefill below AVX-512]: without AVX-512 there is no fp32 panel micro-kernel here, and the decode
+// Note [int4 prefill below AVX-512]: without AVX-512 this file has no fp32 panel micro-kernel, and the decode
 // kernel (one pass per 1-2 tokens) re-decodes every weight byte M / 2 times: 18x slower than fp32 F.linear at
-// M = 256 on AVX2. From kSgemmMinM tokens on, n-tiles are dequantized for prefill_by_sgemm (sgemm_prefill.h): in the
+// M = 256 on AVX2. From kSgemmMinM tokens on, n-tiles are dequantized for an fp32 GEMM (prefill_dequantized in
+// sgemm_prefill.h: ATen's sgemm, or the 256-bit panels from kPanels256MinM): in the
 // permuted k order by vector code (avx2::dequant_tiles, the activation's columns permuted to match), or in natural
 // order by the scalar level (dequant_natural). The scalar dequantization had cost 5-7 ms of a 4096^2 call (AVX2,
 // Intel Xeon, 2 threads: M = 64 14.2 -> 11.1 ms, M = 256 31.5 -> 29.6 with the vector one; fp32 F.linear 8.1 / 24).
 constexpr int64_t kSgemmMinM = 16;  // AVX2, 4096^2: M = 8 breaks even with the decode kernel, M = 32 is 3x faster
+// The same route with the 256-bit panels as its GEMM (Note [fp32 panels at 256 bits]) starts later: the decode kernel
+// has since been made faster, and it beat the panels up to M = 32 (AVX2, Zen 5, 2 threads, g128, ms decode / panels:
+// 4096^2 M = 32 7.46 / 7.75, 4096 x 11008 M = 32 17.2 / 21.5; M = 48 a tie, 9.9 / 9.8 and 26.8 / 26.7).
+constexpr int64_t kPanels256MinM = 48;
 constexpr int64_t kAvx512SgemmMinM = 128;  // where the AVX-512 panels take it (Note [fp32 prefill by sgemm])
 
 // x (M, K) -> (M, Kt) with column kk = 16 T j + 2 T q + l holding x[:, k_of(T, j, l, q)] (0 past K): the
@@ -1012,7 +1017,10 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   const at::Tensor x2 = x_ready ? x : x.reshape({-1, K}).to(at::kFloat).contiguous();
   // Note [fp32 prefill by sgemm] (registration.cpp): on Intel the AVX-512 level takes the sgemm route from
   // kAvx512SgemmMinM tokens.
-  const bool by_sgemm = M >= (isa == Isa::kAvx512Vnni ? kAvx512SgemmMinM : kSgemmMinM) && fp32_prefill_by_sgemm(isa);
+  const int64_t dequantized_min_m = isa == Isa::kAvx512Vnni      ? kAvx512SgemmMinM
+                                   : fp32_prefill_by_panels256(isa) ? kPanels256MinM
+                                                                    : kSgemmMinM;
+  const bool by_sgemm = M >= dequantized_min_m && fp32_prefill_by_sgemm(isa);
   if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM && !by_sgemm) {
     prefill(p, x2.reshape({M, K}), out);
     return result();

@@ -17,6 +17,7 @@
 //     L2 while every activation row tile (6 rows) streams over it; accumulators are 6 x 2 zmm, each
 //     activation value is broadcast. This is the classic register-blocked GEMM shape.
 #include "amx_int8_gemm.h"
+#include "avx2_transpose.h"
 #include "bf16_gemm.h"
 #include "kernels.h"
 #include "scalar_linear.h"
@@ -135,27 +136,6 @@ constexpr int64_t kPanelCols = 16;
 // L1-sized panel) took 5% longer at M = 256 (K = N = 4096, thread CPU time).
 constexpr int64_t kPanelKc = 4096;
 constexpr int kPanelMr = 6;
-
-// 8 x 8 transpose of 32-bit lanes.
-inline void transpose8(__m256i r[8]) {
-  __m256i t[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  __m256i u[8];
-  for (int i = 0; i < 2; ++i)
-    for (int h = 0; h < 2; ++h) {
-      u[4 * i + h] = _mm256_unpacklo_epi64(t[4 * i + h], t[4 * i + 2 + h]);
-      u[4 * i + 2 + h] = _mm256_unpackhi_epi64(t[4 * i + h], t[4 * i + 2 + h]);
-    }
-  // u[0..3] hold rows 0-3 (k-pairs 0,1 | 4,5 ; 2,3 | 6,7 ...), u[4..7] rows 4-7: combine 128-bit halves.
-  const int order[4] = {0, 2, 1, 3};
-  for (int j = 0; j < 4; ++j) {
-    r[order[j]] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
-    r[order[j] + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
-  }
-}
 
 // Rows [col, min(col + 16, n1)) x k [k0, k0 + kc) of w -> panel[kc/2][16] int16 pairs (missing rows and k
 // zero); rowsum[0:16] += each row's sum of codes.

@@ -36,10 +36,16 @@ int64_t dot_max_m(LowbitFormat fmt) { return fmt == LowbitFormat::kIntx ? 4 : 8;
 constexpr int64_t kDotBlockRows = 16;
 constexpr int64_t kPrefillBlockRows = 64;  // rows per parallel task (decoded 32 at a time, linear_lowbit.cpp)
 // Below AVX-512 the register-tiled prefill kernel ran at 0.5-0.6x fp32 F.linear (AVX2, 4096^2, M = 256); from
-// kSgemmMinM tokens on, rows are dequantized by linear_lowbit_decode for prefill_by_sgemm (sgemm_prefill.h):
+// kSgemmMinM tokens on, rows are dequantized by linear_lowbit_decode for ATen's sgemm (prefill_dequantized):
 // 0.9-1.3x at M = 256. Not from 16 as int4: at M = 16-64 that path measured anywhere from 0.4x to 1.0x fp32 from
 // run to run (the decode's parallel region handing over to sgemm's threads), the prefill kernel a steady 0.6-1.2x.
 constexpr int64_t kSgemmMinM = 128;
+// With the 256-bit panels as the GEMM (Note [fp32 panels at 256 bits]) the dequantized route runs from the first M past
+// the dot kernel: it beat the prefill kernel at every M timed (AVX2, Zen 5, 2 threads, nf4 / int3 ms, 4096^2: M = 8
+// int3 3.19 -> 2.83, M = 16 4.73 -> 3.85 / 4.70 -> 3.69, M = 64 16.4 -> 11.0; 576 x 1536, M = 16 0.24 -> 0.21).
+int64_t dequantized_min_m(Isa isa, LowbitFormat fmt) {
+  return fp32_prefill_by_panels256(isa) ? dot_max_m(fmt) + 1 : kSgemmMinM;
+}
 
 void check_x(const at::Tensor& x, int64_t k, const char* op) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == k, op, ": x has ", x.size(-1), " features but the weight has K = ", k);
@@ -164,7 +170,7 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
       at::parallel_for(0, (N + kDotBlockRows - 1) / kDotBlockRows, 1, [&](int64_t b0, int64_t b1) {
         linear_lowbit_dot(isa, p, b0 * kDotBlockRows, std::min(b1 * kDotBlockRows, N));
       });
-    } else if (M >= kSgemmMinM && fp32_prefill_by_sgemm(isa)) {
+    } else if (M >= dequantized_min_m(isa, p.fmt) && fp32_prefill_by_sgemm(isa)) {
       prefill_by_sgemm(xp, N, K32, kDotBlockRows, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
         linear_lowbit_decode(isa, p, r0, r1, dst, K32);
       });

@@ -68,21 +68,38 @@ bool cpu_is_intel() {
 // M = 256 32.1 / 27.4, M = 128 16.2 / 15.4, M = 64 8.2 / 7.8; int4 takes the route from M = 128 only
 // (kAvx512SgemmMinM), where it was measured to win with the scalar dequantization it had before.
 // So on Intel CPUs the AVX-512 levels of the int8, int4 and low-bit ops take the sgemm route (int8 and low-bit from
-// the M their AVX2 levels do); elsewhere the panels. TORCHQKIT_CPU_FP32_PREFILL=sgemm|panels
-// forces a route at the AVX-512 levels (read on every call, like TORCHQKIT_CPU_ISA, so tests cover both routes
+// the M their AVX2 levels do); elsewhere the panels. The AVX2 level follows the same rule for the GEMM it runs on
+// the dequantized rows (Note [fp32 panels at 256 bits] in sgemm_prefill.h). TORCHQKIT_CPU_FP32_PREFILL=sgemm|panels
+// forces a route at the AVX-512 and AVX2 levels (read on every call, like TORCHQKIT_CPU_ISA, so tests cover both routes
 // on one machine). Not measured: Intel cores with one 512-bit FMA pipe (client Ice / Tiger Lake, some Xeon Silver),
 // where the panels may tie the sgemm route.
-bool fp32_prefill_by_sgemm(Isa isa) {
-  if (isa != Isa::kAvx512Vnni) return true;
+namespace {
+// TORCHQKIT_CPU_FP32_PREFILL: 1 for "sgemm", 0 for "panels", -1 unset (the CPU's default).
+int fp32_prefill_forced_sgemm() {
   const char* env = std::getenv("TORCHQKIT_CPU_FP32_PREFILL");
-  if (env == nullptr || *env == '\0') {
-    static const bool intel = cpu_is_intel();
-    return intel;
-  }
-  if (std::strcmp(env, "sgemm") == 0) return true;
-  if (std::strcmp(env, "panels") == 0) return false;
+  if (env == nullptr || *env == '\0') return -1;
+  if (std::strcmp(env, "sgemm") == 0) return 1;
+  if (std::strcmp(env, "panels") == 0) return 0;
   TORCH_CHECK(false, "TORCHQKIT_CPU_FP32_PREFILL=", env, " is not one of sgemm, panels; unset it for the CPU's "
               "default (sgemm on Intel, panels elsewhere)");
+}
+
+bool fp32_prefill_default_sgemm() {
+  static const bool intel = cpu_is_intel();
+  return intel;
+}
+}  // namespace
+
+bool fp32_prefill_by_sgemm(Isa isa) {
+  if (isa != Isa::kAvx512Vnni) return true;
+  const int forced = fp32_prefill_forced_sgemm();
+  return forced < 0 ? fp32_prefill_default_sgemm() : forced == 1;
+}
+
+bool fp32_prefill_by_panels256(Isa isa) {
+  if (isa != Isa::kAvx2) return false;
+  const int forced = fp32_prefill_forced_sgemm();
+  return forced < 0 ? !fp32_prefill_default_sgemm() : forced == 0;
 }
 
 namespace {
@@ -148,7 +165,7 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
     // Below AVX-512 the dot kernel is an fp32 GEMM at a quarter of its FMA rate (4 rows x 2 tokens per pass: 0.35-0.40x
     // fp32 F.linear at M = 256 on Intel); rows dequantized once + ATen's sgemm tie F.linear (sgemm_prefill.h). The
     // AVX-512 levels take this route on Intel too (Note [fp32 prefill by sgemm]).
-    prefill_by_sgemm(x2, N, K, 16, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
+    prefill_dequantized(isa, x2, N, K, 16, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
       dequantize_int8_rows(p, r0, r1, dst, K);
     });
     return out.to(x.scalar_type()).reshape(out_shape(x, N));

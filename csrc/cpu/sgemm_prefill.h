@@ -1,21 +1,35 @@
-// The prefill below AVX-512, shared by the int4 and the low-bit weight-only ops: without AVX-512 there is no
-// fp32 panel micro-kernel, so from some M on, blocks of kSgemmRows weight rows are dequantized once (in
-// parallel, by the format's decoder) and multiplied by ATen's fp32 GEMM (oneDNN / MKL, at the CPU's own best
-// ISA). The GEMM runs outside the parallel region: called inside at::parallel_for it ran 250x slower (nested
-// OpenMP).
+// The float32 prefill below AVX-512 (and on Intel's AVX-512 levels), shared by the int8, int4 and low-bit weight-only
+// ops: from some M on, weight rows are dequantized once (by the format's decoder) and multiplied by an fp32 GEMM,
+// either ATen's sgemm (prefill_by_sgemm) or this project's 256-bit panels (prefill_by_panels256).
+//
+// Note [fp32 panels at 256 bits]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ATen's sgemm (MKL) ran at 97-103 GFLOP/s on one AMD Zen 5 core with torch's kernels at AVX2 or AVX-512 alike
+// (M = 258, K = 4096, N = 2048), where a 6-token x 16-row tile of 256-bit FMAs over a k-major panel of 16 dequantized
+// rows ran at 117-122 (scratch C++ loop, panel k blocks of 256-2048): MKL does not run its best code on AMD CPUs. So
+// at the AVX2 base level (and AVX-VNNI's, which has no fp32 instruction of its own) the dequantized rows are packed
+// into such panels here, except on Intel CPUs, where MKL's sgemm is near the FMA peak (the rule of Note [fp32
+// prefill by sgemm], registration.cpp; not measured on an AVX2-only Intel CPU). Each thread decodes its own blocks
+// of 16 rows, so the parallel region is the panels' own: no hand-over to sgemm's threads between decode and GEMM.
 #pragma once
 #include <ATen/ATen.h>
+#include "kernels.h"
 #include "parallel.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace torchqkit_cpu {
 
 constexpr int64_t kSgemmRows = 512;  // 8 MB of fp32 rows at K = 4096
 
+// k per fp32 panel: 1024 x 16 x 4 B = 64 KiB, in L2.
+constexpr int64_t kPanels256Kc = 1024;
+
 // out (M, N) = x (M, k) W^T + bias, W's rows [r0, r1) written by decode(r0, r1, dst) at dst, row stride ldd
 // (>= k; columns past k are not read). Rows are handed out in whole multiples of `grain`, which divides
-// kSgemmRows (an int4 n-tile is 8 rows).
+// kSgemmRows (an int4 n-tile is 8 rows). The GEMM runs outside the parallel region: called inside
+// at::parallel_for it ran 250x slower (nested OpenMP).
 template <class Decode>
 void prefill_by_sgemm(const at::Tensor& x, int64_t N, int64_t ldd, int64_t grain, const float* bias,
                       at::Tensor& out, Decode decode) {
@@ -29,6 +43,46 @@ void prefill_by_sgemm(const at::Tensor& x, int64_t N, int64_t ldd, int64_t grain
     out.narrow(1, n0, nb).copy_(at::mm(x, w.narrow(0, 0, nb).narrow(1, 0, x.size(1)).t()));
   }
   if (bias) out.add_(at::from_blob(const_cast<float*>(bias), {N}, x.options()));
+}
+
+// The same product on the 256-bit panels (Note [fp32 panels at 256 bits]): every thread decodes blocks of 16 rows
+// (grain divides 16; a decoder may write whole grains past N, the buffer has room for them), packs them k block by
+// k block, and runs every token over each panel in 6-token tiles, summing into a 16-column strip per token.
+template <class Decode>
+void prefill_by_panels256(const at::Tensor& x, int64_t N, int64_t ldd, const float* bias, at::Tensor& out,
+                          Decode decode) {
+  constexpr int64_t kCols = kFp32PanelCols;
+  const int64_t M = x.size(0), K = x.size(1), lda = x.stride(0), ldo = out.stride(0);
+  const float* a = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t b0, int64_t b1) {
+    thread_local std::vector<float> rows, panel, strip;  // kept across calls; every byte read is written first
+    rows.resize(std::max<size_t>(rows.size(), kCols * ldd));
+    panel.resize(std::max<size_t>(panel.size(), kPanels256Kc * kCols));
+    strip.resize(std::max<size_t>(strip.size(), M * kCols));
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t r0 = b * kCols, nr = std::min(kCols, N - r0);
+      decode(r0, r0 + nr, rows.data());
+      for (int64_t k0 = 0; k0 < K; k0 += kPanels256Kc) {
+        const int64_t kc = std::min(kPanels256Kc, K - k0);
+        pack_f32_panel16(rows.data() + k0, ldd, (int)nr, kc, panel.data());
+        for (int64_t m = 0; m < M; m += 6)
+          gemm_f32_6x16((int)std::min<int64_t>(6, M - m), a + m * lda + k0, lda, panel.data(), kc,
+                        strip.data() + m * kCols, k0 == 0);
+      }
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < nr; ++j) o[m * ldo + r0 + j] = strip[m * kCols + j] + (bias ? bias[r0 + j] : 0.f);
+    }
+  });
+}
+
+// out (M, N) = x W^T + bias on rows dequantized by `decode` (see prefill_by_sgemm), by the GEMM base level `isa`
+// takes (fp32_prefill_by_panels256). x: (M, k) float32, rows contiguous.
+template <class Decode>
+void prefill_dequantized(Isa isa, const at::Tensor& x, int64_t N, int64_t ldd, int64_t grain, const float* bias,
+                         at::Tensor& out, Decode decode) {
+  if (fp32_prefill_by_panels256(isa)) return prefill_by_panels256(x, N, ldd, bias, out, decode);
+  prefill_by_sgemm(x, N, ldd, grain, bias, out, decode);
 }
 
 }  // namespace torchqkit_cpu

@@ -92,7 +92,8 @@ def test_kernel_matches_reference(monkeypatch, isa, dtype, case):
     m, n, k, g, t = case
     w = _tiled(n, k, g, t, dtype)
     x, b = _act(m, k, dtype), torch.randn(n, generator=gen(2)).to(dtype)
-    for route in ("sgemm", "panels") if m >= 128 else ("",):  # the AVX-512 fp32 prefills (Note [fp32 prefill by sgemm])
+    # the fp32 prefill routes (Note [fp32 prefill by sgemm]): AVX2's 256-bit panels from M = 48, AVX-512's from 128
+    for route in ("sgemm", "panels") if m >= 48 else ("",):
         monkeypatch.setenv("TORCHQKIT_CPU_FP32_PREFILL", route)
         what = f"{isa} {case} {route}"
         assert_rel(OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b)), TOL[dtype], what)

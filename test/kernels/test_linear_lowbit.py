@@ -122,14 +122,16 @@ def weights():
 
 @needs_ext
 @isa_param
-@pytest.mark.parametrize("m", [1, 3, 7, 17, 130])  # 130: blocks dequantized for ATen's sgemm, or AVX-512 panels
+# 17 / 130: rows dequantized for a GEMM (AVX2: the 256-bit panels past the dot kernel, ATen's sgemm from 130 on Intel),
+# or the AVX-512 panels
+@pytest.mark.parametrize("m", [1, 3, 7, 17, 130])
 @pytest.mark.parametrize("name", list(WEIGHTS))
 def test_kernel_matches_dequantized_reference(monkeypatch, weights, isa, m, name):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     w = weights[name]
     n, k = w.shape
     bias = torch.randn(n, generator=gen(2))
-    for route in ("sgemm", "panels") if m >= 128 else ("",):  # Note [fp32 prefill by sgemm]
+    for route in ("sgemm", "panels") if m >= 17 else ("",):  # Note [fp32 prefill by sgemm]
         monkeypatch.setenv("TORCHQKIT_CPU_FP32_PREFILL", route)
         for dtype in DTYPES:
             x = _act(m, k, dtype)

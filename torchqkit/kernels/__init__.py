@@ -58,6 +58,9 @@ CPU_EXTENSION_LOADED, CPU_EXTENSION_REASON = _load_cpu_extension()
 # Note [fp32 prefill by sgemm] in csrc/cpu/registration.cpp
 _FP32_PREFILL = ("MKL's sgemm runs near the FMA peak of Intel's two 512-bit pipes, the panels at about half; "
                  "TORCHQKIT_CPU_FP32_PREFILL=sgemm|panels forces a route")
+# Note [fp32 panels at 256 bits] in csrc/cpu/sgemm_prefill.h
+_FP32_PREFILL_256 = ("MKL's sgemm runs near the FMA peak on Intel CPUs, and at 0.8x these panels on AMD Zen 5; "
+                     "TORCHQKIT_CPU_FP32_PREFILL=sgemm|panels forces a route")
 _CPU_KERNEL_NOTES = {
     "torchqkit::linear_int8wo_plain": {
         "avx512_vnni": "M < 16: streams each weight row once (dot kernel); M >= 16: fp32 panels + 6x32 FMA tiles, "
@@ -66,8 +69,9 @@ _CPU_KERNEL_NOTES = {
         "avx512_bf16": "M < 16: the avx512_vnni dot kernel (fp32; bf16 activations converted); M >= 16 with bf16 "
                        "activations (groups of whole 32-k steps or per channel): int8 codes as exact bf16 in k-pair "
                        "panels + 6x32 vdpbf16ps tiles, fp32 sums, the scale per segment; else the avx512_vnni kernels",
-        "avx2": "M < 48: dot kernel (4 rows x 2 tokens, 8 lanes); M >= 48: blocks of 512 rows dequantized to fp32, "
-                "then ATen's fp32 GEMM",
+        "avx2": "M < 48: dot kernel (4 rows x 2 tokens, 8 lanes); M >= 48: rows dequantized to fp32 16 at a time "
+                "into k-major panels + 6x16 FMA tiles, on Intel CPUs blocks of 512 rows dequantized to fp32, then "
+                "ATen's fp32 GEMM (" + _FP32_PREFILL_256 + ")",
         "scalar": "plain loops (M >= 48: dequantized blocks + ATen's fp32 GEMM): the CPU has no AVX2+FMA, or "
                   "TORCHQKIT_CPU_ISA forced it",
     },
@@ -93,8 +97,9 @@ _LOWBIT_NOTES = {  # see Note [Low-bit decode] in csrc/cpu/linear_lowbit.cpp
                    "convert x to fp32 for the avx512_vnni dot kernel (faster there: bf16_dot_wins in "
                    "csrc/cpu/linear_lowbit_ops.cpp). Larger M: 32-row bf16 k-pair panels + 6x32 vdpbf16ps tiles. "
                    "Groups of a size not a multiple of 32 and float16 activations run the avx512_vnni kernels (fp32)",
-    "avx2": "8-lane decoders (AVX2 + FMA + F16C): in registers for M <= 8 (nf4, mxfp4, float8) / 4 (intx), else fp32 "
-            "blocks + dot tiles",
+    "avx2": "8-lane decoders (AVX2 + FMA + F16C): in registers for M <= 8 (nf4, mxfp4, float8) / 4 (intx); larger M: "
+            "rows decoded to fp32 16 at a time into k-major panels + 6x16 FMA tiles, on Intel CPUs fp32 blocks + dot "
+            "tiles and from M = 128 blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" + _FP32_PREFILL_256 + ")",
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
 }
 _CPU_KERNEL_NOTES.update(dict.fromkeys(("torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo", "torchqkit::linear_intxwo",
@@ -110,8 +115,10 @@ _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_i
                    "exact bf16 in natural-k-order panels + 6x32 vdpbf16ps tiles, group scales per segment, zero "
                    "points as sum_g xsum * z in fp32; float32 / float16 activations (and other tilings at M < 32): "
                    "the avx512_vnni kernels",
-    "avx2": "M < 16: dot kernel (8 words per ymm, 2 tokens per pass); M >= 16: blocks of 512 rows dequantized "
-            "to fp32 (permuted k order, x permuted to match), then ATen's fp32 GEMM",
+    "avx2": "dot kernel (8 words per ymm, 2 tokens per pass) up to M = 47; from M = 48 n-tiles dequantized to fp32 "
+            "(permuted k order, x permuted to match) 16 rows at a time into k-major panels + 6x16 FMA tiles, on Intel "
+            "CPUs from M = 16 blocks of 512 rows dequantized the same way, then ATen's fp32 GEMM ("
+            + _FP32_PREFILL_256 + ")",
     "scalar": "plain loops (M >= 16: dequantized blocks + ATen's fp32 GEMM): the CPU has no AVX2+FMA, or "
               "TORCHQKIT_CPU_ISA forced it",
 }
