@@ -1032,7 +1032,7 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
     at::Tensor out2 = out.view({M, N});
     if (isa != Isa::kScalar) {
       const at::Tensor xk = permuted_columns(x2.reshape({M, K}), T, NC);
-      prefill_by_sgemm(xk, N, Kt, 8, p.bias, out2, [&](int64_t r0, int64_t r1, float* dst) {
+      prefill_dequantized(isa, xk, N, Kt, 8, p.bias, out2, [&](int64_t r0, int64_t r1, float* dst) {
         if (isa == Isa::kAvx512Vnni) avx512::dequant_tiles(p, r0 / 8, (r1 + 7) / 8, 0, NC, dst, Kt);
         else avx2::dequant_tiles(p, r0 / 8, (r1 + 7) / 8, dst, Kt);
       });

@@ -171,7 +171,7 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
         linear_lowbit_dot(isa, p, b0 * kDotBlockRows, std::min(b1 * kDotBlockRows, N));
       });
     } else if (M >= dequantized_min_m(isa, p.fmt) && fp32_prefill_by_sgemm(isa)) {
-      prefill_by_sgemm(xp, N, K32, kDotBlockRows, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
+      prefill_dequantized(isa, xp, N, K32, kDotBlockRows, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
         linear_lowbit_decode(isa, p, r0, r1, dst, K32);
       });
     } else {
