@@ -39,7 +39,7 @@ def _nf4(n, k):
 
 
 # (make, M): M at or past each op's first panel M (int8 48, int4 48; nf4 130, past the sgemm route's 128, so both routes
-# dequantize rows); K past one panel k block (1024) with a tail (for int8 not a whole 8-k transpose), N not a multiple
+# dequantize rows); K past one panel k block (4096) with a tail (for int8 not a whole 8-k transpose), N not a multiple
 # of 16.
 CASES = {"int8": (_int8, 64), "int4": (_int4, 50), "nf4": (_nf4, 130)}
 
@@ -47,7 +47,7 @@ CASES = {"int8": (_int8, 64), "int4": (_int4, 50), "nf4": (_nf4, 130)}
 @pytest.mark.parametrize("name", list(CASES))
 def test_panels_route_reaches_the_op(monkeypatch, name):
     make, m = CASES[name]
-    n, k = 37, 1100 if name == "int8" else 1152  # whole groups of 32 / 64 for int4 and nf4
+    n, k = 37, {"int8": 4100, "int4": 4224, "nf4": 4160}[name]  # whole groups (and int4 tiles of 128 k)
     op, ref = make(n, k)
     x = torch.randn(m, k, generator=gen(1))
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx2")
