@@ -1020,12 +1020,12 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   const int64_t dequantized_min_m = isa == Isa::kAvx512Vnni      ? kAvx512SgemmMinM
                                    : fp32_prefill_by_panels256(isa) ? kPanels256MinM
                                                                     : kSgemmMinM;
-  const bool by_sgemm = M >= dequantized_min_m && fp32_prefill_by_sgemm(isa);
-  if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM && !by_sgemm) {
+  const bool dequantize_rows = M >= dequantized_min_m && fp32_prefill_by_sgemm(isa);
+  if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM && !dequantize_rows) {
     prefill(p, x2.reshape({M, K}), out);
     return result();
   }
-  if (by_sgemm) {
+  if (dequantize_rows) {
     // Whole n-tiles of 8 rows: the buffer holds the last tile's padding rows, the GEMM reads the first N. The SIMD
     // levels dequantize in the permuted k order (vector code) and the activation's columns follow it; the scalar
     // level keeps the natural order.

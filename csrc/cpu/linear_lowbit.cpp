@@ -10,8 +10,9 @@
 //     decoded in registers, 32 per step (Note [Low-bit decode steps]), group scales applied once per group
 //     (Note [Group scales once per group]); each byte is read from memory once per tile of tokens.
 //   * prefill (larger M): a block of rows x columns decoded to fp32 once into a per-thread L2 buffer, then the
-//     same dot tiles over it (AVX-512 from kPanelMinM tokens: 6x32 FMA panels); below AVX-512 from kSgemmMinM
-//     tokens the glue hands decoded rows to ATen's sgemm (sgemm_prefill.h).
+//     same dot tiles over it (AVX-512 from kPanelMinM tokens: 6x32 FMA panels); below AVX-512 the glue hands decoded
+//     rows to an fp32 GEMM (prefill_dequantized in sgemm_prefill.h: the 256-bit panels past the dot kernel, or on
+//     Intel CPUs ATen's sgemm from kSgemmMinM tokens).
 //   * bf16 activations on AVX512-BF16 (linear_lowbit_bf16.h): levels decoded to bf16 and multiplied by vdpbf16ps,
 //     in registers (decode) or through 32-row k-pair panels (prefill, bf16_gemm.h).
 #include "../common/dequant.h"

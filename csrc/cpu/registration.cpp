@@ -56,8 +56,9 @@ bool cpu_is_intel() {
 
 // Note [fp32 prefill by sgemm]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Below AVX-512 the weight-only ops have no fp32 panel micro-kernel worth its name, so their float32 prefill
-// dequantizes blocks of rows once and multiplies them by ATen's sgemm (sgemm_prefill.h). With AVX-512 they have
+// Below AVX-512 the weight-only ops' float32 prefill dequantizes rows once and multiplies them by an fp32 GEMM
+// (prefill_dequantized in sgemm_prefill.h: ATen's sgemm, or the 256-bit panels by the rule below). With AVX-512 they
+// have
 // 6x32 FMA panels, which run near ATen's sgemm where a core has one 512-bit FMA pipe (AMD Zen 4, where they measured
 // 1.0-1.25x fp32 F.linear at M = 256) but at about half its speed on Intel's two-pipe cores, where MKL's sgemm is
 // near the FMA peak. Intel Xeon (Sapphire Rapids class), 2 threads, 4096^2, forced to avx512_vnni, ms panels /
@@ -163,8 +164,8 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
   const Isa isa = base_isa(level);  // no AVX-VNNI variant: its AVX2 kernel
   if (M >= kInt8SgemmMinM && N > 0 && fp32_prefill_by_sgemm(isa)) {
     // Below AVX-512 the dot kernel is an fp32 GEMM at a quarter of its FMA rate (4 rows x 2 tokens per pass: 0.35-0.40x
-    // fp32 F.linear at M = 256 on Intel); rows dequantized once + ATen's sgemm tie F.linear (sgemm_prefill.h). The
-    // AVX-512 levels take this route on Intel too (Note [fp32 prefill by sgemm]).
+    // fp32 F.linear at M = 256 on Intel); rows dequantized once + ATen's sgemm tie F.linear, the 256-bit panels beat it
+    // on AMD (prefill_dequantized). The AVX-512 levels take this route on Intel too (Note [fp32 prefill by sgemm]).
     prefill_dequantized(isa, x2, N, K, 16, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
       dequantize_int8_rows(p, r0, r1, dst, K);
     });

@@ -99,7 +99,8 @@ _LOWBIT_NOTES = {  # see Note [Low-bit decode] in csrc/cpu/linear_lowbit.cpp
                    "Groups of a size not a multiple of 32 and float16 activations run the avx512_vnni kernels (fp32)",
     "avx2": "8-lane decoders (AVX2 + FMA + F16C): in registers for M <= 8 (nf4, mxfp4, float8) / 4 (intx); larger M: "
             "rows decoded to fp32 16 at a time into k-major panels + 6x16 FMA tiles, on Intel CPUs fp32 blocks + dot "
-            "tiles and from M = 128 blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" + _FP32_PREFILL_256 + ")",
+            "tiles and from M = 128 blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM ("
+            + _FP32_PREFILL_256 + ")",
     "scalar": "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it",
 }
 _CPU_KERNEL_NOTES.update(dict.fromkeys(("torchqkit::linear_nf4wo", "torchqkit::linear_fp8wo", "torchqkit::linear_intxwo",
