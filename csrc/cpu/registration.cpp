@@ -240,5 +240,18 @@ TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
   m.impl("sdpa_over_filled_cache", &torchqkit_cpu::sdpa_over_filled_cache);
 }
 
+namespace torchqkit_cpu {
+// The GEMM the weight-only ops' float32 prefill runs on at the selected level, for kernels.status(): "panels" (the
+// AVX-512 6x32 or the 256-bit 6x16 ones) or "sgemm" (ATen's, on dequantized rows; the scalar level's only one).
+std::string fp32_prefill_route_op() {
+  const Isa isa = selected_isa_for_ops();
+  if (isa == Isa::kAvx512Vnni) return fp32_prefill_by_sgemm(isa) ? "sgemm" : "panels";
+  return fp32_prefill_by_panels256(isa) ? "panels" : "sgemm";
+}
+}  // namespace torchqkit_cpu
+
 // Introspection for torchqkit.kernels.status(); not a quantized op, so it lives in its own namespace.
-TORCH_LIBRARY(torchqkit_cpu, m) { m.def("isa() -> str", &torchqkit_cpu::isa_op); }
+TORCH_LIBRARY(torchqkit_cpu, m) {
+  m.def("isa() -> str", &torchqkit_cpu::isa_op);
+  m.def("fp32_prefill_route() -> str", &torchqkit_cpu::fp32_prefill_route_op);
+}

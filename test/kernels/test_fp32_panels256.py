@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import torchqkit as qk
+from torchqkit import kernels
 from cpu_kernel_testing import assert_rel, cpu_levels, gen
 from torchqkit.core import qdtypes as Q
 from torchqkit.kernels.reference import linear_int4wo_tiled_ref, linear_int8wo_plain_ref
@@ -57,3 +58,13 @@ def test_panels_route_reaches_the_op(monkeypatch, name):
         out[route] = op(x)
         assert_rel(out[route], ref(x), 1e-5, f"{name} {route}")
     assert not torch.equal(out["panels"], out["sgemm"]), f"{name}: both routes gave the same bits"
+
+
+@pytest.mark.parametrize("route, says", [("panels", "this project's fp32 panels"),
+                                         ("sgemm", "ATen's sgemm on dequantized rows")])
+def test_status_names_the_route(monkeypatch, route, says):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx2")
+    monkeypatch.setenv("TORCHQKIT_CPU_FP32_PREFILL", route)
+    for op in ("torchqkit::linear_int8wo_plain", "torchqkit::linear_int4wo_tiled", "torchqkit::linear_nf4wo"):
+        assert f"float32 prefill here: {says} (TORCHQKIT_CPU_FP32_PREFILL={route})" in kernels.cpu_backend(op)[1]
+    assert "float32 prefill here" not in kernels.cpu_backend("torchqkit::linear_int8da_int8_plain")[1]

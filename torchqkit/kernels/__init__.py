@@ -190,6 +190,24 @@ def _fp32_activations_note(op: str, isa: str) -> str:
             "'bf16'; with it, the prefill would take the bf16 kernels)")
 
 
+# The weight-only ops whose float32 prefill has two routes (Note [fp32 prefill by sgemm] in csrc/cpu/registration.cpp)
+_FP32_PREFILL_OPS = ("torchqkit::linear_int8wo_plain", "torchqkit::linear_int4wo_tiled", "torchqkit::linear_nf4wo",
+                     "torchqkit::linear_fp8wo", "torchqkit::linear_intxwo", "torchqkit::linear_mxwo")
+_FP32_PREFILL_ROUTE = {"panels": "this project's fp32 panels", "sgemm": "ATen's sgemm on dequantized rows"}
+
+
+def _fp32_prefill_note(op: str, isa: str) -> str:
+    """Which GEMM the float32 prefill of ``op`` runs on at the selected level on this CPU (read per call, like the
+    route itself)."""
+    if op not in _FP32_PREFILL_OPS or not hasattr(torch.ops.torchqkit_cpu, "fp32_prefill_route"):
+        return ""
+    route = torch.ops.torchqkit_cpu.fp32_prefill_route()
+    forced = os.environ.get("TORCHQKIT_CPU_FP32_PREFILL")
+    how = ("the scalar level's only one" if isa == "scalar" else f"TORCHQKIT_CPU_FP32_PREFILL={forced}" if forced
+           else "this CPU's default")
+    return f" | float32 prefill here: {_FP32_PREFILL_ROUTE[route]} ({how})"
+
+
 def cpu_backend(op: str) -> tuple[str, str]:
     """(backend, reason) serving custom op ``op`` (e.g. "torchqkit::linear_int8wo_plain") on CPU."""
     op_def(op)  # unknown ops raise, naming the known ones
@@ -201,11 +219,12 @@ def cpu_backend(op: str) -> tuple[str, str]:
     forced = os.environ.get("TORCHQKIT_CPU_ISA")
     why = f"forced by TORCHQKIT_CPU_ISA={forced}" if forced else "best level this CPU runs"
     notes = _CPU_KERNEL_NOTES[op]
+    route = _fp32_prefill_note(op, isa)
     if isa in ("avx512_bf16", "amx") and isa not in notes:  # the level that really runs, named as such
-        return "cpp avx512_vnni", f"{why}; {_NO_BF16_KERNEL.format(isa)}: {notes['avx512_vnni']}"
+        return "cpp avx512_vnni", f"{why}; {_NO_BF16_KERNEL.format(isa)}: {notes['avx512_vnni']}{route}"
     if isa in ("avx512_bf16", "amx") and op in _FP32_IN_BF16_FROM:
-        return f"cpp {isa}", f"{why}; {notes[isa]}{_fp32_activations_note(op, isa)}"
-    return f"cpp {isa}", f"{why}; {notes[isa]}"
+        return f"cpp {isa}", f"{why}; {notes[isa]}{_fp32_activations_note(op, isa)}{route}"
+    return f"cpp {isa}", f"{why}; {notes[isa]}{route}"
 
 
 _STATUS_SOURCES: list = []  # callables returning status() rows, registered by the packages above (layouts/)
