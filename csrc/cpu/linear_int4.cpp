@@ -655,8 +655,9 @@ void prefill_bf16(const Int4Args& p, const at::Tensor& x, int planes) {
   const at::Tensor x2 = x.reshape({p.M, p.K});
   const Bf16Activations a = bf16_activations(x2, Kt, planes, amx_selected());
   const at::Tensor xsum = group_sums(x2, planes, p.G, p.g);
-  at::parallel_for(0, (p.N + kBf16BlockRows - 1) / kBf16BlockRows, 1, [&](int64_t b0, int64_t b1) {
-    avx512_bf16::prefill(p, a, xsum.data_ptr<float>(), b0 * kBf16BlockRows, std::min(b1 * kBf16BlockRows, p.N));
+  const int64_t rows = balanced_rows(p.N, kBf16BlockRows, 32);
+  at::parallel_for(0, (p.N + rows - 1) / rows, 1, [&](int64_t b0, int64_t b1) {
+    avx512_bf16::prefill(p, a, xsum.data_ptr<float>(), b0 * rows, std::min(b1 * rows, p.N));
   });
 }
 
@@ -870,11 +871,10 @@ void prefill(const Int4Args& p, const at::Tensor& x2, at::Tensor& out) {
   const int64_t chunk = 16 * p.T;
   const at::Tensor xt = pack_activation_panels(x2, p.T, p.NC);  // (Mp / 32, Kt, 32)
   const float* xtp = xt.data_ptr<float>();
-  // Work items of at most kPrefillTiles n-tiles, as many as a multiple of the threads: with a fixed 24, N = 192
-  // (SmolLM2's k / v projections) was one item on one thread (0.85-0.90x fp32 at M = 64-256), N = 576 three on two.
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t items = ((p.NT + kPrefillTiles - 1) / kPrefillTiles + threads - 1) / threads * threads;
-  const int64_t tiles = (p.NT + items - 1) / items, nblocks = (p.NT + tiles - 1) / tiles, mc = std::min(kPrefillMc, Mp);
+  // Work items balanced over the threads: with a fixed 24 n-tiles, N = 192 (SmolLM2's k / v projections) was one item
+  // on one thread (0.85-0.90x fp32 at M = 64-256), N = 576 three on two.
+  const int64_t tiles = balanced_rows(p.NT, kPrefillTiles, 1), nblocks = (p.NT + tiles - 1) / tiles;
+  const int64_t mc = std::min(kPrefillMc, Mp);
   at::parallel_for(0, nblocks, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> wf(tiles * 8 * ldw), ct(tiles * 8 * mc);
     for (int64_t blk = b0; blk < b1; ++blk) {

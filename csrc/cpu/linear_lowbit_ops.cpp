@@ -110,13 +110,14 @@ bool takes_bf16(Isa level, at::ScalarType dt, const LowbitArgs& p, int64_t M) {
 // planes: 3 for float32 activations on AMX (fp32_planes, prefill only), else 1.
 void run_bf16(const at::Tensor& x2, LowbitArgs p, int64_t K32, at::Tensor& out, int planes) {
   const int64_t N = p.N, M = x2.size(0);
-  const int64_t rows = M <= dot_max_m(p.fmt) ? kDotBlockRows : kPrefillBlockRows;
-  const Bf16Activations a = bf16_activations(x2, K32, planes, rows == kPrefillBlockRows && amx_selected());
+  const bool dot = M <= dot_max_m(p.fmt);
+  const int64_t rows = dot ? kDotBlockRows : balanced_rows(N, kPrefillBlockRows, 32);
+  const Bf16Activations a = bf16_activations(x2, K32, planes, !dot && amx_selected());
   const at::Tensor& xp = a.data;  // (M, K32) below the prefill
   const float* offset = p.offset;
   at::Tensor xsum;
   if (offset) xsum = group_sums(x2, planes, p.G, p.g);
-  if (rows == kDotBlockRows) p.offset = nullptr;
+  if (dot) p.offset = nullptr;
   else p.xsum = offset ? xsum.data_ptr<float>() : nullptr;
   p.x = nullptr;
   p.xb = a.ptr();
@@ -124,15 +125,15 @@ void run_bf16(const at::Tensor& x2, LowbitArgs p, int64_t K32, at::Tensor& out, 
   p.ldx = K32;
   at::Tensor xdot;
   int64_t perm[32];
-  if (rows == kDotBlockRows && lowbit_bf16_dot_order(p, perm)) {  // x in the decoder's dot order, step by step
+  if (dot && lowbit_bf16_dot_order(p, perm)) {  // x in the decoder's dot order, step by step
     xdot = xp.view({M, K32 / 32, 32}).index_select(2, at::from_blob(perm, {32}, at::kLong));
     p.xb = reinterpret_cast<const uint16_t*>(xdot.data_ptr());
   }
   at::parallel_for(0, (N + rows - 1) / rows, 1, [&](int64_t b0, int64_t b1) {
-    if (rows == kDotBlockRows) linear_lowbit_dot(Isa::kAvx512Bf16, p, b0 * rows, std::min(b1 * rows, N));
+    if (dot) linear_lowbit_dot(Isa::kAvx512Bf16, p, b0 * rows, std::min(b1 * rows, N));
     else linear_lowbit_prefill(Isa::kAvx512Bf16, p, b0 * rows, std::min(b1 * rows, N));
   });
-  if (offset && rows == kDotBlockRows) {
+  if (offset && dot) {
     const at::Tensor off = at::from_blob(const_cast<float*>(offset), {N / p.bn, p.G}, out.options());
     out.addmm_(xsum, off.repeat_interleave(p.bn, 0).t());
   }
@@ -175,8 +176,9 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
         linear_lowbit_decode(isa, p, r0, r1, dst, K32);
       });
     } else {
-      at::parallel_for(0, (N + kPrefillBlockRows - 1) / kPrefillBlockRows, 1, [&](int64_t b0, int64_t b1) {
-        linear_lowbit_prefill(isa, p, b0 * kPrefillBlockRows, std::min(b1 * kPrefillBlockRows, N));
+      const int64_t rows = balanced_rows(N, kPrefillBlockRows, 32);
+      at::parallel_for(0, (N + rows - 1) / rows, 1, [&](int64_t b0, int64_t b1) {
+        linear_lowbit_prefill(isa, p, b0 * rows, std::min(b1 * rows, N));
       });
     }
   }

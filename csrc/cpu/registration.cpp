@@ -153,7 +153,7 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
   if (panels && (dt == at::kBFloat16 || (dt == at::kFloat && fp32_matmul_allows_bf16()) || planes)) {
     const int64_t K32 = (K + 31) / 32 * 32;
     const Bf16Activations a = bf16_activations(x.reshape({M, K}), K32, planes ? 3 : 1, amx_selected());
-    const int64_t block = weight_only_block_rows(Isa::kAvx512Vnni, p);
+    const int64_t block = balanced_rows(N, weight_only_block_rows(Isa::kAvx512Vnni, p), 32);
     at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
       linear_weight_only_bf16(p, a.ptr(), a.ldx, a.planes, b0 * block, std::min(b1 * block, N));
     });
@@ -172,7 +172,7 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
     return out.to(x.scalar_type()).reshape(out_shape(x, N));
   }
   if (M > 0 && N > 0) {
-    const int64_t block = weight_only_block_rows(isa, p);
+    const int64_t block = balanced_rows(N, weight_only_block_rows(isa, p), 32);
     at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
       linear_weight_only(isa, p, b0 * block, std::min(b1 * block, N));
     });
@@ -213,7 +213,7 @@ at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata
       a_amx = amx_packed_codes(a);
       p.a_amx = a_amx.data_ptr<uint8_t>();
     }
-    const int64_t block = dynamic_act_block_rows(isa, p);
+    const int64_t block = balanced_rows(N, dynamic_act_block_rows(isa, p), 32);
     at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
       linear_dynamic_act(isa, p, b0 * block, std::min(b1 * block, N));
     });
