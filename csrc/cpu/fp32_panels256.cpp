@@ -49,21 +49,24 @@ void tile(const float* a, int64_t lda, const float* panel, int64_t kc, float* c,
 
 }  // namespace
 
-void pack_f32_panel16(const float* rows, int64_t ldr, int nrows, int64_t kc, float* panel) {
+void pack_f32_panel16(const float* rows, int64_t ldr, int nrows, int64_t ncols, const int32_t* to, float* panel) {
+  // Column c of the rows goes to panel row to[c] (c itself without a map; none when to[c] < 0).
+  auto dest = [&](int64_t c) -> float* { return to == nullptr ? panel + c * kFp32PanelCols : to[c] < 0 ? nullptr
+                                                : panel + to[c] * kFp32PanelCols; };
   for (int h = 0; h < 2; ++h) {
     int64_t k = 0;
-    for (; k + 8 <= kc; k += 8) {
+    for (; k + 8 <= ncols; k += 8) {
       __m256i v[8];
       for (int r = 0; r < 8; ++r)
         v[r] = 8 * h + r < nrows ? _mm256_castps_si256(_mm256_loadu_ps(rows + (8 * h + r) * ldr + k))
                                  : _mm256_setzero_si256();
-      transpose8(v);  // v[c]: k + c of rows 8h .. 8h + 7
+      transpose8(v);  // v[c]: column k + c of rows 8h .. 8h + 7
       for (int c = 0; c < 8; ++c)
-        _mm256_storeu_ps(panel + (k + c) * kFp32PanelCols + 8 * h, _mm256_castsi256_ps(v[c]));
+        if (float* d = dest(k + c)) _mm256_storeu_ps(d + 8 * h, _mm256_castsi256_ps(v[c]));
     }
-    for (; k < kc; ++k)
-      for (int r = 0; r < 8; ++r)
-        panel[k * kFp32PanelCols + 8 * h + r] = 8 * h + r < nrows ? rows[(8 * h + r) * ldr + k] : 0.f;
+    for (; k < ncols; ++k)
+      if (float* d = dest(k))
+        for (int r = 0; r < 8; ++r) d[8 * h + r] = 8 * h + r < nrows ? rows[(8 * h + r) * ldr + k] : 0.f;
   }
 }
 

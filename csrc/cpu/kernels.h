@@ -109,10 +109,12 @@ void gemm_f32_6x32(int R, const float* a, int64_t lda, const float* panel, int64
 
 // AVX2 + FMA fp32 GEMM of the dequantized weight-only prefill at the 256-bit levels (fp32_panels256.cpp; the driver
 // is prefill_by_panels256 in sgemm_prefill.h). Call only when the CPU runs Isa::kAvx2.
-// pack_f32_panel16: rows [0, nrows) (nrows <= 16, row stride ldr) x k [0, kc) -> panel[kc][16] (rows past nrows 0).
+// pack_f32_panel16: rows [0, nrows) (nrows <= 16, row stride ldr) x columns [0, ncols) -> panel[k][16] (rows past
+// nrows 0), column c at k = c, or with a map `to` at k = to[c] (dropped where to[c] < 0; the map must cover every k
+// the GEMM reads).
 // gemm_f32_6x16: C[0:R][0:16] (+)= A[0:R, 0:kc] @ panel[kc][16], 1 <= R <= 6, C's row stride 16.
 constexpr int64_t kFp32PanelCols = 16;
-void pack_f32_panel16(const float* rows, int64_t ldr, int nrows, int64_t kc, float* panel);
+void pack_f32_panel16(const float* rows, int64_t ldr, int nrows, int64_t ncols, const int32_t* to, float* panel);
 void gemm_f32_6x16(int R, const float* a, int64_t lda, const float* panel, int64_t kc, float* c, bool first);
 
 // AVX-512 VNNI pieces of the int8 dynamic-activation panel path (linear_int8.cpp), shared with linear_int4.cpp.

@@ -919,16 +919,31 @@ constexpr int64_t kSgemmMinM = 16;  // AVX2, 4096^2: M = 8 breaks even with the 
 constexpr int64_t kPanels256MinM = 48;
 constexpr int64_t kAvx512SgemmMinM = 128;  // where the AVX-512 panels take it (Note [fp32 prefill by sgemm])
 
+// For each column kk of a row dequantized in the permuted order (dequant_tiles): the k it holds (K and above are
+// padding). The permutation stays within chunks of 16 T columns.
+std::vector<int64_t> permuted_order(int64_t T, int64_t NC) {
+  std::vector<int64_t> k(NC * 16 * T);
+  for (int64_t j = 0; j < NC; ++j)
+    for (int q = 0; q < 8; ++q)
+      for (int64_t l = 0; l < 2 * T; ++l) k[16 * T * j + 2 * T * q + l] = k_of(T, j, l, q);
+  return k;
+}
+
+// The same, -1 for padding: the column map of prefill_by_panels256, whose k blocks must hold whole chunks.
+static_assert(kPanels256Kc % 128 == 0, "a k block of the 256-bit panels is whole chunks of 16 T k (T <= 8)");
+std::vector<int32_t> natural_k(int64_t T, int64_t NC, int64_t K) {
+  const std::vector<int64_t> order = permuted_order(T, NC);
+  std::vector<int32_t> k(order.size());
+  for (size_t kk = 0; kk < order.size(); ++kk) k[kk] = order[kk] < K ? (int32_t)order[kk] : -1;
+  return k;
+}
+
 // x (M, K) -> (M, Kt) with column kk = 16 T j + 2 T q + l holding x[:, k_of(T, j, l, q)] (0 past K): the
 // activation for rows dequantized in the permuted k order (dequant_tiles).
 at::Tensor permuted_columns(const at::Tensor& x, int64_t T, int64_t NC) {
   const int64_t K = x.size(1), Kt = NC * 16 * T;
-  std::vector<int64_t> perm(Kt);
-  for (int64_t j = 0; j < NC; ++j)
-    for (int q = 0; q < 8; ++q)
-      for (int64_t l = 0; l < 2 * T; ++l) perm[16 * T * j + 2 * T * q + l] = k_of(T, j, l, q);
   const at::Tensor padded = Kt == K ? x : at::constant_pad_nd(x, {0, Kt - K}, 0);
-  return padded.index_select(1, at::tensor(perm, at::kLong)).contiguous();
+  return padded.index_select(1, at::tensor(permuted_order(T, NC), at::kLong)).contiguous();
 }
 
 // n-tiles [i0, i1) -> dst[8 (i - i0) + r][k], k in natural order (Note [Tensor-core tiled int4]), row stride ldd.
@@ -1038,12 +1053,14 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
     // levels dequantize in the permuted k order (vector code) and the activation's columns follow it; the scalar
     // level keeps the natural order.
     at::Tensor out2 = out.view({M, N});
-    if (isa != Isa::kScalar) {
-      const at::Tensor xk = permuted_columns(x2.reshape({M, K}), T, NC);
-      prefill_dequantized(isa, xk, N, Kt, 8, p.bias, out2, [&](int64_t r0, int64_t r1, float* dst) {
-        if (isa == Isa::kAvx512Vnni) avx512::dequant_tiles(p, r0 / 8, (r1 + 7) / 8, 0, NC, dst, Kt);
-        else avx2::dequant_tiles(p, r0 / 8, (r1 + 7) / 8, dst, Kt);
-      });
+    auto decode_tiles = [&](int64_t r0, int64_t r1, float* dst) {
+      if (isa == Isa::kAvx512Vnni) avx512::dequant_tiles(p, r0 / 8, (r1 + 7) / 8, 0, NC, dst, Kt);
+      else avx2::dequant_tiles(p, r0 / 8, (r1 + 7) / 8, dst, Kt);
+    };
+    if (fp32_prefill_by_panels256(isa)) {  // the panels take the rows' columns in x's order: x as it is
+      prefill_by_panels256(x2.reshape({M, K}), N, Kt, p.bias, out2, decode_tiles, natural_k(T, NC, K).data());
+    } else if (isa != Isa::kScalar) {
+      prefill_by_sgemm(permuted_columns(x2.reshape({M, K}), T, NC), N, Kt, 8, p.bias, out2, decode_tiles);
     } else {
       prefill_by_sgemm(x2.reshape({M, K}), N, Kt, 8, p.bias, out2, [&](int64_t r0, int64_t r1, float* dst) {
         dequant_natural(p, r0 / 8, (r1 + 7) / 8, dst, Kt);

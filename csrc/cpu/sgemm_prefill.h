@@ -50,15 +50,20 @@ void prefill_by_sgemm(const at::Tensor& x, int64_t N, int64_t ldd, int64_t grain
 // The same product on the 256-bit panels (Note [fp32 panels at 256 bits]): every thread decodes blocks of 16 rows
 // (grain divides 16; a decoder may write whole grains past N, the buffer has room for them), packs them k block by
 // k block, and runs every token over each panel in 6-token tiles, summing into a 16-column strip per token.
+// With `kmap` (ldd entries) the decoder writes a row's weights in another order: its column c holds the weight of
+// x's column kmap[c] (none where kmap[c] < 0, e.g. padding past K), and the map permutes within aligned spans of
+// at most kPanels256Kc columns, so the decoded columns [k0, k0 + kPanels256Kc) are x's columns of that block. The
+// pack puts them in x's order, and x is read as it is.
 template <class Decode>
 void prefill_by_panels256(const at::Tensor& x, int64_t N, int64_t ldd, const float* bias, at::Tensor& out,
-                          Decode decode) {
+                          Decode decode, const int32_t* kmap = nullptr) {
   constexpr int64_t kCols = kFp32PanelCols;
   const int64_t M = x.size(0), K = x.size(1), lda = x.stride(0), ldo = out.stride(0);
   const float* a = x.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t b0, int64_t b1) {
     thread_local std::vector<float> rows, panel, strip;  // kept across calls; every byte read is written first
+    thread_local std::vector<int32_t> to;
     rows.resize(std::max<size_t>(rows.size(), kCols * ldd));
     panel.resize(std::max<size_t>(panel.size(), kPanels256Kc * kCols));
     strip.resize(std::max<size_t>(strip.size(), M * kCols));
@@ -67,7 +72,14 @@ void prefill_by_panels256(const at::Tensor& x, int64_t N, int64_t ldd, const flo
       decode(r0, r0 + nr, rows.data());
       for (int64_t k0 = 0; k0 < K; k0 += kPanels256Kc) {
         const int64_t kc = std::min(kPanels256Kc, K - k0);
-        pack_f32_panel16(rows.data() + k0, ldd, (int)nr, kc, panel.data());
+        if (kmap == nullptr) {
+          pack_f32_panel16(rows.data() + k0, ldd, (int)nr, kc, nullptr, panel.data());
+        } else {  // the block's decoded columns, mapped to its k (columns of x past K dropped)
+          const int64_t ncols = std::min(kPanels256Kc, ldd - k0);
+          to.resize(ncols);
+          for (int64_t c = 0; c < ncols; ++c) to[c] = kmap[k0 + c] < 0 ? -1 : (int32_t)(kmap[k0 + c] - k0);
+          pack_f32_panel16(rows.data() + k0, ldd, (int)nr, ncols, to.data(), panel.data());
+        }
         for (int64_t m = 0; m < M; m += 6)
           gemm_f32_6x16((int)std::min<int64_t>(6, M - m), a + m * lda + k0, lda, panel.data(), kc,
                         strip.data() + m * kCols, k0 == 0);
