@@ -50,9 +50,11 @@ void tile(const float* a, int64_t lda, const float* panel, int64_t kc, float* c,
 }  // namespace
 
 void pack_f32_panel16(const float* rows, int64_t ldr, int nrows, int64_t ncols, const int32_t* to, float* panel) {
-  // Column c of the rows goes to panel row to[c] (c itself without a map; none when to[c] < 0).
-  auto dest = [&](int64_t c) -> float* { return to == nullptr ? panel + c * kFp32PanelCols : to[c] < 0 ? nullptr
-                                                : panel + to[c] * kFp32PanelCols; };
+  // Column c of the rows goes to panel row to[c] (c itself without a map; nowhere when to[c] < 0).
+  auto dest = [&](int64_t c) -> float* {
+    const int64_t k = to == nullptr ? c : to[c];
+    return k < 0 ? nullptr : panel + k * kFp32PanelCols;
+  };
   for (int h = 0; h < 2; ++h) {
     int64_t k = 0;
     for (; k + 8 <= ncols; k += 8) {
