@@ -61,9 +61,14 @@ void prefill_by_panels256(const at::Tensor& x, int64_t N, int64_t ldd, const flo
   const int64_t M = x.size(0), K = x.size(1), lda = x.stride(0), ldo = out.stride(0);
   const float* a = x.data_ptr<float>();
   float* o = out.data_ptr<float>();
+  // The map relative to each k block's start, made once per call (the pack of block k0 reads to[k0 ...]).
+  std::vector<int32_t> to;
+  if (kmap != nullptr) {
+    to.resize(ldd);
+    for (int64_t c = 0; c < ldd; ++c) to[c] = kmap[c] < 0 ? -1 : (int32_t)(kmap[c] - c / kPanels256Kc * kPanels256Kc);
+  }
   at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t b0, int64_t b1) {
     thread_local std::vector<float> rows, panel, strip;  // kept across calls; every byte read is written first
-    thread_local std::vector<int32_t> to;
     rows.resize(std::max<size_t>(rows.size(), kCols * ldd));
     panel.resize(std::max<size_t>(panel.size(), kPanels256Kc * kCols));
     strip.resize(std::max<size_t>(strip.size(), M * kCols));
@@ -72,14 +77,11 @@ void prefill_by_panels256(const at::Tensor& x, int64_t N, int64_t ldd, const flo
       decode(r0, r0 + nr, rows.data());
       for (int64_t k0 = 0; k0 < K; k0 += kPanels256Kc) {
         const int64_t kc = std::min(kPanels256Kc, K - k0);
-        if (kmap == nullptr) {
+        if (kmap == nullptr)  // the block's decoded columns, in x's order already
           pack_f32_panel16(rows.data() + k0, ldd, (int)nr, kc, nullptr, panel.data());
-        } else {  // the block's decoded columns, mapped to its k (columns of x past K dropped)
-          const int64_t ncols = std::min(kPanels256Kc, ldd - k0);
-          to.resize(ncols);
-          for (int64_t c = 0; c < ncols; ++c) to[c] = kmap[k0 + c] < 0 ? -1 : (int32_t)(kmap[k0 + c] - k0);
-          pack_f32_panel16(rows.data() + k0, ldd, (int)nr, ncols, to.data(), panel.data());
-        }
+        else  // mapped to their k (columns of x past K dropped)
+          pack_f32_panel16(rows.data() + k0, ldd, (int)nr, std::min(kPanels256Kc, ldd - k0), to.data() + k0,
+                           panel.data());
         for (int64_t m = 0; m < M; m += 6)
           gemm_f32_6x16((int)std::min<int64_t>(6, M - m), a + m * lda + k0, lda, panel.data(), kc,
                         strip.data() + m * kCols, k0 == 0);
