@@ -187,19 +187,21 @@ def test_one_group_per_chunk_decode_at_smollm2_width(monkeypatch, isa, dtype, g,
     _assert_tokens_match_ref(w, m, dtype, f"{isa} {dtype} g={g}")
 
 
-# Many groups (G >= 48) run the decode in blocks of n-tiles whose scales are copied to a buffer (Note [scales staged
-# per block] in csrc/cpu/linear_int4.cpp): K = 2048 at g = 32 is 64 groups, blocks of 32 n-tiles with bf16 / fp16
-# scales and 16 with float32 ones. 1292 rows = 162 n-tiles (the last one half empty): several blocks a thread, a
-# thread's first block on the stored scales, a last block cut short, on one thread and on two. M = 1 and 3, every
-# activation dtype and both tilings; each token against the reference.
+# From 8 groups on the decode runs in blocks of n-tiles whose scales are copied to a buffer (Note [scales staged per
+# block] in csrc/cpu/linear_int4.cpp): K = 2048 at g = 32 is 64 groups, blocks of 32 n-tiles with bf16 / fp16 scales
+# and 16 with float32 ones; K = 1024 at g = 128 is 8 groups, blocks of 64 n-tiles (the most a block takes). 1292 rows
+# = 162 n-tiles (the last one half empty): several blocks a thread, a thread's first block on the stored scales, a
+# last block cut short, on one thread and on two. M = 1 and 3, every activation dtype and both tilings; each token
+# against the reference.
 @needs_ext
 @isa_param
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("t", [8, 4])
-def test_decode_in_scale_blocks(monkeypatch, isa, dtype, t):
+@pytest.mark.parametrize("k,g", [(2048, 32), (1024, 128)])
+def test_decode_in_scale_blocks(monkeypatch, isa, dtype, t, k, g):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
-    w = _tiled(1292, 2048, 32, t, dtype)
-    assert w.scale_and_zero.shape == (64, 1296, 2)
+    w = _tiled(1292, k, g, t, dtype)
+    assert w.scale_and_zero.shape == (k // g, 1296, 2)
     threads = torch.get_num_threads()
     try:
         for nt in (1, 2):
