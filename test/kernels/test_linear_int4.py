@@ -445,6 +445,31 @@ def test_int8da_int4_extreme_activation_zero_points(monkeypatch, isa, m, wmap):
     assert_rel(DA4(*args), linear_int8da_int4_packed_ref(*args), TOL[torch.float32], f"{isa} m={m}")
 
 
+# The AVX2 decode adds the activation zero point's term (nibble sums times -zp) to its int16 pair sums before the one
+# vpmaddwd: constant weight rows put every nibble at 15 (or 0 / 1), and constant-sign activations every code at an end
+# of its range with a zero point at an end too, so the int16 sums reach their largest magnitude (about 30700 of
+# 32767) with both signs; a saturated lane would show as a wrong row. Groups of 128 (one scale per block) and 32.
+@needs_ext
+@pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
+@pytest.mark.parametrize("group", [128, 32])
+def test_int8da_int4_largest_pair_sums(monkeypatch, isa, group):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    k = 384
+    w = torch.randn(6, k, generator=gen(3))
+    w[0], w[1], w[2] = 1.0, -1.0, torch.tensor([1.0, -1.0]).repeat(k // 2)
+    act = qk.ActivationQuantSpec(qk.qdtypes.int8, qk.PerToken(), "asymmetric")
+    q = qk.quantize_weight(w, qk.qdtypes.int4, qk.PerGroup(group), qk.PackedIntxLayout(), mapping="symmetric",
+                           act_quant=act)
+    x = torch.rand(4, k, generator=gen(4)) * 4
+    x[1] = -x[1]
+    x[2] = x[2] + 50.0  # all codes high, zero point at its lowest
+    x[3, 1:] = 7.0  # one low value, the rest at the top code
+    from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
+    for m in (1, 4):
+        args = (x[:m], q.qdata, q.scale, q.zero_point, None, False)
+        assert_rel(DA4(*args), linear_int8da_int4_packed_ref(*args), TOL[torch.float32], f"{isa} g={group} m={m}")
+
+
 # Per-(token, group) activation scales (act_group_size = the weight's group) and float zero points (GGUF Q4_1's
 # w = q s + z), alone and together, on every path: decode passes of 1..4 tokens and tails (M = 1, 3, 5), both panel
 # paths (M = 17, 40: AVX-512 6-token tiles / AMX, 256-bit 16-column panels), groups of 8 / 32 / 64 / 128 / 256
