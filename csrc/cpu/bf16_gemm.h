@@ -21,6 +21,7 @@
 #include <cstring>
 #include <vector>
 
+#include "aligned_vector.h"
 #include "amx_bf16_gemm.h"
 
 namespace torchqkit_cpu {
@@ -225,8 +226,8 @@ constexpr int kAmxPanels = 8;
 template <class Fill, class Offsets>
 void panel_gemm_amx(const PanelProblem& pb, int64_t n0, int64_t n1, Fill& fill, Offsets& offsets) {
   const int64_t panel_words = pb.kc_max / 2 * kPanelCols, panel_scales = (pb.kc_max / pb.seg + 1) * kPanelCols;
-  std::vector<uint32_t> panels(kAmxPanels * panel_words);
-  std::vector<float> scales(kAmxPanels * panel_scales);
+  AlignedVector<uint32_t> panels(kAmxPanels * panel_words);
+  AlignedVector<float> scales(kAmxPanels * panel_scales);
   std::vector<float> zp(pb.xsum ? pb.G * kPanelCols : 0);
   const int step = pb.planes > 1 ? 2 : 1;  // panels per call: pairs with planes (Note [two panels per A tile])
   const int64_t R = amx::kBlockRows, block_elems = pb.ldx / 32 * pb.planes * (R * 32);
@@ -263,8 +264,8 @@ template <class Fill, class Offsets>
 void panel_gemm(const PanelProblem& pb, int64_t n0, int64_t n1, Fill&& fill, Offsets&& offsets) {
   if (amx_selected()) return panel_gemm_amx(pb, n0, n1, fill, offsets);
   TORCH_CHECK(pb.planes == 1, "bf16 panels: ", pb.planes, " activation planes need the amx level");
-  std::vector<uint32_t> panel(pb.kc_max / 2 * kPanelCols);
-  std::vector<float> sc((pb.kc_max / pb.seg + 1) * kPanelCols);
+  AlignedVector<uint32_t> panel(pb.kc_max / 2 * kPanelCols);
+  AlignedVector<float> sc((pb.kc_max / pb.seg + 1) * kPanelCols);
   std::vector<float> zp(pb.xsum ? pb.G * kPanelCols : 0);
   for (int64_t b0 = n0; b0 < n1; b0 += kPanelCols) {
     const int nb = static_cast<int>(std::min<int64_t>(kPanelCols, n1 - b0));

@@ -29,7 +29,7 @@ namespace {
 
 // Per-thread scores of one tile (4 rows x n), reused across calls: no allocation per call once grown.
 float* tile_scratch(int64_t n) {
-  thread_local std::vector<float> buf;
+  thread_local AlignedVector<float> buf;
   if ((int64_t)buf.size() < 4 * n) buf.resize(4 * n);
   return buf.data();
 }

@@ -14,6 +14,8 @@
 #pragma once
 #include <cstdint>
 
+#include "aligned_vector.h"  // Note [scratch on cache lines]
+
 namespace torchqkit_cpu {
 
 // Instruction-set levels. The values are names, not an order: AVX-VNNI (256-bit vpdpbusd: Intel Alder Lake

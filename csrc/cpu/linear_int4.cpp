@@ -29,6 +29,7 @@
 #include <cstring>
 #include <vector>
 
+#include "aligned_vector.h"
 #include "avx2_reduce.h"
 #include "panel_activations.h"
 #include "bf16_gemm.h"
@@ -817,7 +818,7 @@ void permute_rows(const float* x, int64_t m0, int64_t m1, int64_t K, int64_t T, 
 // round_bf16: read x as bf16-rounded values (both xp and the group sums sx), for fp32 activations in the bf16 kernel.
 void permute_activation(const float* x, int64_t M, int64_t K, int64_t T, int64_t NC, int64_t g, int64_t G,
                         int prescaled, Isa isa, float* xp, float* sx, bool round_bf16 = false) {
-  thread_local std::vector<float> rounded;  // M = 1..31 rows of K, reused: no allocation per decode call
+  thread_local AlignedVector<float> rounded;  // M = 1..31 rows of K, reused: no allocation per decode call
   if (round_bf16) {
     if (rounded.size() < (size_t)(M * K)) rounded.resize(M * K);
     for (int64_t i = 0; i < M * K; ++i) rounded[i] = bf16_rounded(x[i]);
@@ -882,7 +883,7 @@ void prefill(const Int4Args& p, const at::Tensor& x2, at::Tensor& out) {
   const int64_t tiles = balanced_rows(p.NT, kPrefillTiles, 1), nblocks = (p.NT + tiles - 1) / tiles;
   const int64_t mc = std::min(kPrefillMc, Mp);
   at::parallel_for(0, nblocks, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> wf(tiles * 8 * ldw), ct(tiles * 8 * mc);
+    AlignedVector<float> wf(tiles * 8 * ldw), ct(tiles * 8 * mc);
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t i0 = blk * tiles, i1 = std::min(p.NT, i0 + tiles), rows = 8 * (i1 - i0);
       for (int64_t m0 = 0; m0 < Mp; m0 += mc) {
@@ -1075,7 +1076,7 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
     return result();
   }
   const bool bf16_dot = bf16 && avx512_bf16::dot_tiles_take(T);
-  thread_local std::vector<float> scratch;
+  thread_local AlignedVector<float> scratch;  // Note [scratch on cache lines]
   const size_t need = (size_t)(M * NC * 128 + M * G + (bf16_dot ? M * NC * 64 : 0));
   if (scratch.size() < need) scratch.resize(need);
   float* xp = scratch.data();
@@ -1104,7 +1105,7 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   const int64_t B = isa == Isa::kScalar ? 0 : scale_block_tiles(G, p.szt);
   auto tiles = [&](int64_t i0, int64_t i1) {
     if (B == 0) return run(p, i0, i1);
-    thread_local std::vector<char> buf;
+    thread_local AlignedVector<char> buf;
     const size_t need = (size_t)(staged_lds(p, B) * G * sz_bytes(p));
     if (buf.size() < need) buf.resize(need);
     for (int64_t b0 = i0, b1; b0 < i1; b0 = b1) {
@@ -1452,12 +1453,12 @@ inline __mmask16 cols_mask(int64_t n) { return n <= 0 ? 0 : n >= 16 ? (__mmask16
 void da_int4_prefill_regs(const DaInt4Args& p, int64_t j0, int64_t j1) {
   const int64_t kb = da_block_k(p.G, p.g), kcmax = std::min(p.K + kb - 1, kDaInt4Kc) / kb * kb;
   const int64_t nbmax = kcmax / kb, bpg = p.G == 1 ? 1 : std::max<int64_t>(1, p.g / kb);
-  // One buffer, 64-byte aligned, the thread's, kept across calls (every byte read is written first): the panel's
+  // One buffer, on cache lines, the thread's, kept across calls (every byte read is written first): the panel's
   // codes, then the blocks' scales and code sums.
-  thread_local std::vector<uint8_t> buf;
-  const size_t need = (size_t)(kcmax * 32 + 2 * nbmax * 128 + 64);
+  thread_local AlignedVector<uint8_t> buf;
+  const size_t need = (size_t)(kcmax * 32 + 2 * nbmax * 128);
   if (buf.size() < need) buf.resize(need);
-  int8_t* const codes = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
+  int8_t* const codes = reinterpret_cast<int8_t*>(buf.data());
   float* const sw = reinterpret_cast<float*>(codes + kcmax * 32);
   int32_t* const rs = reinterpret_cast<int32_t*>(sw + nbmax * 32);
   alignas(64) int8_t tmp[32 * 128];
@@ -1654,10 +1655,10 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   // AMX tiles read 16 rows of a block's codes from the last 16-row half's first row: up to 15 rows past the end
   const bool amx = panel && amx_selected() && kb % 64 == 0;
   const int64_t slack = amx ? 16 * kb : 0;
-  thread_local std::vector<uint8_t> scratch;
-  const size_t need = (size_t)(o_zb + zb_bytes + slack + 64);
+  thread_local AlignedVector<uint8_t> scratch;
+  const size_t need = (size_t)(o_zb + zb_bytes + slack);
   if (scratch.size() < need) scratch.resize(need);
-  uint8_t* const a = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
+  uint8_t* const a = scratch.data();
   uint8_t* const ap = a + o_ap;
   float* const a_scale = reinterpret_cast<float*>(a + o_as);
   int32_t* const zp = reinterpret_cast<int32_t*>(a + o_zp);

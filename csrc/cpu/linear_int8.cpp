@@ -342,7 +342,7 @@ void wo_panel(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
   // while the activation block (M x kc) streams, and a thread holds one panel instead of all of its k
   // block's (MBs). Speed at M = 256 was the same either way (the micro-kernel is compute-bound).
   const int64_t npanels = (n1 - n0 + NR - 1) / NR;
-  std::vector<float> buf(WO_KC * NR);
+  AlignedVector<float> buf(WO_KC * NR);
   for (int64_t k0 = 0; k0 < p.K; k0 += WO_KC) {
     const int64_t kc = std::min(WO_KC, p.K - k0);
     const bool first = k0 == 0, last = k0 + kc == p.K;
@@ -518,8 +518,8 @@ void da_amx_rows(const DynamicActArgs& p, int64_t m, int rows, int64_t k0, const
 
 void da_panel(const DynamicActArgs& p, int64_t n0, int64_t n1) {
   const int64_t npanels = (n1 - n0 + NR - 1) / NR;
-  std::vector<int8_t> buf(DA_KC * NR);  // one panel at a time: Note [panel loop order]
-  std::vector<int32_t> rowsum(npanels * NR, 0);
+  AlignedVector<int8_t> buf(DA_KC * NR);  // one panel at a time: Note [panel loop order]
+  AlignedVector<int32_t> rowsum(npanels * NR, 0);
   const int64_t mr = p.a_amx ? amx::kBlockRows : DA_MR;
   bool amx_configured = false;
   for (int64_t k0 = 0; k0 < p.K; k0 += DA_KC) {

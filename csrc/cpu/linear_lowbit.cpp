@@ -196,7 +196,7 @@ constexpr int64_t kPanelK = 256;  // 256 x 32 fp32 = 32 KiB panel
 
 template <class D>
 void prefill_panel(const LowbitArgs& p, int64_t n0, int64_t n1) {
-  std::vector<float> rows(32 * kPanelK), panel(kPanelK * 32);
+  AlignedVector<float> rows(32 * kPanelK), panel(kPanelK * 32);
   for (int64_t b0 = n0; b0 < n1; b0 += 32) {
     const int nb = (int)std::min<int64_t>(32, n1 - b0);
     for (int64_t k0 = 0; k0 < p.K; k0 += kPanelK) {

@@ -214,7 +214,7 @@ void dot_bf16(const LowbitArgs& p, int64_t n0, int64_t n1) {
   const uint16_t* x = p.xb;
   // Not for_each_tile (linear_lowbit_isa.h): through its lambda GCC lays this loop out differently and the bf16
   // int3 decode measured 8% slower (M = 1, 1 thread, alternated runs); the fp32 kernels walk through it.
-  std::vector<float> sbuf(kRows * p.G);
+  AlignedVector<float> sbuf(kRows * p.G);
   for (int64_t n = n0; n < n1; n += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, n1 - n));
     const float* srow[kRows];

@@ -522,7 +522,7 @@ inline const float* scale_row(const LowbitArgs& p, int64_t base, float* dst) {
 // The fp32 and the bf16 dot kernels both walk their output this way.
 template <class Tile>
 void for_each_tile(const LowbitArgs& p, int64_t n0, int64_t n1, const Tile& tile) {
-  std::vector<float> sbuf(kRows * p.G);
+  AlignedVector<float> sbuf(kRows * p.G);
   for (int64_t n = n0; n < n1; n += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, n1 - n));
     const float* srow[kRows];
@@ -626,7 +626,7 @@ template <class D>
 void dot_aligned(const LowbitArgs& p_in, const D& dec, int64_t n0, int64_t n1) {
   const std::vector<float> xsum = group_sums(p_in);
   LowbitArgs p = p_in;
-  std::vector<float> xperm;
+  AlignedVector<float> xperm;
   if constexpr (D::kPermuted) {  // x in the decoder's dot order, step by step
     int64_t perm[kStep];
     dot_order_perm<D>(perm);
@@ -680,7 +680,7 @@ void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_
 // kMaxMB tokens x kNB rows per tile (the x tile stays in L1), accumulating k blocks into the output.
 template <class D>
 void prefill(const LowbitArgs& p, int64_t n0, int64_t n1) {
-  std::vector<float> buf(kPrefillRows * kPrefillK);
+  AlignedVector<float> buf(kPrefillRows * kPrefillK);
   const float one = 1.f;
   const F32 f32;
   for (int64_t b0 = n0; b0 < n1; b0 += kPrefillRows) {

@@ -68,7 +68,7 @@ void prefill_by_panels256(const at::Tensor& x, int64_t N, int64_t ldd, const flo
     for (int64_t c = 0; c < ldd; ++c) to[c] = kmap[c] < 0 ? -1 : (int32_t)(kmap[c] - c / kPanels256Kc * kPanels256Kc);
   }
   at::parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t b0, int64_t b1) {
-    thread_local std::vector<float> rows, panel, strip;  // kept across calls; every byte read is written first
+    thread_local AlignedVector<float> rows, panel, strip;  // kept across calls; every byte read is written first
     rows.resize(std::max<size_t>(rows.size(), kCols * ldd));
     panel.resize(std::max<size_t>(panel.size(), kPanels256Kc * kCols));
     strip.resize(std::max<size_t>(strip.size(), M * kCols));
