@@ -1077,7 +1077,8 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   }
   const bool bf16_dot = bf16 && avx512_bf16::dot_tiles_take(T);
   thread_local AlignedVector<float> scratch;  // Note [scratch on cache lines]
-  const size_t need = (size_t)(M * NC * 128 + M * G + (bf16_dot ? M * NC * 64 : 0));
+  const int64_t sx_len = (M * G + 15) / 16 * 16;  // the bf16 pairs after the group sums start on a line too
+  const size_t need = (size_t)(M * NC * 128 + sx_len + (bf16_dot ? M * NC * 64 : 0));
   if (scratch.size() < need) scratch.resize(need);
   float* xp = scratch.data();
   float* sx = xp + M * NC * 128;
@@ -1088,7 +1089,7 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   p.xp = xp;
   p.sx = sx;
   if (bf16_dot) {
-    uint32_t* xb = reinterpret_cast<uint32_t*>(sx + M * G);
+    uint32_t* xb = reinterpret_cast<uint32_t*>(sx + sx_len);
     avx512_bf16::pack_bf16_pairs(xp, M * NC, xb);
     p.xb = xb;
   }
