@@ -139,11 +139,12 @@ constexpr int64_t kPfSzChunks = 8;  // the scales' distance, in chunks (Note [de
 // two stride), and each scale line was a DRAM access of its own. A 4096 x 4096 M = 1 call took 1.24 ms against
 // 0.52 ms at g = 128 and 0.68 ms at N = 4104, whose stride is not a power of two (bench_linear.py --formats int4
 // --int4-group 32; Intel Xeon, 2 threads, weights from DRAM). So from kSzBlockMinGroups groups on, each thread takes
-// its n-tiles in blocks of B (scales of about kSzBlockBytes, scale_block_tiles). While a block runs, each chunk prefetches its share of the next block's pieces
-// into L2 group by group (each group's piece is a contiguous run of B 32 or 64 bytes); before the next block runs,
-// its pieces are copied into a per-thread buffer whose group rows are an odd number of cache lines apart (no set
-// conflicts), where the kernel reads them. A thread's first block reads the stored scales: copying them first would
-// wait for DRAM before any work (SmolLM2's 576 x 1536, one block a thread, was 13% slower that way).
+// its n-tiles in blocks of B (scales of about kSzBlockBytes, scale_block_tiles). While a block runs, each chunk
+// prefetches its share of the next block's pieces into L2 group by group (each group's piece is a contiguous run of
+// B 32 or 64 bytes); before the next block runs, its pieces are copied into a per-thread buffer whose group rows are
+// an odd number of cache lines apart (no set conflicts), where the kernel reads them. A thread's first block reads
+// the stored scales: copying them first would wait for DRAM before any work (SmolLM2's 576 x 1536, one block a
+// thread, was 13% slower that way).
 // The threshold was 48 until the 2-vCPU Zen 5 ran M = 1 calls with 8..32 groups 1.1-1.3x faster staged (weights from
 // memory, both thresholds alternating in one process): 4096^2 g128 (G = 32) 336 -> 278 us, SmolLM2's lm_head 49152 x
 // 576 g32 (G = 18) 760 -> 565 us, 1536 x 11008 g128 (G = 12) 278 -> 235 us: a tile's G short pieces far apart
