@@ -1287,13 +1287,7 @@ struct DaVec : Vec512 {  // the decode kernel's operations on zmm (int4_packed_d
   static I set1_b(int8_t v) { return _mm512_set1_epi8(v); }
   // acc + per-lane sums of uu (unsigned bytes <= 60) times z (signed bytes).
   static I usum_dot(I acc, I uu, I z) { return dpbusd(acc, uu, z); }
-  // vec_dot / block_dot plus usum_dot's term (the AVX2 traits fold it into their int16 sums).
-  static I vec_dot_z(I lo, I hi, const uint8_t* ae, const uint8_t* ao, I uu, I z) {
-    return usum_dot(vec_dot(lo, hi, ae, ao), uu, z);
-  }
-  static I block_dot_z(const I (&lo)[1], const I (&hi)[1], const uint8_t* a, I uu, I z) {
-    return usum_dot(block_dot(lo, hi, a), uu, z);
-  }
+  static constexpr bool kZeroTermInSums = false;  // with_zero_term (int4_packed_dot.inc) adds usum_dot's vpdpbusd
   static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
   static F lane_scales(const float* s, I lane_group) { return _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(s)); }
   static F load_scales(const void* base, SzType t, int64_t off) {  // 16 scales at element off
