@@ -12,7 +12,7 @@ host the probe moves by 20-40% within a minute, and a reference taken once per l
 with it (three runs of the whole table met 28, 11 and 17 targets).
 
 Each M = 1 row also gives the same call's speed with the weight cached (one copy, reused: it stays in L2 / L3),
-as GB/s and as a share of the read bandwidth ('cached' column): what the kernel's instructions reach on these cores
+as GB/s and as a share of the read bandwidth (the 'cached GB/s' column): what the kernel's instructions reach on these cores
 when memory is not the limit. A row whose cached share is below its goal ('not even cached') is bound by the cores
 (their instructions, or L2 / L3 for the int8 / float8 weights of 16 MiB) at this bandwidth, not by the memory
 side: no prefetch or layout change can meet it on this host.
@@ -123,16 +123,17 @@ def measure(level: str, k: int, n: int, reps: int, budget: float) -> list[dict]:
         xb = x.bfloat16()
         opts = dict(cold=m == 1, min_reps=reps, budget_s=budget)
         timed, probes = {}, [read_bandwidth() * 1e9] if m == 1 else []
-        cached = {}  # M = 1: name -> (f32 x, bf16 x) seconds with the weight cached
         for name, (q, fn) in {**cells, **dyn}.items():
             timed[name] = (stored_bytes(q), bench(lambda q: fn(q, x), q, **opts),
                            bench(lambda q: fn(q, xb), q, **opts) if name in cells else None)
             if m == 1:  # this cell's reference: the probes on either side of it
                 probes.append(read_bandwidth() * 1e9)
                 timed[name] += ((probes[-2] + probes[-1]) / 2,)
-                hot = dict(opts, cold=False)
-                cached[name] = (bench(lambda q: fn(q, x), q, **hot),
-                                bench(lambda q: fn(q, xb), q, **hot) if name in cells else None)
+        # M = 1: name -> (f32 x, bf16 x) seconds with the weight cached, after the cells (the probes stay next to them)
+        hot = dict(opts, cold=False)
+        cached = {name: (bench(lambda q: fn(q, x), q, **hot),
+                         bench(lambda q: fn(q, xb), q, **hot) if name in cells else None)
+                  for name, (q, fn) in {**cells, **dyn}.items()} if m == 1 else {}
         if m == 1:
             packed, sz = torch_int4_pack(i4, k, n, 128)
             t_torch = bench(lambda pk: torch._weight_int4pack_mm_for_cpu(xb, pk, 128, sz), packed, **opts)
