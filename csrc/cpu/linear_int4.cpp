@@ -433,6 +433,16 @@ void dequant_tiles(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int64_
 }  // namespace avx2
 #pragma GCC pop_options
 
+// The AVX-VNNI decode on int16 pairs (Note [int4 decode on int16 pairs]), VEX and EVEX as Note [AVX-VNNI kernels].
+#define I16_NS avx_vnni
+#define I16_TARGET _Pragma("GCC target(\"avx2,fma,f16c,avxvnni\")")
+#define I16_DPWSSD _mm256_dpwssd_avx_epi32
+#include "int4_tiled_dot_int16.inc"
+#define I16_NS avx_vnni_evex
+#define I16_TARGET _Pragma("GCC target(\"avx2,fma,f16c,avx512vl,avx512vnni\")")
+#define I16_DPWSSD _mm256_dpwssd_epi32
+#include "int4_tiled_dot_int16.inc"
+
 // ================================================================================================
 // AVX-512 F/BW/VL/DQ: 16 words (128 nibbles) per zmm; nibble -> float by vpermps from a 16-entry table.
 // ================================================================================================
@@ -1077,16 +1087,27 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
     return result();
   }
   const bool bf16_dot = bf16 && avx512_bf16::dot_tiles_take(T);
+  // Note [int4 decode on int16 pairs] (int4_tiled_dot_int16.inc): one token on inner_k_tiles 8 at the AVX-VNNI level.
+  bool int16_dot = level == Isa::kAvxVnni && M == 1 && T == 8;
   thread_local AlignedVector<float> scratch;  // Note [scratch on cache lines]
   const int64_t sx_len = (M * G + 15) / 16 * 16;  // the bf16 pairs after the group sums start on a line too
-  const size_t need = (size_t)(M * NC * 128 + sx_len + (bf16_dot ? M * NC * 64 : 0));
+  const size_t need = (size_t)(M * NC * 128 + sx_len + (bf16_dot ? M * NC * 64 : 0) + (int16_dot ? NC * 144 : 0));
   if (scratch.size() < need) scratch.resize(need);
   float* xp = scratch.data();
   float* sx = xp + M * NC * 128;
-  const int prescaled = bf16_dot                  ? 0
+  const int prescaled = bf16_dot || int16_dot     ? 0
                         : isa == Isa::kAvx512Vnni ? avx512::Vec::kPrescaledNibbles
                         : isa == Isa::kAvx2       ? avx2::Vec::kPrescaledNibbles : 0;
   permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, prescaled, isa, xp, sx, bf16_dot && fp32_as_bf16);
+  // The int16 pairs (128 int32 a chunk) and chunk factors after the group sums.
+  int32_t* pairs = reinterpret_cast<int32_t*>(sx + sx_len);
+  float* fac = sx + sx_len + NC * 128;
+  const bool vex = int16_dot && cpu_has_avx_vnni_vex();
+  if (int16_dot && !(vex ? avx_vnni::activation_pairs(xp, NC, pairs, fac)
+                         : avx_vnni_evex::activation_pairs(xp, NC, pairs, fac))) {
+    int16_dot = false;  // an Inf / NaN or a tiny chunk: the float32 kernel, on its own (prescaled) permutation
+    permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, avx2::Vec::kPrescaledNibbles, isa, xp, sx);
+  }
   p.xp = xp;
   p.sx = sx;
   if (bf16_dot) {
@@ -1096,6 +1117,8 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   }
   auto run = [&](const Int4Args& a, int64_t i0, int64_t i1) {
     if (bf16_dot) return avx512_bf16::dot_tiles(a, i0, i1);
+    if (int16_dot) return vex ? avx_vnni::int16_tiles(a, pairs, fac, i0, i1)
+                              : avx_vnni_evex::int16_tiles(a, pairs, fac, i0, i1);
     switch (isa) {
       case Isa::kAvx512Vnni: return avx512::dot_tiles(a, i0, i1);
       case Isa::kAvx2: return avx2::dot_tiles(a, i0, i1);

@@ -19,8 +19,9 @@ from torchqkit.kernels.reference import linear_int4wo_tiled_ref
 
 OP = torch.ops.torchqkit.linear_int4wo_tiled
 # avx512_bf16 included: bf16 activations there take the vdpbf16ps decode (Note [int4 bf16 decode]) and prefill
-# (Note [int4 tiled in bf16]).
-LEVELS = cpu_levels("torchqkit::linear_int4wo_tiled", with_avx512_bf16=True)
+# (Note [int4 tiled in bf16]); avx_vnni: one token on inner_k_tiles 8 takes the int16-pair decode (Note [int4 decode
+# on int16 pairs]).
+LEVELS = cpu_levels("torchqkit::linear_int4wo_tiled", with_avx_vnni=True, with_avx512_bf16=True)
 needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
 # The int8 x int4 op also has AVX-VNNI kernels (Note [AVX-VNNI kernels] in csrc/cpu/int4_packed_vec256.inc).
@@ -98,6 +99,36 @@ def test_kernel_matches_reference(monkeypatch, isa, dtype, case):
         what = f"{isa} {case} {route}"
         assert_rel(OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b)), TOL[dtype], what)
         assert_rel(OP(*_args(w, x)), linear_int4wo_tiled_ref(*_args(w, x)), TOL[dtype], f"{what} no bias")
+
+
+@pytest.mark.skipif("avx_vnni" not in LEVELS, reason="no AVX-VNNI level on this CPU")
+@pytest.mark.parametrize("g", [32, 64, 128, 256])
+def test_int16_pair_decode_is_float32_accurate(monkeypatch, g):
+    """AVX-VNNI, M = 1, inner_k_tiles 8 (Note [int4 decode on int16 pairs]): activations spanning 60 orders of two
+    within one call (a chunk of 1e-12 next to one of 1e6, one outlier 1e4 times its chunk) match the float32 kernel
+    of the AVX2 level to float32 rounding; a chunk below 2^-98, an Inf and a NaN take the float32 kernel (the same
+    result as AVX2, NaN / Inf included)."""
+    n, k = 37, 1024
+    w = _tiled(n, k, g, 8)
+    x = _act(1, k, torch.float32)
+    x[0, :128] *= 1e-12
+    x[0, 128:256] *= 1e6
+    x[0, 300] *= 1e4
+    cases = {"wide range": x, "tiny chunk": x.clone(), "inf": x.clone(), "nan": x.clone()}
+    cases["tiny chunk"][0, 512:640] = 1e-31
+    cases["inf"][0, 700] = float("inf")
+    cases["nan"][0, 5] = float("nan")
+    for what, xx in cases.items():
+        monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx2")
+        want = OP(*_args(w, xx))
+        monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx_vnni")
+        got = OP(*_args(w, xx))
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf()), what
+        fin = want.isfinite()
+        if fin.any():
+            err = ((got - want)[fin].abs().max() / want[fin].abs().max()).item()
+            assert err < 2e-6, f"{what}: {err:.2e} of max |out| off the float32 kernel"
+            assert_rel(got[fin], linear_int4wo_tiled_ref(*_args(w, xx))[fin], TOL[torch.float32], what)
 
 
 @needs_ext

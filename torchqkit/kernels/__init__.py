@@ -123,6 +123,12 @@ _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_i
     "scalar": "plain loops (M >= 16: dequantized blocks + ATen's fp32 GEMM): the CPU has no AVX2+FMA, or "
               "TORCHQKIT_CPU_ISA forced it",
 }
+_CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"]["avx_vnni"] = (
+    "M = 1 on inner_k_tiles 8: the activation of each 128-k chunk split exactly into two int16 halves of a "
+    "fixed-point value (29 bits and a sign), nibble pairs x int16 pairs by vpdpwssd (VEX; EVEX on ymm where only "
+    "AVX-512 VNNI exists), float32-accurate, 15 instructions per 64 weights instead of 24 (Note [int4 decode on int16 "
+    "pairs]; a chunk with Inf / NaN or below 2^-98 takes the AVX2 kernel); else the AVX2 kernels: "
+    + _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"]["avx2"])
 _CPU_KERNEL_NOTES["torchqkit::linear_int8da_int4_packed"] = {  # see Note [int8 x int4 decode] in csrc/cpu/int4_packed_dot.inc
     "avx512_vnni": "M < 12: vpdpbusd on low / high nibbles (128 k per zmm, exact int32 per lane, per-lane group "
                    "scales) against the per-call quantized, permuted activation, 4 tokens per pass; M >= 12: "
