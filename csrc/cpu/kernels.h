@@ -192,6 +192,9 @@ Isa selected_isa_for_ops();
 Isa selected_isa_level();
 Isa selected_isa_exact();
 bool amx_selected();  // the selected level is amx (selected_isa_exact() then says kAvx512Bf16)
+// Which build of the AVX-VNNI kernels runs (Note [AVX-VNNI kernels], int4_packed_vec256.inc): the VEX one where the CPU
+// has AVX-VNNI, unless TORCHQKIT_CPU_AVX_VNNI=evex asks for the EVEX one (AMD Zen 4's) on a CPU with both.
+bool avx_vnni_vex_selected();
 // Whether a weight-only op's float32 prefill at base level `isa` dequantizes rows for a GEMM (prefill_dequantized)
 // rather than running its own fp32 panels (Note [fp32 prefill by sgemm], registration.cpp). Always below AVX-512.
 bool fp32_prefill_by_sgemm(Isa isa);

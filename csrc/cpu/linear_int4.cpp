@@ -1102,7 +1102,7 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   // The int16 pairs (128 int32 a chunk) and chunk factors after the group sums.
   int32_t* pairs = reinterpret_cast<int32_t*>(sx + sx_len);
   float* fac = sx + sx_len + NC * 128;
-  const bool vex = int16_dot && cpu_has_avx_vnni_vex();
+  const bool vex = int16_dot && avx_vnni_vex_selected();
   if (int16_dot && !(vex ? avx_vnni::activation_pairs(xp, NC, pairs, fac)
                          : avx_vnni_evex::activation_pairs(xp, NC, pairs, fac))) {
     int16_dot = false;  // an Inf / NaN or a tiny chunk: the float32 kernel, on its own (prescaled) permutation
@@ -1746,7 +1746,7 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
                      s.data_ptr(), sz_type(s.scalar_type(), op), zw.defined() ? zw.data_ptr<int8_t>() : nullptr,
                      zf_after || !zf.defined() ? nullptr : zf.data_ptr(), G, g,
                      b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
-  const bool vex = cpu_has_avx_vnni_vex();
+  const bool vex = avx_vnni_vex_selected();
   if (panel || panel256) {
     if (panel) {
       at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t j0, int64_t j1) {

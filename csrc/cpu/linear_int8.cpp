@@ -759,7 +759,7 @@ void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1
     case Isa::kAvx2: return avx2::dynamic_act(p, n0, n1);
     case Isa::kAvxVnni:  // the AVX2 dot kernel below the panels' M (p.a16 is null at this level)
       if (p.M < avx2::kDaPanelMinM) return avx2::dynamic_act(p, n0, n1);
-      return cpu_has_avx_vnni_vex() ? avx_vnni::da_panel(p, n0, n1) : avx_vnni_evex::da_panel(p, n0, n1);
+      return avx_vnni_vex_selected() ? avx_vnni::da_panel(p, n0, n1) : avx_vnni_evex::da_panel(p, n0, n1);
     default: return scalar::dynamic_act(p, n0, n1);
   }
 }

@@ -47,6 +47,19 @@ Isa selected_isa() {
 
 std::string isa_op() { return isa_name(selected_isa()); }
 
+}  // namespace
+
+bool avx_vnni_vex_selected() {
+  const char* env = std::getenv("TORCHQKIT_CPU_AVX_VNNI");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "vex") == 0) return cpu_has_avx_vnni_vex();
+  TORCH_CHECK(std::strcmp(env, "evex") == 0, "TORCHQKIT_CPU_AVX_VNNI=", env, " is not one of vex, evex");
+  TORCH_CHECK(isa_supported(Isa::kAvx512Vnni), "TORCHQKIT_CPU_AVX_VNNI=evex but this CPU has no AVX-512 VNNI, which the "
+              "EVEX build needs; unset it");
+  return false;
+}
+
+namespace {
+
 bool cpu_is_intel() {
   __builtin_cpu_init();
   return __builtin_cpu_is("intel");

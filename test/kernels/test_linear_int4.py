@@ -101,9 +101,24 @@ def test_kernel_matches_reference(monkeypatch, isa, dtype, case):
         assert_rel(OP(*_args(w, x)), linear_int4wo_tiled_ref(*_args(w, x)), TOL[dtype], f"{what} no bias")
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+# The AVX-VNNI kernels' two builds (Note [AVX-VNNI kernels]): VEX where the CPU has AVX-VNNI, EVEX (AMD Zen 4's) where
+# it has AVX-512 VNNI; TORCHQKIT_CPU_AVX_VNNI=evex runs the EVEX build on a CPU with both.
+_FLAGS = _cpu_flags()
+VNNI_BUILDS = [b for b, flag in (("vex", "avx_vnni"), ("evex", "avx512_vnni")) if flag in _FLAGS]
+
+
 @pytest.mark.skipif("avx_vnni" not in LEVELS, reason="no AVX-VNNI level on this CPU")
+@pytest.mark.parametrize("build", VNNI_BUILDS or ["none"])
 @pytest.mark.parametrize("g", [32, 64, 128, 256])
-def test_int16_pair_decode_is_float32_accurate(monkeypatch, g):
+def test_int16_pair_decode_is_float32_accurate(monkeypatch, build, g):
     """AVX-VNNI, M = 1, inner_k_tiles 8 (Note [int4 decode on int16 pairs]): activations spanning 60 orders of two
     within one call (a chunk of 1e-12 next to one of 1e6, one outlier 1e4 times its chunk) match the float32 kernel
     of the AVX2 level to float32 rounding; a chunk below 2^-98, an Inf and a NaN take the float32 kernel (the same
@@ -118,6 +133,7 @@ def test_int16_pair_decode_is_float32_accurate(monkeypatch, g):
     cases["tiny chunk"][0, 512:640] = 1e-31
     cases["inf"][0, 700] = float("inf")
     cases["nan"][0, 5] = float("nan")
+    monkeypatch.setenv("TORCHQKIT_CPU_AVX_VNNI", build)
     for what, xx in cases.items():
         monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx2")
         want = OP(*_args(w, xx))
@@ -599,3 +615,36 @@ def test_int8da_int4_compile_fullgraph_calls_the_op():
     lin = torch.nn.Linear(128, 24)
     qk.quantize_(lin, qk.Int8DynamicActivationIntxWeightConfig(weight_bits=4))
     assert_compiled_calls_op(lin, _act(4, 128, torch.float32), "linear_int8da_int4_packed")
+
+
+@pytest.mark.skipif(len(VNNI_BUILDS) < 2 or "avx_vnni" not in DA4_LEVELS, reason="needs a CPU with AVX-VNNI and AVX-512 VNNI")
+@pytest.mark.parametrize("m", [1, 3, 20])
+def test_avx_vnni_builds_agree(monkeypatch, m):
+    """The VEX and EVEX builds of every AVX-VNNI kernel give the same bits: the int16-pair int4 decode (M = 1), the
+    int8 x int4 decode and panels, the int8 x int8 panels (M >= 16); the VEX build is checked against the reference
+    by the tests above."""
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx_vnni")
+    w4, d4 = _tiled(45, 576, 32, 8), _int4_packed(45, 576, 64, "asymmetric")
+    act = qk.ActivationQuantSpec(qk.qdtypes.int8, qk.PerToken(), "asymmetric")
+    d8 = qk.quantize_weight(torch.randn(45, 576, generator=gen(3)), qk.qdtypes.int8, qk.PerRow(), qk.PlainLayout(),
+                            mapping="symmetric", act_quant=act, scale_dtype=torch.float32)
+    x = _act(m, 576, torch.float32)
+    calls = {"int4 tiled": lambda: OP(*_args(w4, x)),
+             "int8 x int4": lambda: DA4(x, d4.qdata, d4.scale, d4.zero_point, None, False),
+             "int8 x int8": lambda: torch.ops.torchqkit.linear_int8da_int8_plain(x, d8.qdata, d8.scale, None, False)}
+    for what, call in calls.items():
+        got = {}
+        for build in ("vex", "evex"):
+            monkeypatch.setenv("TORCHQKIT_CPU_AVX_VNNI", build)
+            got[build] = call()
+        assert torch.equal(got["vex"], got["evex"]), f"{what} M = {m}"
+
+
+def test_avx_vnni_build_variable_is_checked(monkeypatch):
+    if "avx_vnni" not in LEVELS:
+        pytest.skip("no AVX-VNNI level on this CPU")
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx_vnni")
+    monkeypatch.setenv("TORCHQKIT_CPU_AVX_VNNI", "sse")
+    w = _tiled(8, 256, 128, 8)
+    with pytest.raises(RuntimeError, match="TORCHQKIT_CPU_AVX_VNNI=sse is not one of vex, evex"):
+        OP(*_args(w, _act(1, 256, torch.float32)))
