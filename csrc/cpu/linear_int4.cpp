@@ -1087,8 +1087,9 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
     return result();
   }
   const bool bf16_dot = bf16 && avx512_bf16::dot_tiles_take(T);
-  // Note [int4 decode on int16 pairs] (int4_tiled_dot_int16.inc): one token on inner_k_tiles 8 at the AVX-VNNI level.
-  bool int16_dot = level == Isa::kAvxVnni && M == 1 && T == 8;
+  // Note [int4 decode on int16 pairs] (int4_tiled_dot_int16.inc): one token on inner_k_tiles 8 or 4 at the AVX-VNNI
+  // level.
+  bool int16_dot = level == Isa::kAvxVnni && M == 1 && T >= 4;
   thread_local AlignedVector<float> scratch;  // Note [scratch on cache lines]
   const int64_t sx_len = (M * G + 15) / 16 * 16;  // the bf16 pairs after the group sums start on a line too
   const size_t need = (size_t)(M * NC * 128 + sx_len + (bf16_dot ? M * NC * 64 : 0) + (int16_dot ? NC * 144 : 0));
@@ -1103,8 +1104,8 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   int32_t* pairs = reinterpret_cast<int32_t*>(sx + sx_len);
   float* fac = sx + sx_len + NC * 128;
   const bool vex = int16_dot && avx_vnni_vex_selected();
-  if (int16_dot && !(vex ? avx_vnni::activation_pairs(xp, NC, pairs, fac)
-                         : avx_vnni_evex::activation_pairs(xp, NC, pairs, fac))) {
+  if (int16_dot && !(vex ? avx_vnni::int16_pairs(xp, T, NC, pairs, fac)
+                         : avx_vnni_evex::int16_pairs(xp, T, NC, pairs, fac))) {
     int16_dot = false;  // an Inf / NaN or a tiny chunk: the float32 kernel, on its own (prescaled) permutation
     permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, avx2::Vec::kPrescaledNibbles, isa, xp, sx);
   }

@@ -117,14 +117,15 @@ VNNI_BUILDS = [b for b, flag in (("vex", "avx_vnni"), ("evex", "avx512_vnni")) i
 
 @pytest.mark.skipif("avx_vnni" not in LEVELS, reason="no AVX-VNNI level on this CPU")
 @pytest.mark.parametrize("build", VNNI_BUILDS or ["none"])
+@pytest.mark.parametrize("t", [8, 4])
 @pytest.mark.parametrize("g", [32, 64, 128, 256])
-def test_int16_pair_decode_is_float32_accurate(monkeypatch, build, g):
-    """AVX-VNNI, M = 1, inner_k_tiles 8 (Note [int4 decode on int16 pairs]): activations spanning 60 orders of two
+def test_int16_pair_decode_is_float32_accurate(monkeypatch, build, t, g):
+    """AVX-VNNI, M = 1, inner_k_tiles 8 / 4 (Note [int4 decode on int16 pairs]): activations spanning 60 orders of two
     within one call (a chunk of 1e-12 next to one of 1e6, one outlier 1e4 times its chunk) match the float32 kernel
     of the AVX2 level to float32 rounding; a chunk below 2^-98, an Inf and a NaN take the float32 kernel (the same
     result as AVX2, NaN / Inf included)."""
     n, k = 37, 1024
-    w = _tiled(n, k, g, 8)
+    w = _tiled(n, k, g, t)
     x = _act(1, k, torch.float32)
     x[0, :128] *= 1e-12
     x[0, 128:256] *= 1e6
