@@ -649,3 +649,25 @@ def test_avx_vnni_build_variable_is_checked(monkeypatch):
     w = _tiled(8, 256, 128, 8)
     with pytest.raises(RuntimeError, match="TORCHQKIT_CPU_AVX_VNNI=sse is not one of vex, evex"):
         OP(*_args(w, _act(1, 256, torch.float32)))
+
+
+@pytest.mark.skipif("avx_vnni" not in LEVELS, reason="no AVX-VNNI level on this CPU")
+def test_smollm2_int16_pair_decode_keeps_the_avx2_tokens(monkeypatch):
+    """SmolLM2-135M, every Linear and the tied lm_head int4 g128 (inner_k_tiles 8): greedy decoding at the AVX-VNNI
+    level (the int16-pair kernel for every one-token call) gives the AVX2 level's tokens, and the next-token logits
+    within float32 rounding of them."""
+    pytest.importorskip("transformers")
+    from torchqkit.eval import LeanDecoder, load_gguf, smollm2_gguf_path
+
+    model, tokenizer = load_gguf(smollm2_gguf_path())
+    config = qk.Int4WeightOnlyConfig(group_size=128)
+    qk.quantize_(model, qk.ModuleConfigs({"lm_head": config, "_default": config}), strict=True)
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    tokens, logits = {}, {}
+    with torch.inference_mode():
+        for level in ("avx2", "avx_vnni"):
+            monkeypatch.setenv("TORCHQKIT_CPU_ISA", level)
+            tokens[level] = LeanDecoder(model, ids.shape[1] + 8).generate(ids[0], 8).tolist()
+            logits[level] = model(ids[:, -1:]).logits[0, -1]
+    assert tokens["avx_vnni"] == tokens["avx2"]
+    assert_rel(logits["avx_vnni"], logits["avx2"], 1e-5, "SmolLM2 one-token logits")
