@@ -51,7 +51,12 @@ std::string isa_op() { return isa_name(selected_isa()); }
 
 bool avx_vnni_vex_selected() {
   const char* env = std::getenv("TORCHQKIT_CPU_AVX_VNNI");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "vex") == 0) return cpu_has_avx_vnni_vex();
+  if (env == nullptr || *env == '\0') return cpu_has_avx_vnni_vex();
+  if (std::strcmp(env, "vex") == 0) {
+    TORCH_CHECK(cpu_has_avx_vnni_vex(), "TORCHQKIT_CPU_AVX_VNNI=vex but this CPU has no AVX-VNNI (its AVX-VNNI level "
+                "runs the EVEX build); unset it");
+    return true;
+  }
   TORCH_CHECK(std::strcmp(env, "evex") == 0, "TORCHQKIT_CPU_AVX_VNNI=", env, " is not one of vex, evex");
   TORCH_CHECK(isa_supported(Isa::kAvx512Vnni), "TORCHQKIT_CPU_AVX_VNNI=evex but this CPU has no AVX-512 VNNI, which the "
               "EVEX build needs; unset it");
