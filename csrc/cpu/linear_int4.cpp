@@ -1092,7 +1092,8 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   bool int16_dot = level == Isa::kAvxVnni && M == 1 && T >= 4;
   thread_local AlignedVector<float> scratch;  // Note [scratch on cache lines]
   const int64_t sx_len = (M * G + 15) / 16 * 16;  // the bf16 pairs after the group sums start on a line too
-  const size_t need = (size_t)(M * NC * 128 + sx_len + (bf16_dot ? M * NC * 64 : 0) + (int16_dot ? NC * 144 : 0));
+  const size_t need =
+      (size_t)(M * NC * 128 + sx_len + (bf16_dot ? M * NC * 64 : 0) + (int16_dot ? NC * (16 * T + 1) : 0));
   if (scratch.size() < need) scratch.resize(need);
   float* xp = scratch.data();
   float* sx = xp + M * NC * 128;
@@ -1100,9 +1101,9 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
                         : isa == Isa::kAvx512Vnni ? avx512::Vec::kPrescaledNibbles
                         : isa == Isa::kAvx2       ? avx2::Vec::kPrescaledNibbles : 0;
   permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, prescaled, isa, xp, sx, bf16_dot && fp32_as_bf16);
-  // The int16 pairs (128 int32 a chunk) and chunk factors after the group sums.
+  // The int16 pairs (16 T int32 a chunk) and the chunks' factors after the group sums.
   int32_t* pairs = reinterpret_cast<int32_t*>(sx + sx_len);
-  float* fac = sx + sx_len + NC * 128;
+  float* fac = sx + sx_len + NC * 16 * T;
   const bool vex = int16_dot && avx_vnni_vex_selected();
   if (int16_dot && !(vex ? avx_vnni::int16_pairs(xp, T, NC, pairs, fac)
                          : avx_vnni_evex::int16_pairs(xp, T, NC, pairs, fac))) {
@@ -1747,7 +1748,7 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
                      s.data_ptr(), sz_type(s.scalar_type(), op), zw.defined() ? zw.data_ptr<int8_t>() : nullptr,
                      zf_after || !zf.defined() ? nullptr : zf.data_ptr(), G, g,
                      b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(), N};
-  const bool vex = avx_vnni_vex_selected();
+  const bool vex = isa == Isa::kAvxVnni && avx_vnni_vex_selected();  // the AVX-VNNI build, asked at that level only
   if (panel || panel256) {
     if (panel) {
       at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t j0, int64_t j1) {

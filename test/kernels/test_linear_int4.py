@@ -3,6 +3,7 @@ pure-torch reference and against F.linear(x, w.dequantize()) under every ISA lev
 and sliced tiles, unaligned data, routing from TensorCoreTiledLayout, torch.compile."""
 from __future__ import annotations
 
+import os
 
 import pytest
 import torch
@@ -19,8 +20,8 @@ from torchqkit.kernels.reference import linear_int4wo_tiled_ref
 
 OP = torch.ops.torchqkit.linear_int4wo_tiled
 # avx512_bf16 included: bf16 activations there take the vdpbf16ps decode (Note [int4 bf16 decode]) and prefill
-# (Note [int4 tiled in bf16]); avx_vnni: one token on inner_k_tiles 8 takes the int16-pair decode (Note [int4 decode
-# on int16 pairs]).
+# (Note [int4 tiled in bf16]); avx_vnni: one token on inner_k_tiles 8 or 4 takes the int16-pair decode (Note [int4
+# decode on int16 pairs]).
 LEVELS = cpu_levels("torchqkit::linear_int4wo_tiled", with_avx_vnni=True, with_avx512_bf16=True)
 needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
@@ -101,18 +102,32 @@ def test_kernel_matches_reference(monkeypatch, isa, dtype, case):
         assert_rel(OP(*_args(w, x)), linear_int4wo_tiled_ref(*_args(w, x)), TOL[dtype], f"{what} no bias")
 
 
-def _cpu_flags() -> set[str]:
+def _avx_vnni_builds() -> list[str]:
+    """The builds of the AVX-VNNI kernels this CPU runs (Note [AVX-VNNI kernels]: VEX where it has AVX-VNNI, EVEX where
+    it has AVX-512 VNNI; TORCHQKIT_CPU_AVX_VNNI picks one), asked of the extension: a build it lacks raises."""
+    if "avx_vnni" not in LEVELS:
+        return []
+    w, x, builds = _tiled(8, 128, 128, 8), torch.zeros(1, 128), []
+    saved = {v: os.environ.get(v) for v in ("TORCHQKIT_CPU_ISA", "TORCHQKIT_CPU_AVX_VNNI")}
     try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
+        os.environ["TORCHQKIT_CPU_ISA"] = "avx_vnni"
+        for build in ("vex", "evex"):
+            os.environ["TORCHQKIT_CPU_AVX_VNNI"] = build
+            try:
+                OP(*_args(w, x))
+                builds.append(build)
+            except RuntimeError:
+                pass
+    finally:
+        for v, val in saved.items():
+            if val is None:
+                os.environ.pop(v, None)
+            else:
+                os.environ[v] = val
+    return builds
 
 
-# The AVX-VNNI kernels' two builds (Note [AVX-VNNI kernels]): VEX where the CPU has AVX-VNNI, EVEX (AMD Zen 4's) where
-# it has AVX-512 VNNI; TORCHQKIT_CPU_AVX_VNNI=evex runs the EVEX build on a CPU with both.
-_FLAGS = _cpu_flags()
-VNNI_BUILDS = [b for b, flag in (("vex", "avx_vnni"), ("evex", "avx512_vnni")) if flag in _FLAGS]
+VNNI_BUILDS = _avx_vnni_builds()
 
 
 @pytest.mark.skipif("avx_vnni" not in LEVELS, reason="no AVX-VNNI level on this CPU")
@@ -618,7 +633,8 @@ def test_int8da_int4_compile_fullgraph_calls_the_op():
     assert_compiled_calls_op(lin, _act(4, 128, torch.float32), "linear_int8da_int4_packed")
 
 
-@pytest.mark.skipif(len(VNNI_BUILDS) < 2 or "avx_vnni" not in DA4_LEVELS, reason="needs a CPU with AVX-VNNI and AVX-512 VNNI")
+@pytest.mark.skipif(len(VNNI_BUILDS) < 2 or "avx_vnni" not in DA4_LEVELS,
+                    reason="needs a CPU with AVX-VNNI and AVX-512 VNNI")
 @pytest.mark.parametrize("m", [1, 3, 20])
 def test_avx_vnni_builds_agree(monkeypatch, m):
     """The VEX and EVEX builds of every AVX-VNNI kernel give the same bits: the int16-pair int4 decode (M = 1), the

@@ -124,7 +124,7 @@ _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"] = {  # see csrc/cpu/linear_i
               "TORCHQKIT_CPU_ISA forced it",
 }
 _CPU_KERNEL_NOTES["torchqkit::linear_int4wo_tiled"]["avx_vnni"] = (
-    "M = 1 on inner_k_tiles 8: the activation of each 128-k chunk split exactly into two int16 halves of a "
+    "M = 1 on inner_k_tiles 8 or 4: the activation of each chunk (128 / 64 k) split exactly into two int16 halves of a "
     "fixed-point value (29 bits and a sign), nibble pairs x int16 pairs by vpdpwssd (VEX; EVEX on ymm where only "
     "AVX-512 VNNI exists), float32-accurate, 15 instructions per 64 weights instead of 24 (Note [int4 decode on int16 "
     "pairs]; a chunk with Inf / NaN or below 2^-98 takes the AVX2 kernel); else the AVX2 kernels: "
