@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proves the CUDA extension (csrc/cuda) builds and registers, on a machine without a GPU (PLATFORM.md,
+# Proves the CUDA extension (csrc/cuda) builds and registers, on a machine without a GPU (docs/platform.md,
 # "CUDA extension without a GPU"):
 #   1. a venv with torch==2.14.1 (its CUDA 13.0 build matches nvcc 13.0), cached outside the clone
 #      (TORCHQKIT_CUDA_VENV, default ~/.cache/torchqkit-cuda-venv; reused when it already has that torch);

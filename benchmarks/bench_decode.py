@@ -17,7 +17,7 @@ timing] in torchqkit/eval/speed.py), once before torchqkit's rows and once after
 against the mean of the two (Note [llama.cpp before and after]). torchqkit's model is that file dequantized to
 float32 by transformers, then quantized by torchqkit (round to nearest). Its channels are NOT permuted: this is
 a speed benchmark, and int4 g32 then reproduces the file's own Q4_1 weights exactly (the Q4_1 trap in
-PLATFORM.md), the same weights llama.cpp reads. The perplexity column (first --ppl-tokens tokens of the eval text)
+docs/platform.md), the same weights llama.cpp reads. The perplexity column (first --ppl-tokens tokens of the eval text)
 shows what a config costs, the lm_head included. Compile time is the first compiled step (warm-up), never decode time.
 """
 from __future__ import annotations
@@ -51,7 +51,8 @@ from torchqkit.eval import (DecodeLoop, decode_breakdown, eval_text, load_gguf, 
 from torchqkit.eval.filled_cache_attention import FILLED_CACHE_SDPA  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
-PEER_PYTHON = "/work/venv-peers/bin/python"
+# A Python that has llama-cpp-python (never a torchqkit dependency): --peer-python or TORCHQKIT_PEER_PYTHON; none = skip.
+PEER_PYTHON = os.environ.get("TORCHQKIT_PEER_PYTHON", "")
 CONFIGS = {
     "float32": None,
     "int4-g32": lambda: qk.Int4WeightOnlyConfig(group_size=32),

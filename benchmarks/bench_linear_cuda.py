@@ -87,7 +87,7 @@ def _cells(k, n, m, args):
 
 
 def _tinygemm_pack(w, group):
-    """torch's own int4 packing (ISA-dependent bytes: never saved; see PLATFORM.md) and its scales."""
+    """torch's own int4 packing (ISA-dependent bytes: never saved; see docs/platform.md) and its scales."""
     n, k = w.shape
     wg = w.float().reshape(n, k // group, group)
     lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)

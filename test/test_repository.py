@@ -66,3 +66,33 @@ def test_packages_import_only_the_layers_below_them():
             wrong += [f"{path.relative_to(ROOT)} imports private {target}.{n}" for n in names
                       if n.startswith("_") and not n.startswith("__")]
     assert not wrong, "\n".join(wrong)
+
+
+def _tracked_text_files() -> list[Path]:
+    names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    suffixes = {".py", ".md", ".sh", ".cpp", ".h", ".cu", ".inc", ".txt", ".yml", ".yaml", ".toml", ".cfg", ""}
+    return [ROOT / n for n in names if (ROOT / n).suffix in suffixes and (ROOT / n).is_file()]
+
+
+def test_no_file_names_a_path_of_a_development_machine_or_notes_outside_the_repository():
+    """What the code and docs cite lives in the repository (docs/), and nothing points into one machine's folders."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    pattern = re.compile(r"/work/|/root/|/home/[a-z]|\.\./shared/|(?<![\w/])(?:PLATFORM|DESIGN|STYLE)\.md")
+    offenders = []
+    for path in _tracked_text_files():
+        if path.resolve() == Path(__file__).resolve():
+            continue
+        for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()[:100]}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_docs_that_the_code_cites_exist():
+    cited = set()
+    for path in _tracked_text_files():
+        cited.update(re.findall(r"docs/[\w/.-]+\.md", path.read_text(errors="replace")))
+    assert cited, "nothing cites docs/: the pattern is broken"
+    missing = sorted(c for c in cited if not (ROOT / c).is_file())
+    assert not missing, f"cited but not in the repository: {missing}"

@@ -144,7 +144,7 @@ def _describe_linear_path(ops: set[str]) -> str:
 
 # Note [Timing]
 # ~~~~~~~~~~~~~
-# These hosts are shared and their speed drifts within minutes (PLATFORM.md, "Measuring"), so absolute
+# These hosts are shared and their speed drifts within minutes (docs/platform.md, "Measuring"), so absolute
 # times from different moments are not comparable. The float32 model and the quantized copy are timed in
 # the same loop, one after the other, `repeats` times; the headline is median(quantized) / median(float32).
 # Each time covers a whole `encode` (tokenizing included), which is what a user of the model waits for.

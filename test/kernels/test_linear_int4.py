@@ -167,7 +167,7 @@ def test_int16_pair_decode_is_float32_accurate(monkeypatch, build, t, g):
 @isa_param
 @pytest.mark.parametrize("m", [1, 3, 40])
 def test_kernel_matches_dequantized_linear(monkeypatch, isa, m):
-    # DESIGN.md's check: F.linear(x, w.dequantize()). A float32 weight dequantizes in fp32, so only the
+    # docs/architecture.md's check: F.linear(x, w.dequantize()). A float32 weight dequantizes in fp32, so only the
     # summation order differs (budget as TOL[float32]).
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     w = _tiled(37, 320, 64, 8)

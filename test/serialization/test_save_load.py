@@ -40,7 +40,7 @@ def _assert_same_weights(a, b):
                 assert (t is None) == (other is None), (name, inner)
                 if t is not None:
                     assert t.dtype == other.dtype and torch.equal(t.view(torch.uint8), other.view(torch.uint8))
-                    assert other.data_ptr() % 64 == 0  # fresh allocations, see PLATFORM.md "Serialization"
+                    assert other.data_ptr() % 64 == 0  # fresh allocations, see docs/platform.md "Serialization"
         else:
             assert ta.dtype == tb.dtype and torch.equal(ta, tb), name
 

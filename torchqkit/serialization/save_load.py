@@ -4,7 +4,7 @@ Note [torchqkit safetensors format]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A plain safetensors file. A float tensor is stored under its state-dict name. A quantized weight ``w`` is
 stored as its layout's packed tensors, each under ``"w:<inner>"`` (e.g. ``lm_head.weight:qdata``), bytes
-exactly as the layout packs them (device-independent, see DESIGN.md). ``__metadata__`` holds
+exactly as the layout packs them (device-independent, see docs/architecture.md). ``__metadata__`` holds
   "format": "pt", "torchqkit_format": "1", and
   "torchqkit": JSON {"format_version": 1, "torchqkit_version": "0.1.0",
                      "config": null | {"config": <QuantConfig.to_dict()>}

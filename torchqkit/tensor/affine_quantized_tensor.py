@@ -240,7 +240,7 @@ class AffineQuantizedTensor(torch.Tensor):
         return fn(func, args, kwargs)
 
     def _stable_hash_for_caching(self) -> str:
-        # See PLATFORM.md: the compile cache key ignores our Python dispatch code. Include the code
+        # See docs/platform.md: the compile cache key ignores our Python dispatch code. Include the code
         # version (hash of torchqkit's sources) and every attribute that changes the traced graph.
         from .code_version import code_version
         attrs = ",".join(f"{a}={getattr(self, a)!r}" for a in _ATTRS)

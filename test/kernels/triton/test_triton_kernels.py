@@ -3,7 +3,7 @@ odd shapes: M = 1, 3, 33; K at the smallest size the format allows; N not a mult
 (37; 70 spans two blocks of 64). Weights come from quantize_, so the kernels read the layouts' real bytes.
 
 Activations are float16 and float32, never bfloat16: the interpreter computes bf16 ``tl.dot`` wrongly
-(triton-lang/triton#11584; PLATFORM.md), so a bf16 test would test the interpreter, not the kernel.
+(triton-lang/triton#11584; docs/platform.md), so a bf16 test would test the interpreter, not the kernel.
 
 Tolerances: float32 activations run ``tl.dot`` with IEEE precision, so only summation order differs from
 the float32 reference: 1e-4. float16 activations multiply float16-rounded dequantized weights (half an

@@ -16,7 +16,7 @@ stays for what a dispatch key can't express, an explicit ``KernelPreference.TRIT
   needs a handle the dispatcher won't send elsewhere.
 - That handle must be an op, not the Python launcher: under the interpreter torch.compile can't trace the
   launcher (dynamo refuses the interpreted ``wrap_triton`` call: "Attempted to call function marked as skipped",
-  checked with torch 2.13 / triton 3.9; PLATFORM.md), while a custom op with a fake impl compiles fullgraph
+  checked with torch 2.13 / triton 3.9; docs/platform.md), while a custom op with a fake impl compiles fullgraph
   (test/kernels/triton/test_layout_paths.py). On a GPU, triton_op is what lets Inductor trace into the kernel.
 - An op also shows in dispatch traces and profiles, so a test can check that the Triton kernel ran.
 It holds no second definition: schema and fake come from the torchqkit op, TRITON_OPS is filled by registration,

@@ -3,7 +3,7 @@
 Why the namespace exists: Note [Why a torchqkit_triton namespace] in __init__.py. On a real GPU,
 ``torch.library.triton_op`` (Inductor traces into the kernel through ``wrap_triton``); under ``TRITON_INTERPRET=1``
 a plain ``torch.library.custom_op`` with a fake impl, because torch.compile can't trace a triton_op when the
-interpreter runs (PLATFORM.md, "Triton on CPU").
+interpreter runs (docs/platform.md, "Triton on CPU").
 The launcher body is the same in both cases: it always launches through ``wrap_triton``.
 """
 from __future__ import annotations
