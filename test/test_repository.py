@@ -96,3 +96,13 @@ def test_docs_that_the_code_cites_exist():
     assert cited, "nothing cites docs/: the pattern is broken"
     missing = sorted(c for c in cited if not (ROOT / c).is_file())
     assert not missing, f"cited but not in the repository: {missing}"
+
+
+def test_links_in_the_readme_and_docs_resolve():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if not re.match(r"[a-z]+://", target) and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, "\n".join(broken)
