@@ -31,7 +31,7 @@ from .qdtype import QDType, QKind
 
 __all__ = ["MappingType", "ZeroPointDomain", "choose_qparams_affine", "quantize_affine",
            "dequantize_affine", "default_zero_point_domain", "code_midpoint", "num_blocks", "padded_shape", "pad_to",
-           "finite_limit", "range_over", "cap_scale"]
+           "finite_limit", "range_over", "cap_scale", "check_finite_values"]
 
 
 class MappingType(str, Enum):
@@ -153,7 +153,8 @@ def _odd_dims(ndim: int) -> tuple[int, ...]:
     return tuple(range(1, 2 * ndim, 2))
 
 
-def _check_finite(x: torch.Tensor, name: str) -> None:
+def check_finite_values(x: torch.Tensor, name: str) -> None:
+    """Refuse NaN / Inf values, and values past float32's range (float64), with the reason and the way out."""
     if x.is_meta:
         return  # no values to check (shape-only tracing)
     if not torch.isfinite(x).all():
@@ -240,7 +241,7 @@ def choose_qparams_affine(
     zero_point_domain = ZeroPointDomain(zero_point_domain)
     _check_scheme(qdtype, mapping, zero_point_domain, name)
     if check_finite:
-        _check_finite(x, name)
+        check_finite_values(x, name)
     scale_dtype = scale_dtype or (x.dtype if x.dtype.is_floating_point else torch.float32)
     _check_scale_rounding(scale_rounding, qdtype, eps, scale_dtype, name)
     if eps is None:
@@ -398,7 +399,7 @@ def quantize_affine(
     block_size = _check_block_size(x, block_size, name)
     zpd = _resolve_zpd(qdtype, zero_point, zero_point_domain, name)
     if check_finite:
-        _check_finite(x, name)
+        check_finite_values(x, name)
     xb = _blocks(x.float(), block_size)
     s = _per_block(scale.float())
     padded = padded_shape(x.shape, block_size)
