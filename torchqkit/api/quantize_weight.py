@@ -66,7 +66,7 @@ class WeightRecipe:
         fmt = WeightFormat.of(self.qdtype, qp.block_size, weight.shape, qp.zero_point_domain)
         layout = self.layout.for_weight(fmt)
         parts = PlainParts(codes, qp.scale, qp.zero_point)
-        problem = layout.kernel_range_problem(parts, fmt, self.act_quant)
+        problem = None if codes.is_meta else layout.kernel_range_problem(parts, fmt, self.act_quant)  # meta: no values
         if problem is not None:
             raise UnsupportedWeight(f"{name}: {problem}")
         tensors = layout.pack(parts, fmt)
