@@ -36,7 +36,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..core.primitives import ZeroPointDomain, code_midpoint
+from ..core.primitives import ZeroPointDomain, cap_scale, check_finite_values, code_midpoint, finite_limit, range_over
 from ..core.qdtype import QDType, QKind
 
 __all__ = ["hqq_qparams", "HQQ_LP_NORM", "HQQ_BETA", "HQQ_KAPPA", "HQQ_ITERS"]
@@ -73,9 +73,8 @@ def hqq_qparams(
     """
     zpd = ZeroPointDomain(zero_point_domain)
     block_size = _check_args(w, qdtype, block_size, zpd, lp_norm, beta, kappa, iters, name)
-    if check_finite and not torch.isfinite(w).all():
-        raise ValueError(f"{name} contains NaN/Inf values; HQQ would poison whole blocks. Fix the tensor, "
-                         f"or pass check_finite=False to quantize it anyway.")
+    if check_finite:
+        check_finite_values(w, name)
     scale_dtype = scale_dtype or (w.dtype if w.dtype.is_floating_point else torch.float32)
     if eps is None:
         eps = torch.finfo(scale_dtype).tiny  # choose_qparams_affine's default floor
@@ -85,7 +84,7 @@ def hqq_qparams(
     if any(n * b != s for s, b, n in zip(w.shape, block_size, counts)):
         valid = _as_blocks(torch.ones(w.shape, device=w.device), block_size, counts) > 0
 
-    scale, zero = _rtn_start(x, valid, qdtype, zpd, eps)
+    scale, zero = _rtn_start(x, valid, qdtype, zpd, eps, finite_limit(w.dtype), scale_dtype)
     s = scale.to(scale_dtype).float()  # optimise against the scale that will be stored
     zero = _optimise_zero(x, valid, s, zero, qdtype, zpd, lp_norm, beta, kappa, iters)
     scale = scale.reshape(counts).to(scale_dtype)
@@ -128,7 +127,7 @@ def _as_blocks(x: torch.Tensor, block_size, counts) -> torch.Tensor:
     return x.reshape(split).permute(order).reshape(math.prod(counts), -1)
 
 
-def _rtn_start(x, valid, qdtype, zpd, eps):
+def _rtn_start(x, valid, qdtype, zpd, eps, limit, scale_dtype):
     """Round-to-nearest's asymmetric (scale, float-domain zero) per block, each (G, 1), float32.
 
     The same arithmetic as choose_qparams_affine(mapping=ASYMMETRIC), so iteration 0 is RTN exactly."""
@@ -142,10 +141,13 @@ def _rtn_start(x, valid, qdtype, zpd, eps):
         # An integer zero in [qmin, qmax] needs 0.0 inside the range, as in round-to-nearest.
         lo, hi = lo.clamp(max=0), hi.clamp(min=0)
     span = hi - lo
-    scale = torch.where(span > 0, (span / (qmax - qmin)).clamp(min=eps), torch.ones_like(span))
+    scale = torch.where(span > 0, range_over(lo, hi, qmax - qmin).clamp(min=eps), torch.ones_like(span))
     if zpd is ZeroPointDomain.INT:
         z = (qmin - torch.round(lo / scale)).clamp(qmin, qmax)
+        scale = cap_scale(scale, torch.maximum(z - qmin, qmax - z), limit, scale_dtype)  # Note [Finite range]
         return scale, (mid - z) * scale
+    # (q - mid) * s stays finite (Note [Finite range]); the zero below then lies inside [lo, hi] + a step
+    scale = cap_scale(scale, max(mid - qmin, qmax - mid), limit, scale_dtype)
     # The starting zero rounded to a whole code: x ~ (q - z) s with z = round(qmin - lo / s), see Note [HQQ].
     return scale, (mid - qmin + torch.round(lo / scale)) * scale
 

@@ -45,6 +45,8 @@ class InputStats:
 
     def add(self, x: torch.Tensor) -> None:
         x = x.detach().reshape(-1, x.shape[-1]).float()
+        if x.shape[0] == 0:
+            return  # no tokens, no statistics (amax over 0 rows has no value)
         a = x.abs()
         self.absmax = torch.maximum(self.absmax, a.amax(dim=0))
         self.abs_sum += a.sum(dim=0, dtype=torch.float64)

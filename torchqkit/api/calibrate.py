@@ -16,6 +16,8 @@ so a failure anywhere leaves the model as it was.
 """
 from __future__ import annotations
 
+import warnings
+
 import dataclasses
 import sys
 from collections.abc import Iterable
@@ -285,6 +287,10 @@ def _collect(block, linears, groups, inputs) -> None:
     def hook_for(g: _Group, fqn: str):
         def hook(module, args):
             check_finite_activation(args[0], fqn)
+            if args[0].shape[:-1].numel() == 0:
+                warnings.warn(f"calibration: a batch reached {fqn} with 0 tokens (input shape {tuple(args[0].shape)}); "
+                              f"it adds no statistics and is skipped", stacklevel=2)
+                return
             g.stats.add(args[0])
         return hook
 

@@ -65,7 +65,11 @@ class WeightRecipe:
                                 check_finite=False, name=name)
         fmt = WeightFormat.of(self.qdtype, qp.block_size, weight.shape, qp.zero_point_domain)
         layout = self.layout.for_weight(fmt)
-        tensors = layout.pack(PlainParts(codes, qp.scale, qp.zero_point), fmt)
+        parts = PlainParts(codes, qp.scale, qp.zero_point)
+        problem = None if codes.is_meta else layout.kernel_range_problem(parts, fmt, self.act_quant)  # meta: no values
+        if problem is not None:
+            raise UnsupportedWeight(f"{name}: {problem}")
+        tensors = layout.pack(parts, fmt)
         return AffineQuantizedTensor(tensors, self.qdtype, qp.block_size, tuple(weight.shape), weight.dtype,
                                      layout, qp.zero_point_domain, act_quant=self.act_quant,
                                      kernel_preference=self.kernel_preference)

@@ -14,7 +14,8 @@ Formulas (q = code, s = scale, z = zero point, mid = (qmin + qmax + 1) // 2):
   float8                 x ~ float(q) * s            q saturates at the format's max
   nf4 / fp4_e2m1         x ~ levels[q] * s           nearest level, ties towards zero
 See Note [Power-of-two scales] for ``scale_rounding="power_of_two"`` (OCP microscaling, MXFP8 / MXFP4).
-All arithmetic is float32; results are cast to the requested dtype at the end.
+All arithmetic is float32; results are cast to the requested dtype at the end. Near the edge of float32's
+range (or the weight dtype's), scales are capped so nothing overflows: Note [Finite range].
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from .granularity import validate_block_size
 from .qdtype import QDType, QKind
 
 __all__ = ["MappingType", "ZeroPointDomain", "choose_qparams_affine", "quantize_affine",
-           "dequantize_affine", "default_zero_point_domain", "code_midpoint", "num_blocks", "padded_shape", "pad_to"]
+           "dequantize_affine", "default_zero_point_domain", "code_midpoint", "num_blocks", "padded_shape", "pad_to",
+           "finite_limit", "range_over", "cap_scale", "check_finite_values"]
 
 
 class MappingType(str, Enum):
@@ -151,7 +153,8 @@ def _odd_dims(ndim: int) -> tuple[int, ...]:
     return tuple(range(1, 2 * ndim, 2))
 
 
-def _check_finite(x: torch.Tensor, name: str) -> None:
+def check_finite_values(x: torch.Tensor, name: str) -> None:
+    """Refuse NaN / Inf values, and values past float32's range (float64), with the reason and the way out."""
     if x.is_meta:
         return  # no values to check (shape-only tracing)
     if not torch.isfinite(x).all():
@@ -159,6 +162,44 @@ def _check_finite(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} contains {bad} NaN/Inf value(s); quantization would poison whole blocks. "
                          f"Replace them in the float weights first, or leave this module out "
                          f"(ModuleConfigs({{'<module name>': None, ...}}) keeps it in float).")
+    limit = torch.finfo(torch.float32).max
+    if torch.finfo(x.dtype).max > limit and x.numel() and x.abs().max().item() > limit:
+        largest = x.abs().max().item()
+        raise ValueError(f"{name} ({x.dtype}) reaches {largest:.4g}, past float32's largest finite value ({limit:.4g}): "
+                         f"quantization computes in float32 (Note [Finite range]), so these values would become "
+                         f"inf. Scale the weights into float32's range first, or leave this module out "
+                         f"(ModuleConfigs({{'<module name>': None, ...}}) keeps it in float).")
+
+
+# Note [Finite range]
+# ~~~~~~~~~~~~~~~~~~~
+# The oracle and every kernel compute in float32, and dequantized values are cast to the weight's dtype. A finite
+# weight near that range's edge (float32 values of 3e38, float16 ones of 65504) can still give inf: the span
+# hi - lo of a block overflows, a symmetric int8 scale of amax / 127.5 puts code -128 half a step past amax, and
+# the float zero point's (q - mid) * s overflows before z is added. So a block's range is taken without
+# overflow (``range_over``) and its scale is capped (``cap_scale``) so that every code times the scale (and for
+# a FLOAT zero point, the zero point as well) stays within ``finite_limit``: a block that reaches the edge
+# loses its extreme half step, never becomes inf. Blocks away from the edge keep their arithmetic bit for bit.
+
+def finite_limit(dtype: torch.dtype) -> float:
+    """The largest magnitude a dequantized element may take: the smaller of float32's (the arithmetic) and
+    ``dtype``'s (what dequantize returns)."""
+    limit = torch.finfo(torch.float32).max
+    return min(limit, torch.finfo(dtype).max) if dtype.is_floating_point else limit
+
+
+def range_over(lo: torch.Tensor, hi: torch.Tensor, n: float) -> torch.Tensor:
+    """(hi - lo) / n without overflow: hi - lo of two finite float32 values can pass float32's max."""
+    span = hi - lo
+    return torch.where(torch.isfinite(span), span / n, hi / n - lo / n)
+
+
+def cap_scale(scale: torch.Tensor, max_code, limit: float, scale_dtype: torch.dtype) -> torch.Tensor:
+    """``scale`` capped so that ``max_code`` (the largest |code offset| a block's scale multiplies: a float or a
+    tensor shaped like ``scale``) times it stays within ``limit`` once the scale is stored in ``scale_dtype``
+    (rounding to it may go up by half an ulp, hence the margin). Uncapped blocks are returned as they were."""
+    bound = (limit * (1.0 - torch.finfo(scale_dtype).eps)) / max_code
+    return torch.where(scale > bound, bound, scale) if torch.is_tensor(bound) else scale.clamp(max=bound)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,7 +241,7 @@ def choose_qparams_affine(
     zero_point_domain = ZeroPointDomain(zero_point_domain)
     _check_scheme(qdtype, mapping, zero_point_domain, name)
     if check_finite:
-        _check_finite(x, name)
+        check_finite_values(x, name)
     scale_dtype = scale_dtype or (x.dtype if x.dtype.is_floating_point else torch.float32)
     _check_scale_rounding(scale_rounding, qdtype, eps, scale_dtype, name)
     if eps is None:
@@ -212,13 +253,15 @@ def choose_qparams_affine(
     lo, hi = lo.reshape(lo.shape[0::2]), hi.reshape(hi.shape[0::2])  # drop the size-1 block dims
 
     zero_point = None
+    limit = finite_limit(x.dtype)  # Note [Finite range]
     if qdtype.kind is QKind.INT:
-        scale, zero_point = _int_qparams(lo, hi, qdtype, mapping, zero_point_domain, eps)
+        scale, zero_point = _int_qparams(lo, hi, qdtype, mapping, zero_point_domain, eps, limit, scale_dtype)
     elif scale_rounding == POWER_OF_TWO:
-        scale = _power_of_two_scale(torch.maximum(-lo, hi), qdtype)
+        scale = _power_of_two_scale(torch.maximum(-lo, hi), qdtype)  # codes * 2^e stay below 2^128: no cap
     else:
         amax = torch.maximum(-lo, hi)
         scale = _floor_scale(amax / qdtype.max_abs_level, amax, eps)
+        scale = cap_scale(scale, qdtype.max_abs_level, limit, scale_dtype)
     scale = _cast_in_range(scale, scale_dtype, check_finite, f"{name}'s scales")
     if zero_point is not None:
         if zero_point_domain is ZeroPointDomain.INT:
@@ -294,19 +337,20 @@ def _floor_scale(scale: torch.Tensor, span: torch.Tensor, eps: float) -> torch.T
     return torch.where(span > 0, scale.clamp(min=eps), torch.ones_like(scale))
 
 
-def _int_qparams(lo, hi, qdtype, mapping, zpd, eps):
+def _int_qparams(lo, hi, qdtype, mapping, zpd, eps, limit, scale_dtype):
     qmin, qmax = float(qdtype.qmin), float(qdtype.qmax)
     mid = code_midpoint(qdtype) if not qdtype.signed else 0
     if mapping is MappingType.ASYMMETRIC:
         if zpd is ZeroPointDomain.INT:
             # Keep 0.0 inside the range so it maps to an integer code exactly.
             lo, hi = lo.clamp(max=0), hi.clamp(min=0)
-        span = hi - lo
-        scale = _floor_scale(span / (qmax - qmin), span, eps)
+        scale = _floor_scale(range_over(lo, hi, qmax - qmin), hi - lo, eps)
         if zpd is ZeroPointDomain.INT:
             zero_point = (qmin - torch.round(lo / scale)).clamp(qmin, qmax)
+            # codes run from qmin - zp to qmax - zp; zp stays, so 0.0 keeps its exact code
+            scale = cap_scale(scale, torch.maximum(zero_point - qmin, qmax - zero_point), limit, scale_dtype)
         else:
-            zero_point = lo - (qmin - code_midpoint(qdtype)) * scale
+            zero_point, scale = _float_zero_point(lo, hi, qdtype, scale, limit, scale_dtype)
         return scale, zero_point
     # Symmetric: codes centred on `mid` (0 for signed codes, the midpoint for unsigned ones).
     amax = torch.maximum(-lo, hi).clamp(min=0)
@@ -315,12 +359,23 @@ def _int_qparams(lo, hi, qdtype, mapping, zpd, eps):
     else:  # SYMMETRIC_NO_CLIPPING_ERR: both ends reachable
         neg, pos = (-lo).clamp(min=0) / (mid - qmin), hi.clamp(min=0) / (qmax - mid)
         scale = torch.maximum(neg, pos)
-    scale = _floor_scale(scale, amax, eps)
+    scale = cap_scale(_floor_scale(scale, amax, eps), max(mid - qmin, qmax - mid), limit, scale_dtype)
     if zpd is ZeroPointDomain.NONE:
         return scale, None
     if zpd is ZeroPointDomain.INT:
         return scale, torch.full_like(scale, float(mid))
     return scale, torch.zeros_like(scale)  # FLOAT domain: x = (q - mid) * s + 0
+
+
+def _float_zero_point(lo, hi, qdtype, scale, limit, scale_dtype):
+    """(zero_point, scale) of a FLOAT-domain block range [lo, hi]: x ~ (q - mid) * s + z with qmin mapping to lo.
+    A scale capped by Note [Finite range] covers less than [lo, hi]; such a block's zero point centres the codes
+    on the range instead, so both ends lose the same, and (q - mid) * s and z both stay finite."""
+    qmin, qmax, mid = float(qdtype.qmin), float(qdtype.qmax), code_midpoint(qdtype)
+    capped = cap_scale(scale, max(mid - qmin, qmax - mid), limit, scale_dtype)
+    zero_point = lo - (qmin - mid) * scale
+    centred = lo / 2 + hi / 2 - ((qmin + qmax) / 2 - mid) * capped
+    return torch.where(capped < scale, centred, zero_point), capped
 
 
 # ----------------------------------------------------------------------------------------------
@@ -344,7 +399,7 @@ def quantize_affine(
     block_size = _check_block_size(x, block_size, name)
     zpd = _resolve_zpd(qdtype, zero_point, zero_point_domain, name)
     if check_finite:
-        _check_finite(x, name)
+        check_finite_values(x, name)
     xb = _blocks(x.float(), block_size)
     s = _per_block(scale.float())
     padded = padded_shape(x.shape, block_size)

@@ -21,7 +21,7 @@ from .routes import Route, quantized_linear
 from .slicing import slice_quantized
 
 __all__ = ["Layout", "WeightFormat", "PlainParts", "PackedSpec", "scale_specs", "register_layout", "layout_class", "all_layouts",
-           "pad_features", "crop_features"]
+           "pad_features", "crop_features", "kernel_reach_problem"]
 
 
 class PlainParts(NamedTuple):
@@ -49,6 +49,19 @@ class PackedSpec(NamedTuple):
     """What one stored inner tensor must look like (see ``Layout.packed_specs``)."""
     shape: tuple[int, ...]
     dtypes: tuple[torch.dtype, ...]
+
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def kernel_reach_problem(layout, reach: float, what: str) -> str | None:
+    """kernel_range_problem's message when ``reach`` (a bound on a kernel's float32 intermediate) passes float32."""
+    if reach <= FLOAT32_MAX:
+        return None
+    return (f"{type(layout).__name__}'s kernels {what}; for this weight that reaches {reach:.3g}, past float32's "
+            f"largest value ({FLOAT32_MAX:.3g}), so outputs would be inf. The weight's values are too large for this "
+            f"layout: scale them down, use another layout (e.g. PlainLayout()), or leave this module out "
+            f"(ModuleConfigs({{'<module name>': None, ...}}) keeps it in float).")
 
 
 # Scales, float zero points: whatever float dtype quantization chose.
@@ -107,6 +120,13 @@ class Layout:
 
     def supports(self, fmt: WeightFormat) -> str | None:
         """Why this layout can't store such a tensor, or None if it can."""
+        return None
+
+    def kernel_range_problem(self, parts: PlainParts, fmt: WeightFormat, act_quant) -> str | None:
+        """Why this layout's kernels could overflow float32 on these qparams for inputs of magnitude up to 1 where
+        F.linear on the dequantized weight would not (an intermediate wider than the weight: a code offset, codes of
+        an int8 activation before its scale), or None. Default: no such intermediate. See Note [Finite range] in
+        core/primitives.py for the weight's own range."""
         return None
 
     def for_weight(self, fmt: WeightFormat) -> "Layout":

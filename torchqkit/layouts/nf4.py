@@ -137,6 +137,8 @@ def _double_quantize(absmax: torch.Tensor):
     """absmax (N, K // B) -> (int8 codes (N, K // B), float32 scale per 256 blocks, float32 offset (1,))."""
     absmax = absmax.float()
     offset = absmax.mean().reshape(1)
+    if not offset.is_meta and not torch.isfinite(offset).all():  # absmax near float32's max: the float32 sum overflows, the mean doesn't
+        offset = absmax.double().mean().float().reshape(1)
     flat = F.pad((absmax - offset).reshape(-1), (0, -absmax.numel() % DQ_GROUP))  # zeros don't change absmax
     scale, _ = choose_qparams_affine(flat, int8, (DQ_GROUP,), name="NF4 absmax (double quantization)")
     codes = quantize_affine(flat, int8, (DQ_GROUP,), scale, name="NF4 absmax (double quantization)")

@@ -45,7 +45,8 @@ import torch.nn.functional as F
 from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind, int2, int4
 from ..kernels.ops.linear_intxwo import intx_fields
-from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout, scale_specs
+from .base import (Layout, PackedSpec, PlainParts, WeightFormat, kernel_reach_problem, pad_features, register_layout,
+                   scale_specs)
 from .routes import Route
 
 
@@ -75,6 +76,19 @@ class PackedIntxLayout(Layout):
             return (f"PackedIntxLayout(ternary=True) stores symmetric int2 codes in {{-1, 0, 1}}, got {qdtype.name} "
                     f"with zero point domain {ZeroPointDomain(zero_point_domain).value}; use ternary=False")
         return None
+
+    def kernel_range_problem(self, parts: PlainParts, fmt: WeightFormat, act_quant) -> str | None:
+        if act_quant is None or act_quant.qdtype.kind is not QKind.INT or not parts.scale.numel():
+            return None
+        # torchqkit::linear_int8da_int4_packed sums int8 activation codes (|q| <= 128, and as much again for an
+        # asymmetric activation's zero-point term) times the weight, and applies the activation scale last: the
+        # sum reaches 256 * K * max|w| whatever the activation's own magnitude.
+        qdtype = fmt.qdtype
+        w_max = float(parts.scale.float().abs().max()) * (qdtype.qmax - qdtype.qmin + 1)
+        if parts.zero_point is not None and parts.zero_point.dtype.is_floating_point:
+            w_max += float(parts.zero_point.float().abs().max())
+        return kernel_reach_problem(self, 256 * fmt.shape[-1] * w_max, "with int8 activations sum activation codes "
+                                    "times the weight over in_features in float32 before the activation scale")
 
     def slice_multiple(self, fmt: WeightFormat, dim: int) -> int:
         qdtype, block_size, shape, _ = fmt

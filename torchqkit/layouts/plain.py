@@ -21,7 +21,7 @@ import torch
 from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind
 from .base import Layout, PlainParts, WeightFormat, pad_features, register_layout
-from .routes import Route, flatten_tokens
+from .routes import Route, flatten_tokens, in_dtype_of
 from .scaled_mm import SCALED_MM_ROUTE
 
 
@@ -94,7 +94,7 @@ def _int8_dynamic_linear(w, x, bias):
         acc = acc - qa.zero_point.to(torch.int32) * w.qdata.sum(dim=1, dtype=torch.int32)
     out = acc.to(torch.float32) * qa.scale * w.scale.reshape(1, n).to(torch.float32)
     out = out.to(x.dtype).reshape(*x.shape[:-1], n)
-    return out if bias is None else out + bias
+    return out if bias is None else out + in_dtype_of(out, bias)
 
 
 PlainLayout.routes = (

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from ..kernels import KERNEL_ACT_DTYPES, cpu_backend, linear_op
 from ..kernels.preference import KernelPreference
 
-__all__ = ["Route", "quantized_linear", "reference_linear", "route_for", "route_rows", "flatten_tokens"]
+__all__ = ["Route", "quantized_linear", "reference_linear", "route_for", "route_rows", "flatten_tokens", "in_dtype_of",
+           "empty_linear"]
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,22 @@ class Route:
 
 
 def flatten_tokens(x: torch.Tensor) -> torch.Tensor:
-    """(..., K) -> (M, K)."""
-    return x.reshape(-1, x.shape[-1])
+    """(..., K) -> (M, K), row-major: kernels and torch._scaled_mm read rows at stride K, and under torch.compile
+    inductor gives the activation's quantized codes the strides of the input it was handed (a transposed view's
+    column-major ones), so every route flattens through here (a copy only for a non-contiguous input)."""
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def in_dtype_of(x: torch.Tensor, t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` (a bias, a dequantized weight) in ``x``'s dtype: a quantized linear returns the input's dtype, as
+    its kernels do, whatever dtype the layer's own tensors have."""
+    return t if t is None or t.dtype == x.dtype else t.to(x.dtype)
+
+
+def empty_linear(w, x: torch.Tensor) -> torch.Tensor:
+    """F.linear of an input with no tokens: an empty (..., N) output in x's dtype, with no activation
+    quantized (a 0-row tensor has no range to take a scale from) and no kernel launched."""
+    return x.new_empty(*x.shape[:-1], w.logical_shape[0])
 
 
 def reference_linear(w, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -67,7 +82,7 @@ def reference_linear(w, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Ten
     then a float ``F.linear``: the definition every route's kernel is tested against."""
     if w.act_quant is not None:
         x = w.act_quant.fake_quantize(flatten_tokens(x)).reshape(x.shape)
-    return F.linear(x, w.dequantize(), bias)
+    return F.linear(x, in_dtype_of(x, w.dequantize()), in_dtype_of(x, bias))
 
 
 def route_for(w, x: torch.Tensor) -> Route | None:
@@ -81,6 +96,8 @@ def route_for(w, x: torch.Tensor) -> Route | None:
 def quantized_linear(w, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, w, bias)`` for any layout, following the weight's KernelPreference (Note [Kernel preference])."""
     pref = w.kernel_preference
+    if x.shape[:-1].numel() == 0:
+        return empty_linear(w, x)
     if pref is KernelPreference.REFERENCE:
         return reference_linear(w, x, bias)
     route = route_for(w, x)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..core.qdtype import QKind
-from .routes import Route, flatten_tokens
+from .routes import Route, flatten_tokens, in_dtype_of
 
 __all__ = ["SCALED_MM_ROUTE", "scaled_mm_applies", "scaled_mm_linear"]
 
@@ -41,7 +41,7 @@ def scaled_mm_linear(w, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Ten
     qa, scale_a, scale_b = _quantized_rows(w, x)
     out = torch._scaled_mm(qa, w.qdata.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=x.dtype)
     out = out.reshape(*x.shape[:-1], w.logical_shape[0])
-    return out if bias is None else out + bias
+    return out if bias is None else out + in_dtype_of(out, bias)
 
 
 def _rowwise_call(fn, w, x, bias):

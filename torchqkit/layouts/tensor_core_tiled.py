@@ -60,7 +60,8 @@ import torch
 from ..core.primitives import ZeroPointDomain, padded_shape
 from ..core.qdtype import uint4
 from ..kernels.ops.linear_int4wo_tiled import int4_tiled_codes
-from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
+from .base import (FLOAT_DTYPES, Layout, PackedSpec, PlainParts, WeightFormat, kernel_reach_problem, pad_features,
+                   register_layout)
 from .routes import Route
 
 
@@ -123,6 +124,12 @@ class TensorCoreTiledLayout(Layout):
             return (f"TensorCoreTiledLayout needs groups of {GROUP_SIZES} along in_features (block_size (1, g)), "
                     f"got block_size {tuple(block_size)}")
         return None
+
+    def kernel_range_problem(self, parts: PlainParts, fmt: WeightFormat, act_quant) -> str | None:
+        # The bf16 decode sums s * x * (128 + u) and subtracts 136 s sum x (Note [int4 bf16 decode] in
+        # csrc/cpu/int4_tiled_dot_bf16.inc): per unit of |x|, up to (136 + 15) s per element of K.
+        reach = float(parts.scale.float().abs().max()) * (136 + 15) * fmt.shape[-1] if parts.scale.numel() else 0.0
+        return kernel_reach_problem(self, reach, "sum scale * (128 + code) over in_features in float32")
 
     def slice_multiple(self, fmt: WeightFormat, dim: int) -> int:
         block_size = fmt.block_size
