@@ -39,6 +39,24 @@ namespace torchqkit_cpu {
 namespace {
 
 constexpr float kScaleEps = FLT_MIN;  // the oracle's floor: finfo(float32).tiny, the smallest normal
+
+// Note [Finite range] (core/primitives.py), for activations: a row reaching float32's edge must not give an inf
+// scale. The oracle takes hi - lo without overflow and caps a scale so that every code offset times it stays
+// within float32's max (less one ulp, for rounding); these two helpers are that arithmetic, bit for bit, and every
+// ISA's quantize_rows calls them once per row.
+constexpr float kFiniteLimit = FLT_MAX * (1.f - FLT_EPSILON);
+
+inline float symmetric_act_scale(float amax) {  // int8 codes -128..127 around 0: the largest offset is 128
+  const float s = amax > 0.f ? std::max(amax / 127.5f, kScaleEps) : 1.f;
+  return std::min(s, kFiniteLimit / 128.f);
+}
+
+inline float asymmetric_act_scale(float lo, float hi, int* zp) {  // lo <= 0 <= hi
+  const float span = hi - lo;
+  const float s = span > 0.f ? std::max(std::isfinite(span) ? span / 255.f : hi / 255.f - lo / 255.f, kScaleEps) : 1.f;
+  *zp = (int)std::fmin(std::fmax(-128.f - std::nearbyint(lo / s), -128.f), 127.f);
+  return std::min(s, kFiniteLimit / (float)std::max(*zp + 128, 127 - *zp));  // the zero point stays, as the oracle's
+}
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // ================================================================================================
@@ -60,13 +78,11 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8
     } else if (symmetric) {
       float amax = 0.f;
       for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(xr[k]));
-      s = amax > 0.f ? std::max(amax / 127.5f, kScaleEps) : 1.f;
+      s = symmetric_act_scale(amax);
     } else {
       float lo = 0.f, hi = 0.f;  // the range always contains 0, so 0.0 maps to a code exactly
       for (int64_t k = 0; k < K; ++k) { lo = std::min(lo, xr[k]); hi = std::max(hi, xr[k]); }
-      const float span = hi - lo;
-      s = span > 0.f ? std::max(span / 255.f, kScaleEps) : 1.f;
-      zp = (int)std::fmin(std::fmax(-128.f - std::nearbyint(lo / s), -128.f), 127.f);
+      s = asymmetric_act_scale(lo, hi, &zp);
     }
     const float fzp = (float)zp;
     for (int64_t k = 0; k < K; ++k) {

@@ -35,12 +35,9 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8
     float s;
     int zp = 0;
     if (symmetric) {
-      const float amax = V::reduce_max(hi);
-      s = amax > 0.f ? std::max(amax / 127.5f, kScaleEps) : 1.f;
+      s = symmetric_act_scale(V::reduce_max(hi));
     } else {
-      const float lmin = V::reduce_min(lo), span = V::reduce_max(hi) - lmin;
-      s = span > 0.f ? std::max(span / 255.f, kScaleEps) : 1.f;
-      zp = (int)std::fmin(std::fmax(-128.f - std::nearbyint(lmin / s), -128.f), 127.f);
+      s = asymmetric_act_scale(V::reduce_min(lo), V::reduce_max(hi), &zp);
     }
     if (!std::isfinite(V::reduce(poison))) {
       s = kNaN;  // Note [non-finite activation rows]

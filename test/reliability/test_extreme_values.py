@@ -101,21 +101,13 @@ def test_a_block_away_from_the_edge_keeps_its_qparams_bit_for_bit():
     assert torch.equal(zp, lo - (0 - 8) * scale)
 
 
-# csrc/cpu/linear_int8.cpp's quantize_rows takes an asymmetric activation's span as hi - lo in float32, which
-# overflows for activations near float32's max (the Python reference takes it with core.primitives.range_over).
-_CPP_ASYMMETRIC_SPAN = pytest.mark.xfail(strict=True, reason="the C++ int8 x int4 kernel's activation span overflows")
-
-
 def _reference_twin(name):
     return pytest.param(dataclasses.replace(CONFIGS[name], kernel_preference="reference"), id=f"{name}-reference")
 
 
 def _activation_params():
-    return [pytest.param(*p.values, id=p.id, marks=_CPP_ASYMMETRIC_SPAN)
-            if p.id in ("int8da-int4", "int8da-int4-float-zero") and qk.kernels.cpu_backend(
-                "torchqkit::linear_int8da_int4_packed")[0].startswith("cpp") else p
-            for p in config_params(ACTIVATION_CONFIGS)] + [_reference_twin("int8da-int4"),
-                                                          _reference_twin("int8da-int4-float-zero")]
+    return list(config_params(ACTIVATION_CONFIGS)) + [_reference_twin("int8da-int4"),
+                                                      _reference_twin("int8da-int4-float-zero")]
 
 
 @pytest.mark.parametrize("config", _activation_params())
@@ -129,3 +121,20 @@ def test_huge_finite_activations_into_activation_configs_stay_finite(config):
         expected, out = F.linear(x, model[0].weight.dequantize()), model(x)
     assert torch.isfinite(expected).all()
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", ["int8da-int4", "int8da-int4-float-zero"])
+def test_kernel_activation_scales_at_float32s_edge_match_the_oracle(name):
+    """The C++ activation quantizer takes a row's range and caps its scale as the oracle does (Note [Finite
+    range]): outputs at float32's edge agree with the reference path's to float32 rounding."""
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(K, N, bias=False) for _ in range(2)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    qk.quantize_(layers[0], CONFIGS[name], strict=True)
+    qk.quantize_(layers[1], dataclasses.replace(CONFIGS[name], kernel_preference="reference"), strict=True)
+    x = torch.randn(4, K, generator=torch.Generator().manual_seed(3)) * 1e37
+    x[:, 0], x[:, 1] = 3.4e38, -3.4e38  # hi - lo overflows float32
+    with torch.no_grad():
+        out, ref = layers[0](x), layers[1](x)
+    assert torch.isfinite(ref).all()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=0)
