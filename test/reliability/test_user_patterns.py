@@ -4,8 +4,10 @@ is refused with an error naming it, before anything is quantized. See Note [Boun
 torchqkit/api/name_patterns.py."""
 from __future__ import annotations
 
+import copy
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -148,3 +150,10 @@ def test_cli_refuses_a_hostile_pattern_in_seconds(tmp_path):
     assert time.perf_counter() - start < 60
     assert done.returncode == 2
     assert "'re:(a+)+$'" in done.stderr and "repeated group" in done.stderr
+
+
+def test_configs_with_patterns_copy_and_pickle():
+    configs = qk.ModuleConfigs({r"re:layers\.\d+\.mlp\..*": INT8, "_default": None})
+    for twin in (copy.deepcopy(configs), pickle.loads(pickle.dumps(configs))):
+        assert twin == configs
+        assert twin.lookup("layers.2.mlp.fc1")[0] == r"re:layers\.\d+\.mlp\..*"

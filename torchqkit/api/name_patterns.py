@@ -110,7 +110,7 @@ class _Analysis:
             if in_repeat:
                 raise UnboundedPattern("a repeat inside a repeated group (like '(a+)+' or '(\\w+\\.)*') can "
                                        "backtrack exponentially")
-            scope.repeats.append((lo, hi, body.getwidth()[0]))
+            scope.repeats.append((int(lo), int(hi), int(body.getwidth()[0])))  # plain ints: copyable
         # a body run more than once must hold no choice; "?" (at most once) only adds its own
         self.walk(body, scope, in_repeat or hi > 1)
 
