@@ -7,6 +7,7 @@ every import (see Note [Missing CPU kernels] in torchqkit/kernels/cpu_build.py).
 """
 import importlib.util
 import os
+import shutil
 import sys
 
 from setuptools import find_packages, setup
@@ -68,6 +69,18 @@ def _cpu_extension():
     return [ext], {"build_ext": _reporting_build_ext(BuildExtension)}
 
 
+def _cpu_fingerprint(ext) -> str:
+    """What decides the CPU library's bytes (Note [Reusing a build] in torchqkit/kernels/cpu_build.py)."""
+    import sysconfig
+
+    import torch
+    settings = repr((ext.sources, ext.extra_compile_args, ext.extra_link_args, torch.__version__,
+                     sys.implementation.cache_tag, sysconfig.get_platform(), os.environ.get("CC"), os.environ.get("CXX"),
+                     os.environ.get("CFLAGS"), os.environ.get("CXXFLAGS")))
+    return cpu_build.source_fingerprint([os.path.join(HERE, "csrc", "cpu"), os.path.join(HERE, "csrc", "common")],
+                                        settings)
+
+
 def _print_warning_block(message: str) -> None:
     """A block nobody scrolls past at the end of a build log (setuptools logs an optional failure in one line)."""
     bar = "!" * 100
@@ -84,6 +97,8 @@ def _reporting_build_ext(base):
     class ReportingBuildExt(base):
         def build_extension(self, ext):
             out_dir = os.path.dirname(self.get_ext_fullpath(ext.name))
+            if ext.name == "torchqkit._C_cpu" and self._reuse_cpu_build(ext):
+                return
             try:
                 super().build_extension(ext)
             except Exception as e:  # noqa: BLE001  (any compiler failure; re-raised unless optional)
@@ -97,6 +112,31 @@ def _reporting_build_ext(base):
             else:
                 if ext.name == "torchqkit._C_cpu":
                     cpu_build.remove_record(out_dir)
+                    built = self.get_ext_fullpath(ext.name)
+                    cpu_build.write_fingerprint(built, _cpu_fingerprint(ext))
+                    in_package = os.path.join(PACKAGE_DIR, os.path.basename(built))
+                    if os.path.abspath(built) != in_package and os.path.isfile(in_package):
+                        # a checkout's earlier in-place build: stale now, and no longer what the fingerprint says
+                        cpu_build.write_fingerprint(in_package, "")
+
+        def _reuse_cpu_build(self, ext) -> bool:
+            """Note [Reusing a build]: copy the library built from the same sources instead of compiling."""
+            target = self.get_ext_fullpath(ext.name)
+            prebuilt = os.path.join(PACKAGE_DIR, os.path.basename(target))
+            fingerprint = _cpu_fingerprint(ext)
+            if not cpu_build.reusable_build(prebuilt, fingerprint):
+                print("torchqkit: compiling the C++ CPU kernels (csrc/cpu; a few minutes on 2 cores)",
+                      file=sys.stderr, flush=True)
+                return False
+            if os.path.abspath(prebuilt) != os.path.abspath(target):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                shutil.copy2(prebuilt, target)
+                cpu_build.write_fingerprint(target, fingerprint)
+            cpu_build.remove_record(os.path.dirname(target))
+            print(f"torchqkit: the C++ CPU kernels in {os.path.relpath(prebuilt, HERE)} were built from these "
+                  f"sources with this torch: reused, not recompiled (TORCHQKIT_REBUILD_CPU=1 forces a build)",
+                  file=sys.stderr, flush=True)
+            return True
 
         def run(self):
             self._failed = []
@@ -108,7 +148,7 @@ def _reporting_build_ext(base):
 
 
 def _cuda_extension():
-    """The CUDA kernels (csrc/cuda) where torch has CUDA; the CPU torch can't build them (PLATFORM.md).
+    """The CUDA kernels (csrc/cuda) where torch has CUDA; the CPU torch can't build them (docs/platform.md).
     TORCHQKIT_BUILD_CUDA=0 skips them, TORCHQKIT_CUDA_ARCHS (default "80;89;90a") picks the gencodes,
     TORCHQKIT_CUDA_REQUIRED=1 makes a compiler error fail the build (.ci/build_cuda.sh)."""
     if os.environ.get("TORCHQKIT_BUILD_CUDA", "1") == "0" or importlib.util.find_spec("torch") is None:
