@@ -24,9 +24,10 @@ import re
 import secrets
 from pathlib import Path
 
-from ..files.atomic_write import check_destination, finish_temp, fsync_directory, temp_file, unlink_quietly
+from ..files.atomic_write import (check_destination, discard_temp, finish_temp, fsync_directory, remove_stale_temps,
+                                  replace_temp, temp_file, unlink_quietly)
 
-__all__ = ["CheckpointFiles", "INDEX_SUFFIX"]
+__all__ = ["CheckpointFiles", "INDEX_SUFFIX", "files_a_save_replaces"]
 
 INDEX_SUFFIX = ".index.json"
 
@@ -40,6 +41,8 @@ class CheckpointFiles:
     def __init__(self, path):
         self.path = check_destination(Path(path))
         self.save_id = secrets.token_hex(4)
+        # killed saves' temporaries of any file of this checkpoint (Note [Stale temporaries] in files/atomic_write.py)
+        remove_stale_temps(self.path.parent, [self.path.name, self.index_path.name, _shard_pattern(self.path)])
         self._staged: list[tuple[Path, Path]] = []
         self._index: Path | None = None
 
@@ -62,8 +65,7 @@ class CheckpointFiles:
             f.write(data)
             finish_temp(f, tmp)
         except BaseException:
-            f.close()
-            unlink_quietly(tmp)
+            discard_temp(f, tmp)
             raise
         self._index = tmp
         return self.index_path
@@ -76,7 +78,7 @@ class CheckpointFiles:
         done = []
         try:
             for tmp, final in moves:
-                os.replace(tmp, final)
+                replace_temp(tmp, final)
                 done.append(final)
         except BaseException:
             # Not all moved, so the index (moved last) is still the old one, and the shards moved so far carry
@@ -104,12 +106,26 @@ def _stem(path: Path) -> str:
     return path.name.removesuffix(".safetensors")
 
 
+def _shard_pattern(path: Path) -> re.Pattern:
+    """Shard names of the checkpoint at ``path``: ``<stem>-[<save id>-]00001-of-00003.safetensors``."""
+    return re.compile(re.escape(_stem(path)) + r"-(?:[0-9a-f]{8}-)?\d{5}-of-\d{5}\.safetensors")
+
+
+def files_a_save_replaces(path) -> list[Path]:
+    """Every path a save at ``path`` may write or remove: the file, its index, and the shard names of its stem
+    (existing ones; new shards get fresh names no other file has)."""
+    path = Path(path)
+    index = path.with_name(path.name + INDEX_SUFFIX)
+    shards = [p for p in path.parent.iterdir() if _shard_pattern(path).fullmatch(p.name)] if path.parent.is_dir() else []
+    return [path, index, *sorted(shards)]
+
+
 def _previous_files(path: Path) -> list[Path]:
     """Files of the checkpoint saved at ``path`` before, in the order to remove them: the index first (so a
     reader never finds an index whose shards are gone), then its shards, or the single file. Only regular
     files, and only shard names of this stem's pattern: an index can't make a save delete anything else."""
     index = path.with_name(path.name + INDEX_SUFFIX)
-    pattern = re.compile(re.escape(_stem(path)) + r"-(?:[0-9a-f]{8}-)?\d{5}-of-\d{5}\.safetensors")
+    pattern = _shard_pattern(path)
     out = [p for p in (index, path) if p.is_file() and not p.is_symlink()]
     out += sorted(p for p in path.parent.iterdir()
                   if pattern.fullmatch(p.name) and p.is_file() and not p.is_symlink())

@@ -18,6 +18,7 @@ previous ones at ``dst`` only once all are written (Note [Atomic saves], atomic.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import sys
 import time
@@ -29,7 +30,7 @@ from torch import nn
 from ..api.configs.base import handler_for
 from ..api.quantize import QuantizationError, as_module_configs, quantize_named_weight
 from ..api.report import LayerReport, QuantizationReport
-from .atomic import INDEX_SUFFIX, CheckpointFiles
+from .atomic import INDEX_SUFFIX, CheckpointFiles, files_a_save_replaces
 from .entries import INNER_SEP, encode_entry
 from .safetensors_file import CheckpointError, SafetensorsReader, SafetensorsWriter
 from .save_load import file_header, file_metadata
@@ -60,7 +61,9 @@ def quantize_checkpoint(src, dst, config, *, model: nn.Module | None = None, max
             handler_for(c)
     readers = []
     try:
-        for f in _source_files(Path(src)):
+        sources = _source_files(Path(src))
+        _refuse_destroying_sources(sources, Path(dst))
+        for f in sources:
             readers.append(SafetensorsReader(f))
         _refuse_quantized_source(readers)
         linear, entries = _plan(readers, configs, model)
@@ -227,6 +230,28 @@ def _nbytes(shape, dtype) -> int:
     for s in shape:
         n *= s
     return n
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same inode (hard links, symlinks, '..') or, for a path that doesn't
+    exist yet, the same resolved name."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def _refuse_destroying_sources(sources: list[Path], dst: Path) -> None:
+    """A save at ``dst`` writes or removes the files ``files_a_save_replaces`` lists: none may be a source file,
+    or quantizing would replace (or delete) the float checkpoint it is reading. Checked before anything is read
+    or written."""
+    for target in files_a_save_replaces(dst):
+        for source in sources:
+            if _same_file(source, target):
+                how = "is" if target == dst else f"would write or remove {target}, which is"
+                raise ValueError(f"quantize_checkpoint: the destination {dst} {how} the source file {source} (the "
+                                 f"same file, by name, link or path); writing it would destroy the float checkpoint "
+                                 f"being read. Nothing was written: choose another destination.")
 
 
 def _source_files(src: Path) -> list[Path]:

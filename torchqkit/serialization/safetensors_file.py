@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from ..files.atomic_write import check_destination, finish_temp, fsync_directory, temp_file, unlink_quietly
+from ..files.atomic_write import (check_destination, discard_temp, finish_temp, fsync_directory, replace_temp,
+                                  temp_file, unlink_quietly)
 from ..files.strict_json import parse_json
 
 __all__ = ["CheckpointError", "SafetensorsReader", "SafetensorsWriter", "DTYPES", "open_checkpoint_file"]
@@ -244,7 +245,7 @@ class SafetensorsWriter:
                 shutil.copyfileobj(data, out, 1 << 20)  # small chunks: the copy adds ~1 MB to peak memory
             finish_temp(out, self._staged)
         except BaseException:
-            out.close()
+            discard_temp(out, self._staged)
             self.abort()
             raise
         unlink_quietly(self._tmp)
@@ -256,15 +257,15 @@ class SafetensorsWriter:
         check_destination(self.path)
         staged = self.finish(metadata)
         try:
-            os.replace(staged, self.path)
+            replace_temp(staged, self.path)
         except BaseException:
             self.abort()
             raise
         fsync_directory(self.path.parent)
 
     def abort(self) -> None:
-        """Remove every temporary this writer made; the destination is untouched."""
-        self._data.close()
-        unlink_quietly(self._tmp)
+        """Remove every temporary this writer made, even if closing the data file fails again (its buffered bytes
+        are what failed to write); the destination is untouched."""
+        discard_temp(self._data, self._tmp)
         if self._staged is not None:
             unlink_quietly(self._staged)
