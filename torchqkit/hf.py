@@ -26,6 +26,7 @@ from torch import nn
 from .files.atomic_write import atomic_write_bytes
 from .serialization.save_load import (FORMAT_VERSION, SaveSummary, encode_config, load_quantized, save_quantized,
                                       torchqkit_version)
+from .files.open_checked import open_regular_file
 from .files.strict_json import parse_json
 from .tensor.affine_quantized_tensor import AffineQuantizedTensor
 
@@ -73,9 +74,7 @@ def from_pretrained(directory) -> nn.Module:
     import transformers
     directory = Path(directory)
     config_file = directory / "config.json"
-    if config_file.is_symlink():
-        raise ValueError(f"{config_file} is a symbolic link; torchqkit follows no links in a checkpoint "
-                         f"(pass the real directory: os.path.realpath)")
+    read_config_json(config_file)  # torchqkit's rules first: a regular file, strict JSON (transformers' parse recurses)
     # trust_remote_code=False: a config.json with auto_map must never run code from the checkpoint.
     hf_config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
     qc = getattr(hf_config, "quantization_config", None)
@@ -93,10 +92,20 @@ def from_pretrained(directory) -> nn.Module:
     return model.eval()
 
 
+def read_config_json(path) -> dict:
+    """A checkpoint's config.json read by torchqkit's rules (files/open_checked.py, files/strict_json.py): a regular
+    file named directly, strict JSON nested at most MAX_JSON_DEPTH deep, a JSON object; ValueError naming the file."""
+    with open_regular_file(path, ValueError, "config.json") as f:
+        data = parse_json(f.read(), str(path))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a config.json holds a JSON object, not a {type(data).__name__}")
+    return data
+
+
 def read_quantization_config(directory) -> dict:
     """config.json's quantization_config, as save_pretrained wrote it."""
     path = Path(directory) / "config.json"
-    return parse_json(path.read_bytes(), str(path))["quantization_config"]
+    return read_config_json(path)["quantization_config"]
 
 
 def materialize_non_persistent_buffers(model: nn.Module) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..files import atomic_write_bytes, parse_json
+from ..files import atomic_write_bytes, open_regular_file, parse_json
 from .configs.base import QuantConfig, config_from_dict
 from .name_patterns import NamePattern
 
@@ -85,7 +85,8 @@ class ModuleConfigs:
         """Read a file written by ``to_json``. Bad files raise ValueError naming the file (not JSON, not UTF-8,
         nested too deeply, an invalid config); never RecursionError or UnicodeDecodeError."""
         path = Path(path)
-        data = parse_json(path.read_bytes(), str(path))
+        with open_regular_file(path, ValueError, "config file") as f:
+            data = parse_json(f.read(), str(path))
         try:
             return cls(data)
         except (TypeError, ValueError) as e:

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from torchqkit import demo
+from torchqkit.files.open_checked import open_regular_file
 from torchqkit.files.strict_json import parse_json
 
 __all__ = ["add_quantize_parser", "parse_config_arg"]
@@ -26,7 +27,8 @@ def parse_config_arg(text: str):
         raise argparse.ArgumentTypeError(f"{text!r} is neither a config name ({', '.join(demo.DEMO_CONFIGS)}) "
                                          f"nor a JSON file")
     try:
-        data = parse_json(Path(text).read_bytes(), text)  # errors name the file; never RecursionError
+        with open_regular_file(text, ValueError, "config file") as f:  # the rule for every file torchqkit reads
+            data = parse_json(f.read(), text)  # errors name the file; never RecursionError
     except OSError as err:
         raise argparse.ArgumentTypeError(f"{text}: can't read ({err.strerror})") from None
     except ValueError as err:

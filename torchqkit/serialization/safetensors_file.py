@@ -7,7 +7,7 @@ with ``safetensors.torch.load_file`` and any other safetensors reader.
 
 Why not ``safetensors.safe_open``: reading tensors with ``readinto`` into fresh torch allocations (1) keeps
 peak memory at the tensors actually read (mmap'd pages would be counted again), (2) gives aligned tensors
-(see PLATFORM.md, "Serialization"), and (3) lets every problem name the tensor: a truncated file, offsets
+(see docs/platform.md, "Serialization"), and (3) lets every problem name the tensor: a truncated file, offsets
 that don't match the shape, a header that isn't JSON.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ import json
 import math
 import os
 import shutil
-import stat
 from pathlib import Path
 
 import torch
 
+from ..files.open_checked import open_regular_file
 from ..files.atomic_write import (check_destination, discard_temp, finish_temp, fsync_directory, replace_temp,
                                   temp_file, unlink_quietly)
 from ..files.strict_json import parse_json
@@ -131,30 +131,9 @@ class SafetensorsReader:
 
 
 def open_checkpoint_file(path: Path):
-    """Open a checkpoint file (safetensors file, shard or index) for reading: a regular file, named directly.
-
-    Symbolic links are refused, not followed: a link can make a loader read, and an error message describe, a
-    file nobody meant to hand over. The check is repeated on the open descriptor (O_NOFOLLOW, fstat), so a
-    link swapped in after the check is refused too. FIFOs and devices are refused (opening one can block)."""
-    path = Path(path)
-    try:
-        st = os.lstat(path)
-    except OSError as e:
-        raise CheckpointError(f"{path}: can't open ({e.strerror})") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise CheckpointError(f"{path}: is a symbolic link; torchqkit never follows links to checkpoint files. "
-                              f"Pass the file itself (e.g. os.path.realpath(path), if you trust where it points)")
-    if not stat.S_ISREG(st.st_mode):
-        raise CheckpointError(f"{path}: not a regular file")
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as e:
-        raise CheckpointError(f"{path}: can't open ({e.strerror})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CheckpointError(f"{path}: not a regular file")
-    return os.fdopen(fd, "rb")
+    """Open a checkpoint file (safetensors file, shard or index) for reading: a regular file, named directly (the
+    rule for every file torchqkit reads: files/open_checked.py)."""
+    return open_regular_file(path, CheckpointError, "checkpoint file")
 
 
 # Header problems never quote header values: the bytes may not come from a safetensors file at all. Tensor
