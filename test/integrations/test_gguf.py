@@ -127,7 +127,7 @@ def test_save_pretrained_round_trip(tiny, tmp_path):
 
 
 def test_bad_files_raise_before_loading(tmp_path):
-    with pytest.raises(qk.GGUFError, match="no such GGUF file"):
+    with pytest.raises(qk.GGUFError, match="No such file"):
         qk.from_gguf(tmp_path / "missing.gguf")
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf file at all" * 10)

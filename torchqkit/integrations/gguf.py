@@ -26,9 +26,11 @@ from torch import nn
 
 from ..api.quantize import patch_extra_repr
 from ..api.report import LayerReport, QuantizationReport
+from ..files.open_checked import open_regular_file
 from ..layouts.base import WeightFormat
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .gguf_blocks import BLOCK_FORMATS, decode_blocks
+from .gguf_checks import check_finite_parts, check_hyperparameters, check_tensor_ranges
 
 __all__ = ["from_gguf", "GGUFError", "SUPPORTED_ARCHITECTURES"]
 
@@ -46,13 +48,10 @@ def from_gguf(path) -> nn.Module:
     The returned model has ``torchqkit_report``: a QuantizationReport with one entry per imported tensor."""
     gguf, transformers = _dependencies()
     path = Path(path)
-    if not path.is_file():
-        raise GGUFError(f"{path}: no such GGUF file")
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # gguf raises ValueError / struct.error / OSError for non-GGUF bytes
-        raise GGUFError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    reader = _open_reader(gguf, path)  # Note [Checked GGUF files], 1: tensor records
     arch = _architecture(reader, path)
+    tensors = {t.name: tuple(int(s) for s in reversed(t.shape.tolist())) for t in reader.tensors}
+    check_hyperparameters(lambda key: _field(reader, key), tensors, arch, path, GGUFError)  # 2: before building
     config = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -61,7 +60,13 @@ def from_gguf(path) -> nn.Module:
     _materialize_buffers(model)
     entries = []
     for tensor, hf_name in plan:
-        entries.append(_load_tensor(model, tensor, hf_name, arch, config))
+        try:
+            entries.append(_load_tensor(model, tensor, hf_name, arch, config, path))
+        except GGUFError:
+            raise
+        except (ValueError, RuntimeError, IndexError) as e:  # gguf-py's and the decoders' own errors
+            raise GGUFError(f"{path}: tensor {tensor.name!r} ({tensor.tensor_type.name}) can't be decoded: "
+                            f"{type(e).__name__}: {e}") from None
     model.tie_weights()
     _check_nothing_left_on_meta(model, path)
     fallback = [e for e in entries if e.status == "kept" and e.config.startswith("dequantized")]
@@ -81,6 +86,24 @@ def _dependencies():
         raise ImportError(f"torchqkit.from_gguf needs the gguf and transformers packages ({e.name} is missing): "
                           f'pip install "torchqkit[gguf]"') from None
     return gguf, transformers
+
+
+def _open_reader(gguf, path):
+    """gguf-py's reader on ``path`` (opened by the rule for every file torchqkit reads), with every tensor record
+    checked before gguf-py builds a view of its bytes (Note [Checked GGUF files])."""
+
+    class CheckedReader(gguf.GGUFReader):
+        def _build_tensors(self, start_offs, fields):
+            check_tensor_ranges(gguf, fields, int(start_offs), int(self.alignment), len(self.data), path, GGUFError)
+            super()._build_tensors(start_offs, fields)
+
+    with open_regular_file(path, GGUFError, "GGUF file") as f:  # the memory map keeps its own reference
+        try:
+            return CheckedReader(f)
+        except GGUFError:
+            raise
+        except Exception as e:  # gguf raises ValueError / IndexError / struct.error / OSError for non-GGUF bytes
+            raise GGUFError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
 
 
 def _field(reader, key):
@@ -138,7 +161,7 @@ def _materialize_buffers(model):
     materialize_non_persistent_buffers(model)
 
 
-def _load_tensor(model, tensor, hf_name, arch, config) -> LayerReport:
+def _load_tensor(model, tensor, hf_name, arch, config, path) -> LayerReport:
     module_name, _, attr = hf_name.rpartition(".")
     module = model.get_submodule(module_name)
     type_name = tensor.tensor_type.name
@@ -150,6 +173,7 @@ def _load_tensor(model, tensor, hf_name, arch, config) -> LayerReport:
     rows = _qk_row_order(hf_name, shape[0], arch, config)
     if type_name in BLOCK_FORMATS and isinstance(module, (nn.Linear, nn.Embedding)) and attr == "weight":
         fmt, parts = decode_blocks(BLOCK_FORMATS[type_name], raw.reshape(shape[0], -1), shape[1])
+        check_finite_parts(parts, type_name, tensor.name, path, GGUFError)  # Note [Checked GGUF files], 3
         if rows is not None:
             parts = type(parts)(*(None if p is None else p[rows] for p in parts))
         wfmt = WeightFormat.of(fmt.qdtype, (1, fmt.group), parts.qdata.shape, fmt.zero_point_domain)
@@ -168,6 +192,9 @@ def _load_tensor(model, tensor, hf_name, arch, config) -> LayerReport:
         from gguf.quants import dequantize
         value = torch.from_numpy(dequantize(np.asarray(tensor.data), tensor.tensor_type)).reshape(shape).float()
         how = f"dequantized {type_name} -> float32"
+        if not bool(torch.isfinite(value).all()):  # its block scales are inside: check what they gave
+            raise GGUFError(f"{path}: tensor {tensor.name!r} ({type_name}) dequantizes to NaN or Inf values: its "
+                            f"block scales are not finite; the file is corrupt")
     if rows is not None:
         value = value[rows]
     setattr(module, attr, nn.Parameter(value.contiguous(), requires_grad=False))
