@@ -106,3 +106,11 @@ def test_links_in_the_readme_and_docs_resolve():
             if not re.match(r"[a-z]+://", target) and not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
     assert not broken, "\n".join(broken)
+
+
+def test_every_guarantee_names_test_files_that_exist():
+    text = (ROOT / "docs" / "reference" / "guarantees.md").read_text()
+    named = set(re.findall(r"`(test_\w+\.py)`", text))
+    assert len(named) >= 10, "the guarantees page names its tests in backquotes"
+    missing = sorted(n for n in named if not (ROOT / "test" / "reliability" / n).is_file())
+    assert not missing, f"docs/reference/guarantees.md names tests that don't exist: {missing}"
