@@ -148,6 +148,12 @@ def file_header(config, tied: dict[str, str], save_id: str | None = None) -> dic
     return header if save_id is None else {**header, "save_id": save_id}
 
 
+def _is_dtensor(t) -> bool:
+    import sys
+    dtensor = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor can exist
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
+
+
 def _named_tensors(obj) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(name -> tensor without aliases, alias -> stored name). Aliases: the same Parameter object in a
     module (tied weights), or, in a state dict, the same object / the same data, shape and strides."""
@@ -160,6 +166,11 @@ def _named_tensors(obj) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     for name, t in obj.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"state dict entry {name!r} is a {type(t).__name__}, not a tensor")
+        if _is_dtensor(t):
+            raise TypeError(f"{name!r} is a DTensor (sharded by parallelize_module or fully_shard): a checkpoint holds "
+                            f"whole tensors, and this rank has only its shard. Save the quantized model before "
+                            f"sharding it: load_quantized onto the parallelized meta-device model then reads only "
+                            f"each rank's shard of that checkpoint")
         key = _alias_key(t)
         if key in seen:
             tied[name] = seen[key]
