@@ -15,17 +15,17 @@ from .api.calibrate import CalibrationData
 from .api.fuse import fuse_shared_input_linears
 from .api.module_configs import ModuleConfigs
 from .api.quantize import QuantizationError, quantize_
-from .api.quantize_weight import UnsupportedWeight, quantize_weight
+from .api.quantize_weight import UnsupportedWeight, UnsupportedWeightError, quantize_weight
 from .api.report import LayerReport, QuantizationReport
 from .core import (MappingType, PerAxis, PerBlock, PerGroup, PerRow, PerTensor, PerToken, ZeroPointDomain,
                    choose_qparams_affine, dequantize_affine, qdtypes, quantize_affine)
 from .layouts import Float8Layout, Layout, MXLayout, NF4Layout, PlainLayout
 from .layouts import PackedIntxLayout, TensorCoreTiledLayout
 from .hf import from_pretrained, save_pretrained
-from .integrations import hf_registration
+from .integrations import hf_registration as _hf_registration
 from .integrations.gguf import GGUFError, from_gguf
-from .serialization import (CheckpointError, load_quantized, quantize_checkpoint, register_safe_globals,
-                            save_quantized)
+from .serialization import CheckpointError, load_quantized, quantize_checkpoint, save_quantized
+from .serialization import register_safe_globals as _register_safe_globals
 from .training import (FakeQuantizedLinear, Float8TrainingLinear, LoRALinear, QATConfig, add_lora_, convert_qat_,
                        enable_float8_training_, float8_training_status, prepare_qat_)
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
@@ -33,8 +33,34 @@ from .distributed import ShardingError, shard_multiple
 
 from .version import __version__
 
-register_safe_globals()
-hf_registration.install()  # transformers learns quant_method "torchqkit" (free until transformers is used)
+_register_safe_globals()
+_hf_registration.install()  # transformers learns quant_method "torchqkit" (free until transformers is used)
+
+# The public names, by what they are for. dir(torchqkit) lists these (TorchqkitConfig included, imported lazily).
+_PUBLIC = {
+    "quantize": ["quantize_", "ModuleConfigs", "QuantizationReport", "LayerReport", "CalibrationData",
+                 "fuse_shared_input_linears", "quantize_weight"],
+    "configs": ["QuantConfig", "Int8WeightOnlyConfig", "Int4WeightOnlyConfig", "IntxWeightOnlyConfig",
+                "NF4WeightOnlyConfig", "MXFP8WeightOnlyConfig", "MXFP4WeightOnlyConfig", "Float8WeightOnlyConfig",
+                "Int8DynamicActivationInt8WeightConfig", "Int8DynamicActivationIntxWeightConfig",
+                "Float8DynamicActivationFloat8WeightConfig", "Int8StaticActivationInt8WeightConfig",
+                "Float8StaticActivationFloat8WeightConfig", "GPTQConfig", "AWQConfig", "SmoothQuantConfig",
+                "config_from_dict", "known_configs"],
+    "granularity and numerics": ["PerTensor", "PerAxis", "PerGroup", "PerRow", "PerToken", "PerBlock",
+                                 "MappingType", "ZeroPointDomain", "qdtypes", "choose_qparams_affine",
+                                 "quantize_affine", "dequantize_affine"],
+    "tensor, layouts and kernels": ["AffineQuantizedTensor", "ActivationQuantSpec", "KernelPreference", "Layout",
+                                    "PlainLayout", "TensorCoreTiledLayout", "PackedIntxLayout", "NF4Layout",
+                                    "Float8Layout", "MXLayout", "kernels"],
+    "checkpoints and integrations": ["save_quantized", "load_quantized", "quantize_checkpoint", "save_pretrained",
+                                     "from_pretrained", "from_gguf", "TorchqkitConfig"],
+    "training": ["QATConfig", "prepare_qat_", "convert_qat_", "FakeQuantizedLinear", "add_lora_", "LoRALinear",
+                 "enable_float8_training_", "float8_training_status", "Float8TrainingLinear"],
+    "distributed": ["shard_multiple"],
+    "errors and warnings": ["QuantizationError", "CheckpointError", "GGUFError", "ShardingError",
+                            "UnsupportedOpError", "UnsupportedWeightError", "KernelsMissingWarning"],
+}
+__all__ = [name for names in _PUBLIC.values() for name in names] + ["__version__"]
 
 
 def __getattr__(name):
@@ -43,6 +69,10 @@ def __getattr__(name):
         from .integrations.transformers_quantizer import TorchqkitConfig
         return TorchqkitConfig
     raise AttributeError(f"module 'torchqkit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(__all__) | {"UnsupportedWeight"})  # the error's earlier name still works
 
 # Public classes report their public path, so pickles and reprs don't depend on internal file names.
 for _cls in (AffineQuantizedTensor, CalibrationData, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,

@@ -55,7 +55,7 @@ _ATOMIC_GROUP = getattr(_sre, "ATOMIC_GROUP", None)
 _ONE_STEP = (_sre.LITERAL, _sre.NOT_LITERAL, _sre.ANY, _sre.IN, _sre.AT)
 
 
-class UnboundedPattern(ValueError):
+class UnboundedPatternError(ValueError):
     """A pattern whose matching time can't be bounded (see Note [Bounded name patterns])."""
 
 
@@ -92,7 +92,7 @@ class _Analysis:
                 self._repeat(av, scope, in_repeat)
             elif op is _sre.BRANCH:
                 if in_repeat:
-                    raise UnboundedPattern("an alternation '|' inside a repeated group can backtrack exponentially")
+                    raise UnboundedPatternError("an alternation '|' inside a repeated group can backtrack exponentially")
                 scope.branches *= len(av[1])
                 for branch in av[1]:
                     self.walk(branch, scope, in_repeat)
@@ -100,15 +100,15 @@ class _Analysis:
                 self.scopes.append(_Scope())
                 self.walk(av[1], self.scopes[-1], in_repeat)
             elif op in (_sre.GROUPREF, _sre.GROUPREF_EXISTS):
-                raise UnboundedPattern("a backreference or conditional group makes matching exponential")
+                raise UnboundedPatternError("a backreference or conditional group makes matching exponential")
             else:  # a construct this check doesn't know: refuse rather than guess
-                raise UnboundedPattern(f"the construct {op} is not supported in module-name patterns")
+                raise UnboundedPatternError(f"the construct {op} is not supported in module-name patterns")
 
     def _repeat(self, av, scope: _Scope, in_repeat: bool) -> None:
         lo, hi, body = av
         if lo != hi:
             if in_repeat:
-                raise UnboundedPattern("a repeat inside a repeated group (like '(a+)+' or '(\\w+\\.)*') can "
+                raise UnboundedPatternError("a repeat inside a repeated group (like '(a+)+' or '(\\w+\\.)*') can "
                                        "backtrack exponentially")
             scope.repeats.append((int(lo), int(hi), int(body.getwidth()[0])))  # plain ints: copyable
         # a body run more than once must hold no choice; "?" (at most once) only adds its own
@@ -119,29 +119,29 @@ class _Analysis:
 
 
 class NamePattern:
-    """A compiled pattern that fullmatches module names, within MAX_STEPS. Raises UnboundedPattern (a
+    """A compiled pattern that fullmatches module names, within MAX_STEPS. Raises UnboundedPatternError (a
     ValueError) for a pattern that doesn't compile or can't be bounded; ``what`` names it in the message."""
 
     def __init__(self, source: str, what: str):
         self.what = what
         if len(source) > MAX_PATTERN_CHARS:
-            raise UnboundedPattern(f"{what}: the pattern has {len(source)} characters, more than "
+            raise UnboundedPatternError(f"{what}: the pattern has {len(source)} characters, more than "
                                    f"{MAX_PATTERN_CHARS}. {RULE}")
         try:
             self.regex = re.compile(source)
             tree = _sre_parser.parse(source)
         except (re.error, RecursionError, OverflowError) as e:
-            raise UnboundedPattern(f"{what} is not a valid regular expression: {e}") from None
+            raise UnboundedPatternError(f"{what} is not a valid regular expression: {e}") from None
         self._analysis = _Analysis()
         try:
             self._analysis.walk(tree.data, self._analysis.scopes[0], in_repeat=False)
-        except UnboundedPattern as e:
-            raise UnboundedPattern(f"{what}: {e}. {RULE}") from None
+        except UnboundedPatternError as e:
+            raise UnboundedPatternError(f"{what}: {e}. {RULE}") from None
         except RecursionError:
-            raise UnboundedPattern(f"{what}: its groups are nested too deeply. {RULE}") from None
+            raise UnboundedPatternError(f"{what}: its groups are nested too deeply. {RULE}") from None
         typical = self._analysis.steps(TYPICAL_NAME_CHARS)
         if typical > MAX_STEPS:
-            raise UnboundedPattern(f"{what}: on a {TYPICAL_NAME_CHARS}-character module name it could take about "
+            raise UnboundedPatternError(f"{what}: on a {TYPICAL_NAME_CHARS}-character module name it could take about "
                                    f"{typical:.1e} steps, more than {MAX_STEPS:.0e}: too many repeats or "
                                    f"alternatives one after another. {RULE}")
         self._steps_by_length: dict[int, int] = {}
@@ -151,13 +151,13 @@ class NamePattern:
         return self.regex.fullmatch(name) is not None
 
     def check_bounded(self, name: str) -> None:
-        """Raise UnboundedPattern if matching ``name`` could take more than MAX_STEPS (it depends on its length)."""
+        """Raise UnboundedPatternError if matching ``name`` could take more than MAX_STEPS (it depends on its length)."""
         length = len(name)
         steps = self._steps_by_length.get(length)
         if steps is None:
             steps = self._steps_by_length[length] = self._analysis.steps(length)
         if steps > MAX_STEPS:
-            raise UnboundedPattern(f"{self.what} can't be matched against the module name {name[:80]!r}"
+            raise UnboundedPatternError(f"{self.what} can't be matched against the module name {name[:80]!r}"
                                    f"{'...' if length > 80 else ''} ({length} characters) in bounded time: up to "
                                    f"{steps:.1e} steps, more than {MAX_STEPS:.0e}. Use fewer repeats in a row, or "
                                    f"an exact key for this module. {RULE}")

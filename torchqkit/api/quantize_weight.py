@@ -15,11 +15,14 @@ from ..layouts.base import Layout, PlainParts, WeightFormat
 from ..tensor.activation import ActivationQuantSpec, KernelPreference
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 
-__all__ = ["quantize_weight", "weight_qparams", "WeightQParams", "WeightRecipe", "UnsupportedWeight"]
+__all__ = ["quantize_weight", "weight_qparams", "WeightQParams", "WeightRecipe", "UnsupportedWeightError", "UnsupportedWeight"]
 
 
-class UnsupportedWeight(ValueError):
+class UnsupportedWeightError(ValueError):
     """A config or layout can't take this weight (shape, dtype); quantize_ reports the reason."""
+
+
+UnsupportedWeight = UnsupportedWeightError  # the earlier name, kept for code that catches it
 
 
 class WeightQParams(NamedTuple):
