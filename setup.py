@@ -113,11 +113,14 @@ def _reporting_build_ext(base):
                 if ext.name == "torchqkit._C_cpu":
                     cpu_build.remove_record(out_dir)
                     built = self.get_ext_fullpath(ext.name)
-                    cpu_build.write_fingerprint(built, _cpu_fingerprint(ext))
+                    fingerprint = _cpu_fingerprint(ext)
+                    cpu_build.write_fingerprint(built, fingerprint)
                     in_package = os.path.join(PACKAGE_DIR, os.path.basename(built))
-                    if os.path.abspath(built) != in_package and os.path.isfile(in_package):
-                        # a checkout's earlier in-place build: stale now, and no longer what the fingerprint says
-                        cpu_build.write_fingerprint(in_package, "")
+                    if getattr(self, "editable_mode", False):
+                        # an editable install copies `built` into the checkout next: that library is this build
+                        cpu_build.write_fingerprint(in_package, fingerprint)
+                    elif os.path.abspath(built) != in_package and os.path.isfile(in_package):
+                        cpu_build.write_fingerprint(in_package, "")  # an older in-place build: stale now
 
         def _reuse_cpu_build(self, ext) -> bool:
             """Note [Reusing a build]: copy the library built from the same sources instead of compiling."""
