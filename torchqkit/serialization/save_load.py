@@ -21,8 +21,11 @@ Note [Shard headers]
 ~~~~~~~~~~~~~~~~~~~~
 save_quantized gives each shard the entries of the weights it holds (a weight's tensors share a shard).
 transformers' ``model.save_pretrained`` (through the torchqkit quantizer) writes one ``__metadata__`` into every
-shard and splits tensors where it likes, without a save id: so a loader also accepts shards that all carry the
-same whole-model header, and finds each stored tensor in whichever shard holds it.
+shard and splits tensors where it likes: so a loader also accepts shards that all carry the same whole-model
+header, and finds each stored tensor in whichever shard holds it. That header (flat_state_dict) has a save id new
+for every save too, so whoever cut the shards, every shard of a checkpoint names the save that wrote it: a
+checkpoint of several files is loaded only if every shard carries a save id and all are the same (shards of two
+saves of one model would otherwise load as a third model, since their headers are otherwise equal).
 
 Loading reads and validates every header first (format version, entries against the layout/qdtype
 registries, stored shapes against ``Layout.packed_specs``, names against the model), so a bad file changes
@@ -42,7 +45,7 @@ from torch import nn
 from ..files.strict_json import parse_json
 from ..version import __version__
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
-from .atomic import INDEX_SUFFIX, CheckpointFiles
+from .atomic import INDEX_SUFFIX, CheckpointFiles, new_save_id
 from .dtensor_load import holds_quantized, plan_shards, read_shard
 from .entries import INNER_SEP, check_tensors, decode_entry, encode_entry, entry_error, quote
 from .qparams import check_qparams
@@ -137,7 +140,9 @@ def flat_state_dict(model_or_state_dict, config=None):
     groups, tied = _stored_groups(model_or_state_dict)
     tensors = {stored: t for _, inner, _ in groups for stored, t in inner}
     weights = {name: entry for name, _, entry in groups if entry is not None}
-    return tensors, file_metadata({**file_header(config, tied), "weights": weights}), tied
+    # The writer may cut shards; a fresh save id in the header they all carry ties them together (Note [Shard
+    # headers]).
+    return tensors, file_metadata({**file_header(config, tied, new_save_id()), "weights": weights}), tied
 
 
 def file_header(config, tied: dict[str, str], save_id: str | None = None) -> dict:
@@ -319,6 +324,8 @@ def _open_checkpoint(path, check_values: bool = True) -> _Checkpoint:
 
 def _build_checkpoint(path: Path, readers: dict[str, SafetensorsReader], where) -> _Checkpoint:
     headers = {fname: _torchqkit_header(reader) for fname, reader in readers.items()}
+    if len(headers) > 1:
+        _check_one_save(readers, headers)
     shared = None
     for fname, header in headers.items():
         common = {k: v for k, v in header.items() if k != "weights"}
@@ -360,6 +367,20 @@ def _build_checkpoint(path: Path, readers: dict[str, SafetensorsReader], where) 
     tied = _check_tied(path, shared["tied"], set(plain) | set(weights))
     config = decode_config(path, shared["config"])
     return _Checkpoint(path, readers, stored_in, weights, inner, plain, tied, config)
+
+
+def _check_one_save(readers: dict[str, SafetensorsReader], headers: dict[str, dict]) -> None:
+    """Every shard of a checkpoint of several files was written by one save (Note [Shard headers])."""
+    first = next(iter(headers))
+    for fname, header in headers.items():
+        if "save_id" not in header:
+            raise CheckpointError(f"{readers[fname].path}: this shard's torchqkit header has no save id, so nothing "
+                                  f"shows it belongs with the other shards (they could come from different saves). "
+                                  f"Save the model again with this torchqkit (save_quantized, save_pretrained or "
+                                  f"model.save_pretrained)")
+        if header["save_id"] != headers[first]["save_id"]:
+            raise CheckpointError(f"{readers[fname].path}: shard written by another save than {first} (save ids "
+                                  f"differ): shards of two saves are mixed. Copy the whole checkpoint from one save")
 
 
 def _torchqkit_header(reader: SafetensorsReader) -> dict:
