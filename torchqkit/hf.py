@@ -7,8 +7,23 @@
 config.json is the model's own, plus ``"quantization_config"``: {"quant_method": "torchqkit", "format_version",
 "torchqkit_version", "config" (the producing config, as in the checkpoint header), "quantized" (modules whose
 weight is quantized), "modules_not_to_convert" (Linear modules left in float), "tied" (aliases stored once)}.
-transformers' own from_pretrained does not know "torchqkit" as a quant_method and says so; use
-torchqkit.from_pretrained.
+transformers' from_pretrained reads it through the registered quantizer (integrations/transformers_quantizer.py).
+
+Note [One validation for both loaders]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+torchqkit.from_pretrained and transformers' from_pretrained (through the quantizer) check a checkpoint with the
+same functions, so a file one of them refuses the other refuses too:
+  - config.json is parsed strictly (read_config_json: files/strict_json.py, so NaN, a key given twice, nesting
+    deeper than MAX_JSON_DEPTH are errors naming the file) before transformers parses it, and its
+    quantization_config is checked field by field (check_quantization_config: quant_method, format_version, every
+    field's type, no unknown field, the recorded config decodable). transformers' path runs both when the quantizer
+    is created (TorchqkitConfig.from_dict) and again on the checkpoint's own config.json, with its path, before
+    any weight is read. (A config.json nested deeper than Python's recursion limit still fails inside transformers'
+    own parse, which runs before any torchqkit code, when loading with transformers; torchqkit.from_pretrained
+    parses it first and says which file.)
+  - the safetensors headers are validated by serialization.save_load.open_checkpoint (format version, save ids,
+    entries, stored shapes, qparam values), and the tensor names and shapes against the model by
+    check_against_model (every model tensor stored or tied, nothing extra, shapes equal) in both.
 
 Tied embeddings: quantize_ keeps a tie (see Note [Shared weights] in api/quantize.py). A float lm_head (the
 default) and a quantized one named in ModuleConfigs are both one Parameter shared with the input embedding:
@@ -24,13 +39,15 @@ import torch
 from torch import nn
 
 from .files.atomic_write import atomic_write_bytes
-from .serialization.save_load import (FORMAT_VERSION, SaveSummary, encode_config, load_quantized, save_quantized,
-                                      torchqkit_version)
 from .files.open_checked import open_regular_file
-from .files.strict_json import parse_json
+from .files.strict_json import MAX_JSON_DEPTH, json_depth, parse_json
+from .serialization.safetensors_file import CheckpointError
+from .serialization.save_load import (FORMAT_VERSION, SaveSummary, decode_config, encode_config, load_quantized,
+                                      save_quantized, torchqkit_version)
 from .tensor.affine_quantized_tensor import AffineQuantizedTensor
 
-__all__ = ["save_pretrained", "from_pretrained", "quantization_record", "QUANT_METHOD"]
+__all__ = ["save_pretrained", "from_pretrained", "quantization_record", "QUANT_METHOD", "read_config_json",
+           "check_quantization_config", "check_format_version"]
 
 QUANT_METHOD = "torchqkit"
 
@@ -73,14 +90,13 @@ def from_pretrained(directory) -> nn.Module:
     the model's own initializer, and load_quantized fills every saved tensor. Returns the model in eval mode."""
     import transformers
     directory = Path(directory)
-    config_file = directory / "config.json"
-    read_config_json(config_file)  # torchqkit's rules first: a regular file, strict JSON (transformers' parse recurses)
-    # trust_remote_code=False: a config.json with auto_map must never run code from the checkpoint.
-    hf_config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
-    qc = getattr(hf_config, "quantization_config", None)
+    qc = read_config_json(directory).get("quantization_config")  # see Note [One validation for both loaders]
     if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
         raise ValueError(f"{directory}/config.json has no torchqkit quantization_config: it was not written by "
                          f"torchqkit.save_pretrained (float models load with transformers' from_pretrained)")
+    check_quantization_config(qc, f"{directory / 'config.json'}: quantization_config")
+    # trust_remote_code=False: a config.json with auto_map must never run code from the checkpoint.
+    hf_config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
     archs = getattr(hf_config, "architectures", None) or []
     cls = getattr(transformers, archs[0], None) if archs else None
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
@@ -92,20 +108,76 @@ def from_pretrained(directory) -> nn.Module:
     return model.eval()
 
 
-def read_config_json(path) -> dict:
-    """A checkpoint's config.json read by torchqkit's rules (files/open_checked.py, files/strict_json.py): a regular
-    file named directly, strict JSON nested at most MAX_JSON_DEPTH deep, a JSON object; ValueError naming the file."""
-    with open_regular_file(path, ValueError, "config.json") as f:
-        data = parse_json(f.read(), str(path))
+def read_quantization_config(directory) -> dict:
+    """config.json's quantization_config, as save_pretrained wrote it."""
+    return read_config_json(directory)["quantization_config"]
+
+
+MAX_CONFIG_BYTES = 100 * 1024 * 1024  # as for a safetensors header
+
+
+def read_config_json(directory) -> dict:
+    """The JSON object in ``directory``/config.json, parsed strictly (CheckpointError naming the file otherwise)."""
+    path = Path(directory) / "config.json"
+    with open_regular_file(path, CheckpointError, "checkpoint's config.json") as f:  # the rule for every file read
+        try:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as e:
+            raise CheckpointError(f"{path}: can't read ({e.strerror})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
+    data = parse_json(raw, str(path), CheckpointError)
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a config.json holds a JSON object, not a {type(data).__name__}")
+        raise CheckpointError(f"{path}: must hold a JSON object")
     return data
 
 
-def read_quantization_config(directory) -> dict:
-    """config.json's quantization_config, as save_pretrained wrote it."""
-    path = Path(directory) / "config.json"
-    return read_config_json(path)["quantization_config"]
+# Each field save_pretrained records, and the JSON types it may have (see the module docstring).
+_RECORD_FIELDS = {"quant_method": (str,), "format_version": (int,), "torchqkit_version": (str,),
+                  "config": (dict, type(None)), "quantized": (list,), "modules_not_to_convert": (list,),
+                  "tied": (dict,), "strict": (bool,)}
+
+
+def check_quantization_config(qc, where: str) -> dict:
+    """Validate a ``quantization_config`` as recorded in config.json, for both loaders (Note [One validation for both
+    loaders]); CheckpointError starting with ``where`` otherwise. Only quant_method is required (a
+    ``quantization_config=`` dict for quantizing on load has little else). Returns ``qc``."""
+    if not isinstance(qc, dict):
+        raise CheckpointError(f"{where}: must be a JSON object")
+    if qc.get("quant_method") != QUANT_METHOD:
+        raise CheckpointError(f"{where}: quant_method must be {QUANT_METHOD!r}")
+    if json_depth(qc) > MAX_JSON_DEPTH:
+        raise CheckpointError(f"{where}: JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)")
+    unknown = sorted(k for k in qc if k not in _RECORD_FIELDS)
+    if unknown:
+        raise CheckpointError(f"{where}: unknown field {unknown[0]!r:.80} (known: {', '.join(_RECORD_FIELDS)}); a "
+                              f"newer torchqkit may have written it: upgrade torchqkit")
+    for key, kinds in _RECORD_FIELDS.items():
+        # bool is an int in Python, not in JSON: a format_version of true is refused.
+        if key in qc and (not isinstance(qc[key], kinds) or (bool not in kinds and isinstance(qc[key], bool))):
+            raise CheckpointError(f"{where}: {key} must be {' or '.join(_JSON_NAMES[k] for k in kinds)}")
+    if "format_version" in qc:
+        check_format_version(qc["format_version"], where)
+    for key in ("quantized", "modules_not_to_convert"):
+        if not all(isinstance(n, str) for n in qc.get(key, [])):
+            raise CheckpointError(f"{where}: {key} must be a list of module names (strings)")
+    if not all(isinstance(v, str) for v in qc.get("tied", {}).values()):
+        raise CheckpointError(f"{where}: tied must map tensor names to tensor names (strings)")
+    decode_config(where, qc.get("config"))
+    return qc
+
+
+_JSON_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "a list", bool: "true or false",
+               type(None): "null"}
+
+
+def check_format_version(version, where: str) -> None:
+    """A recorded format version: a positive int this torchqkit reads (else: upgrade)."""
+    if type(version) is not int or version < 1:
+        raise CheckpointError(f"{where}: format_version must be a positive integer")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{where}: format_version {version}; this torchqkit ({torchqkit_version()}) reads "
+                              f"formats up to {FORMAT_VERSION}: upgrade torchqkit")
 
 
 def materialize_non_persistent_buffers(model: nn.Module) -> None:

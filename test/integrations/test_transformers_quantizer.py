@@ -93,6 +93,7 @@ def _contents(directory):
     from safetensors import safe_open
     with safe_open(str(directory / "model.safetensors"), "pt") as f:
         header = json.loads(f.metadata()["torchqkit"])
+        assert len(header.pop("save_id")) == 8  # new for every save (Note [Shard headers]); the rest is equal
         return header, list(header["config"]["module_configs"]), {k: f.get_tensor(k).view(-1).view(torch.uint8).tolist()
                                                                   for k in f.keys()}
 

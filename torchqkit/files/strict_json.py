@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["parse_json", "MAX_JSON_DEPTH"]
+__all__ = ["parse_json", "json_depth", "MAX_JSON_DEPTH"]
 
 # Deeper than anything torchqkit writes (a ModuleConfigs file: keys -> config -> granularity -> block_size is 4).
 MAX_JSON_DEPTH = 32
@@ -31,7 +31,7 @@ def parse_json(data: bytes | str, where: str, error: type[Exception] = ValueErro
         raise error(f"{where}: JSON nested too deeply (more than {max_depth} levels)") from None
     except _StrictJSONError as e:
         raise error(f"{where}: {e}") from None
-    if _depth(value) > max_depth:
+    if json_depth(value) > max_depth:
         raise error(f"{where}: JSON nested too deeply (more than {max_depth} levels)")
     return value
 
@@ -51,8 +51,8 @@ def _unique_keys(pairs):
     return out
 
 
-def _depth(value) -> int:
-    """Nesting depth of containers, without recursion (the value may be ~1000 levels deep)."""
+def json_depth(value) -> int:
+    """Nesting depth of the containers of a parsed JSON value, without recursion (it may be ~1000 levels deep)."""
     deepest, stack = 0, [(value, 1)]
     while stack:
         v, d = stack.pop()

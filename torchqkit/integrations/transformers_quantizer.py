@@ -30,10 +30,11 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 from ..api.configs.base import QuantConfig, handler_for
 from ..api.module_configs import ModuleConfigs
 from ..api.quantize import as_module_configs, complete_quantization_, patch_extra_repr, quantize_layer
-from ..hf import QUANT_METHOD, quantization_record
+from ..hf import (QUANT_METHOD, check_format_version, check_quantization_config, quantization_record,
+                  read_config_json)
 from ..serialization.entries import INNER_SEP
 from ..serialization.safetensors_file import CheckpointError
-from ..serialization.save_load import (FORMAT_VERSION, check_model_shapes, decode_config, encode_config,
+from ..serialization.save_load import (FORMAT_VERSION, check_against_model, decode_config, encode_config,
                                        flat_state_dict, open_checkpoint, read_quantized_weight)
 from ..serialization.save_load import torchqkit_version as current_version
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
@@ -57,8 +58,7 @@ class TorchqkitConfig(QuantizationConfigMixin):
         if config is not None and not isinstance(config, (QuantConfig, ModuleConfigs)):
             raise TypeError(f"TorchqkitConfig takes a torchqkit QuantConfig or ModuleConfigs (e.g. "
                             f"qk.Int4WeightOnlyConfig()), got {type(config).__name__}")
-        if type(format_version) is not int or format_version < 1:
-            raise ValueError(f"TorchqkitConfig: format_version must be a positive int, got {format_version!r}")
+        check_format_version(format_version, "TorchqkitConfig")
         self.quant_method = QUANT_METHOD
         self.config = config
         self.format_version = format_version
@@ -67,6 +67,13 @@ class TorchqkitConfig(QuantizationConfigMixin):
         self.modules_not_to_convert = list(modules_not_to_convert or [])
         self.tied = dict(tied or {})
         self.strict = strict
+
+    @classmethod
+    def from_dict(cls, config_dict, return_unused_kwargs=False, **kwargs):
+        """transformers builds the config of a checkpoint's config.json here, before any weight is read: the same
+        validation torchqkit.from_pretrained runs (Note [One validation for both loaders], hf.py)."""
+        check_quantization_config(config_dict, "config.json: quantization_config")
+        return super().from_dict(config_dict, return_unused_kwargs=return_unused_kwargs, **kwargs)
 
     def to_dict(self) -> dict:
         return {"quant_method": QUANT_METHOD, "format_version": self.format_version,
@@ -102,13 +109,12 @@ class TorchqkitHfQuantizer(HfQuantizer):
     def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
         if self.pre_quantized:
             self.checkpoint = _open_checkpoint_of(checkpoint_files)
-            self.checkpoint.close()  # headers are all we need: transformers reads the tensors
-            self.checkpoint.readers = {}  # closed files can't be pickled with the model (torch.save(model))
-            _check_against_model(self.checkpoint, model)
-            if self.quantization_config.format_version > FORMAT_VERSION:
-                raise CheckpointError(f"{self.checkpoint.path.parent / 'config.json'}: quantization_config has "
-                                      f"format_version {self.quantization_config.format_version}; this torchqkit "
-                                      f"reads formats up to {FORMAT_VERSION}: upgrade torchqkit")
+            try:
+                _check_config_json(self.checkpoint.path.parent)
+                check_against_model(self.checkpoint, model.state_dict(keep_vars=True))  # reads headers only
+            finally:
+                self.checkpoint.close()  # headers are all we need: transformers reads the tensors
+                self.checkpoint.readers = {}  # closed files can't be pickled with the model (torch.save(model))
             # config.json's copy has its keys sorted by transformers; "re:" patterns are tried in order, so the
             # header's copy (in the order the user wrote) is the one to keep and to save again.
             self.quantization_config.config = self.checkpoint.config
@@ -265,14 +271,14 @@ def _open_checkpoint_of(checkpoint_files):
     return open_checkpoint(index)
 
 
-def _check_against_model(ckpt, model: nn.Module) -> None:
-    """Every quantized weight the checkpoint holds is a weight of the model with the same shape, before any load."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    for name in ckpt.weights:
-        if name not in params:
-            raise CheckpointError(f"{ckpt.path}: quantized weight {name!r} is not a parameter of "
-                                  f"{type(model).__name__}: the checkpoint was saved from another architecture")
-    check_model_shapes(ckpt, {name: params[name] for name in ckpt.weights})
+def _check_config_json(directory: Path) -> None:
+    """The checkpoint's config.json, parsed strictly and its quantization_config checked, with its path in any error
+    (transformers parsed it already, leniently: Note [One validation for both loaders], hf.py)."""
+    if not (directory / "config.json").exists():
+        return  # the config came from elsewhere (from_pretrained(config=...)); from_dict checked it
+    qc = read_config_json(directory).get("quantization_config")
+    if qc is not None:
+        check_quantization_config(qc, f"{directory / 'config.json'}: quantization_config")
 
 
 def _check_loaded(ckpt, model: nn.Module) -> None:

@@ -53,7 +53,8 @@ from .safetensors_file import CheckpointError, SafetensorsReader, SafetensorsWri
 from .shard_index import check_save_id, read_index, resolve_checkpoint_path, write_index
 
 __all__ = ["save_quantized", "load_quantized", "SaveSummary", "FORMAT_VERSION", "read_checkpoint_info",
-           "flat_state_dict", "open_checkpoint", "read_quantized_weight", "check_model_shapes", "encode_config",
+           "flat_state_dict", "open_checkpoint", "read_quantized_weight", "check_model_shapes", "check_against_model",
+           "encode_config",
            "decode_config"]
 
 FORMAT_VERSION = 1
@@ -279,8 +280,7 @@ def load_quantized(model: nn.Module, path) -> nn.Module:
     ckpt = _open_checkpoint(path, check_values=False)
     try:
         expected = target.state_dict(keep_vars=True)
-        _check_names(ckpt, expected)
-        check_model_shapes(ckpt, expected)
+        check_against_model(ckpt, expected)
         # Tensor-parallel (DTensor) entries: this rank reads, and checks, only its part of each.
         shards = plan_shards(ckpt, expected)
         check_qparams(ckpt, skip={ckpt.tied.get(n, n) for n in shards})
@@ -456,6 +456,14 @@ def decode_config(path, d):
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: the recorded quantization config is invalid: {e}") from None
     raise CheckpointError(f"{path}: config must be null, {{'config': ...}} or {{'module_configs': ...}}")
+
+
+def check_against_model(ckpt: _Checkpoint, expected: dict) -> None:
+    """The checkpoint fits the model whose state dict (name -> tensor) is ``expected``: every tensor stored or tied,
+    nothing extra, shapes and kinds of dtype equal. Both loaders run it (Note [One validation for both loaders],
+    hf.py) before any tensor is read."""
+    _check_names(ckpt, expected)
+    check_model_shapes(ckpt, expected)
 
 
 def _check_names(ckpt: _Checkpoint, expected: dict) -> None:
