@@ -14,13 +14,14 @@ Note [One validation for both loaders]
 torchqkit.from_pretrained and transformers' from_pretrained (through the quantizer) check a checkpoint with the
 same functions, so a file one of them refuses the other refuses too:
   - config.json is parsed strictly (read_config_json: files/strict_json.py, so NaN, a key given twice, nesting
-    deeper than MAX_JSON_DEPTH are errors naming the file) before transformers parses it, and its
-    quantization_config is checked field by field (check_quantization_config: quant_method, format_version, every
-    field's type, no unknown field, the recorded config decodable). transformers' path runs both when the quantizer
-    is created (TorchqkitConfig.from_dict) and again on the checkpoint's own config.json, with its path, before
-    any weight is read. (A config.json nested deeper than Python's recursion limit still fails inside transformers'
-    own parse, which runs before any torchqkit code, when loading with transformers; torchqkit.from_pretrained
-    parses it first and says which file.)
+    deeper than MAX_JSON_DEPTH are errors naming the file), and its quantization_config is checked field by field
+    (check_quantization_config: quant_method, format_version, every field's type, no unknown field, the recorded
+    config decodable). torchqkit.from_pretrained does both before transformers parses the file. transformers'
+    path parses it first, leniently; then TorchqkitConfig.from_dict runs check_quantization_config when the
+    quantizer is created, and the quantizer runs both on the checkpoint's own config.json, with its path, before
+    any weight is read. (So a config.json nested deeper than Python's recursion limit fails inside transformers'
+    own parse, before any torchqkit code runs, with transformers' RecursionError; torchqkit.from_pretrained
+    refuses it naming the file.)
   - the safetensors headers are validated by serialization.save_load.open_checkpoint (format version, save ids,
     entries, stored shapes, qparam values), and the tensor names and shapes against the model by
     check_against_model (every model tensor stored or tied, nothing extra, shapes equal) in both.
