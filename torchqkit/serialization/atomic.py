@@ -27,7 +27,7 @@ from pathlib import Path
 from ..files.atomic_write import (check_destination, discard_temp, finish_temp, fsync_directory, remove_stale_temps,
                                   replace_temp, temp_file, unlink_quietly)
 
-__all__ = ["CheckpointFiles", "INDEX_SUFFIX", "files_a_save_replaces"]
+__all__ = ["CheckpointFiles", "INDEX_SUFFIX", "files_a_save_replaces", "new_save_id"]
 
 INDEX_SUFFIX = ".index.json"
 
@@ -40,7 +40,7 @@ class CheckpointFiles:
 
     def __init__(self, path):
         self.path = check_destination(Path(path))
-        self.save_id = secrets.token_hex(4)
+        self.save_id = new_save_id()
         # killed saves' temporaries of any file of this checkpoint (Note [Stale temporaries] in files/atomic_write.py)
         remove_stale_temps(self.path.parent, [self.path.name, self.index_path.name, _shard_pattern(self.path)])
         self._staged: list[tuple[Path, Path]] = []
@@ -104,6 +104,11 @@ class CheckpointFiles:
 
 def _stem(path: Path) -> str:
     return path.name.removesuffix(".safetensors")
+
+
+def new_save_id() -> str:
+    """8 hex digits, new for every save: written into every shard's header (Note [Atomic saves])."""
+    return secrets.token_hex(4)
 
 
 def _shard_pattern(path: Path) -> re.Pattern:
