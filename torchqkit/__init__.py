@@ -11,6 +11,7 @@ from .api.configs import (AWQConfig, Float8DynamicActivationFloat8WeightConfig,
                           Int8DynamicActivationIntxWeightConfig, Int8StaticActivationInt8WeightConfig,
                           Int8WeightOnlyConfig, IntxWeightOnlyConfig, MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig,
                           NF4WeightOnlyConfig, QuantConfig, SmoothQuantConfig, config_from_dict, known_configs)
+from .api import presets
 from .api.calibrate import CalibrationData
 from .api.fuse import fuse_shared_input_linears
 from .api.module_configs import ModuleConfigs
@@ -40,7 +41,7 @@ _hf_registration.install()  # transformers learns quant_method "torchqkit" (free
 _PUBLIC = {
     "quantize": ["quantize_", "ModuleConfigs", "QuantizationReport", "LayerReport", "CalibrationData",
                  "fuse_shared_input_linears", "quantize_weight"],
-    "configs": ["QuantConfig", "Int8WeightOnlyConfig", "Int4WeightOnlyConfig", "IntxWeightOnlyConfig",
+    "configs": ["presets", "QuantConfig", "Int8WeightOnlyConfig", "Int4WeightOnlyConfig", "IntxWeightOnlyConfig",
                 "NF4WeightOnlyConfig", "MXFP8WeightOnlyConfig", "MXFP4WeightOnlyConfig", "Float8WeightOnlyConfig",
                 "Int8DynamicActivationInt8WeightConfig", "Int8DynamicActivationIntxWeightConfig",
                 "Float8DynamicActivationFloat8WeightConfig", "Int8StaticActivationInt8WeightConfig",

@@ -5,6 +5,7 @@ import sys
 from collections.abc import Sequence
 
 from torchqkit import demo, kernels
+from torchqkit.api import presets
 from torchqkit.eval.cli import add_eval_parser
 from torchqkit.serialization.cli import add_quantize_parser
 
@@ -37,7 +38,7 @@ def _add_demo_parser(commands) -> None:
     )
     parser.add_argument(
         "--config", type=_demo_config_names, metavar="NAMES",
-        help=f"comma-separated config names (default: {','.join(demo.MAIN_CONFIGS)}); known: {', '.join(demo.DEMO_CONFIGS)}",
+        help=f"comma-separated preset names (default: {','.join(demo.MAIN_CONFIGS)}); presets: {', '.join(presets.names())}",
     )
     parser.add_argument(
         "--repeats", type=_positive_int, default=3, metavar="N",

@@ -22,40 +22,10 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchqkit
+from torchqkit.api import presets
 
-def _q41_int8_act(act_granularity, act_mapping) -> torchqkit.Int8DynamicActivationIntxWeightConfig:
-    return torchqkit.Int8DynamicActivationIntxWeightConfig(
-        weight_granularity=torchqkit.PerGroup(32), weight_mapping="asymmetric", weight_zero_point_domain="float",
-        weight_scale_dtype="float16", act_granularity=act_granularity, act_mapping=act_mapping)
-
-
-# Built lazily so that `--help` and the name check never construct a config.
-DEMO_CONFIGS: dict[str, Callable[[], torchqkit.QuantConfig]] = {
-    "int8-wo": lambda: torchqkit.Int8WeightOnlyConfig(),
-    "int4-wo-g32": lambda: torchqkit.Int4WeightOnlyConfig(group_size=32),
-    "int4-wo-g64": lambda: torchqkit.Int4WeightOnlyConfig(group_size=64),
-    "int4-wo-g128": lambda: torchqkit.Int4WeightOnlyConfig(group_size=128),
-    "int4-wo-g32-bf16-scales": lambda: torchqkit.Int4WeightOnlyConfig(group_size=32, scale_dtype=torch.bfloat16),
-    "intx4-wo-sym-g32": lambda: torchqkit.IntxWeightOnlyConfig(
-        bits=4, granularity=torchqkit.PerGroup(32)
-    ),
-    "int8-dyn-int8": lambda: torchqkit.Int8DynamicActivationInt8WeightConfig(),
-    "int8-dyn-int4-g32": lambda: torchqkit.Int8DynamicActivationIntxWeightConfig(
-        weight_bits=4, weight_granularity=torchqkit.PerGroup(32)
-    ),
-    # GGUF Q4_1's weights (float16 scale and float minimum per 32) x int8 activations per token, or per token and
-    # group of 32 (llama.cpp's Q8_1): Note [int8 x int4 float zero points] in csrc/cpu/linear_int4.cpp
-    "int8-dyn-int4-q41": lambda: _q41_int8_act(torchqkit.PerToken(), "asymmetric"),
-    "int8-dyn-g32-int4-q41": lambda: _q41_int8_act(torchqkit.PerGroup(32), "symmetric"),
-    "nf4-b64": lambda: torchqkit.NF4WeightOnlyConfig(block_size=64),
-    "nf4-b64-dq": lambda: torchqkit.NF4WeightOnlyConfig(block_size=64, double_quant=True),
-    "mxfp4": lambda: torchqkit.MXFP4WeightOnlyConfig(),
-    "mxfp8": lambda: torchqkit.MXFP8WeightOnlyConfig(),
-    "fp8-wo": lambda: torchqkit.Float8WeightOnlyConfig(),
-    "fp8-dyn-row": lambda: torchqkit.Float8DynamicActivationFloat8WeightConfig(
-        granularity=torchqkit.PerRow()
-    ),
-}
+# The configs the demo knows are torchqkit's presets: one name per config everywhere (api/presets.py).
+DEMO_CONFIGS = presets.PRESETS
 
 BATCH_SIZE = 64
 TIMED_SENTENCES = 64

@@ -127,4 +127,4 @@ def test_cli(float_file, tmp_path, capsys):
     assert read_checkpoint_info(tmp_path / "n.safetensors")["config"] == qk.NF4WeightOnlyConfig(block_size=64)
     with pytest.raises(SystemExit):
         cli_main(["quantize", str(float_file), str(tmp_path / "x.safetensors"), "--config", "int3-magic"])
-    assert "neither a config name" in capsys.readouterr().err
+    assert "neither a preset name" in capsys.readouterr().err

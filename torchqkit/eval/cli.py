@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 import torchqkit
-from torchqkit import demo
+from torchqkit.api import presets
 # The same NAME|JSON parsing as `python -m torchqkit quantize`, so both commands accept the same configs.
 from torchqkit.serialization.cli import parse_config_arg
 
@@ -68,7 +68,7 @@ def add_eval_parser(commands) -> None:
     source.add_argument("--gguf", type=_gguf_file, metavar="FILE", help="a GGUF file (dequantized to float32)")
     source.add_argument("--hf", type=_hf_dir, metavar="DIR", help="a transformers checkpoint directory")
     parser.add_argument("--config", type=parse_config_arg, required=True, metavar="NAME|JSON",
-                        help=f"config name ({', '.join(demo.DEMO_CONFIGS)}) or a JSON file (a config dict or "
+                        help=f"preset name ({', '.join(presets.names())}) or a JSON file (a config dict or "
                              f"ModuleConfigs, e.g. with \"lm_head\": null to keep the output layer float)")
     parser.add_argument("--text", type=_text_file, default=None, metavar="FILE",
                         help=f"UTF-8 text to score (default: the text torchqkit ships: {EVAL_TEXT_SOURCE})")

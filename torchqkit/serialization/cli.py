@@ -4,7 +4,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from torchqkit import demo
+from torchqkit.api import presets
 from torchqkit.files.open_checked import open_regular_file
 from torchqkit.files.strict_json import parse_json
 
@@ -19,12 +19,12 @@ def _positive_int(text: str) -> int:
 
 
 def parse_config_arg(text: str):
-    """A demo config name (int8-wo, int4-wo-g128, ...) or a JSON file: one config dict, or ModuleConfigs."""
+    """A preset name (int8-wo, int4-wo-g128, ...: torchqkit.presets) or a JSON file: one config dict, or ModuleConfigs."""
     import torchqkit
-    if text in demo.DEMO_CONFIGS:
-        return demo.DEMO_CONFIGS[text]()
+    if text in presets.PRESETS:
+        return presets.get(text)
     if not Path(text).is_file():
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a config name ({', '.join(demo.DEMO_CONFIGS)}) "
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a preset name ({', '.join(presets.PRESETS)}) "
                                          f"nor a JSON file")
     try:
         with open_regular_file(text, ValueError, "config file") as f:  # the rule for every file torchqkit reads
@@ -74,7 +74,7 @@ def add_quantize_parser(commands) -> None:
     parser.add_argument("src", help="float checkpoint: .safetensors file, its .index.json, or a directory")
     parser.add_argument("dst", help="output .safetensors path (shards and an .index.json next to it if sharded)")
     parser.add_argument("--config", type=parse_config_arg, required=True, metavar="NAME|JSON",
-                        help=f"config name ({', '.join(demo.DEMO_CONFIGS)}) or a JSON file (a config dict or "
+                        help=f"preset name ({', '.join(presets.PRESETS)}) or a JSON file (a config dict or "
                              f"ModuleConfigs)")
     parser.add_argument("--max-shard-bytes", type=_positive_int, default=None, metavar="N",
                         help="shard the output past N bytes")
