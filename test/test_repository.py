@@ -34,7 +34,7 @@ def test_tutorial_runs(script):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
-# Packages from the bottom up (README "Architecture"): a module imports only from its own package or one of a
+# Packages from the bottom up (docs/architecture.md): a module imports only from its own package or one of a
 # lower rank, and never another package's private (_underscore) names.
 _LAYERS = (("files", "version"), ("core",), ("kernels",), ("layouts",), ("tensor",), ("algorithms",), ("api",),
            ("training", "distributed"), ("serialization",), ("hf",), ("integrations",), ("eval",),

@@ -1,7 +1,7 @@
 """Save and load quantized models with safetensors: no pickle, meta-device loading, quantize-on-load from a
 float checkpoint, and Hugging Face transformers models that come back with one call.
 
-Run: python tutorials/03_save_and_load.py   (CPU, offline)
+Run: python tutorials/03_save_and_load.py   (CPU, offline; about 5 s on 2 cores)
 """
 
 import os

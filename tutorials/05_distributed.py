@@ -1,6 +1,6 @@
 """Quantized models beyond one process: tensor-parallel inference, per-rank loading, FSDP2 QLoRA.
 
-Run: torchrun --nproc_per_node 2 tutorials/05_distributed.py   (CPU, gloo, offline)
+Run: torchrun --nproc_per_node 2 tutorials/05_distributed.py   (CPU, gloo, offline; about 7 s on 2 cores)
      python tutorials/05_distributed.py                           (starts the two processes itself)
 
 1. ColwiseParallel / RowwiseParallel on a quantized LLaMA: each rank holds its shard of every weight's packed
@@ -87,7 +87,7 @@ qk.quantize_(small, qk.Int4WeightOnlyConfig(group_size=64))
 try:
     parallelize_module(small, mesh, {"0": ColwiseParallel()})
 except qk.ShardingError as e:
-    say(f"   72 rows over 2 ranks -> ShardingError: {e}")
+    say(f"   72 rows over 2 ranks: refused, as expected (qk.ShardingError names the legal cut): {e}")
 
 # ---------------------------------------------------------------------------------------------------------------
 # 2. Per-rank loading: a meta-device model, parallelized, then filled from a safetensors file
