@@ -24,6 +24,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch import nn
 
+from ..progress import ProgressLine, progress_enabled
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .calibrate import CalibrationPlan, calibrate_model
 from .configs.base import QuantConfig, handler_for
@@ -34,6 +35,9 @@ from .report import LayerReport, QuantizationReport
 __all__ = ["quantize_", "plan_quantize", "as_module_configs", "quantize_layer", "complete_quantization_",
            "QuantizationError", "patch_extra_repr", "quantize_named_weight"]
 
+
+# quantize_'s default shows its progress line (on a terminal) from this many layers: a small model is done at once.
+PROGRESS_MIN_LAYERS = 50
 
 class QuantizationError(ValueError):
     """Raised by quantize_(..., strict=True) when a selected layer can't be quantized."""
@@ -56,7 +60,8 @@ def _default_filter(module: nn.Module, fqn: str) -> bool:
 
 
 def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str], bool] | None = None,
-              device=None, strict: bool = False, calibration_data=None) -> QuantizationReport:
+              device=None, strict: bool = False, calibration_data=None,
+              progress: bool | None = None) -> QuantizationReport:
     """Quantize the weights of ``model``'s Linear layers in place and report what happened to each.
 
     config: a QuantConfig (every selected Linear) or a ModuleConfigs (per-module configs).
@@ -66,9 +71,11 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
     calibration_data: model inputs (an iterable of tensors, tuples or keyword dicts; or a CalibrationData) for
     configs that need them (GPTQ, AWQ, SmoothQuant, static activation scales): see api/calibrate.py.
     Ignored when no config needs it.
+    progress: a progress line on stderr while the layers are quantized; None (default): when stderr is a terminal
+    and the model has at least PROGRESS_MIN_LAYERS layers to quantize.
     A weight shared by several modules is quantized once and stays shared: see Note [Shared weights].
     """
-    return _quantize_model(model, config, filter_fn, device, strict, {}, calibration_data)
+    return _quantize_model(model, config, filter_fn, device, strict, {}, calibration_data, progress)
 
 
 def complete_quantization_(model: nn.Module, config, quantized: dict[str, LayerReport], *,
@@ -80,8 +87,9 @@ def complete_quantization_(model: nn.Module, config, quantized: dict[str, LayerR
     return _quantize_model(model, config, None, None, strict, quantized)
 
 
-def _quantize_model(model, config, filter_fn, device, strict, done, calibration_data=None) -> QuantizationReport:
-    report, swaps, calibrated = _plan(model, config, filter_fn, device, done, calibration_data)
+def _quantize_model(model, config, filter_fn, device, strict, done, calibration_data=None,
+                    progress=False) -> QuantizationReport:
+    report, swaps, calibrated = _plan(model, config, filter_fn, device, done, calibration_data, progress)
     problems = report.skipped
     if problems and strict:
         raise QuantizationError("quantize_(strict=True): the model was left unchanged because "
@@ -111,7 +119,7 @@ def plan_quantize(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, s
     return report, swaps
 
 
-def _plan(model, config, filter_fn, device, done, calibration_data=None):
+def _plan(model, config, filter_fn, device, done, calibration_data=None, progress=False):
     configs = as_module_configs(config)
     for c in configs.configs.values():
         if c is not None:
@@ -121,19 +129,23 @@ def _plan(model, config, filter_fn, device, done, calibration_data=None):
     holders = _shared_parameters(modules)
     selected = filter_fn or _default_filter
     calibrated = calibrate_model(model, modules, configs, selected, calibration_data)  # changes nothing
-    return (*_plan_model(modules, holders, configs, selected, device, done, calibrated), calibrated)
+    return (*_plan_model(modules, holders, configs, selected, device, done, calibrated, progress), calibrated)
 
 
 def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]], configs: ModuleConfigs,
-                selected: Callable, device, done: dict[str, LayerReport], calibrated: CalibrationPlan):
+                selected: Callable, device, done: dict[str, LayerReport], calibrated: CalibrationPlan,
+                progress: bool | None = False):
     """Phase 1: the report, and (holders, quantized weight) pairs to swap. Touches nothing. ``done``: entries of
     layers a loader already quantized (complete_quantization_); they are reported as planned then."""
     exact = set(configs.exact_keys())
     entries: dict[str, LayerReport] = {}
     owned: dict[int, _Owned] = {}  # id(Parameter) -> its owner's plan, see Note [Shared weights]
-    for fqn, module in modules.items():
-        if not (fqn in exact or selected(module, fqn)):
-            continue
+    chosen = [fqn for fqn, module in modules.items() if fqn in exact or selected(module, fqn)]
+    bar = ProgressLine("quantize_", len(chosen), "layers",
+                       enabled=progress_enabled(progress) and (progress or len(chosen) >= PROGRESS_MIN_LAYERS))
+    for i, fqn in enumerate(chosen):
+        module = modules[fqn]
+        bar.update(i, fqn)
         weight = getattr(module, "weight", None)
         if fqn in done:
             entries[fqn] = done[fqn]
@@ -147,6 +159,8 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
                                              calibrated.weights.get(fqn), calibrated.notes.get(fqn, ""))
         if isinstance(module, nn.Linear):
             owned[id(weight)] = _Owned(entries[fqn], configs.lookup(fqn)[1], qweight)
+    bar.update(len(chosen))
+    bar.close()
     swaps = []
     for pid, plan in owned.items():
         if plan.weight is None:

@@ -12,7 +12,7 @@ from .decode import LeanDecoder, greedy_decode
 from .models import EVAL_TEXT_SOURCE, ModelLoadError, eval_text, load_gguf, load_hf, smollm2_gguf_path
 from .permute import permute_llama_channels_
 from .perplexity import perplexity
-from .progress import ProgressLine
+from ..progress import ProgressLine
 from .speed import DECODE_LOOPS, DecodeLoop, decode_tokens_per_second
 
 __all__ = ["perplexity", "decode_tokens_per_second", "DecodeLoop", "DECODE_LOOPS", "greedy_decode", "LeanDecoder",

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .progress import ProgressLine
+from ..progress import ProgressLine
 
 __all__ = ["perplexity", "check_token_ids", "model_vocab_size", "logits_of"]
 

@@ -27,6 +27,7 @@ from torch import nn
 from ..api.quantize import patch_extra_repr
 from ..api.report import LayerReport, QuantizationReport
 from ..files.open_checked import open_regular_file
+from ..progress import ProgressLine, progress_enabled
 from ..layouts.base import WeightFormat
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .gguf_blocks import BLOCK_FORMATS, decode_blocks
@@ -43,9 +44,10 @@ class GGUFError(ValueError):
     """A GGUF file torchqkit can't import: names the file, the tensor or field, and what to do."""
 
 
-def from_gguf(path) -> nn.Module:
+def from_gguf(path, *, progress: bool | None = None) -> nn.Module:
     """Load ``path`` (a .gguf file) as a transformers causal LM in eval mode, Linear weights quantized as stored.
-    The returned model has ``torchqkit_report``: a QuantizationReport with one entry per imported tensor."""
+    The returned model has ``torchqkit_report``: a QuantizationReport with one entry per imported tensor.
+    progress: a progress line on stderr per tensor read; None (default): when stderr is a terminal."""
     gguf, transformers = _dependencies()
     path = Path(path)
     reader = _open_reader(gguf, path)  # Note [Checked GGUF files], 1: tensor records
@@ -59,7 +61,9 @@ def from_gguf(path) -> nn.Module:
     plan = _plan(reader, names, model, path)  # every check before any tensor is read
     _materialize_buffers(model)
     entries = []
-    for tensor, hf_name in plan:
+    bar = ProgressLine(f"from_gguf {path.name}", len(plan), "tensors", enabled=progress_enabled(progress))
+    for i, (tensor, hf_name) in enumerate(plan):
+        bar.update(i, tensor.name)
         try:
             entries.append(_load_tensor(model, tensor, hf_name, arch, config, path))
         except GGUFError:
@@ -67,6 +71,8 @@ def from_gguf(path) -> nn.Module:
         except (ValueError, RuntimeError, IndexError) as e:  # gguf-py's and the decoders' own errors
             raise GGUFError(f"{path}: tensor {tensor.name!r} ({tensor.tensor_type.name}) can't be decoded: "
                             f"{type(e).__name__}: {e}") from None
+    bar.update(len(plan))
+    bar.close()
     model.tie_weights()
     _check_nothing_left_on_meta(model, path)
     fallback = [e for e in entries if e.status == "kept" and e.config.startswith("dequantized")]

@@ -1,10 +1,11 @@
-"""A one-line progress bar on stderr (no tqdm dependency): `label: done/total unit (pct) elapsed [extra]`."""
+"""A one-line progress bar on stderr (no tqdm dependency): `label: done/total unit (pct) elapsed [extra]`, shared by
+quantize_, from_gguf, quantize_checkpoint and the evaluation loops (any layer may use it)."""
 from __future__ import annotations
 
 import sys
 import time
 
-__all__ = ["ProgressLine"]
+__all__ = ["ProgressLine", "progress_enabled"]
 
 
 class ProgressLine:
@@ -45,3 +46,15 @@ class ProgressLine:
         if self.enabled and self._width:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def progress_enabled(progress: bool | None, stream=None) -> bool:
+    """``progress`` as given, or when None (the default of the library calls that take it), whether ``stream``
+    (stderr) is a terminal: a bar in a log file or a captured stream is noise."""
+    if progress is not None:
+        return bool(progress)
+    stream = sys.stderr if stream is None else stream
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
