@@ -85,7 +85,7 @@ def test_eval_module_configs_json_keeps_lm_head(checkpoint, tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--config", "int3-magic"], "'int3-magic' is neither a preset name"),
-    (["--config", "int8-wo", "--text", "/no/such/text.txt"], "/no/such/text.txt: can't read it"),
+    (["--config", "int8-wo", "--text", "/no/such/text.txt"], "/no/such/text.txt: can't open"),
     (["--config", "int8-wo", "--window", "1"], "--window: must be at least 2"),
     (["--config", "int8-wo", "--tokens", "many"], "--tokens: expected an integer"),
     (["--config", "int8-wo", "--gguf", "TEXT"], "argument --gguf: not allowed with argument --hf"),

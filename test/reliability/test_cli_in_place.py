@@ -74,3 +74,15 @@ def test_the_cli_exits_2_and_writes_nothing(tmp_path, how):
     assert run.returncode == 2, run.stderr
     assert "would destroy the float checkpoint" in run.stderr and "Traceback" not in run.stderr
     assert listing(tmp_path) == before
+
+
+def test_the_eval_clis_text_file_through_a_link_is_refused(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("some words to score")
+    (tmp_path / "link.txt").symlink_to(text)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    run = subprocess.run([sys.executable, "-m", "torchqkit", "eval", "--hf", str(tmp_path / "ckpt"), "--config", "int8-wo",
+                          "--text", str(tmp_path / "link.txt")], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TORCHQKIT_NO_KERNELS_WARNING": "1"})
+    assert run.returncode == 2 and "symbolic link" in run.stderr, run.stderr

@@ -11,6 +11,7 @@ import torch
 
 import torchqkit
 from torchqkit.api import presets
+from torchqkit.files.open_checked import open_regular_file
 # The same NAME|JSON parsing as `python -m torchqkit quantize`, so both commands accept the same configs.
 from torchqkit.serialization.cli import parse_config_arg
 
@@ -52,10 +53,11 @@ def _hf_dir(text: str) -> Path:
 
 
 def _text_file(text: str) -> str:
-    try:
-        return Path(text).read_text("utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise argparse.ArgumentTypeError(f"{text}: can't read it as UTF-8 text ({err})") from None
+    with open_regular_file(text, argparse.ArgumentTypeError, "text file") as f:  # the rule for every file read
+        try:
+            return f.read().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise argparse.ArgumentTypeError(f"{text}: can't read it as UTF-8 text ({err})") from None
 
 
 def add_eval_parser(commands) -> None:
