@@ -31,7 +31,7 @@ from ..progress import ProgressLine, progress_enabled
 from ..layouts.base import WeightFormat
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .gguf_blocks import BLOCK_FORMATS, decode_blocks
-from .gguf_checks import check_finite_parts, check_hyperparameters, check_tensor_ranges
+from .gguf_checks import check_hyperparameters, check_tensor_ranges
 
 __all__ = ["from_gguf", "GGUFError", "SUPPORTED_ARCHITECTURES"]
 
@@ -179,7 +179,6 @@ def _load_tensor(model, tensor, hf_name, arch, config, path) -> LayerReport:
     rows = _qk_row_order(hf_name, shape[0], arch, config)
     if type_name in BLOCK_FORMATS and isinstance(module, (nn.Linear, nn.Embedding)) and attr == "weight":
         fmt, parts = decode_blocks(BLOCK_FORMATS[type_name], raw.reshape(shape[0], -1), shape[1])
-        check_finite_parts(parts, type_name, tensor.name, path, GGUFError)  # Note [Checked GGUF files], 3
         if rows is not None:
             parts = type(parts)(*(None if p is None else p[rows] for p in parts))
         wfmt = WeightFormat.of(fmt.qdtype, (1, fmt.group), parts.qdata.shape, fmt.zero_point_domain)
@@ -187,6 +186,10 @@ def _load_tensor(model, tensor, hf_name, arch, config, path) -> LayerReport:
         tensors = layout.pack(parts, wfmt)
         weight = AffineQuantizedTensor(tensors, fmt.qdtype, (1, fmt.group), shape, torch.float32, layout,
                                        fmt.zero_point_domain)
+        problem = weight.qparams_problem()  # Note [Checked GGUF files], 3: load_quantized's own check
+        if problem is not None:
+            raise GGUFError(f"{path}: tensor {tensor.name!r} ({type_name}): block scales or mins are NaN or Inf "
+                            f"({problem}); the file is corrupt (llama.cpp would compute NaN from it)")
         module.weight = nn.Parameter(weight, requires_grad=False)
         if isinstance(module, nn.Linear):
             patch_extra_repr(module)

@@ -12,17 +12,16 @@ the file and the tensor or metadata key:
      (llama.cpp's own reader requires the same);
   2. hyperparameters (``check_hyperparameters``, before the model is built): each a number of the right kind and
      range, and consistent with the tensors present (layer count, widths, head counts and head size);
-  3. values (``check_finite_parts``, as each tensor is decoded): block scales and mins finite, as load_quantized
-     requires of torchqkit checkpoints.
+  3. values (in gguf.py, as each tensor is decoded): block scales and mins finite, by the check load_quantized runs
+     on torchqkit checkpoints (AffineQuantizedTensor.qparams_problem).
 """
 from __future__ import annotations
 
 import math
 import re
 
-import torch
 
-__all__ = ["check_tensor_ranges", "check_hyperparameters", "check_finite_parts", "MAX_LAYERS"]
+__all__ = ["check_tensor_ranges", "check_hyperparameters", "MAX_LAYERS"]
 
 MAX_LAYERS = 4096          # far above any released model (hundreds of layers); a bound, so a bad count fails fast
 MAX_POSITIONS = 1 << 31
@@ -131,11 +130,3 @@ def check_hyperparameters(field, tensors: dict[str, tuple[int, ...]], arch: str,
         if value is not None:
             _number(value, f"{arch}.{key}", path, error, kind=float, low=low, high=high)
 
-
-def check_finite_parts(parts, type_name: str, tensor: str, path, error) -> None:
-    """A decoded tensor's scales and zero points (mins) are finite, as load_quantized requires of checkpoints."""
-    for what, value in (("scales", parts.scale), ("mins / zero points", parts.zero_point)):
-        if value is not None and value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
-            bad = int((~torch.isfinite(value)).sum())
-            raise error(f"{path}: tensor {tensor!r} ({type_name}): {bad} block {what} are NaN or Inf; the file is "
-                        f"corrupt (llama.cpp would compute NaN from it)")
