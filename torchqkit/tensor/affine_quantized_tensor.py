@@ -3,12 +3,12 @@
 The outer tensor looks like the original float weight (shape, dtype). Inside it holds the layout's
 packed tensors (names from ``layout.tensor_names``) plus hashable, JSON-able metadata.
 
-See Note [Op lookup]: ``F.linear`` is caught in ``__torch_function__`` (otherwise only aten.t + aten.addmm
+Note [Op lookup]: ``F.linear`` is caught in ``__torch_function__`` (otherwise only aten.t + aten.addmm
 reach us); every aten op is looked up first in the layout's own table (exact layout type), then in the
 generic table of ``generic_ops.py``; an op in neither raises UnsupportedOpError, never a silent
 dequantize-and-run.
 
-See Note [Transposed view]: ``t()`` never moves data. It flips ``transposed`` and swaps the outer shape,
+Note [Transposed view]: ``t()`` never moves data. It flips ``transposed`` and swaps the outer shape,
 so every layout gets transposition for free; ``mm(x, W.t())`` (the forward) is served by the layout's
 linear, ``mm(grad, W)`` (linear's backward w.r.t. the input) by the dequantized weight.
 
