@@ -12,7 +12,6 @@ quantizes a deep copy, encodes the packaged sentences and reports:
 import copy
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -23,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchqkit
 from torchqkit.api import presets
+from torchqkit.progress import ProgressLine, progress_enabled
 
 # The configs the demo knows are torchqkit's presets: one name per config everywhere (api/presets.py).
 DEMO_CONFIGS = presets.PRESETS
@@ -149,13 +149,15 @@ def _measure(name: str, model, sentences: list[str], reference: torch.Tensor, re
 
 
 def run_demo(
-    config_names: Sequence[str], repeats: int = 3, sentences_limit: int | None = None
+    config_names: Sequence[str], repeats: int = 3, sentences_limit: int | None = None, *,
+    progress: bool | None = None,
 ) -> list[dict]:
     """Quantize all-MiniLM-L6-v2 with each named config; one row of measurements per config.
 
     Row keys: config, bytes_before, bytes_after (ints, all nn.Linear weights), compression, mean_cos,
     min_cos, fp32_seconds, quantized_seconds (medians over `repeats`), time_ratio (quantized / fp32),
-    linear_path (the op that served the quantized linears, with its backend).
+    linear_path (the op that served the quantized linears, with its backend). progress: a progress line on
+    stderr, one step per config (default: when stderr is a terminal).
     """
     check_config_names(config_names)
     if repeats < 1:
@@ -165,9 +167,12 @@ def run_demo(
     rows = []
     with torch.no_grad():
         reference = _encode(model, sentences)
-        for i, name in enumerate(config_names, 1):
-            print(f"[{i}/{len(config_names)}] {name}", file=sys.stderr, flush=True)
+        bar = ProgressLine("demo", len(config_names), "configs", enabled=progress_enabled(progress), min_interval=0.0)
+        for i, name in enumerate(config_names):
+            bar.update(i, f"measuring {name}")
             rows.append(_measure(name, model, sentences, reference, repeats))
+        bar.update(len(config_names))
+        bar.close()
     return rows
 
 

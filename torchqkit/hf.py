@@ -85,10 +85,11 @@ def quantization_record(model: nn.Module, config, tied: dict[str, str]) -> dict:
             "tied": dict(tied)}
 
 
-def from_pretrained(directory) -> nn.Module:
+def from_pretrained(directory, *, progress: bool | None = None) -> nn.Module:
     """Rebuild a model saved by torchqkit.save_pretrained: the class named in config.json's ``architectures``
     is built on the meta device, its non-persistent buffers (rotary frequencies, position ids) are computed by
-    the model's own initializer, and load_quantized fills every saved tensor. Returns the model in eval mode."""
+    the model's own initializer, and load_quantized fills every saved tensor. Returns the model in eval mode.
+    progress: a progress line on stderr while the tensors load (default: when stderr is a terminal)."""
     import transformers
     directory = Path(directory)
     qc = read_config_json(directory).get("quantization_config")  # see Note [One validation for both loaders]
@@ -105,7 +106,7 @@ def from_pretrained(directory) -> nn.Module:
     with torch.device("meta"):
         model = cls(hf_config)
     materialize_non_persistent_buffers(model)
-    load_quantized(model, directory)
+    load_quantized(model, directory, progress=progress)
     return model.eval()
 
 

@@ -1,5 +1,10 @@
-"""A one-line progress bar on stderr (no tqdm dependency): `label: done/total unit (pct) elapsed [extra]`, shared by
-quantize_, from_gguf, quantize_checkpoint and the evaluation loops (any layer may use it)."""
+"""One progress line on stderr (no tqdm dependency), shared by every long library call: quantize_, calibration,
+load_quantized / from_pretrained, from_gguf, quantize_checkpoint, the demo and the evaluation loops.
+
+    label [#######-------------] done/total unit (pct) elapsed extra
+
+Any layer may use it.
+"""
 from __future__ import annotations
 
 import sys
@@ -17,14 +22,17 @@ class ProgressLine:
     """
 
     def __init__(self, label: str, total: int, unit: str = "tokens", *, enabled: bool = True,
-                 stream=None, min_interval: float = 0.1):
+                 stream=None, min_interval: float = 0.1, bar_width: int = 20):
         self.label, self.total, self.unit = label, total, unit
         self.enabled = enabled
         self.stream = sys.stderr if stream is None else stream
-        self.min_interval = min_interval
+        self.min_interval, self.bar_width = min_interval, bar_width
         self.start = time.perf_counter()
         self._last_write = float("-inf")
         self._width = 0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
 
     def update(self, done: int, extra: str = "") -> None:
         if not self.enabled:
@@ -33,8 +41,11 @@ class ProgressLine:
         if done < self.total and now - self._last_write < self.min_interval:
             return
         self._last_write = now
-        pct = 100.0 * done / self.total if self.total else 100.0
-        line = f"{self.label}: {done}/{self.total} {self.unit} ({pct:.0f}%) {now - self.start:.1f}s"
+        fraction = min(done / self.total, 1.0) if self.total else 1.0
+        filled = int(self.bar_width * fraction)
+        bar = "#" * filled + "-" * (self.bar_width - filled)
+        line = (f"{self.label} [{bar}] {done}/{self.total} {self.unit} ({100 * fraction:.0f}%) "
+                f"{now - self.start:.1f}s")
         if extra:
             line += f" {extra}"
         # Pad with spaces so a shorter line fully covers the previous one.
@@ -42,10 +53,15 @@ class ProgressLine:
         self.stream.flush()
         self._width = max(self._width, len(line))
 
-    def close(self) -> None:
-        if self.enabled and self._width:
+    def close(self, summary: str = "") -> None:
+        """End the line; ``summary`` (e.g. what was done in how long) goes on a line of its own."""
+        if not self.enabled:
+            return
+        if self._width:
             self.stream.write("\n")
-            self.stream.flush()
+        if summary:
+            self.stream.write(summary + "\n")
+        self.stream.flush()
 
 
 def progress_enabled(progress: bool | None, stream=None) -> bool:

@@ -79,3 +79,8 @@ def test_cli_prints_the_table(capsys):
     out = capsys.readouterr().out
     assert "| config " in out and "| int8-wo " in out
     assert "linear served by: int8-wo -> " in out
+
+
+def test_progress_line_per_config_when_asked(capsys):
+    demo.run_demo(["int8-wo"], repeats=1, sentences_limit=8, progress=True)
+    assert "demo [####################] 1/1 configs (100%)" in capsys.readouterr().err

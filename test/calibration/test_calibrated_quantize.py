@@ -153,7 +153,7 @@ def test_linears_outside_the_blocks_are_calibrated_on_a_last_whole_model_pass(ll
     qk.quantize_(rtn, qk.ModuleConfigs({"lm_head": INT4, "_default": None}))
     q = copy.deepcopy(untied)
     report = qk.quantize_(q, qk.ModuleConfigs({"lm_head": qk.GPTQConfig(INT4), "_default": None}),
-                          calibration_data=_batches(ids))
+                          calibration_data=qk.CalibrationData(_batches(ids), progress=True))
     assert report["lm_head"].status == "quantized" and report["lm_head"].config.startswith("gptq")
     assert "outside the blocks: lm_head" in capsys.readouterr().err
     assert _rel_err(untied, q, ids) < 0.8 * _rel_err(untied, rtn, ids)  # measured 0.66x
@@ -172,10 +172,11 @@ def test_mixed_configs_from_json_progress_and_named_blocks(llama, ids, capsys, t
     configs.to_json(tmp_path / "configs.json")
     configs = qk.ModuleConfigs.from_json(tmp_path / "configs.json")
     q = copy.deepcopy(llama)
-    report = qk.quantize_(q, configs, calibration_data=qk.CalibrationData(_batches(ids), blocks="model.layers"))
+    report = qk.quantize_(q, configs, calibration_data=qk.CalibrationData(_batches(ids), blocks="model.layers",
+                                                                              progress=True))
     assert report["model.layers.0.mlp.up_proj"].config.startswith("gptq")
     assert report["model.layers.0.self_attn.q_proj"].config.startswith("int4")
-    assert "block 2/2" in capsys.readouterr().err
+    assert "2/2 blocks" in capsys.readouterr().err
     with pytest.raises(ValueError, match="'model.nope'"):
         qk.quantize_(copy.deepcopy(llama), configs, calibration_data=qk.CalibrationData(_batches(ids), blocks="model.nope"))
 

@@ -13,16 +13,13 @@ single block. The runner knows nothing of quantization: the caller's ``calibrate
 """
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-__all__ = ["BlockInputs", "find_blocks", "capture_block_inputs", "run_block", "check_finite_activation",
-           "BlockProgress"]
+__all__ = ["BlockInputs", "find_blocks", "capture_block_inputs", "run_block", "check_finite_activation"]
 
 # Keyword arguments a decoder block receives that would make repeated runs change state (a KV cache
 # grows on every call): captured as None / False. transformers 5.24 names the cache `cache`.
@@ -122,21 +119,3 @@ def check_finite_activation(x: torch.Tensor, fqn: str) -> None:
         raise ValueError(f"calibration: the input of {fqn} has {bad} NaN/Inf value(s); the model (or the "
                          f"calibration data) produces non-finite activations there, so no statistics can be taken. "
                          f"Check the data and the float model; nothing was changed")
-
-
-class BlockProgress:
-    """One line per block on stderr: which block, how long it took, and the time so far."""
-
-    def __init__(self, total: int, what: str, stream=None, enabled: bool = True):
-        self.total, self.what, self.stream, self.enabled = total, what, stream or sys.stderr, enabled
-        self.start = time.perf_counter()
-
-    def step(self, index: int, detail: str = "") -> None:
-        if not self.enabled:
-            return
-        done = index + 1
-        bar = "#" * (20 * done // self.total)
-        elapsed = time.perf_counter() - self.start
-        print(f"\r[torchqkit calibrate] {self.what} [{bar:<20}] block {done}/{self.total} {elapsed:.0f} s {detail}",
-              end="\n" if done == self.total else "", file=self.stream, flush=True)
-

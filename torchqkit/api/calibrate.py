@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from ..algorithms.awq import awq_clip, awq_scales
-from ..algorithms.blockwise import (BlockProgress, capture_block_inputs, check_finite_activation, find_blocks,
+from ..progress import ProgressLine, progress_enabled
+from ..algorithms.blockwise import (capture_block_inputs, check_finite_activation, find_blocks,
                                     run_block)
 from ..algorithms.gptq import gptq_codes
 from ..algorithms.observers import InputStats, static_range
@@ -57,11 +58,11 @@ CLIP_ROWS = 512
 class CalibrationData:
     """Calibration batches plus how to run them. ``batches``: model inputs (tensors, tuples, or dicts of
     keyword arguments); ``blocks``: fqn of the decoder-layer list (default: found, see find_blocks);
-    ``progress``: a line per block on stderr; ``max_rows``: token rows sampled per Linear input for AWQ's
+    ``progress``: a progress line per block on stderr (default: when stderr is a terminal); ``max_rows``: token rows sampled per Linear input for AWQ's
     searches and percentile observers."""
     batches: Iterable
     blocks: str | None = None
-    progress: bool = True
+    progress: bool | None = None
     max_rows: int = 1024
 
 
@@ -121,21 +122,23 @@ def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: Mo
     shared = _shared_weights(model)
     try:
         inputs = capture_block_inputs(model, blocks[0], batches)
-        progress = BlockProgress(len(blocks), f"{', '.join(needing)} over {list_fqn or 'the model'}",
-                                 enabled=data.progress)
+        show = progress_enabled(data.progress)
+        progress = ProgressLine(f"calibrate {', '.join(needing)} over {list_fqn or 'the model'}", len(blocks),
+                                "blocks", enabled=show, min_interval=0.0)
         for i, (prefix, block) in enumerate(zip(block_names, blocks)):
             linears = {fqn: (modules[fqn], chosen[fqn]) for fqn in chosen
                        if _inside(fqn, prefix) and chosen[fqn] is not None}
             if linears:
                 _calibrate_block(block, prefix, linears, inputs, data, plan, undo, shared)
             inputs = run_block(block, inputs) if i + 1 < len(blocks) else []
-            progress.step(i, f"({len(linears)} Linears)")
+            progress.update(i + 1, f"({len(linears)} Linears)")
+        progress.close()
         outside = {fqn: (modules[fqn], c) for fqn, c in chosen.items()
                    if c is not None and blocks[0] is not model and not any(_inside(fqn, p) for p in block_names)}
         if any(c.needs_calibration_data() for _, c in outside.values()):
             _calibrate_block(model, "", outside, capture_block_inputs(model, model, batches), data, plan, undo, shared)
-            if data.progress:
-                print(f"[torchqkit calibrate] outside the blocks: {', '.join(outside)}", file=sys.stderr, flush=True)
+            if show:
+                print(f"calibrate: outside the blocks: {', '.join(outside)}", file=sys.stderr, flush=True)
     finally:
         changed = undo.restore()
     quantized = {id(m) for fqn, w in plan.weights.items() if isinstance(w, AffineQuantizedTensor)

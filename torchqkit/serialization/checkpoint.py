@@ -20,8 +20,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,6 +28,7 @@ from torch import nn
 from ..api.configs.base import handler_for
 from ..api.quantize import QuantizationError, as_module_configs, quantize_named_weight
 from ..api.report import LayerReport, QuantizationReport
+from ..progress import ProgressLine, progress_enabled
 from .atomic import INDEX_SUFFIX, CheckpointFiles, files_a_save_replaces
 from .entries import INNER_SEP, encode_entry
 from .safetensors_file import CheckpointError, SafetensorsReader, SafetensorsWriter
@@ -43,7 +42,7 @@ _CONV1D_MODULE = re.compile(r"(^|\.)(c_attn|c_proj|c_fc|q_attn)$")  # GPT-2's Co
 
 
 def quantize_checkpoint(src, dst, config, *, model: nn.Module | None = None, max_shard_bytes: int | None = None,
-                        strict: bool = False, progress: bool = True,
+                        strict: bool = False, progress: bool | None = None,
                         require_quantized: bool = False) -> QuantizationReport:
     """Quantize the Linear weights of the float safetensors checkpoint ``src`` (file, index or directory) that
     ``config`` selects and write a torchqkit checkpoint to ``dst`` (loadable with load_quantized).
@@ -53,7 +52,8 @@ def quantize_checkpoint(src, dst, config, *, model: nn.Module | None = None, max
     strict: raise QuantizationError (writing nothing) if a selected weight can't be quantized, a weight the config
     names can't be told from a non-Linear, or a ModuleConfigs pattern selects nothing; otherwise each is reported
     (a weight then copied in float). require_quantized: raise QuantizationError, writing nothing, if in the end
-    no weight was quantized (the CLI sets it). progress: a progress line on stderr.
+    no weight was quantized (the CLI sets it). progress: a progress line on stderr (default: when stderr is a
+    terminal).
     Returns a QuantizationReport with one entry per 2-d weight considered (and per unmatched config key)."""
     configs = as_module_configs(config)
     for c in configs.configs.values():
@@ -85,19 +85,22 @@ def quantize_checkpoint(src, dst, config, *, model: nn.Module | None = None, max
     return report
 
 
-def _convert_all(readers, linear: set[str], configs, out: "_ShardedOutput", strict: bool, progress: bool,
+def _convert_all(readers, linear: set[str], configs, out: "_ShardedOutput", strict: bool, progress: bool | None,
                  entries: list[LayerReport]) -> QuantizationReport:
     """Stream every tensor into ``out``: the ``linear`` ones quantized as ``configs`` says, the rest copied."""
     names = [(r, n) for r in readers for n in r.names()]
-    bar = _Progress(sum(r.nbytes(n) for r, n in names), len(names), enabled=progress)
+    total_mb = sum(r.nbytes(n) for r, n in names) / 1e6
+    bar = ProgressLine("quantize_checkpoint", len(names), "tensors", enabled=progress_enabled(progress))
+    done_mb = 0.0
     converted = []
-    for reader, name in names:
+    for count, (reader, name) in enumerate(names, 1):
         if name in linear:
             converted.append(_convert_one(reader, name, configs, out, strict))
         else:
             out.add(name, [(name, reader.read(name))], None)
-        bar.step(reader.nbytes(name), name)
-    bar.done()
+        done_mb += reader.nbytes(name) / 1e6
+        bar.update(count, f"{done_mb:.1f}/{total_mb:.1f} MB {name[-40:]}")
+    bar.close(f"{len(names)} tensors, {total_mb:.1f} MB in {bar.elapsed():.1f} s")
     return QuantizationReport(converted + entries)
 
 
@@ -303,26 +306,3 @@ class _ShardedOutput:
         for writer, _ in self.shards:
             writer.abort()
         self.files.discard()
-
-
-class _Progress:
-    """One line on stderr, redrawn per tensor: [#####-----] 12/40 tensors 45.3/130.0 MB  layers.3.mlp.up_proj.weight"""
-
-    def __init__(self, total_bytes: int, total: int, enabled: bool, width: int = 30):
-        self.total_bytes, self.total, self.enabled, self.width = max(total_bytes, 1), total, enabled, width
-        self.done_bytes = self.count = 0
-        self.start = time.perf_counter()
-
-    def step(self, nbytes: int, name: str) -> None:
-        self.done_bytes += nbytes
-        self.count += 1
-        if self.enabled:
-            filled = self.width * self.done_bytes // self.total_bytes
-            sys.stderr.write(f"\r[{'#' * filled}{'-' * (self.width - filled)}] {self.count}/{self.total} tensors "
-                             f"{self.done_bytes / 1e6:.1f}/{self.total_bytes / 1e6:.1f} MB  {name[-40:]:<40}")
-            sys.stderr.flush()
-
-    def done(self) -> None:
-        if self.enabled:
-            sys.stderr.write(f"\n{self.count} tensors, {self.done_bytes / 1e6:.1f} MB in "
-                             f"{time.perf_counter() - self.start:.1f} s\n")

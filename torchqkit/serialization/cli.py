@@ -47,7 +47,8 @@ def _run_quantize(args: argparse.Namespace) -> int:
     import torchqkit
     try:
         report = torchqkit.quantize_checkpoint(args.src, args.dst, args.config, max_shard_bytes=args.max_shard_bytes,
-                                               strict=args.strict, progress=not args.quiet, require_quantized=True)
+                                               strict=args.strict, progress=False if args.quiet else None,
+                                               require_quantized=True)
     except torchqkit.QuantizationError as err:
         return _error(str(err), 1)
     except OSError as err:
@@ -80,5 +81,5 @@ def add_quantize_parser(commands) -> None:
                         help="shard the output past N bytes")
     parser.add_argument("--strict", action="store_true",
                         help="fail instead of keeping a weight that can't be quantized")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr (shown only when stderr is a terminal)")
     parser.set_defaults(run=_run_quantize)

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from ..files.strict_json import parse_json
+from ..progress import ProgressLine, progress_enabled
 from ..version import __version__
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .atomic import INDEX_SUFFIX, CheckpointFiles, new_save_id
@@ -269,13 +270,14 @@ def read_quantized_weight(ckpt: _Checkpoint, name: str, tensors: dict[str, torch
     return _read_one(ckpt, name, tensors)
 
 
-def load_quantized(model: nn.Module, path) -> nn.Module:
+def load_quantized(model: nn.Module, path, *, progress: bool | None = None) -> nn.Module:
     """Fill ``model`` (built on the meta device, or a float model) with a checkpoint written by
     save_quantized / quantize_checkpoint, and return it. Quantized weights become AffineQuantizedTensors
     built straight from the stored packed tensors. Everything is validated before the model is touched;
     a problem raises CheckpointError naming the file, the tensor and what is wrong.
     A tensor-parallel model (DTensor parameters, e.g. ``parallelize_module`` on the meta device) gets on each
-    rank only its shard of every tensor, read from the file by itself (serialization/dtensor_load.py)."""
+    rank only its shard of every tensor, read from the file by itself (serialization/dtensor_load.py).
+    progress: a progress line on stderr, one step per tensor (default: when stderr is a terminal)."""
     target = getattr(model, "_orig_mod", model)
     ckpt = _open_checkpoint(path, check_values=False)
     try:
@@ -286,11 +288,14 @@ def load_quantized(model: nn.Module, path) -> nn.Module:
         check_qparams(ckpt, skip={ckpt.tied.get(n, n) for n in shards})
         shard_values = {name: read_shard(ckpt, name, plan) for name, plan in shards.items()}
         loaded: dict[str, torch.Tensor] = {}
-        for name in expected:
-            if name in ckpt.tied:
-                continue
-            value = shard_values.pop(name) if name in shards else _read_one(ckpt, name)
-            loaded[name] = _assign(target, name, value, expected[name])
+        bar = ProgressLine(f"load_quantized {Path(path).name}", len(expected), "tensors",
+                           enabled=progress_enabled(progress))
+        for count, name in enumerate(expected, 1):
+            if name not in ckpt.tied:
+                value = shard_values.pop(name) if name in shards else _read_one(ckpt, name)
+                loaded[name] = _assign(target, name, value, expected[name])
+            bar.update(count, name[-40:])
+        bar.close()
         for alias, name in ckpt.tied.items():
             _set_tensor(target, alias, loaded[name] if name in loaded else _read_one(ckpt, name))
     finally:
