@@ -52,8 +52,8 @@ class LayerReport:
 
 
 class QuantizationReport:
-    """What ``quantize_`` (and the checkpoint and Hugging Face loaders) did to each layer: one ``LayerReport`` per
-    Linear, and per module a config named.
+    """What ``quantize_`` (or ``quantize_checkpoint``, ``from_gguf``) did to each layer: one ``LayerReport``
+    per Linear, and per module a config named.
 
     ``entries`` lists them in module order; ``report[fqn]`` finds one (``KeyError`` if absent); ``by_status(s)``
     and the ``quantized`` / ``skipped`` / ``shared`` properties filter them; ``bytes_before`` / ``bytes_after``
