@@ -135,7 +135,8 @@ class PerGroup(Granularity):
 class PerBlock(Granularity):
     """An explicit block shape, right-aligned with the tensor's shape (missing leading dimensions get 1).
 
-    Used for "subchannel" blocks such as 128x128 float8 weight scales. A block that doesn't divide its dimension leaves a partial last block.
+    Used for "subchannel" blocks such as 128x128 float8 weight scales. A block that doesn't
+    divide its dimension leaves a partial last block.
 
     Args:
         block_shape (tuple[int, ...]): block size per trailing dimension: a non-empty tuple (or list, stored as a
