@@ -72,7 +72,7 @@ def save_pretrained(model: nn.Module, directory, config=None, *, max_shard_bytes
 
     Returns:
         SaveSummary: the files written (config.json first), the tensors stored, and notes on which Linear modules
-        stayed in float and which aliases were stored once.
+            stayed in float and which aliases were stored once.
 
     Raises:
         TypeError: ``model`` is not a transformers ``PreTrainedModel`` (use ``save_quantized`` for other modules).

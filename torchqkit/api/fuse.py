@@ -151,7 +151,7 @@ def fuse_shared_input_linears(model: nn.Module, groups=DEFAULT_GROUPS) -> dict[s
 
     Returns:
         dict[str, str]: ``{"<module>.q_proj+k_proj+v_proj": "fused" or "left as it was: <why>"}``, one entry per
-        group found.
+            group found.
 
     Example:
         ```python

@@ -104,7 +104,7 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
 
     Returns:
         QuantizationReport: one entry per reported layer (``"quantized"``, ``"shared"``, ``"skipped"`` or
-        ``"kept"``), with byte counts before and after; ``print(report)`` shows a table.
+            ``"kept"``), with byte counts before and after; ``print(report)`` shows a table.
 
     Raises:
         QuantizationError: with ``strict=True``, when a selected layer can't be quantized.

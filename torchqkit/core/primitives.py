@@ -290,7 +290,7 @@ def choose_qparams_affine(
 
     Returns:
         tuple[torch.Tensor, torch.Tensor | None]: ``(scale, zero_point)``, each of shape
-        ``[ceil(s / b) for s, b in zip(x.shape, block_size)]``; ``zero_point`` is None for ``ZeroPointDomain.NONE``.
+            ``[ceil(s / b) for s, b in zip(x.shape, block_size)]``; ``zero_point`` is None for ``ZeroPointDomain.NONE``.
 
     Raises:
         ValueError: a ``block_size`` that can't tile ``x``, a mapping / zero-point domain the qdtype can't take, an

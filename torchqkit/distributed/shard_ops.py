@@ -71,7 +71,7 @@ def shard_multiple(w: AffineQuantizedTensor, dim: int) -> int:
 
     Returns:
         int: the multiple, e.g. 1 along either dimension of a per-row ``PlainLayout`` weight, 8 rows and 128
-        columns for a ``TensorCoreTiledLayout`` weight with group size 128.
+            columns for a ``TensorCoreTiledLayout`` weight with group size 128.
 
     Example:
         ```python

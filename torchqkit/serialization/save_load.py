@@ -98,7 +98,7 @@ def save_quantized(model_or_state_dict, path, *, max_shard_bytes: int | None = N
 
     Returns:
         SaveSummary: the files written, the quantized and plain tensor names, the tied aliases stored once and
-        the bytes written; ``print()`` it for a summary.
+            the bytes written; ``print()`` it for a summary.
 
     Raises:
         ValueError: a tensor on the meta device, or a tensor name containing the reserved ``":"``.

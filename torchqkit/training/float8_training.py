@@ -49,7 +49,7 @@ def enable_float8_training_(model: nn.Module, recipe: str = "dynamic", *, granul
 
     Returns:
         QuantizationReport: one entry per selected module: ``"quantized"`` (trains in float8) or ``"skipped"``
-        with the reason.
+            with the reason.
 
     Raises:
         ValueError: an unknown recipe or granularity, ``"delayed"`` with ``"row"``, a bad ``history_len``, or a

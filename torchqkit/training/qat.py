@@ -47,7 +47,7 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
 
     Returns:
         QuantizationReport: the report ``quantize_`` would give for ``config.base`` (``"quantized"`` means
-        fake-quantized now, quantized by ``convert_qat_``).
+            fake-quantized now, quantized by ``convert_qat_``).
 
     Raises:
         TypeError: ``config`` is not a ``QATConfig``, or a config a fake quantizer can't emulate (no per-weight

@@ -33,7 +33,7 @@ class NF4WeightOnlyConfig(QuantConfig):
 
     Args:
         block_size (int): weights per absmax scale along a row: an even int >= 2 (codes pack two per
-        byte); default 64.
+            byte); default 64.
         double_quant (bool): store the absmax values in 8 bits; default False.
         kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
             ``KernelPreference.AUTO``; its value is accepted.
