@@ -66,19 +66,18 @@ def _section(doc: str, *titles: str) -> list[str] | None:
     return None
 
 
+def _items(body: list[str]) -> list[str]:
+    """The lines at the section's own indentation: one per item (continuation lines are indented further)."""
+    indents = [len(line) - len(line.lstrip()) for line in body if line.strip()]
+    return [line for line in body if line.strip() and len(line) - len(line.lstrip()) == min(indents)]
+
+
+_ITEM = re.compile(r"\s*\*{0,2}(\w+)\s*(\([^)]*\))?\s*:")
+
+
 def _documented_names(body: list[str]) -> set[str]:
     """Names at the section's own indentation: ``name (type): ...`` or ``name: ...``."""
-    indents = [len(line) - len(line.lstrip()) for line in body if line.strip()]
-    if not indents:
-        return set()
-    indent = min(indents)
-    names = set()
-    for line in body:
-        if line.strip() and len(line) - len(line.lstrip()) == indent:
-            m = re.match(r"\s*\*{0,2}(\w+)\s*(\([^)]*\))?\s*:", line)
-            if m:
-                names.add(m.group(1))
-    return names
+    return {m.group(1) for m in map(_ITEM.match, _items(body)) if m}
 
 
 def _parameters(obj) -> list[str]:
@@ -127,6 +126,9 @@ def test_every_parameter_is_documented(name):
     assert body is not None, f"{name} takes {params} but has no Args: section"
     missing = [p for p in params if p not in _documented_names(body)]
     assert not missing, f"{name}: parameters not in Args: {missing}"
+    # a continuation line at the item's indentation would be read as an item of its own
+    strays = [line.strip() for line in _items(body) if not _ITEM.match(line)]
+    assert not strays, f"{name}: lines in Args that are not 'name (type): description' items: {strays}"
 
 
 def test_the_exclusions_are_public_names():
