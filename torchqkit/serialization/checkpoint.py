@@ -65,7 +65,7 @@ def quantize_checkpoint(src, dst, config, *, model: nn.Module | None = None, max
             nothing; default False (each is reported, the weight copied in float).
         progress (bool): a progress line on stderr; default True.
         require_quantized (bool): raise ``QuantizationError``, writing nothing, if no weight was quantized in the
-            end; default False.
+            end (the CLI sets it); default False.
 
     Returns:
         QuantizationReport: one entry per 2-d weight considered (and per unmatched config key).

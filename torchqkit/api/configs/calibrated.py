@@ -50,8 +50,8 @@ class GPTQConfig(CalibratedConfig):
 
     The weight keeps ``base``'s qparams grid and layout, but its codes are chosen by GPTQ using the Hessian of
     the Linear's inputs, collected from ``quantize_(..., calibration_data=...)``. The result is ``base``'s ordinary
-    quantized weight, so the same kernels and checkpoints serve it. A Linear that was not calibrated (outside the
-    model's decoder blocks, or in ``quantize_checkpoint``) is refused and stays in float; the report says why.
+    quantized weight, so the same kernels and checkpoints serve it. A weight quantized without calibration (by
+    ``quantize_checkpoint``, say) is refused and stays in float; the report says why.
 
     Args:
         base (QuantConfig): the weight config whose grid GPTQ fills: an ``Int4WeightOnlyConfig`` (default

@@ -91,8 +91,8 @@ class Int8DynamicActivationIntxWeightConfig(QuantConfig):
         act_granularity (Granularity): ``PerToken()`` (default; one scale per token) or ``PerGroup(n)`` equal to
             ``weight_granularity`` (one symmetric scale per token and group of n features).
         weight_zero_point_domain (ZeroPointDomain | None): None (default; integer zero points when asymmetric),
-            ``"int"`` or ``"float"`` (a float zero point per group, w = q * s + z) for an asymmetric
-            ``weight_mapping``, ``"none"`` for a symmetric one.
+            ``"int"`` or ``"float"`` (a float zero point per group, w = q * s + z: GGUF's Q4_1, whose minimum an
+            integer zero point can't hold) for an asymmetric ``weight_mapping``, ``"none"`` for a symmetric one.
         weight_scale_dtype (str | None): dtype of the stored scales and zero points: None (default; the weight's
             dtype), ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         layout (Layout | None): how the weight codes are stored; None (default): ``PackedIntxLayout()`` for 4-bit

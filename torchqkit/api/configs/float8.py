@@ -45,7 +45,8 @@ class Float8WeightOnlyConfig(QuantConfig):
     """float8 weight-only quantization; activations stay in their dtype.
 
     Weights are stored as float8 codes with float32 scales, per row (default), per tensor or per block (e.g.
-    128x128), in ``Float8Layout``. The matmul dequantizes the weight; activations are not quantized.
+    128x128), in ``Float8Layout``, whose linear runs ``torchqkit::linear_fp8wo`` on the stored bytes; activations
+    are not quantized.
 
     Args:
         weight_dtype (QDType): ``float8_e4m3fn`` (default) or ``float8_e5m2``, or its name.
@@ -100,8 +101,9 @@ class Float8DynamicActivationFloat8WeightConfig(_Float8ActivationFloat8Weight):
     """float8 activations with scales computed at run time x float8 weights.
 
     Each Linear's weight is quantized to float8 with float32 scales, and its input is quantized to float8 inside
-    the linear on every call (per tensor or per row), so the matmul runs in float8 (``torch._scaled_mm`` where
-    the device has it). With ``PerBlock`` weight scales the activations are scaled per token (per row).
+    the linear on every call (per tensor or per row). With per-tensor or per-row scales the matmul is
+    ``torch._scaled_mm`` on the float8 operands; with ``PerBlock`` weight scales the activations are scaled per
+    token (per row) and the reference (dequantize, then ``F.linear``) runs.
 
     Args:
         granularity (Granularity): the weight's (and activation's) scale granularity: ``PerRow()`` (default),

@@ -84,8 +84,8 @@ class Int4WeightOnlyConfig(QuantConfig):
     Each group of ``group_size`` consecutive input features of a row gets an asymmetric scale and a zero point in
     the float domain (the tinygemm / tensor-core-tiled convention). The codes are stored by default in
     ``TensorCoreTiledLayout``; pass ``layout=PlainLayout()`` for one unpacked code per byte. Activations stay in
-    float. Use it for the smallest weights of the integer configs with a fast kernel; wrap it in ``GPTQConfig``
-    or ``AWQConfig`` to choose the codes from calibration data.
+    float. Use it for 4-bit weights served by the tiled int4 kernel; wrap it in ``GPTQConfig`` or ``AWQConfig``
+    to choose the codes from calibration data.
 
     Args:
         group_size (int): input features per scale and zero point; one of 32, 64, 128, 256. Default 128.
