@@ -35,8 +35,9 @@ class PlainLayout(Layout):
     bits) and float8; not codebook formats (nf4, fp4_e2m1), which have their own layouts. Inner tensors:
     ``qdata``, ``scale`` and ``zero_point`` (None without a zero point). Symmetric signed codes stored as int8 run
     ``torchqkit::linear_int8wo_plain``, int8 x int8 dynamic activations ``torchqkit::linear_int8da_int8_plain``,
-    float8 per-tensor / per-row ``torch._scaled_mm``, everything else the reference (dequantize, then ``F.linear``); ``torchqkit.kernels.status()`` lists each case. It is the
-    default layout of ``Int8WeightOnlyConfig`` and the int8 activation configs, and the simplest to inspect.
+    float8 per-tensor / per-row ``torch._scaled_mm``, everything else the reference (dequantize, then
+    ``F.linear``); ``torchqkit.kernels.status()`` lists each case. It is the default layout of
+    ``Int8WeightOnlyConfig`` and the int8 activation configs, and the simplest to inspect.
 
     Example:
         ```python
