@@ -37,7 +37,7 @@ class PlainLayout(Layout):
     ``torchqkit::linear_int8wo_plain``, int8 x int8 dynamic activations ``torchqkit::linear_int8da_int8_plain``,
     float8 per-tensor / per-row ``torch._scaled_mm``, everything else the reference (dequantize, then
     ``F.linear``); ``torchqkit.kernels.status()`` lists each case. It is the default layout of
-    ``Int8WeightOnlyConfig`` and the int8 activation configs, and the simplest to inspect.
+    ``Int8WeightOnlyConfig`` and the int8 x int8 activation configs, and the simplest to inspect.
 
     Example:
         ```python
