@@ -54,9 +54,37 @@ QUANT_METHOD = "torchqkit"
 
 
 def save_pretrained(model: nn.Module, directory, config=None, *, max_shard_bytes: int | None = None) -> SaveSummary:
-    """Write a (quantized) transformers model to ``directory``: config.json recording the quantization, and
-    model.safetensors (shards + index past ``max_shard_bytes``). Returns the SaveSummary, whose notes say which
-    Linear modules stayed in float and which aliases were stored once."""
+    """Write a (quantized) transformers model to ``directory`` in a form both loaders read.
+
+    Writes ``config.json`` (the model's own config plus a ``"quantization_config"`` recording the torchqkit config,
+    the quantized modules, the Linear modules left in float and the tied aliases) and ``model.safetensors`` (as
+    ``save_quantized`` writes it; shards plus an index past ``max_shard_bytes``). Load it with
+    ``torchqkit.from_pretrained`` or transformers' ``from_pretrained``.
+
+    Args:
+        model (transformers.PreTrainedModel): the model (quantized with ``quantize_``, or not); a
+            ``torch.compile``-wrapped model is unwrapped.
+        directory (str | os.PathLike): the output directory, created if missing.
+        config (QuantConfig | ModuleConfigs | None): the config that produced the weights, recorded in
+            config.json and the checkpoint header; default None.
+        max_shard_bytes (int | None): shard ``model.safetensors`` past this many bytes; default None (one file).
+            Keyword-only.
+
+    Returns:
+        SaveSummary: the files written (config.json first), the tensors stored, and notes on which Linear modules
+            stayed in float and which aliases were stored once.
+
+    Raises:
+        TypeError: ``model`` is not a transformers ``PreTrainedModel`` (use ``save_quantized`` for other modules).
+
+    Example:
+        ```python
+        import torchqkit as qk
+        config = qk.Int4WeightOnlyConfig(group_size=128)
+        qk.quantize_(model, config)
+        print(qk.save_pretrained(model, "out/", config=config))   # out/config.json + out/model.safetensors
+        ```
+    """
     model = getattr(model, "_orig_mod", model)
     if not hasattr(model, "config") or not hasattr(model.config, "save_pretrained"):
         raise TypeError(f"save_pretrained takes a transformers PreTrainedModel, got {type(model).__name__}; "
@@ -86,10 +114,34 @@ def quantization_record(model: nn.Module, config, tied: dict[str, str]) -> dict:
 
 
 def from_pretrained(directory, *, progress: bool | None = None) -> nn.Module:
-    """Rebuild a model saved by torchqkit.save_pretrained: the class named in config.json's ``architectures``
-    is built on the meta device, its non-persistent buffers (rotary frequencies, position ids) are computed by
-    the model's own initializer, and load_quantized fills every saved tensor. Returns the model in eval mode.
-    progress: a progress line on stderr while the tensors load (default: when stderr is a terminal)."""
+    """Rebuild a model saved by ``torchqkit.save_pretrained``, quantized weights and all, in one call.
+
+    The transformers class named in config.json's ``architectures`` is built on the meta device, its
+    non-persistent buffers (rotary frequencies, position ids) are computed by the model's own initializer, and
+    ``load_quantized`` fills every saved tensor, so no float weight of a quantized layer is built. config.json and
+    its ``quantization_config`` are validated the same way transformers' loader (through the torchqkit quantizer)
+    validates them.
+
+    Args:
+        directory (str | os.PathLike): the directory ``save_pretrained`` wrote (config.json and model.safetensors).
+        progress (bool | None): a progress line on stderr, one step per tensor; default None: shown when
+            stderr is a terminal.
+
+    Returns:
+        transformers.PreTrainedModel: the model, in eval mode.
+
+    Raises:
+        CheckpointError: an unreadable or invalid config.json, quantization_config or checkpoint.
+        ValueError: config.json has no torchqkit ``quantization_config``, or its ``architectures`` names no
+            transformers model class.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        model = qk.from_pretrained("out/")
+        logits = model(input_ids).logits
+        ```
+    """
     import transformers
     directory = Path(directory)
     qc = read_config_json(directory).get("quantization_config")  # see Note [One validation for both loaders]

@@ -56,10 +56,31 @@ CLIP_ROWS = 512
 
 @dataclass
 class CalibrationData:
-    """Calibration batches plus how to run them. ``batches``: model inputs (tensors, tuples, or dicts of
-    keyword arguments); ``blocks``: fqn of the decoder-layer list (default: found, see find_blocks);
-    ``progress``: a progress line per block on stderr (default: when stderr is a terminal); ``max_rows``: token rows sampled per Linear input for AWQ's
-    searches and percentile observers."""
+    """Calibration batches for ``quantize_``, plus how to run them.
+
+    Pass it as ``quantize_(..., calibration_data=...)`` instead of a plain iterable of batches when the defaults
+    need changing: the decoder-block list to calibrate block by block, the progress line, or how many token rows
+    are sampled per Linear input.
+
+    Args:
+        batches (Iterable): model inputs, each a tensor, a tuple of positional arguments, or a dict of keyword
+            arguments. Read twice when Linears outside the blocks need calibration too.
+        blocks (str | None): the fqn of the model's decoder-layer list (an ``nn.ModuleList`` or ``nn.Sequential``,
+            e.g. ``"model.layers"``); None (default): found (the longest ModuleList of at least two modules of one
+            class, else the whole model).
+        progress (bool | None): a progress line on stderr, one step per decoder block; default None: shown when
+            stderr is a terminal.
+        max_rows (int): token rows sampled per Linear input for AWQ's searches and the percentile observers;
+            default 1024.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        batches = [tokenizer(text, return_tensors="pt").input_ids for text in texts]
+        data = qk.CalibrationData(batches, blocks="model.layers", progress=False)
+        qk.quantize_(model, qk.GPTQConfig(qk.Int4WeightOnlyConfig(group_size=128)), calibration_data=data)
+        ```
+    """
     batches: Iterable
     blocks: str | None = None
     progress: bool | None = None

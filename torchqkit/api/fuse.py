@@ -134,11 +134,33 @@ def _fused_weight(weights: list[AffineQuantizedTensor]) -> AffineQuantizedTensor
 
 
 def fuse_shared_input_linears(model: nn.Module, groups=DEFAULT_GROUPS) -> dict[str, str]:
-    """Fuse, in every module of ``model``, each group of Linear attributes (``groups``: tuples of names, by default
-    q/k/v and gate/up projections) into one quantized matmul (Note [Fused projections]). For inference on a
-    quantized model already on its device: the members keep their names and shapes, each ``weight`` a view of the
-    fused one (``state_dict`` / ``save_quantized`` save them as ordinary weights). Returns
-    {"module.q_proj+k_proj+v_proj": "fused" or why not}; a group whose members don't all exist is not a group."""
+    """Fuse, in every module of ``model``, each group of quantized Linears that share an input into one matmul.
+
+    For inference on a quantized model already on its device: a decoder layer's q/k/v projections (and gate/up)
+    become one call on their concatenated weights, which saves the fixed cost of each call at decode. The members
+    keep their names and shapes; each ``weight`` is a view of the fused one (``state_dict`` / ``save_quantized`` save
+    them as ordinary weights), and each member's forward takes its columns of the fused output. Members must agree
+    on everything that decides the matmul (layout, qdtype, block size, dtype, activation quantization, bias or
+    none, ...); a group that doesn't is left as it was and reported with the reason.
+
+    Args:
+        model (torch.nn.Module): a quantized model, changed in place.
+        groups (tuple[tuple[str, ...], ...]): the groups of Linear attribute names to fuse within a module;
+            default ``(("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("query", "key", "value"))``. A
+            group whose members don't all exist in a module is not a group there.
+
+    Returns:
+        dict[str, str]: ``{"<module>.q_proj+k_proj+v_proj": "fused" or "left as it was: <why>"}``, one entry per
+            group found.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=32))
+        report = qk.fuse_shared_input_linears(model)
+        print(report)   # {"model.layers.0.self_attn.q_proj+k_proj+v_proj": "fused", ...}
+        ```
+    """
     report = {}
     for name, module in list(model.named_modules()):
         for names in groups:

@@ -24,6 +24,37 @@ REGEX_PREFIX = "re:"
 
 
 class ModuleConfigs:
+    """Per-module configs for mixed precision: which config (or none) each module of a model gets.
+
+    Keys, in order of precedence: an exact module name (``"layers.0.attn.q_proj"``); ``"re:<pattern>"``, a
+    regular expression that must match the whole name (the first matching key wins; patterns whose matching time
+    can't be bounded are refused); and ``"_default"`` for everything else. A value of None leaves the module in
+    float. A module named exactly is quantized even if ``quantize_``'s ``filter_fn`` would not select it.
+    ``to_dict()`` / ``from_dict()`` and ``to_json(path)`` / ``from_json(path)`` round-trip it; ``lookup(fqn)``
+    returns the (key, config) a module gets.
+
+    Args:
+        configs (dict[str, QuantConfig | dict | None]): module name or pattern -> a config, a config dict (as
+            ``QuantConfig.to_dict()`` makes; decoded), or None.
+
+    Raises:
+        TypeError: ``configs`` is not a dict, a key is not a string, or a value is not a config, config dict or
+            None.
+        ValueError: a ``"re:"`` pattern that is not a valid regular expression or can't be matched in bounded time,
+        or an invalid config dict.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        configs = qk.ModuleConfigs({
+            "lm_head": None,                                       # stays float
+            "re:.*mlp.*": qk.Int4WeightOnlyConfig(group_size=64),
+            "_default": qk.Int8WeightOnlyConfig(),
+        })
+        report = qk.quantize_(model, configs)
+        configs.to_json("quant_config.json")
+        ```
+    """
     def __init__(self, configs: dict):
         if not isinstance(configs, dict):
             raise TypeError(f"ModuleConfigs takes a dict of module name -> config, got {type(configs).__name__}")

@@ -1,10 +1,14 @@
 """Named configs: one name per config for the CLI (`quantize --config`, `eval --config`) and the demo, so a
 figure and the command that reproduces it use the same name.
 
+Each preset is built on request (a fresh config object per call), so listing names constructs nothing.
+
+Example:
+    ```python
+    import torchqkit as qk
     qk.presets.names()               # ('int8-wo', 'int4-wo-g32', ...)
     qk.presets.get("int4-wo-g128")   # Int4WeightOnlyConfig(group_size=128)
-
-Each preset is built on request (a fresh config object per call), so listing names constructs nothing.
+    ```
 """
 from __future__ import annotations
 
@@ -50,11 +54,43 @@ PRESETS: dict[str, Callable[[], QuantConfig]] = {
 
 
 def names() -> tuple[str, ...]:
+    """The names of every preset, in a fixed order.
+
+    Listing names constructs no config. These are the names the CLI's ``--config`` and the demo accept.
+
+    Returns:
+        tuple[str, ...]: the preset names, e.g. ``("int8-wo", "int4-wo-g32", ...)``.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        for name in qk.presets.names():
+            print(name, qk.presets.get(name).describe())
+        ```
+    """
     return tuple(PRESETS)
 
 
 def get(name: str) -> QuantConfig:
-    """A fresh config for the preset ``name``; ValueError listing the names otherwise."""
+    """A fresh config for the preset ``name``.
+
+    Each call builds a new config object, so callers may keep or compare it freely.
+
+    Args:
+        name (str): a preset name, one of ``names()`` (e.g. ``"int4-wo-g128"``, ``"int8-dyn-int8"``, ``"nf4-b64"``).
+
+    Returns:
+        QuantConfig: the preset's config, e.g. ``Int4WeightOnlyConfig(group_size=128)`` for ``"int4-wo-g128"``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the presets).
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.presets.get("int4-wo-g128"))
+        ```
+    """
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
     return PRESETS[name]()

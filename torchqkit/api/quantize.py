@@ -40,7 +40,20 @@ __all__ = ["quantize_", "plan_quantize", "as_module_configs", "quantize_layer", 
 PROGRESS_MIN_LAYERS = 50
 
 class QuantizationError(ValueError):
-    """Raised by quantize_(..., strict=True) when a selected layer can't be quantized."""
+    """Raised by ``quantize_(..., strict=True)`` when a selected layer can't be quantized.
+
+    The message names every such layer and why; the model is left unchanged. Without ``strict`` the same layers
+    stay in float, ``quantize_`` warns, and the returned report lists them as ``"skipped"``. A ``ValueError``.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        try:
+            qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=128), strict=True)
+        except qk.QuantizationError as e:
+            print("model left unchanged:", e)
+        ```
+    """
 
 
 class _Holder(NamedTuple):
@@ -64,16 +77,47 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
               progress: bool | None = None) -> QuantizationReport:
     """Quantize the weights of ``model``'s Linear layers in place and report what happened to each.
 
-    config: a QuantConfig (every selected Linear) or a ModuleConfigs (per-module configs).
-    filter_fn(module, fqn): which modules to consider; default: every nn.Linear.
-    device: quantize (and leave) the selected layers on this device.
-    strict: raise QuantizationError instead of reporting layers that can't be quantized.
-    calibration_data: model inputs (an iterable of tensors, tuples or keyword dicts; or a CalibrationData) for
-    configs that need them (GPTQ, AWQ, SmoothQuant, static activation scales): see api/calibrate.py.
-    Ignored when no config needs it.
-    progress: a progress line on stderr while the layers are quantized; None (default): when stderr is a terminal
-    and the model has at least PROGRESS_MIN_LAYERS layers to quantize.
-    A weight shared by several modules is quantized once and stays shared: see Note [Shared weights].
+    Each selected Linear's weight is replaced by an ``AffineQuantizedTensor`` in the config's format; the modules
+    stay ``nn.Linear`` and their ``extra_repr`` shows the config. Work happens in two phases (plan and quantize
+    every weight, then swap them in), so an error leaves the model as it was. A layer the config can't take
+    (shape, dtype, NaN weights, ...) stays in float and is reported as ``"skipped"`` with the reason, with a
+    warning (or ``QuantizationError`` with ``strict=True``). A weight shared by several modules (a tied lm_head)
+    is quantized once and stays shared; a weight an ``nn.Embedding`` also holds stays in float unless its Linear is
+    named exactly in a ``ModuleConfigs``.
+
+    Args:
+        model (torch.nn.Module): the model to quantize, changed in place.
+        config (QuantConfig | ModuleConfigs): one config for every selected Linear, or a ``ModuleConfigs`` of
+            per-module configs (mixed precision; None values keep modules in float).
+        filter_fn (Callable[[nn.Module, str], bool] | None): ``filter_fn(module, fqn)`` says which modules to
+            consider; None (default): every ``nn.Linear``. Keyword-only, as are the arguments below.
+        device (torch.device | str | None): quantize (and leave) the selected layers on this device; None
+            (default): where they are.
+        strict (bool): raise ``QuantizationError`` (changing nothing) instead of reporting layers that can't be
+            quantized; default False.
+        calibration_data (Iterable | CalibrationData | None): model inputs (an iterable of tensors, tuples or
+            keyword dicts, or a ``CalibrationData``) for configs that need them (``GPTQConfig``, ``AWQConfig``,
+            ``SmoothQuantConfig``, static activation configs without ``act_scale``); ignored when no config needs
+            it. Default None.
+        progress (bool | None): a progress line on stderr while layers are quantized; None (default): when stderr
+            is a terminal and the model has at least 50 layers to quantize.
+
+    Returns:
+        QuantizationReport: one entry per reported layer (``"quantized"``, ``"shared"``, ``"skipped"`` or
+            ``"kept"``), with byte counts before and after; ``print(report)`` shows a table.
+
+    Raises:
+        QuantizationError: with ``strict=True``, when a selected layer can't be quantized.
+        TypeError: ``config`` is not a registered config or a ``ModuleConfigs``.
+        ValueError: a config needs calibration data and none was given.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=128))
+        print(report)
+        assert not report.skipped
+        ```
     """
     return _quantize_model(model, config, filter_fn, device, strict, {}, calibration_data, progress)
 

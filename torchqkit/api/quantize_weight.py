@@ -19,7 +19,24 @@ __all__ = ["quantize_weight", "weight_qparams", "WeightQParams", "WeightRecipe",
 
 
 class UnsupportedWeightError(ValueError):
-    """A config or layout can't take this weight (shape, dtype); quantize_ reports the reason."""
+    """A config or layout can't take this weight (its shape, dtype, values or format).
+
+    Raised by ``quantize_weight`` (and the config handlers ``quantize_`` calls): a weight that is already
+    quantized, not floating point or not 2-d, a block size that can't tile it, a layout that can't store the
+    format, a calibrated config given no calibration. ``quantize_`` catches it and reports the layer as
+    ``"skipped"`` with the reason (``strict=True`` turns that into ``QuantizationError``). A ``ValueError``;
+    ``UnsupportedWeight`` is its earlier name, kept for code that catches it.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        try:
+            qk.quantize_weight(torch.randn(4, 4, 4), qk.qdtypes.int8, qk.PerRow(), qk.PlainLayout())
+        except qk.UnsupportedWeightError as e:
+            print(e)           # weight has 3 dims; quantized weights are 2-d (out, in)
+        ```
+    """
 
 
 UnsupportedWeight = UnsupportedWeightError  # the earlier name, kept for code that catches it
@@ -134,8 +151,54 @@ def quantize_weight(
     algorithm: str = "rtn",
     name: str = "weight",
 ) -> AffineQuantizedTensor:
-    """Quantize one float weight into ``layout``: ``WeightRecipe(...).quantize(weight)`` spelled as one call (see
-    ``WeightRecipe`` for what ``algorithm``, ``calibration`` and ``scale_rounding`` choose)."""
+    """Quantize one float weight into ``layout``: the step every config's handler shares.
+
+    Chooses the qparams (``choose_qparams_affine``, or HQQ), computes the codes with ``quantize_affine``, and packs
+    them into ``layout``, returning the ``AffineQuantizedTensor`` that ``quantize_`` would install. Use it to
+    quantize a single tensor, or to build formats no config offers.
+
+    Args:
+        weight (torch.Tensor): a 2-d floating (N, K) weight.
+        qdtype (QDType): the code format, e.g. ``qk.qdtypes.int8`` or ``qk.qdtypes.uint4``.
+        granularity (Granularity | tuple): a granularity (``PerRow()``, ``PerGroup(32)``, ...) or an explicit
+            block size tuple.
+        layout (Layout): where the codes are stored (``PlainLayout()``, ``TensorCoreTiledLayout()``, ...).
+        mapping (MappingType): ``SYMMETRIC`` (default), ``SYMMETRIC_NO_CLIPPING_ERR`` or ``ASYMMETRIC``, or its
+            value. Keyword-only, as are the arguments below.
+        zero_point_domain (ZeroPointDomain | str | None): None (default): chosen from qdtype and mapping; or
+            ``NONE`` / ``INT`` / ``FLOAT`` (or its value).
+        calibration (str | None): the range method of ``choose_qparams_affine`` (``"absmax"``, ``"minmax"``,
+            ``"rms,3"``, ...); None (default): its default. With ``algorithm="hqq"`` only None or ``"minmax"``.
+        scale_dtype (torch.dtype | None): dtype of the scales and zero points; None (default): the weight's dtype.
+        scale_rounding (str | None): None (default) or ``"power_of_two"`` (MX scales).
+        act_quant (ActivationQuantSpec | None): how the linear quantizes its input; None (default): it doesn't.
+        kernel_preference (KernelPreference): which implementation serves the ops; default ``KernelPreference.AUTO``.
+        stochastic (bool): stochastic rounding of integer codes (needs ``generator``); default False.
+        generator (torch.Generator | None): the seeded generator for stochastic rounding; default None.
+        check_finite (bool): refuse NaN / Inf weights; default True.
+        algorithm (str): ``"rtn"`` (default) or ``"hqq"`` (asymmetric mapping only, no calibration, scale rounding
+            or stochastic rounding).
+        name (str): the weight's name in error messages; default ``"weight"``.
+
+    Returns:
+        AffineQuantizedTensor: the quantized weight, with ``weight``'s shape and dtype.
+
+    Raises:
+        UnsupportedWeightError: the weight is already quantized, not floating point or not 2-d, the block size
+            can't tile it, or ``layout`` can't store the format (or its kernels could overflow on these qparams).
+        ValueError: an unknown algorithm, an option HQQ refuses, NaN / Inf values (with ``check_finite``), or a
+            scheme the qdtype can't take.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        w = torch.randn(64, 256)
+        qw = qk.quantize_weight(w, qk.qdtypes.uint4, qk.PerGroup(32), qk.PlainLayout(), mapping="asymmetric",
+                                zero_point_domain="float")
+        print(qw, (qw.dequantize() - w).abs().max())
+        ```
+    """
     recipe = WeightRecipe(qdtype, granularity, layout, mapping=mapping, zero_point_domain=zero_point_domain,
                           scale_dtype=scale_dtype, scale_rounding=scale_rounding, act_quant=act_quant,
                           kernel_preference=kernel_preference, algorithm=algorithm, calibration=calibration)

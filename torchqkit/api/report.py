@@ -14,6 +14,32 @@ STATUSES = ("quantized", "shared", "skipped", "kept")
 
 @dataclass
 class LayerReport:
+    """One layer's entry in a ``QuantizationReport``: what happened to it and its weight bytes before and after.
+
+    Byte counts are the change in memory: a weight shared by several modules is counted once, by the module that
+    owns it; the others are ``"shared"`` entries with 0 -> 0 bytes.
+
+    Args:
+        fqn (str): the module's name in the model.
+        status (str): ``"quantized"``; ``"shared"`` (holds another entry's weight); ``"skipped"`` (the config
+            couldn't take it); ``"kept"`` (no config, a None config, or tied to an embedding).
+        config (str): the config's description (``QuantConfig.describe()``), or ``"-"``.
+        reason (str): why it was skipped, kept or shared; when quantized, ``""`` or a note (e.g. where AWQ folded
+            its scales).
+        bytes_before (int): weight bytes before quantization.
+        bytes_after (int): weight bytes after (packed codes, scales and zero points).
+        shared_with (str): for ``"shared"`` entries, the Parameter it holds, ``"<owner fqn>.weight"``; default ``""``.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        report = qk.quantize_(model, qk.Int8WeightOnlyConfig())
+        for entry in report.skipped:
+            print(entry.fqn, entry.reason)
+        e = report["layers.0.mlp.up_proj"]
+        print(e.status, e.bytes_before, e.bytes_after)
+        ```
+    """
     fqn: str
     status: str            # "quantized"; "shared" (holds another entry's weight); "skipped" (config couldn't take
                            # it); "kept" (no config / None / tied to an embedding)
@@ -26,6 +52,24 @@ class LayerReport:
 
 
 class QuantizationReport:
+    """What ``quantize_`` (or ``quantize_checkpoint``, ``from_gguf``) did to each layer: one ``LayerReport``
+    per Linear, and per module a config named.
+
+    ``entries`` lists them in module order; ``report[fqn]`` finds one (``KeyError`` if absent); ``by_status(s)``
+    and the ``quantized`` / ``skipped`` / ``shared`` properties filter them; ``bytes_before`` / ``bytes_after``
+    total the weight bytes (a shared weight once); ``print(report)`` shows a table and a summary line.
+
+    Args:
+        entries (list[LayerReport]): the layers' entries.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=128))
+        print(report)                     # a table, then "N quantized, 0 skipped, ...; weights A -> B bytes"
+        print(len(report.quantized), report.bytes_before / report.bytes_after)
+        ```
+    """
     def __init__(self, entries: list[LayerReport]):
         self.entries = entries
 

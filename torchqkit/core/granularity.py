@@ -20,7 +20,18 @@ class Granularity:
 
 @dataclass(frozen=True)
 class PerTensor(Granularity):
-    """One scale for the whole tensor."""
+    """One scale for the whole tensor.
+
+    A granularity: its ``block_size(shape)`` is the shape itself. Used for per-tensor float8 scales and static
+    activation scales.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        assert qk.PerTensor().block_size((64, 256)) == (64, 256)
+        config = qk.Float8WeightOnlyConfig(granularity=qk.PerTensor())
+        ```
+    """
 
     def block_size(self, shape):
         return tuple(shape)
@@ -28,7 +39,25 @@ class PerTensor(Granularity):
 
 @dataclass(frozen=True)
 class PerAxis(Granularity):
-    """One scale per index along ``axis`` (PerAxis(0) of a (N, K) weight = one scale per row)."""
+    """One scale per index along ``axis``; every other dimension is one block.
+
+    ``PerAxis(0)`` of an (N, K) weight is one scale per row (output channel), the same blocks as ``PerRow()``.
+    The weight configs take only ``PerAxis(0)`` (or ``-2``): other axes would share scales across output channels.
+
+    Args:
+        axis (int): the dimension that gets one scale per index; negative values count from the end. Must be an
+            int (not a bool or float); checked against the tensor's rank when ``block_size`` is called.
+
+    Raises:
+        ValueError: ``axis`` is not an int, or (from ``block_size``) out of range for the tensor.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        assert qk.PerAxis(0).block_size((64, 256)) == (1, 256)
+        config = qk.IntxWeightOnlyConfig(bits=4, granularity=qk.PerAxis(0))
+        ```
+    """
     axis: int
 
     def __post_init__(self):
@@ -42,7 +71,15 @@ class PerAxis(Granularity):
 
 @dataclass(frozen=True)
 class PerRow(Granularity):
-    """One scale per row: every dimension but the last has block 1 (a weight's output channels)."""
+    """One scale per row: every dimension but the last has block 1 (a weight's output channels).
+
+    Example:
+        ```python
+        import torchqkit as qk
+        assert qk.PerRow().block_size((64, 256)) == (1, 256)
+        config = qk.Float8WeightOnlyConfig(granularity=qk.PerRow())
+        ```
+    """
 
     def block_size(self, shape):
         return (1,) * (len(shape) - 1) + (shape[-1],)
@@ -50,7 +87,15 @@ class PerRow(Granularity):
 
 @dataclass(frozen=True)
 class PerToken(Granularity):
-    """One scale per token of an activation (..., K): the same blocks as PerRow, named for activations."""
+    """One scale per token of an activation (..., K): the same blocks as ``PerRow``, named for activations.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        assert qk.PerToken().block_size((4, 16, 256)) == (1, 1, 256)
+        config = qk.Int8DynamicActivationIntxWeightConfig(act_granularity=qk.PerToken())
+        ```
+    """
 
     def block_size(self, shape):
         return (1,) * (len(shape) - 1) + (shape[-1],)
@@ -58,7 +103,24 @@ class PerToken(Granularity):
 
 @dataclass(frozen=True)
 class PerGroup(Granularity):
-    """``group_size`` consecutive elements of the last dimension share a scale."""
+    """``group_size`` consecutive elements of the last dimension share a scale.
+
+    For an (N, K) weight, each row is cut into groups of ``group_size`` input features. A group size that doesn't
+    divide K leaves a partial last group.
+
+    Args:
+        group_size (int): elements per group along the last dimension; a positive int (not a bool or float).
+
+    Raises:
+        ValueError: ``group_size`` is not a positive int.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        assert qk.PerGroup(32).block_size((64, 256)) == (1, 32)
+        config = qk.IntxWeightOnlyConfig(bits=4, granularity=qk.PerGroup(32))
+        ```
+    """
     group_size: int
 
     def __post_init__(self):
@@ -71,7 +133,26 @@ class PerGroup(Granularity):
 
 @dataclass(frozen=True)
 class PerBlock(Granularity):
-    """Explicit block shape, right-aligned with the tensor's shape (missing leading dims get 1)."""
+    """An explicit block shape, right-aligned with the tensor's shape (missing leading dimensions get 1).
+
+    Used for "subchannel" blocks such as 128x128 float8 weight scales. A block that doesn't
+    divide its dimension leaves a partial last block.
+
+    Args:
+        block_shape (tuple[int, ...]): block size per trailing dimension: a non-empty tuple (or list, stored as a
+            tuple) of positive ints. ``block_size`` refuses a tensor with fewer dimensions.
+
+    Raises:
+        ValueError: ``block_shape`` is empty or holds something other than positive ints, or (from ``block_size``)
+            has more dimensions than the tensor.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        assert qk.PerBlock((128, 128)).block_size((512, 1024)) == (128, 128)
+        config = qk.Float8WeightOnlyConfig(granularity=qk.PerBlock((128, 128)))
+        ```
+    """
     block_shape: tuple[int, ...]
 
     def __post_init__(self):

@@ -35,6 +35,24 @@ __all__ = ["MappingType", "ZeroPointDomain", "choose_qparams_affine", "quantize_
 
 
 class MappingType(str, Enum):
+    """How a block's float range maps onto the code range.
+
+    A ``str`` enum: configs accept a member or its value (``"symmetric"``, ...).
+
+    Attributes:
+        SYMMETRIC: codes centred on zero (no zero point for signed codes); the scale covers max|x| over half the
+            code range.
+        SYMMETRIC_NO_CLIPPING_ERR: symmetric, but the scale makes both qmin and qmax reachable without clipping
+            either side (the negative and positive ends each get their own bound).
+        ASYMMETRIC: the range [min, max] is spread over all codes, with a zero point.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        config = qk.IntxWeightOnlyConfig(bits=4, mapping=qk.MappingType.ASYMMETRIC)
+        assert qk.MappingType("asymmetric") is qk.MappingType.ASYMMETRIC
+        ```
+    """
     SYMMETRIC = "symmetric"
     # Symmetric, but the scale makes both qmin and qmax reachable without clipping either side.
     SYMMETRIC_NO_CLIPPING_ERR = "symmetric_no_clipping_err"
@@ -42,6 +60,23 @@ class MappingType(str, Enum):
 
 
 class ZeroPointDomain(str, Enum):
+    """Where a zero point lives, which fixes the dequantization formula.
+
+    A ``str`` enum: configs and the primitives accept a member or its value (``"none"``, ``"int"``, ``"float"``).
+    With q the code, s the scale, z the zero point and mid the middle code:
+
+    Attributes:
+        NONE: no zero point: x ~ q * s (symmetric signed codes, float8, codebooks).
+        INT: an integer code: x ~ (q - z) * s, and 0.0 maps to z exactly.
+        FLOAT: a float: x ~ (q - mid) * s + z (the tinygemm / HQQ / GGUF Q4_1 style).
+
+    Example:
+        ```python
+        import torchqkit as qk
+        config = qk.Int8DynamicActivationIntxWeightConfig(weight_mapping="asymmetric",
+                                                          weight_zero_point_domain=qk.ZeroPointDomain.FLOAT)
+        ```
+    """
     NONE = "none"
     INT = "int"
     FLOAT = "float"
@@ -221,15 +256,57 @@ def choose_qparams_affine(
     scale_rounding: str | None = None,
     name: str = "tensor",
 ):
-    """Return ``(scale, zero_point)`` for ``x``; zero_point is None for ZeroPointDomain.NONE.
+    """Choose the scale (and zero point) of every block of ``x``: the first step of the reference quantizer.
 
-    ``calibration`` defaults to "minmax" for asymmetric mappings and "absmax" otherwise.
+    Part of the pure-PyTorch numerical oracle every layout and kernel is checked against. ``x`` is split into
+    blocks of ``block_size`` (a block size need not divide its dimension: the last block is partial and its
+    qparams come from its real elements only); each block's float range is found by ``calibration`` and turned
+    into a scale, and a zero point when ``zero_point_domain`` needs one. A block whose range is zero gets scale 1
+    (never inf or NaN); other scales are floored at ``eps``; scales are capped so that nothing overflows.
 
-    A block whose range is zero gets scale 1 (never inf/nan); otherwise scales are floored at ``eps``
-    (default: the smallest normal number of ``scale_dtype``, so tiny weights keep their precision: a
-    float32-eps floor would turn a block of 1e-6 values into a handful of codes).
+    Args:
+        x (torch.Tensor): the float tensor to quantize.
+        qdtype (QDType): the code format (``qk.qdtypes.int8``, ``qk.qdtypes.uint4``, ``qk.qdtypes.nf4``, ...).
+        block_size (tuple[int, ...]): elements per block along each dimension of ``x`` (one entry per dimension),
+            e.g. from a granularity: ``qk.PerGroup(32).block_size(x.shape)``.
+        mapping (MappingType): ``SYMMETRIC`` (default), ``SYMMETRIC_NO_CLIPPING_ERR`` or ``ASYMMETRIC`` (integer
+            qdtypes only), or its value.
+        zero_point_domain (ZeroPointDomain | None): None (default): none for symmetric signed codes and non-integer
+            qdtypes, ``INT`` otherwise; or ``NONE`` / ``INT`` / ``FLOAT`` (or its value).
+        calibration (str | None): how a block's range is found: ``"absmax"``, ``"minmax"``, ``"rms,<k>"`` or
+            ``"fixed,<lo>,<hi>"``, each with an optional trailing clipping factor in (0, 1] (``"absmax,0.9"``).
+            None (default): ``"minmax"`` for asymmetric mappings, ``"absmax"`` otherwise.
+        eps (float | None): the smallest scale; None (default): the smallest normal number of ``scale_dtype``.
+            Not allowed with power-of-two scales.
+        scale_dtype (torch.dtype | None): dtype of the returned scale; None (default): ``x``'s dtype when it is a
+            float dtype, else float32.
+        zero_point_dtype (torch.dtype | None): dtype of the zero point; None (default): ``qdtype.storage_dtype``
+            for ``INT`` zero points, ``scale_dtype`` for ``FLOAT`` ones.
+        check_finite (bool): refuse NaN / Inf in ``x``, and scales or zero points that ``scale_dtype`` can't hold;
+            default True.
+        scale_rounding (str | None): None (default) or ``"power_of_two"``: E8M0 scales as the OCP MX spec chooses
+            them (float8 and codebook qdtypes only, with a ``scale_dtype`` that holds 2^127, e.g. float32).
+        name (str): what ``x`` is, for error messages; default ``"tensor"``.
 
-    ``scale_rounding="power_of_two"``: float8 / codebook qdtypes only, see Note [Power-of-two scales].
+    Returns:
+        tuple[torch.Tensor, torch.Tensor | None]: ``(scale, zero_point)``, each of shape
+            ``[ceil(s / b) for s, b in zip(x.shape, block_size)]``; ``zero_point`` is None for ``ZeroPointDomain.NONE``.
+
+    Raises:
+        ValueError: a ``block_size`` that can't tile ``x``, a mapping / zero-point domain the qdtype can't take, an
+            unknown calibration or scale rounding, NaN / Inf values (with ``check_finite``), or scales that would
+            overflow ``scale_dtype``.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        w = torch.randn(64, 256)
+        block = qk.PerGroup(32).block_size(w.shape)            # (1, 32)
+        scale, zero = qk.choose_qparams_affine(w, qk.qdtypes.uint4, block, mapping="asymmetric")
+        codes = qk.quantize_affine(w, qk.qdtypes.uint4, block, scale, zero)
+        w_hat = qk.dequantize_affine(codes, qk.qdtypes.uint4, block, scale, zero)
+        ```
     """
     mapping = MappingType(mapping)
     block_size = _check_block_size(x, block_size, name)
@@ -395,7 +472,42 @@ def quantize_affine(
     check_finite: bool = True,
     name: str = "tensor",
 ) -> torch.Tensor:
-    """Codes of ``x`` (same shape), in ``qdtype.storage_dtype``."""
+    """Turn ``x`` into codes with given block scales (and zero points): the second step of the reference quantizer.
+
+    Integer codes are rounded (half to even, or stochastically) and clamped to the qdtype's range; float8 codes
+    saturate at the format's largest value; codebook codes (nf4, fp4_e2m1) are the nearest level's index, ties
+    towards zero. Blocks may be partial, as in ``choose_qparams_affine``.
+
+    Args:
+        x (torch.Tensor): the float tensor to quantize.
+        qdtype (QDType): the code format.
+        block_size (tuple[int, ...]): elements per block along each dimension of ``x``.
+        scale (torch.Tensor): one scale per block (as ``choose_qparams_affine`` returns).
+        zero_point (torch.Tensor | None): one zero point per block, or None (default) for no zero point.
+        zero_point_domain (ZeroPointDomain | None): None (default): ``NONE`` without a zero point, else ``INT`` for
+            an integer-dtype zero point of an integer qdtype and ``FLOAT`` otherwise; or a member / its value.
+        stochastic (bool): stochastic rounding for integer codes; default False. Needs ``generator``.
+        generator (torch.Generator | None): the seeded generator stochastic rounding draws from; default None.
+        check_finite (bool): refuse NaN / Inf in ``x``; default True.
+        name (str): what ``x`` is, for error messages; default ``"tensor"``.
+
+    Returns:
+        torch.Tensor: the codes, same shape as ``x``, in ``qdtype.storage_dtype``.
+
+    Raises:
+        ValueError: a ``block_size`` that can't tile ``x``, a zero-point domain that doesn't match ``zero_point``,
+            NaN / Inf values (with ``check_finite``), or ``stochastic=True`` without a ``generator``.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        x = torch.randn(8, 64)
+        block = qk.PerRow().block_size(x.shape)
+        scale, _ = qk.choose_qparams_affine(x, qk.qdtypes.int8, block)
+        codes = qk.quantize_affine(x, qk.qdtypes.int8, block, scale)      # torch.int8, shape (8, 64)
+        ```
+    """
     block_size = _check_block_size(x, block_size, name)
     zpd = _resolve_zpd(qdtype, zero_point, zero_point_domain, name)
     if check_finite:
@@ -431,7 +543,40 @@ def dequantize_affine(
     output_dtype: torch.dtype = torch.float32,
     name: str = "tensor",
 ) -> torch.Tensor:
-    """Float values of ``codes`` (same shape), in ``output_dtype``."""
+    """The float values of ``codes`` given their block scales (and zero points): the reference dequantizer.
+
+    Computes q * s, (q - z) * s or (q - mid) * s + z per ``zero_point_domain`` (codebook codes are first mapped to
+    their levels), in float32, then casts to ``output_dtype``.
+
+    Args:
+        codes (torch.Tensor): codes as ``quantize_affine`` returns them (unpacked, one per element).
+        qdtype (QDType): the code format.
+        block_size (tuple[int, ...]): elements per block along each dimension of ``codes``.
+        scale (torch.Tensor): one scale per block.
+        zero_point (torch.Tensor | None): one zero point per block, or None (default).
+        zero_point_domain (ZeroPointDomain | None): None (default): inferred from ``zero_point`` as in
+            ``quantize_affine``; or a member / its value.
+        output_dtype (torch.dtype): dtype of the result; default ``torch.float32``.
+        name (str): what the codes are, for error messages; default ``"tensor"``.
+
+    Returns:
+        torch.Tensor: the dequantized values, same shape as ``codes``, in ``output_dtype``.
+
+    Raises:
+        ValueError: a ``block_size`` that can't tile ``codes``, or a zero-point domain that doesn't match
+            ``zero_point``.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        x = torch.randn(8, 64)
+        block = qk.PerRow().block_size(x.shape)
+        scale, _ = qk.choose_qparams_affine(x, qk.qdtypes.int8, block)
+        codes = qk.quantize_affine(x, qk.qdtypes.int8, block, scale)
+        x_hat = qk.dequantize_affine(codes, qk.qdtypes.int8, block, scale, output_dtype=torch.bfloat16)
+        ```
+    """
     block_size = _check_block_size(codes, block_size, name)
     zpd = _resolve_zpd(qdtype, zero_point, zero_point_domain, name)
     s = _per_block(scale.float())

@@ -3,6 +3,14 @@
 A QDType names a format (``int4``, ``nf4``, ``float8_e4m3fn`` ...) and knows its code range and the
 torch dtype that holds one unpacked code. Layouts decide how codes are packed; the primitives in
 ``primitives.py`` decide how floats become codes and back.
+
+Example:
+    ```python
+    import torchqkit as qk
+    q = qk.qdtypes.qdtype_from_name("int4")        # also qk.qdtypes.int4
+    print(q.qmin, q.qmax, q.kind)                   # -8 7 QKind.INT
+    print([q.name for q in qk.qdtypes.all_qdtypes()])
+    ```
 """
 from __future__ import annotations
 
@@ -15,6 +23,20 @@ __all__ = ["QDType", "QKind", "qdtype_from_name", "all_qdtypes"]
 
 
 class QKind(str, Enum):
+    """The family of a quantized dtype, which fixes how codes map to values.
+
+    Attributes:
+        INT: affine integer codes, signed or unsigned (``int1`` .. ``int8``, ``uint1`` .. ``uint8``).
+        FLOAT8: IEEE-like 8-bit floats stored in torch's float8 dtypes (``float8_e4m3fn``, ``float8_e5m2``).
+        CODEBOOK: a 4-bit index into a fixed table of levels (``nf4``, ``fp4_e2m1``).
+
+    Example:
+        ```python
+        import torchqkit as qk
+        assert qk.qdtypes.nf4.kind is qk.qdtypes.QKind.CODEBOOK
+        ints = [q.name for q in qk.qdtypes.all_qdtypes() if q.kind is qk.qdtypes.QKind.INT]
+        ```
+    """
     INT = "int"          # affine integer codes, signed or unsigned
     FLOAT8 = "float8"    # IEEE-like 8-bit floats, stored in torch's float8 dtypes
     CODEBOOK = "codebook"  # 4-bit index into a fixed table of levels (nf4, fp4_e2m1)
@@ -22,6 +44,33 @@ class QKind(str, Enum):
 
 @dataclass(frozen=True)
 class QDType:
+    """A quantized dtype: what a code means, independent of how a layout stores it.
+
+    The registered instances are module attributes of ``torchqkit.qdtypes`` (``int1`` .. ``int8``, ``uint1`` ..
+    ``uint8``, ``float8_e4m3fn``, ``float8_e5m2``, ``nf4``, ``fp4_e2m1``); configs and the primitives take them (or
+    their names). Instances are frozen, compare by value, print as ``torchqkit.<name>`` and pickle by name.
+    Building a new one does not register it: ``qdtype_from_name`` knows only the registered ones.
+
+    Args:
+        name (str): the format's name, e.g. ``"int4"``.
+        bits (int): bits per code.
+        kind (QKind): ``QKind.INT``, ``QKind.FLOAT8`` or ``QKind.CODEBOOK``.
+        signed (bool): whether codes (or values) are signed.
+        qmin (float): the smallest code (INT), index (CODEBOOK: 0) or finite value (FLOAT8: -max).
+        qmax (float): the largest code (INT), index (CODEBOOK: 15) or finite value (FLOAT8: max).
+        storage_dtype (torch.dtype): the torch dtype holding one unpacked code (``torch.int8``, ``torch.uint8``,
+            or a float8 dtype).
+        levels (tuple[float, ...]): CODEBOOK only: the value of each code, indexed by code; default ``()``.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        q = qk.qdtypes.int4
+        assert (q.qmin, q.qmax, q.storage_dtype) == (-8, 7, torch.int8)
+        print(qk.qdtypes.nf4.max_abs_level, qk.qdtypes.float8_e4m3fn.qmax)   # 1.0 448.0
+        ```
+    """
     name: str
     bits: int
     kind: QKind
@@ -101,6 +150,27 @@ __all__ += list(_REGISTRY)
 
 
 def qdtype_from_name(name: str) -> QDType:
+    """The registered quantized dtype called ``name``.
+
+    Configs use it to accept a qdtype's name wherever they take a ``QDType``, and pickles of a ``QDType`` are
+    rebuilt with it.
+
+    Args:
+        name (str): a registered name: ``"int1"`` .. ``"int8"``, ``"uint1"`` .. ``"uint8"``, ``"float8_e4m3fn"``,
+            ``"float8_e5m2"``, ``"nf4"`` or ``"fp4_e2m1"``.
+
+    Returns:
+        QDType: the registered instance (the same object each call).
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+
+    Example:
+        ```python
+        import torchqkit as qk
+        assert qk.qdtypes.qdtype_from_name("uint4") is qk.qdtypes.uint4
+        ```
+    """
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -108,4 +178,16 @@ def qdtype_from_name(name: str) -> QDType:
 
 
 def all_qdtypes() -> list[QDType]:
+    """Every registered quantized dtype, in registration order.
+
+    Returns:
+        list[QDType]: int1..int8, uint1..uint8, float8_e4m3fn, float8_e5m2, nf4 and fp4_e2m1.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        names = [q.name for q in qk.qdtypes.all_qdtypes()]
+        assert "nf4" in names and "float8_e4m3fn" in names
+        ```
+    """
     return list(_REGISTRY.values())

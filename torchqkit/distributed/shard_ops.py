@@ -39,11 +39,49 @@ __all__ = ["ShardingError", "shard_multiple"]
 
 
 class ShardingError(ValueError):
-    """A quantized weight can't be cut where torch.distributed asked (not on a block / tile boundary)."""
+    """A quantized weight can't be cut where torch.distributed asked: the cut would split a block or storage tile.
+
+    Raised while ``distribute_tensor`` (tensor parallelism: ``ColwiseParallel`` / ``RowwiseParallel``) or FSDP2
+    splits an ``AffineQuantizedTensor``, before anything is sent; the message names the layout, the dimension and
+    the legal multiples (``shard_multiple``). Choose a world size that divides the weight into whole blocks, or
+    leave the layer out of the parallelize plan. A ``ValueError``.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+        try:
+            parallelize_module(model, mesh, {"layers.0.mlp.up_proj": ColwiseParallel()})
+        except qk.ShardingError as e:
+            print("can't shard:", e)
+        ```
+    """
 
 
 def shard_multiple(w: AffineQuantizedTensor, dim: int) -> int:
-    """Shards of ``w`` along outer ``dim`` must start (and end, except the last) at multiples of this."""
+    """The multiple at which shards of a quantized weight along ``dim`` must start (and end, except the last).
+
+    A cut is legal only where the layout can slice its packed storage: whole blocks, tiles and bytes. Use it to
+    pick a world size (or shard sizes) before sharding a quantized model.
+
+    Args:
+        w (AffineQuantizedTensor): the quantized weight.
+        dim (int): the (outer) dimension to cut along; negative values count from the end. A transposed view's
+            dimensions are mapped to the stored weight's.
+
+    Returns:
+        int: the multiple, e.g. 1 along either dimension of a per-row ``PlainLayout`` weight, 8 rows and 128
+            columns for a ``TensorCoreTiledLayout`` weight with group size 128.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        w = qk.quantize_weight(torch.randn(256, 256), qk.qdtypes.uint4, qk.PerGroup(128), qk.TensorCoreTiledLayout(),
+                               mapping="asymmetric", zero_point_domain="float")
+        print(qk.shard_multiple(w, 0), qk.shard_multiple(w, 1))     # 8 128
+        ```
+    """
     dim = dim % w.dim()
     return cut_multiple(w, (w.dim() - 1 - dim) if w.transposed else dim)
 

@@ -41,13 +41,53 @@ _FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat
 
 
 class GGUFError(ValueError):
-    """A GGUF file torchqkit can't import: names the file, the tensor or field, and what to do."""
+    """A GGUF file torchqkit can't import; the message names the file, the tensor or field, and what to do.
+
+    Raised by ``from_gguf``: a malformed or truncated file, tensor records that point outside it, hyperparameters
+    that don't fit the architecture, or a tensor that can't be decoded. Everything is checked before the model is
+    built where possible. A ``ValueError``.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        try:
+            model = qk.from_gguf("model-Q4_0.gguf")
+        except qk.GGUFError as e:
+            print("can't import:", e)
+        ```
+    """
 
 
 def from_gguf(path, *, progress: bool | None = None) -> nn.Module:
-    """Load ``path`` (a .gguf file) as a transformers causal LM in eval mode, Linear weights quantized as stored.
-    The returned model has ``torchqkit_report``: a QuantizationReport with one entry per imported tensor.
-    progress: a progress line on stderr per tensor read; None (default): when stderr is a terminal."""
+    """Load a GGUF file (llama.cpp's format) as a transformers causal LM, Linear weights quantized as stored.
+
+    The model is built on the meta device from the file's hyperparameters, and each tensor is read once: Linear
+    and embedding weights in block formats torchqkit has a layout for become ``AffineQuantizedTensor``s holding
+    the same codes and scales, F32 / F16 / BF16 tensors are loaded as float32, and other tensors are dequantized
+    to float32 (with a warning). The
+    returned model has ``torchqkit_report``, a ``QuantizationReport`` with one entry per imported tensor. Needs the
+    ``gguf`` and ``transformers`` packages (``pip install "torchqkit[gguf]"``).
+
+    Args:
+        path (str | os.PathLike): the ``.gguf`` file.
+        progress (bool | None): a progress line on stderr per tensor read; None (default): when stderr is a
+            terminal. Keyword-only.
+
+    Returns:
+        transformers.PreTrainedModel: the causal LM, in eval mode.
+
+    Raises:
+        GGUFError: a file torchqkit can't import (malformed, unsupported architecture or hyperparameters, a tensor
+            that can't be decoded).
+        ImportError: ``gguf`` or ``transformers`` is not installed.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        model = qk.from_gguf("SmolLM2-135M-Q4_0.gguf")
+        print(model.torchqkit_report)
+        ```
+    """
     gguf, transformers = _dependencies()
     path = Path(path)
     reader = _open_reader(gguf, path)  # Note [Checked GGUF files], 1: tensor records

@@ -43,9 +43,44 @@ __all__ = ["TorchqkitConfig", "TorchqkitHfQuantizer", "register_with_transformer
 
 
 class TorchqkitConfig(QuantizationConfigMixin):
-    """``quantization_config=`` for transformers' from_pretrained: quantize every Linear with ``config`` (a
-    QuantConfig, or ModuleConfigs for per-module configs) while loading. Loaded from a torchqkit checkpoint's
-    config.json it also carries what save_pretrained recorded (format_version, quantized modules, ties)."""
+    """``quantization_config=`` for transformers' ``from_pretrained``: quantize every Linear with a torchqkit config
+    while the model loads.
+
+    Importing torchqkit registers quant_method ``"torchqkit"`` with transformers. Given to ``from_pretrained`` with a
+    float checkpoint, each Linear weight is quantized as it is read (peak memory about the quantized model plus
+    one float tensor), and ``model.torchqkit_report`` holds the report ``quantize_`` would give. Loaded from a
+    torchqkit checkpoint's config.json it also carries what ``save_pretrained`` recorded; ``model.save_pretrained``
+    then writes a torchqkit checkpoint again. Configs that need calibration data can't quantize while loading.
+    Imported lazily (``qk.TorchqkitConfig``), so torchqkit alone doesn't import transformers.
+
+    Args:
+        config (QuantConfig | ModuleConfigs | dict | None): the config to quantize with, or its dict as recorded
+            in config.json (decoded); None (default) only when loading a torchqkit checkpoint.
+        quant_method (str): must be ``"torchqkit"`` (the default). Keyword-only, as are the arguments below.
+        format_version (int): the checkpoint format version; default the current one. Newer versions are refused.
+        torchqkit_version (str | None): the torchqkit version that wrote the checkpoint; None (default): this one.
+        quantized (list[str] | None): modules whose weight is quantized (recorded by ``save_pretrained``); default
+            None (empty).
+        modules_not_to_convert (list[str] | None): Linear modules left in float (recorded); default None (empty).
+        tied (dict[str, str] | None): tied tensor aliases stored once (recorded); default None (empty).
+        strict (bool): when quantizing on load, raise ``QuantizationError`` if a selected layer can't be quantized
+            instead of reporting it; default False.
+
+    Raises:
+        ValueError: ``quant_method`` is not ``"torchqkit"``.
+        TypeError: ``config`` is not a QuantConfig, ModuleConfigs, config dict or None.
+        CheckpointError: an invalid ``format_version`` (or one newer than this torchqkit reads).
+
+    Example:
+        ```python
+        from transformers import AutoModelForCausalLM
+        import torchqkit as qk
+        model = AutoModelForCausalLM.from_pretrained(
+            "float-dir", quantization_config=qk.TorchqkitConfig(qk.Int4WeightOnlyConfig(group_size=128)))
+        print(model.torchqkit_report)
+        model.save_pretrained("int4-dir")
+        ```
+    """
 
     def __init__(self, config=None, *, quant_method: str = QUANT_METHOD, format_version: int = FORMAT_VERSION,
                  torchqkit_version: str | None = None, quantized: list[str] | None = None,

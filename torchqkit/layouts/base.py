@@ -101,6 +101,24 @@ _LAYOUTS: dict[str, type["Layout"]] = {}
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
+    """Base class of the storage layouts: how a quantized weight's codes, scales and zero points are packed.
+
+    A layout is a frozen dataclass of its knobs, registered under a name (``"plain"``, ``"tensor_core_tiled"``,
+    ``"packed_intx"``, ``"nf4"``, ``"float8"``, ``"mx"``) that configs accept in place of an instance. It says
+    which weights it can store (``supports(fmt)`` returns why not, or None), packs the oracle's plain codes
+    (``pack``) and unpacks them (``unpack``), and owns the op table and kernel routes of the tensors stored in it.
+    ``to_dict()`` / ``Layout.from_dict(d)`` round-trip an instance through ``{"type": name, ...knobs}``. Pass one as
+    a config's ``layout=`` or to ``quantize_weight``; subclass it (with ``@register_layout(name)``) to add a format.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        layout = qk.PlainLayout()
+        assert isinstance(layout, qk.Layout) and layout.name == "plain"
+        d = qk.TensorCoreTiledLayout(inner_k_tiles=8).to_dict()   # {"type": "tensor_core_tiled", "inner_k_tiles": 8}
+        assert qk.Layout.from_dict(d) == qk.TensorCoreTiledLayout(inner_k_tiles=8)
+        ```
+    """
     name: ClassVar[str] = ""
     ops: ClassVar[OpTable]
     # Names of the inner tensors this layout stores on the AffineQuantizedTensor; a layout may leave

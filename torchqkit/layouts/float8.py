@@ -30,6 +30,22 @@ from .scaled_mm import SCALED_MM_ROUTE
 @register_layout("float8")
 @dataclass(frozen=True)
 class Float8Layout(Layout):
+    """float8 e4m3fn / e5m2 codes with per-tensor, per-row or per-block float32 scales (layout name ``"float8"``).
+
+    ``qdata`` is the row-major (N, K) weight, one float8 element per byte; ``scale`` has one value per block.
+    The default layout of the float8 configs. With float8 activations and per-tensor / per-row scales its linear
+    runs ``torch._scaled_mm``; weight-only it runs ``torchqkit::linear_fp8wo``; per-block scales with float8
+    activations run the reference (dequantize, then ``F.linear``).
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        qk.quantize_(model, qk.Float8WeightOnlyConfig(layout=qk.Float8Layout()))
+        w = qk.quantize_weight(torch.randn(16, 64), qk.qdtypes.float8_e4m3fn, qk.PerRow(), qk.Float8Layout(),
+                               scale_dtype=torch.float32)
+        ```
+    """
     tensor_names = ("qdata", "scale")
     row_major = True
 

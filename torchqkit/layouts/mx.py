@@ -42,6 +42,23 @@ _FLOAT32_2_POW_M127 = 0x00400000  # float32 bits of 2^-127, the one subnormal E8
 @register_layout("mx")
 @dataclass(frozen=True)
 class MXLayout(Layout):
+    """OCP Microscaling (MX spec v1.0) MXFP8 / MXFP4 weights with one E8M0 scale per 32 elements of K (layout name
+    ``"mx"``).
+
+    Elements are float8_e4m3fn or float8_e5m2 (one per byte) or fp4_e2m1 (two per byte); ``scale`` is one uint8
+    biased exponent per block of 32. Scales are powers of two, chosen with ``scale_rounding="power_of_two"``. The
+    layout of ``MXFP8WeightOnlyConfig`` and ``MXFP4WeightOnlyConfig``; its linear runs ``torchqkit::linear_mxwo`` on
+    the stored bytes.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        w = qk.quantize_weight(torch.randn(16, 64), qk.qdtypes.fp4_e2m1, qk.PerGroup(32), qk.MXLayout(),
+                               scale_dtype=torch.float32, scale_rounding="power_of_two")
+        print(w.qdata.shape, w.scale.dtype)          # torch.Size([16, 32]) torch.uint8
+        ```
+    """
     tensor_names = ("qdata", "scale")
     row_major = True
 

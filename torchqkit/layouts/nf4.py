@@ -54,6 +54,31 @@ _DQ_NAMES = ("scale_codes", "scale_block_scale", "scale_offset")
 @register_layout("nf4")
 @dataclass(frozen=True)
 class NF4Layout(Layout):
+    """NormalFloat-4 codes two per byte with one absmax scale per block of K (QLoRA), optionally with the absmax
+    values themselves stored in 8 bits (layout name ``"nf4"``).
+
+    ``NF4WeightOnlyConfig`` builds it from its own ``block_size`` and ``double_quant``. x = nf4_levels[q] * absmax;
+    bytes hold element 2j in the high nibble and 2j + 1 in the low nibble (bitsandbytes' order). Its linear runs
+    ``torchqkit::linear_nf4wo`` on the stored bytes, and gradients reach the input, so QLoRA adapters train through
+    the frozen weight.
+
+    Args:
+        block_size (int): weights per absmax along a row: a positive even int (codes pack two per byte); default 64.
+        double_quant (bool): store the absmax values as int8 with one float32 scale per 256 blocks and a
+            global offset; default False.
+
+    Raises:
+        ValueError: ``block_size`` not a positive even int.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        w = qk.quantize_weight(torch.randn(16, 128), qk.qdtypes.nf4, qk.PerGroup(64), qk.NF4Layout(block_size=64),
+                               scale_dtype=torch.float32)
+        print(w.qdata.shape)                          # torch.Size([16, 64]): two codes per byte
+        ```
+    """
     block_size: int = 64
     double_quant: bool = False
     tensor_names = ("qdata", "scale", *_DQ_NAMES)

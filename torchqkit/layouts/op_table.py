@@ -11,6 +11,24 @@ __all__ = ["OpTable", "UnsupportedOpError", "fill_defaults"]
 
 
 class UnsupportedOpError(NotImplementedError):
+    """An op was called on an ``AffineQuantizedTensor`` whose layout has no implementation of it.
+
+    Raised by the quantized tensor's dispatch (``__torch_dispatch__`` / ``__torch_function__``) when an op is in
+    neither the layout's op table nor the generic one: torchqkit never silently dequantizes. The message names the
+    layout, the op and the ops it supports; call ``.dequantize()`` on the weight first to run anything else. A
+    ``NotImplementedError``.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        w = qk.quantize_weight(torch.randn(16, 64), qk.qdtypes.int8, qk.PerRow(), qk.PlainLayout())
+        try:
+            torch.sin(w)
+        except qk.UnsupportedOpError as e:
+            y = torch.sin(w.dequantize())     # explicit: materialize the float weight
+        ```
+    """
     def __init__(self, op, layout, supported):
         names = sorted(_op_name(o) for o in supported)
         super().__init__(

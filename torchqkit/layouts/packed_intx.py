@@ -54,8 +54,30 @@ from .routes import Route
 @register_layout("packed_intx")
 @dataclass(frozen=True)
 class PackedIntxLayout(Layout):
-    """Dense b-bit codes (b = 1..7), see Note [Packed intx bits]; ``ternary=True``: int2 codes in
-    {-1, 0, 1} as bit planes, see Note [Ternary bit planes]."""
+    """1- to 7-bit integer codes packed densely along in_features, or ternary weights as bit planes (layout name
+    ``"packed_intx"``).
+
+    Every 8 b-bit codes fill exactly b bytes, each row starting on a byte boundary; inner tensors ``qdata``
+    (uint8), ``scale`` and ``zero_point`` (None without a zero point). It is the default layout of
+    ``IntxWeightOnlyConfig`` below 8 bits and of ``Int8DynamicActivationIntxWeightConfig`` at 4 bits. Weight-only
+    linears run ``torchqkit::linear_intxwo``, int8 dynamic activations x int4 ``torchqkit::linear_int8da_int4_packed``;
+    ternary planes and other activation quantization run the reference.
+
+    Args:
+        ternary (bool): store int2 codes that are all in {-1, 0, 1} as two bit planes per 8 codes (still 2 bits
+            per weight, no multiplies in a kernel); packing refuses a -2 code. Default False.
+
+    Raises:
+        ValueError: ``ternary`` is not True or False.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.IntxWeightOnlyConfig(bits=3, layout=qk.PackedIntxLayout()))
+        ternary = qk.IntxWeightOnlyConfig(bits=2, granularity=qk.PerRow(), mapping="symmetric_no_clipping_err",
+                                          layout=qk.PackedIntxLayout(ternary=True))
+        ```
+    """
     ternary: bool = False
     tensor_names = ("qdata", "scale", "zero_point")
     row_major = True

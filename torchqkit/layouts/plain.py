@@ -29,6 +29,25 @@ from .scaled_mm import SCALED_MM_ROUTE
 @register_layout("plain")
 @dataclass(frozen=True)
 class PlainLayout(Layout):
+    """Unpacked codes, one per element, in the qdtype's storage dtype (layout name ``"plain"``).
+
+    Stores any integer qdtype of up to 8 bits (int8 / uint8 storage, one code per byte: sub-byte codes waste
+    bits) and float8; not codebook formats (nf4, fp4_e2m1), which have their own layouts. Inner tensors:
+    ``qdata``, ``scale`` and ``zero_point`` (None without a zero point). Symmetric signed codes stored as int8 run
+    ``torchqkit::linear_int8wo_plain``, int8 x int8 dynamic activations ``torchqkit::linear_int8da_int8_plain``,
+    float8 per-tensor / per-row ``torch._scaled_mm``, everything else the reference (dequantize, then
+    ``F.linear``); ``torchqkit.kernels.status()`` lists each case. It is the default layout of
+    ``Int8WeightOnlyConfig`` and the int8 x int8 activation configs, and the simplest to inspect.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=128, layout=qk.PlainLayout()))
+        w = qk.quantize_weight(torch.randn(16, 64), qk.qdtypes.int8, qk.PerRow(), qk.PlainLayout())
+        print(w.qdata.dtype, w.scale.shape)          # torch.int8 torch.Size([16, 1])
+        ```
+    """
     tensor_names = ("qdata", "scale", "zero_point")
     row_major = True
 

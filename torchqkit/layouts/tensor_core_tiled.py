@@ -86,10 +86,28 @@ def best_inner_k_tiles(in_features: int, group_size: int) -> int:
 @register_layout("tensor_core_tiled")
 @dataclass(frozen=True)
 class TensorCoreTiledLayout(Layout):
-    """int4 in mma-fragment tiles, see Note [Tensor-core tiled int4]. ``inner_k_tiles`` (2, 4 or 8) is how
-    many k16-tiles one lane's words cover per chunk: more means longer vector loads, more K padding. None (the
-    default) picks it per weight: the one that pads in_features least, 8 on a tie (Note [inner_k_tiles per
-    weight]); the quantized tensor records the choice."""
+    """int4 weights in tiles that a tensor-core kernel and a SIMD CPU kernel both stream (layout name
+    ``"tensor_core_tiled"``).
+
+    Stores uint4 codes with one scale and one float-domain zero point per group of 32 / 64 / 128 / 256 weights
+    along in_features (what ``Int4WeightOnlyConfig`` produces, and its default layout): w = (q - 8) * scale + zero.
+    Inner tensors: ``qdata`` (int32 words in mma-fragment order) and ``scale_and_zero``. Its linear runs the custom
+    op ``torchqkit::linear_int4wo_tiled`` on the stored bytes. The bytes are the same on every device.
+
+    Args:
+        inner_k_tiles (int | None): how many k16-tiles one lane's words cover per chunk: 2, 4 or 8 (more means
+            longer vector loads and more K padding). None (default): chosen per weight, the one that pads
+            in_features least (8 on a tie); the quantized tensor records the choice.
+
+    Raises:
+        ValueError: ``inner_k_tiles`` not None, 2, 4 or 8.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=128, layout=qk.TensorCoreTiledLayout(inner_k_tiles=8)))
+        ```
+    """
     inner_k_tiles: int | None = None
     tensor_names = ("qdata", "scale_and_zero")
 

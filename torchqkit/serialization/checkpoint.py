@@ -44,17 +44,46 @@ _CONV1D_MODULE = re.compile(r"(^|\.)(c_attn|c_proj|c_fc|q_attn)$")  # GPT-2's Co
 def quantize_checkpoint(src, dst, config, *, model: nn.Module | None = None, max_shard_bytes: int | None = None,
                         strict: bool = False, progress: bool | None = None,
                         require_quantized: bool = False) -> QuantizationReport:
-    """Quantize the Linear weights of the float safetensors checkpoint ``src`` (file, index or directory) that
-    ``config`` selects and write a torchqkit checkpoint to ``dst`` (loadable with load_quantized).
+    """Quantize a float safetensors checkpoint file to file, without building the model.
 
-    model: optional skeleton naming the Linear modules; otherwise they are guessed from names and shapes.
-    max_shard_bytes: shard the output past this size (``<dst>.index.json``).
-    strict: raise QuantizationError (writing nothing) if a selected weight can't be quantized, a weight the config
-    names can't be told from a non-Linear, or a ModuleConfigs pattern selects nothing; otherwise each is reported
-    (a weight then copied in float). require_quantized: raise QuantizationError, writing nothing, if in the end
-    no weight was quantized (the CLI sets it). progress: a progress line on stderr (default: when stderr is a
-    terminal).
-    Returns a QuantizationReport with one entry per 2-d weight considered (and per unmatched config key)."""
+    Streams the tensors of ``src``, one at a time: the Linear weights ``config`` selects are quantized, everything
+    else is copied, and the result is a torchqkit checkpoint at ``dst`` that ``load_quantized`` (or the CLI) reads.
+    Only one float tensor is held at a time. Linear weights are found from ``model`` when given, else guessed
+    from names and shapes (embeddings and GPT-2 style Conv1D weights are told apart).
+    Configs that need calibration data can't be used here: their weights are reported and copied in float.
+
+    Args:
+        src (str | os.PathLike): the float checkpoint: a ``.safetensors`` file, an ``.index.json``, or a directory.
+        dst (str | os.PathLike): the ``.safetensors`` file to write; never one of the source files.
+        config (QuantConfig | ModuleConfigs): what to quantize and how.
+        model (torch.nn.Module | None): optional skeleton (e.g. on the meta device) naming the Linear modules;
+            default None: guessed. Keyword-only, as are the arguments below.
+        max_shard_bytes (int | None): shard the output past this size (with ``<dst>.index.json``); default None.
+        strict (bool): raise ``QuantizationError``, writing nothing, if a selected weight can't be quantized, a
+            weight the config names can't be told from a non-Linear, or a ``ModuleConfigs`` pattern selects
+            nothing; default False (each is reported, the weight copied in float).
+        progress (bool | None): a progress line on stderr, one step per tensor; default None: shown when
+            stderr is a terminal.
+        require_quantized (bool): raise ``QuantizationError``, writing nothing, if no weight was quantized in the
+            end (the CLI sets it); default False.
+
+    Returns:
+        QuantizationReport: one entry per 2-d weight considered (and per unmatched config key).
+
+    Raises:
+        QuantizationError: with ``strict`` or ``require_quantized``, as above.
+        CheckpointError: an unreadable source, or one that is already quantized.
+        ValueError: ``dst`` would overwrite a source file.
+        TypeError: ``config`` is not a config or ``ModuleConfigs``.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        report = qk.quantize_checkpoint("model.safetensors", "model-int4.safetensors",
+                                        qk.Int4WeightOnlyConfig(group_size=128))
+        print(report)
+        ```
+    """
     configs = as_module_configs(config)
     for c in configs.configs.values():
         if c is not None:

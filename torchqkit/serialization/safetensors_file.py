@@ -40,8 +40,22 @@ _ALIGN = 8
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file is unreadable, inconsistent, or doesn't fit the model; the message names the
-    file, the tensor and the problem."""
+    """A checkpoint is unreadable, inconsistent, or doesn't fit the model.
+
+    Raised by ``load_quantized``, ``from_pretrained`` (and transformers' ``from_pretrained`` through the torchqkit
+    quantizer), ``quantize_checkpoint`` (e.g. for an already quantized source) and the safetensors reader; the
+    message names the file, the tensor and the problem. Checks run before the model is touched, so a model left
+    by a failed load is unchanged. A ``ValueError``.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        try:
+            qk.load_quantized(model, "model-int4.safetensors")
+        except qk.CheckpointError as e:
+            print("not loaded:", e)
+        ```
+    """
 
 
 class SafetensorsReader:

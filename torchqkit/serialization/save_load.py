@@ -81,11 +81,37 @@ class SaveSummary:
 # ---------------------------------------------------------------------------------------------- save
 
 def save_quantized(model_or_state_dict, path, *, max_shard_bytes: int | None = None, config=None) -> SaveSummary:
-    """Write every tensor of a model (or state dict), quantized or not, to safetensors at ``path``.
+    """Write every tensor of a model (or state dict), quantized or not, to a safetensors checkpoint at ``path``.
 
-    max_shard_bytes: past this many bytes, write shards plus ``<path>.index.json`` (see the format note).
-    config: the QuantConfig / ModuleConfigs that produced the weights, recorded in the header.
-    Returns a SaveSummary (files, quantized / plain names, tied aliases stored once)."""
+    Quantized weights are stored as their layout's packed tensors (``"<name>:qdata"``, ...), bytes exactly as the
+    layout packs them, with a JSON header describing each; float tensors as they are; tied aliases (an lm_head
+    sharing the embedding) once. No pickle. The save is atomic: all files are written or none. Read it back with
+    ``load_quantized``.
+
+    Args:
+        model_or_state_dict (torch.nn.Module | dict[str, torch.Tensor]): the (quantized) model or its state dict.
+        path (str | os.PathLike): the ``.safetensors`` file to write (shards get derived names).
+        max_shard_bytes (int | None): past this many bytes, write several shards plus ``<path>.index.json``
+            (Hugging Face's index layout); a quantized weight's tensors always share a shard. None (default): one
+            file. Keyword-only.
+        config (QuantConfig | ModuleConfigs | None): the config that produced the weights, recorded in the header;
+            default None. Keyword-only.
+
+    Returns:
+        SaveSummary: the files written, the quantized and plain tensor names, the tied aliases stored once and
+            the bytes written; ``print()`` it for a summary.
+
+    Raises:
+        ValueError: a tensor on the meta device, or a tensor name containing the reserved ``":"``.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        config = qk.Int4WeightOnlyConfig(group_size=128)
+        qk.quantize_(model, config)
+        print(qk.save_quantized(model, "model-int4.safetensors", config=config))
+        ```
+    """
     groups, tied = _stored_groups(model_or_state_dict)
     shards = _plan_shards(groups, max_shard_bytes)
     out = CheckpointFiles(path)  # see Note [Atomic saves]: all files or none
@@ -271,13 +297,37 @@ def read_quantized_weight(ckpt: _Checkpoint, name: str, tensors: dict[str, torch
 
 
 def load_quantized(model: nn.Module, path, *, progress: bool | None = None) -> nn.Module:
-    """Fill ``model`` (built on the meta device, or a float model) with a checkpoint written by
-    save_quantized / quantize_checkpoint, and return it. Quantized weights become AffineQuantizedTensors
-    built straight from the stored packed tensors. Everything is validated before the model is touched;
-    a problem raises CheckpointError naming the file, the tensor and what is wrong.
-    A tensor-parallel model (DTensor parameters, e.g. ``parallelize_module`` on the meta device) gets on each
-    rank only its shard of every tensor, read from the file by itself (serialization/dtensor_load.py).
-    progress: a progress line on stderr, one step per tensor (default: when stderr is a terminal)."""
+    """Fill ``model`` with a checkpoint written by ``save_quantized`` or ``quantize_checkpoint``, and return it.
+
+    Quantized weights become ``AffineQuantizedTensor``s built straight from the stored packed tensors, so the model
+    can be built on the meta device and no float weight of a quantized layer is ever materialized. Every header,
+    entry, shape and qparam value is validated before the model is touched; tied aliases are tied again. A
+    tensor-parallel model (DTensor parameters, e.g. ``parallelize_module`` on the meta device) gets on each rank only
+    its shard of every tensor, read from the file by itself.
+
+    Args:
+        model (torch.nn.Module): the model skeleton (on the meta device, or a float model) with the checkpoint's
+            architecture; filled in place.
+        path (str | os.PathLike): the ``.safetensors`` file, its ``.index.json``, or a directory holding them.
+        progress (bool | None): a progress line on stderr, one step per tensor; default None: shown when
+            stderr is a terminal.
+
+    Returns:
+        torch.nn.Module: ``model``, filled.
+
+    Raises:
+        CheckpointError: an unreadable, inconsistent or corrupt checkpoint, or one that doesn't fit the model
+            (names, shapes); the message names the file, the tensor and the problem.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        with torch.device("meta"):
+            model = MyModel()
+        model = qk.load_quantized(model, "model-int4.safetensors")
+        ```
+    """
     target = getattr(model, "_orig_mod", model)
     ckpt = _open_checkpoint(path, check_values=False)
     try:

@@ -35,11 +35,40 @@ class QuantizedActivation:
 
 @dataclass(frozen=True)
 class ActivationQuantSpec:
-    """How a linear quantizes its input before the matmul.
+    """How a quantized linear quantizes its input before the matmul.
 
-    int8: PerToken, symmetric or asymmetric (dynamic scales); PerGroup(n), symmetric dynamic scales per token and
-    group of n features (llama.cpp's Q8_1); or PerTensor symmetric with a given ``static_scale``.
-    float8: PerTensor or PerRow (= per token), dynamic, or static with a given ``static_scale``.
+    Stored on the weight (``AffineQuantizedTensor.act_quant``) by the activation-quantizing configs; the linear
+    reads it on every call. Rows with NaN / Inf stay non-finite in the output without touching other rows.
+    ``quantize(x2d)`` / ``dequantize(qa, dtype)`` / ``fake_quantize(x2d)`` apply it to a (M, K) activation.
+
+    Accepted combinations:
+
+    - int8: ``PerToken()`` (or ``PerRow()``), symmetric or asymmetric dynamic scales; ``PerGroup(n)``, symmetric
+      dynamic scales per token and group of n features (llama.cpp's Q8_1); or ``PerTensor()`` symmetric with a
+      given ``static_scale``.
+    - float8: ``PerTensor()`` or ``PerRow()`` / ``PerToken()`` (per token), symmetric, dynamic or with a given
+      ``static_scale``.
+
+    Args:
+        qdtype (QDType): ``qk.qdtypes.int8``, ``float8_e4m3fn`` or ``float8_e5m2``.
+        granularity (Granularity): the scale granularity; default ``PerToken()``.
+        mapping (MappingType): ``MappingType.SYMMETRIC`` (default) or ``ASYMMETRIC`` (int8 per token only), or
+            its value.
+        static_scale (float | None): a fixed scale, a finite number > 0; None (default): dynamic scales computed
+            from each input.
+
+    Raises:
+        ValueError: a qdtype other than int8 / float8, or a granularity, mapping or static scale outside the
+            combinations above.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        act = qk.ActivationQuantSpec(qk.qdtypes.int8, qk.PerToken(), "asymmetric")
+        x_fq = act.fake_quantize(torch.randn(4, 64))        # what the integer matmul sees
+        w = qk.quantize_weight(torch.randn(16, 64), qk.qdtypes.int8, qk.PerRow(), qk.PlainLayout(), act_quant=act)
+        ```
     """
     qdtype: QDType
     granularity: Granularity = PerToken()

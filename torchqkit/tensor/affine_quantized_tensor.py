@@ -50,15 +50,45 @@ INPUT_SCALE = "input_scale"
 
 
 class AffineQuantizedTensor(torch.Tensor):
-    """Quantized weight. Fields:
+    """A quantized weight: one ``torch.Tensor`` subclass for every format and layout.
 
-    qdtype: QDType of the codes; block_size: tuple (one entry per dim of logical_shape);
-    logical_shape: shape of the stored (untransposed) weight, e.g. (N, K) for a Linear;
-    orig_dtype: outer dtype (dequantize() returns it); qlayout: Layout instance (``Tensor.layout`` is torch's own);
-    zero_point_domain: ZeroPointDomain; act_quant: ActivationQuantSpec or None;
-    kernel_preference: KernelPreference; transposed: bool, see Note [Transposed view].
-    Inner tensors: whatever ``layout.tensor_names`` lists (plain: qdata, scale, zero_point), plus the optional
-    ``input_scale``: (K,) float, multiplies the input before the kernel (see Note [Input scale]).
+    ``quantize_`` puts one in place of each quantized Linear's weight. Outside it looks like the original float
+    weight (shape, dtype); inside it holds the layout's packed tensors plus hashable, JSON-able metadata.
+    ``F.linear`` runs the layout's linear kernel (quantizing the input first when ``act_quant`` is set); every
+    other op is looked up in the layout's own op table, then in the generic one, and an op in neither raises
+    ``UnsupportedOpError``: nothing is silently dequantized. ``t()`` never moves data (it flips ``transposed``).
+    ``dequantize()`` returns the float weight (equal to the reference ``dequantize_affine``), ``packed_nbytes()``
+    the bytes stored, ``qparams_problem()`` what can't be right about the stored values (or None).
+    Build one with ``quantize_weight`` rather than by hand; the constructor takes the layout's packed tensors.
+
+    Args:
+        tensors (dict[str, torch.Tensor | None]): the layout's inner tensors, exactly the names in
+            ``qlayout.tensor_names`` (plain: ``qdata``, ``scale``, ``zero_point``), plus an optional
+            ``input_scale`` of shape (K,) that multiplies the input before the kernel (AWQ / SmoothQuant scales).
+        qdtype (QDType): the codes' quantized dtype.
+        block_size (tuple[int, ...]): elements per scale along each dimension of ``logical_shape``.
+        logical_shape (tuple[int, ...]): shape of the stored (untransposed) weight, e.g. (N, K) for a Linear.
+        orig_dtype (torch.dtype): the outer dtype; ``dequantize()`` returns it.
+        qlayout (Layout): the layout instance that packed ``tensors`` (``Tensor.layout`` is torch's own).
+        zero_point_domain (ZeroPointDomain): where the zero point lives (a member or its value).
+        act_quant (ActivationQuantSpec | None): how the linear quantizes its input; None (default): it doesn't.
+        kernel_preference (KernelPreference): which implementation serves the ops; default
+            ``KernelPreference.AUTO`` (a member or its value).
+        transposed (bool): whether this is a transposed view of the stored weight; default False.
+
+    Raises:
+        ValueError: ``tensors`` doesn't hold exactly the layout's tensor names (and optionally ``input_scale``).
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        w = qk.quantize_weight(torch.randn(16, 64), qk.qdtypes.int8, qk.PerRow(), qk.PlainLayout())
+        assert isinstance(w, qk.AffineQuantizedTensor) and w.shape == (16, 64)
+        y = torch.nn.functional.linear(torch.randn(2, 64), w)      # the layout's linear
+        w_float = w.dequantize()                                    # float32, (16, 64)
+        print(w.packed_nbytes(), w.qparams_problem())               # bytes stored, None
+        ```
     """
 
     @staticmethod

@@ -28,6 +28,29 @@ class QATState:
 
 
 class FakeQuantizedLinear(nn.Linear):
+    """An ``nn.Linear`` whose forward fake-quantizes its weight (and input, for configs that quantize activations)
+    as the quantized layer will compute, with straight-through gradients.
+
+    ``prepare_qat_`` turns a Linear into one by changing its class in place (a subclass of the Linear's own class
+    when it isn't ``nn.Linear`` itself), so the module keeps its identity, hooks, Parameters and state-dict keys,
+    and the training state is the plain float state dict; ``convert_qat_`` changes the class back. Not normally
+    built directly: the fake quantizer state (``module.qat``) is set by ``prepare_qat_``. ``isinstance(m,
+    qk.FakeQuantizedLinear)`` finds prepared layers.
+
+    Args:
+        in_features (int): as ``nn.Linear``.
+        out_features (int): as ``nn.Linear``.
+        bias (bool): as ``nn.Linear``; default True.
+        device (torch.device | None): as ``nn.Linear``; default None.
+        dtype (torch.dtype | None): as ``nn.Linear``; default None.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.prepare_qat_(model, qk.QATConfig(qk.Int4WeightOnlyConfig(group_size=32)))
+        prepared = [n for n, m in model.named_modules() if isinstance(m, qk.FakeQuantizedLinear)]
+        ```
+    """
     qat: QATState
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -76,6 +76,29 @@ class _Float8Linear(torch.autograd.Function):
 
 
 class Float8TrainingLinear(nn.Linear):
+    """An ``nn.Linear`` that trains in float8: e4m3 activations and weights in the forward, e5m2 gradients in the
+    backward, master weights in float.
+
+    ``enable_float8_training_`` turns a Linear into one by changing its class in place (identity, hooks and
+    Parameters stay); its recipe and granularity are in ``module.fp8``. The three matmuls of a step (forward,
+    input gradient, weight gradient) each cast their operands to float8 with per-tensor or per-row / per-column
+    scales; delayed scaling takes each scale from the largest amax of the last ``history_len`` steps. Not normally
+    built directly. ``isinstance(m, qk.Float8TrainingLinear)`` finds converted layers.
+
+    Args:
+        in_features (int): as ``nn.Linear``.
+        out_features (int): as ``nn.Linear``.
+        bias (bool): as ``nn.Linear``; default True.
+        device (torch.device | None): as ``nn.Linear``; default None.
+        dtype (torch.dtype | None): as ``nn.Linear``; default None.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.enable_float8_training_(model)
+        converted = [n for n, m in model.named_modules() if isinstance(m, qk.Float8TrainingLinear)]
+        ```
+    """
     fp8: Float8TrainingState
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -30,12 +30,38 @@ SCALED_MM_MULTIPLE = 16
 def enable_float8_training_(model: nn.Module, recipe: str = "dynamic", *, granularity: str = "tensor",
                             history_len: int = 16,
                             filter_fn: Callable[[nn.Module, str], bool] | None = None) -> QuantizationReport:
-    """Make the selected nn.Linear layers (default: all) train in float8, in place; master weights stay float.
+    """Make the selected ``nn.Linear`` layers train in float8 (e4m3 forward, e5m2 gradients), in place.
 
-    recipe: "dynamic" (scales from the current amax) or "delayed" (from an amax history of ``history_len``
-    steps, kept in the buffer ``fp8_amax_history``, which the state dict saves). granularity: "tensor" or
-    "row" (per-row / per-column scales; dynamic only). Layers whose dims aren't multiples of 16 stay in float
-    and are reported. Raises, leaving the model unchanged, for quantized or QAT-prepared layers."""
+    Each selected layer becomes a ``Float8TrainingLinear`` (its class changes; identity, hooks and Parameters
+    stay): the forward and both backward matmuls run on float8 operands, while master weights stay in float. On
+    devices without float8 tensor cores the matmul is emulated (see ``float8_training_status``). Layers whose
+    dimensions aren't multiples of 16 stay in float on every device and are reported (with a warning).
+
+    Args:
+        model (torch.nn.Module): the float model, changed in place.
+        recipe (str): ``"dynamic"`` (default; scales from the current amax) or ``"delayed"`` (from an amax history
+            of ``history_len`` steps, kept in the buffer ``fp8_amax_history``, which the state dict saves).
+        granularity (str): ``"tensor"`` (default) or ``"row"`` (per-row / per-column scales; dynamic only).
+            Keyword-only, as are the arguments below.
+        history_len (int): steps of amax history for ``"delayed"``, >= 1; default 16.
+        filter_fn (Callable[[nn.Module, str], bool] | None): ``filter_fn(module, fqn)`` selects the modules; None
+            (default): every ``nn.Linear``.
+
+    Returns:
+        QuantizationReport: one entry per selected module: ``"quantized"`` (trains in float8) or ``"skipped"``
+            with the reason.
+
+    Raises:
+        ValueError: an unknown recipe or granularity, ``"delayed"`` with ``"row"``, a bad ``history_len``, or a
+            selected layer that is quantized, QAT-prepared or already in float8 (the model is left unchanged).
+
+    Example:
+        ```python
+        import torchqkit as qk
+        report = qk.enable_float8_training_(model, recipe="dynamic", granularity="row")
+        print(report)                          # every Linear: converted, or skipped and why
+        ```
+    """
     if recipe not in FLOAT8_RECIPES:
         raise ValueError(f"enable_float8_training_: recipe must be one of {list(FLOAT8_RECIPES)}, got {recipe!r}")
     if granularity not in FLOAT8_GRANULARITIES:
@@ -95,7 +121,24 @@ def _refusal(fqn: str, module: nn.Module) -> str | None:
 
 
 def float8_training_status(device: str | torch.device = "cpu") -> dict:
-    """Which matmul float8 training runs on ``device`` and why: {"device", "path", "why"}."""
+    """Which matmul float8 training runs on ``device``, and why.
+
+    On a CUDA GPU with compute capability >= 8.9 it is ``torch._scaled_mm`` on float8 tensor cores; elsewhere the
+    float8 casts are exact and the product of the dequantized values runs in float32 (``"emulated"``).
+
+    Args:
+        device (str | torch.device): the device to ask about; default ``"cpu"``.
+
+    Returns:
+        dict: ``{"device": str, "path": str, "why": str}``; ``path`` names the backend (``"emulated"`` on CPU).
+
+    Example:
+        ```python
+        import torchqkit as qk
+        status = qk.float8_training_status("cuda")
+        print(status["path"], "-", status["why"])
+        ```
+    """
     device = torch.device(device)
     path, why = matmul_backend(device)
     return {"device": str(device), "path": path, "why": why}

@@ -32,10 +32,38 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
                  strict: bool = False) -> QuantizationReport:
     """Make ``model``'s Linear layers train through fake quantization towards ``config.base``, in place.
 
-    Returns the report ``quantize_`` would give for ``config.base`` ("quantized" = fake-quantized now,
-    quantized by convert_qat_). Layers the config can't take are reported and warned about (strict=True
-    raises). Raises, leaving the model unchanged, for a model that holds quantized weights or was already
-    prepared, configs a fake quantizer can't emulate, and weights tied to a module that isn't a Linear."""
+    Each selected Linear becomes a ``FakeQuantizedLinear`` (its class changes; identity, hooks, Parameters and
+    state-dict keys stay), whose forward fake-quantizes the weight exactly as ``quantize_`` would store it. It plans
+    with ``quantize_``'s own first phase, so it selects exactly the layers ``convert_qat_`` will quantize, with the
+    same per-module configs and tied-weight rules. Train the model as usual, then call ``convert_qat_``.
+
+    Args:
+        model (torch.nn.Module): the float model, changed in place.
+        config (QATConfig): what to train towards.
+        filter_fn (Callable[[nn.Module, str], bool] | None): ``filter_fn(module, fqn)`` selects the modules; None
+            (default): every ``nn.Linear``. Keyword-only.
+        strict (bool): raise ``QuantizationError`` (changing nothing) if a selected layer can't be quantized by the
+            config, instead of reporting and warning; default False. Keyword-only.
+
+    Returns:
+        QuantizationReport: the report ``quantize_`` would give for ``config.base`` (``"quantized"`` means
+            fake-quantized now, quantized by ``convert_qat_``).
+
+    Raises:
+        TypeError: ``config`` is not a ``QATConfig``, or a config a fake quantizer can't emulate (no per-weight
+            recipe).
+        ValueError: the model holds quantized weights or was already prepared, stochastic rounding with a
+            non-integer format, or a weight tied to a module that isn't a plain Linear (model left unchanged).
+        QuantizationError: with ``strict=True``, a selected layer the config can't take.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.prepare_qat_(model, qk.QATConfig(qk.Int4WeightOnlyConfig(group_size=32)))
+        train(model)                        # float weights, fake-quantized in the forward
+        report = qk.convert_qat_(model)     # the same weights, quantized
+        ```
+    """
     if not isinstance(config, QATConfig):
         raise TypeError(f"prepare_qat_ takes a QATConfig, got {type(config).__name__}"
                         + (f"; wrap it: QATConfig({type(config).__name__}(...))" if hasattr(config, "describe") else ""))
@@ -71,9 +99,29 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
 
 
 def convert_qat_(model: nn.Module) -> QuantizationReport:
-    """Quantize every layer prepare_qat_ fake-quantized, with its config, and restore its class, in place.
+    """Quantize every layer ``prepare_qat_`` fake-quantized, with its config, and restore its class, in place.
+
     The quantized weights dequantize to the last training forward's fake-quantized weights bit for bit (with
-    round-to-nearest; stochastic rounding trains around them). Returns quantize_'s report."""
+    round-to-nearest; stochastic rounding trains around them).
+
+    Args:
+        model (torch.nn.Module): a model prepared by ``prepare_qat_`` (and trained).
+
+    Returns:
+        QuantizationReport: ``quantize_``'s report for the converted layers.
+
+    Raises:
+        ValueError: no layer of the model was prepared.
+        QuantizationError: a prepared layer can't be quantized; the model is left as prepared.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.prepare_qat_(model, qk.QATConfig(qk.Int8DynamicActivationInt8WeightConfig()))
+        train(model)
+        print(qk.convert_qat_(model))
+        ```
+    """
     prepared = {fqn: m for fqn, m in model.named_modules() if isinstance(m, FakeQuantizedLinear)}
     if not prepared:
         raise ValueError("convert_qat_: no layer of this model was prepared for quantization-aware training; call "

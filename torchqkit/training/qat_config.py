@@ -17,12 +17,36 @@ GRADIENT_RULES = ("ste", "clipped_ste")
 
 @dataclass(frozen=True)
 class QATConfig:
-    """Quantization-aware training towards ``base`` (any per-weight config, or a ModuleConfigs of them).
+    """Quantization-aware training towards ``base``: what ``prepare_qat_`` fake-quantizes and ``convert_qat_``
+    quantizes.
 
-    grad: "ste" or "clipped_ste" (see GRADIENT_RULES).
-    stochastic_rounding: round weights up or down at random in the training forward (integer formats only;
-        unbiased in expectation). Conversion rounds to nearest, so it no longer matches the last forward exactly.
-    seed: seeds the stochastic rounding streams (one torch.Generator per layer, seed + layer index)."""
+    The layers train in float with their weights (and, for configs that quantize activations, inputs)
+    fake-quantized in the forward exactly as ``base`` will quantize them. ``to_dict()`` / ``QATConfig.from_dict(d)``
+    round-trip it; ``describe()`` gives a short text.
+
+    Args:
+        base (QuantConfig | ModuleConfigs): any config with a per-weight recipe (not the calibrated configs or
+            the static activation configs), or a ``ModuleConfigs`` of them.
+        grad (str): the gradient through the fake quantizer: ``"ste"`` (default; straight-through, 1 everywhere)
+            or ``"clipped_ste"`` (0 where a value was clipped to the first / last code, 1 elsewhere).
+        stochastic_rounding (bool): round weights up or down at random in the training forward (integer formats
+            only; unbiased in expectation). Conversion rounds to nearest, so it then no longer matches the last
+            forward exactly. Default False.
+        seed (int): seeds the stochastic rounding streams (one ``torch.Generator`` per layer, seed + layer index);
+            default 0.
+
+    Raises:
+        TypeError: ``base`` is not a config or ``ModuleConfigs``, or ``stochastic_rounding`` / ``seed`` has the
+            wrong type.
+        ValueError: ``grad`` is not ``"ste"`` or ``"clipped_ste"``.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        config = qk.QATConfig(qk.Int4WeightOnlyConfig(group_size=32), grad="clipped_ste")
+        qk.prepare_qat_(model, config)
+        ```
+    """
     base: QuantConfig | ModuleConfigs
     grad: Literal["ste", "clipped_ste"] = "ste"
     stochastic_rounding: bool = False

@@ -34,6 +34,32 @@ _GRANULARITIES = {c.__name__: c for c in (_granularity.PerTensor, _granularity.P
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuantConfig:
+    """Base class of every quantization config: a frozen, keyword-only dataclass that ``quantize_`` dispatches on.
+
+    Each concrete config (``Int4WeightOnlyConfig``, ``GPTQConfig``, ...) is registered with the handler that turns
+    one float weight into one quantized weight. Every field is checked against its annotation when the config is
+    built (or decoded from JSON), so a bad value fails then, naming the config and the field. ``to_dict()`` /
+    ``from_dict()`` round-trip a config through JSON-able dicts; ``describe()`` gives the short text reports show;
+    ``needs_calibration_data()`` says whether ``quantize_`` must be given ``calibration_data=``.
+
+    Args:
+        kernel_preference (KernelPreference): which implementation serves the quantized ops: ``AUTO`` (default),
+            ``REFERENCE``, ``TRITON`` or ``CUDA``, or their values (``"auto"``, ...).
+
+    Raises:
+        TypeError: a field of the wrong type.
+        ValueError: a field value out of its range (a size below 1, a scale <= 0, a value not in a Literal).
+
+    Example:
+        ```python
+        import torchqkit as qk
+        config = qk.Int4WeightOnlyConfig(group_size=64)
+        assert isinstance(config, qk.QuantConfig)
+        d = config.to_dict()            # {"type": "Int4WeightOnlyConfig", "group_size": 64, ...}
+        assert qk.QuantConfig.from_dict(d) == config
+        print(config.describe(), config.needs_calibration_data())
+        ```
+    """
     kernel_preference: KernelPreference = KernelPreference.AUTO
 
     def __post_init__(self):
@@ -99,10 +125,50 @@ def handler_for(config) -> Callable:
 
 
 def known_configs() -> list[str]:
+    """The names of every registered config class, sorted.
+
+    These are the ``"type"`` values ``config_from_dict`` accepts (and that error messages list).
+
+    Returns:
+        list[str]: the config class names, e.g. ``["AWQConfig", "Float8DynamicActivationFloat8WeightConfig", ...]``.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        assert "Int4WeightOnlyConfig" in qk.known_configs()
+        ```
+    """
     return sorted(_CONFIGS)
 
 
 def config_from_dict(d: dict) -> QuantConfig:
+    """Rebuild a config from the dict ``QuantConfig.to_dict()`` made (e.g. read back from JSON).
+
+    Nested objects are decoded too: granularities and layouts from ``{"type": name, ...fields}``, qdtypes from
+    their names, enums from their values, lists to tuples. Only registered configs, granularities and layouts are
+    rebuilt, and every field is checked as when the config is built directly.
+
+    Args:
+        d (dict): a config dict with a ``"type"`` key naming a registered config (see ``known_configs()``) and the
+            config's fields.
+
+    Returns:
+        QuantConfig: a new config equal to the one encoded.
+
+    Raises:
+        TypeError: ``d`` is not a dict, its ``"type"`` (or a nested object's) is unknown, or its fields don't fit
+            the config.
+        ValueError: a field value the config refuses.
+
+    Example:
+        ```python
+        import json
+        import torchqkit as qk
+        text = json.dumps(qk.Int4WeightOnlyConfig(group_size=32).to_dict())
+        config = qk.config_from_dict(json.loads(text))
+        assert config == qk.Int4WeightOnlyConfig(group_size=32)
+        ```
+    """
     if not isinstance(d, dict) or d.get("type") not in _CONFIGS:
         got = d.get("type") if isinstance(d, dict) else type(d).__name__
         raise TypeError(f"unknown config type {got!r}; known configs: {known_configs()}")

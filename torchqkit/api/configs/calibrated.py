@@ -46,11 +46,38 @@ class CalibratedConfig(QuantConfig):
 @register_config(_needs_calibration)
 @dataclass(frozen=True, kw_only=True)
 class GPTQConfig(CalibratedConfig):
-    """GPTQ codes for ``base``'s qparams grid: damp (fraction of the mean Hessian diagonal added to it),
-    block (columns per lazy batch update), act_order (columns by decreasing Hessian diagonal; implies
-    static_groups), static_groups (every group's qparams from the original weight, not the updated one), true_sequential
-    (inside a decoder block, each set of Linears sharing an input is calibrated after the ones before it are
-    quantized: o_proj's Hessian from quantized q/k/v, down_proj's from quantized gate/up; one block pass each)."""
+    """GPTQ: choose ``base``'s integer codes from calibration data, column by column, compensating the error.
+
+    The weight keeps ``base``'s qparams grid and layout, but its codes are chosen by GPTQ using the Hessian of
+    the Linear's inputs, collected from ``quantize_(..., calibration_data=...)``. The result is ``base``'s ordinary
+    quantized weight, so the same kernels and checkpoints serve it. A weight quantized without calibration (by
+    ``quantize_checkpoint``, say) is refused and stays in float; the report says why.
+
+    Args:
+        base (QuantConfig): the weight config whose grid GPTQ fills: an ``Int4WeightOnlyConfig`` (default
+            ``Int4WeightOnlyConfig()``), ``IntxWeightOnlyConfig``, ``Int8WeightOnlyConfig`` or
+            ``Int8DynamicActivationInt8WeightConfig``. The only argument that may be given by position.
+        damp (float): fraction of the mean Hessian diagonal added to the diagonal, in (0, 1]; default 0.01.
+        block (int): columns per lazy batch update, >= 1; default 128.
+        act_order (bool): process columns by decreasing Hessian diagonal (implies static groups); default False.
+        static_groups (bool): every group's qparams from the original weight, not the updated one; default False.
+        true_sequential (bool): inside a decoder block, calibrate each set of Linears sharing an input after the
+            ones before it are quantized (o_proj's Hessian from quantized q/k/v, down_proj's from quantized
+            gate/up); one block pass each. Default False.
+        kernel_preference (KernelPreference): not used: the wrapped config's ``kernel_preference`` is the one
+            that applies. Default ``KernelPreference.AUTO``.
+
+    Raises:
+        TypeError: ``base`` is not one of the accepted configs, or a field of the wrong type.
+        ValueError: ``damp`` or ``block`` out of range.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        config = qk.GPTQConfig(qk.Int4WeightOnlyConfig(group_size=128), act_order=True)
+        report = qk.quantize_(model, config, calibration_data=batches)
+        ```
+    """
     damp: float = field(default=0.01, metadata={"gt": 0.0, "le": 1.0})
     block: int = field(default=128, metadata={"ge": 1})
     act_order: bool = False
@@ -66,9 +93,33 @@ class GPTQConfig(CalibratedConfig):
 @register_config(_needs_calibration)
 @dataclass(frozen=True, kw_only=True)
 class AWQConfig(CalibratedConfig):
-    """Activation-aware scaling for ``base``: per input channel scales s = mean|x|^r (r searched on n_grid
-    points) multiply the weight's columns and divide the previous norm / Linear (folded); clip: also search
-    per group how far to shrink the weight range (not for attention query / key projections)."""
+    """AWQ: activation-aware scaling of ``base``'s weights, from calibration data.
+
+    Per input channel scales s = mean|x|^r (r searched on ``n_grid`` points) multiply the weight's columns and
+    divide the previous norm or Linear (folded into it), so the channels that matter most lose less to rounding.
+    With ``clip`` it also searches, per group, how far to shrink the weight range (not for attention query / key
+    projections). The result is ``base``'s ordinary quantized weight. Needs ``calibration_data``; a Linear that was
+    not calibrated is refused and stays in float.
+
+    Args:
+        base (QuantConfig): the weight config: ``Int4WeightOnlyConfig`` (default ``Int4WeightOnlyConfig()``),
+            ``IntxWeightOnlyConfig`` or ``NF4WeightOnlyConfig``. The only argument that may be given by position.
+        n_grid (int): points of the search for the exponent r, >= 2; default 20.
+        clip (bool): also search a per-group clipping of the weight range; default True.
+        kernel_preference (KernelPreference): not used: the wrapped config's ``kernel_preference`` is the one
+            that applies. Default ``KernelPreference.AUTO``.
+
+    Raises:
+        TypeError: ``base`` is not one of the accepted configs, or a field of the wrong type.
+        ValueError: ``n_grid`` below 2.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        config = qk.AWQConfig(qk.Int4WeightOnlyConfig(group_size=128), n_grid=20)
+        report = qk.quantize_(model, config, calibration_data=batches)
+        ```
+    """
     base: QuantConfig = field(default_factory=Int4WeightOnlyConfig, kw_only=False)
     n_grid: int = field(default=20, metadata={"ge": 2})
     clip: bool = True
@@ -81,8 +132,33 @@ class AWQConfig(CalibratedConfig):
 @register_config(_needs_calibration)
 @dataclass(frozen=True, kw_only=True)
 class SmoothQuantConfig(CalibratedConfig):
-    """SmoothQuant for ``base``: per input channel s = max|x|^alpha / max|w|^(1 - alpha) moves activation
-    outliers into the weights (x / s folded into the previous norm / Linear, w * s)."""
+    """SmoothQuant: move activation outliers into the weights before ``base`` quantizes them.
+
+    Per input channel s = max|x|^alpha / max|w|^(1 - alpha), from calibration data: the input is divided by s
+    (folded into the previous norm or Linear) and the weight's columns multiplied by it, so int8 / float8
+    activations lose less to outlier channels. The result is ``base``'s ordinary quantized weight. Needs
+    ``calibration_data``; a Linear that was not calibrated is refused and stays in float.
+
+    Args:
+        base (QuantConfig): the activation-quantizing config: ``Int8DynamicActivationInt8WeightConfig`` (default
+            ``Int8DynamicActivationInt8WeightConfig()``), ``Int8StaticActivationInt8WeightConfig``,
+            ``Float8DynamicActivationFloat8WeightConfig`` or ``Float8StaticActivationFloat8WeightConfig``. The only
+            argument that may be given by position.
+        alpha (float): migration strength in [0, 1]; default 0.5.
+        kernel_preference (KernelPreference): not used: the wrapped config's ``kernel_preference`` is the one
+            that applies. Default ``KernelPreference.AUTO``.
+
+    Raises:
+        TypeError: ``base`` is not one of the accepted configs, or a field of the wrong type.
+        ValueError: ``alpha`` outside [0, 1].
+
+    Example:
+        ```python
+        import torchqkit as qk
+        config = qk.SmoothQuantConfig(qk.Int8DynamicActivationInt8WeightConfig(), alpha=0.5)
+        report = qk.quantize_(model, config, calibration_data=batches)
+        ```
+    """
     base: QuantConfig = field(default_factory=Int8DynamicActivationInt8WeightConfig, kw_only=False)
     alpha: float = field(default=0.5, metadata={"ge": 0.0, "le": 1.0})
     BASES = (Int8DynamicActivationInt8WeightConfig, Int8StaticActivationInt8WeightConfig,

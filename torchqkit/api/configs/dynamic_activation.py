@@ -31,7 +31,29 @@ def _int8_dynamic_activation_int8_weight_recipe(config):
 @register_recipe_config(_int8_dynamic_activation_int8_weight_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Int8DynamicActivationInt8WeightConfig(QuantConfig):
-    """int8 per-token activations (quantized at run time) x int8 per-channel symmetric weights."""
+    """int8 activations quantized at run time (per token) x int8 per-channel symmetric weights (W8A8).
+
+    Each Linear's weight becomes int8 codes with one symmetric scale per output channel; its input is quantized
+    to int8 per token inside the linear on every call, so the matmul runs on integers. Use it where int8 matmuls
+    are fast; wrap it in ``SmoothQuantConfig`` when activations have outlier channels.
+
+    Args:
+        act_mapping (MappingType): how activations are quantized: ``MappingType.SYMMETRIC`` (default) or
+            ``ASYMMETRIC`` (a zero point per token), or their values (``"symmetric"``, ``"asymmetric"``).
+        layout (Layout): how the weight codes are stored; default ``PlainLayout()``; a layout name is accepted.
+        kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
+            ``KernelPreference.AUTO``; its value is accepted.
+
+    Raises:
+        ValueError: an unknown mapping or layout name.
+        TypeError: a field of the wrong type.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.Int8DynamicActivationInt8WeightConfig(act_mapping="asymmetric"))
+        ```
+    """
     act_mapping: MappingType = MappingType.SYMMETRIC
     layout: Layout = field(default_factory=PlainLayout)
 
@@ -50,16 +72,49 @@ def _int8_dynamic_activation_intx_weight_recipe(config):
 @register_recipe_config(_int8_dynamic_activation_intx_weight_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Int8DynamicActivationIntxWeightConfig(QuantConfig):
-    """int8 dynamic activations x 1..8-bit weights (per group or per channel).
+    """int8 dynamic activations x 1- to 8-bit integer weights, per group or per output channel.
 
-    layout=None (default): PackedIntxLayout for 4-bit weights (two codes per byte, served by the VNNI kernel
-    torchqkit::linear_int8da_int4_packed), PlainLayout otherwise.
-    act_granularity: PerToken() (one scale per token) or PerGroup(n) with n the weight's group size: one symmetric
-    scale per token and group of n features, as llama.cpp quantizes activations (Q8_1 blocks of 32) for its
-    integer dot products; it keeps an LLM's outlier features from flattening the rest of the token.
-    weight_zero_point_domain: None (integer zero points when asymmetric), "int", or "float": w = q s + z with a
-    float z per group, GGUF's Q4_1 (an integer zero point can't hold Q4_1's minimum: requantized, its grid moves).
-    weight_scale_dtype: dtype of the stored scales and zero points, as Int4WeightOnlyConfig's scale_dtype."""
+    The weight is quantized to ``weight_bits``-bit codes; the Linear's input is quantized to int8 at run time,
+    per token or per token and group of features, and the product is computed on integers where a kernel exists
+    (4-bit weights in ``PackedIntxLayout`` are served by the VNNI kernel ``torchqkit::linear_int8da_int4_packed``
+    on CPU). With asymmetric weights and ``weight_zero_point_domain="float"`` it stores GGUF Q4_1's format
+    (float16 scale and float minimum per 32 weights), and ``act_granularity=PerGroup(32)`` quantizes activations
+    as llama.cpp's Q8_1 does, which keeps an LLM's outlier features from flattening the rest of the token.
+
+    Args:
+        weight_bits (int): weight code width, 1..8. Default 4.
+        weight_granularity (Granularity): ``PerGroup(n)`` (default ``PerGroup(32)``), ``PerAxis(0)`` or ``PerRow()``.
+        weight_mapping (MappingType): ``MappingType.SYMMETRIC`` (default), ``ASYMMETRIC`` or
+            ``SYMMETRIC_NO_CLIPPING_ERR``, or their values.
+        act_mapping (MappingType): ``MappingType.ASYMMETRIC`` (default) or ``SYMMETRIC``; must be symmetric when
+            ``act_granularity`` is a ``PerGroup``.
+        act_granularity (Granularity): ``PerToken()`` (default; one scale per token) or ``PerGroup(n)`` equal to
+            ``weight_granularity`` (one symmetric scale per token and group of n features).
+        weight_zero_point_domain (ZeroPointDomain | None): None (default; integer zero points when asymmetric),
+            ``"int"`` or ``"float"`` (a float zero point per group, w = q * s + z: GGUF's Q4_1, whose minimum an
+            integer zero point can't hold) for an asymmetric ``weight_mapping``, ``"none"`` for a symmetric one.
+        weight_scale_dtype (str | None): dtype of the stored scales and zero points: None (default; the weight's
+            dtype), ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        layout (Layout | None): how the weight codes are stored; None (default): ``PackedIntxLayout()`` for 4-bit
+            weights (two codes per byte), ``PlainLayout()`` otherwise (see ``resolved_layout()``).
+        kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
+            ``KernelPreference.AUTO``; its value is accepted.
+
+    Raises:
+        ValueError: ``weight_bits`` outside 1..8, an unsupported granularity, a ``PerGroup`` activation granularity
+            that differs from the weight's or is not symmetric, or a zero-point domain that doesn't match
+            ``weight_mapping``.
+        TypeError: a field of the wrong type.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.Int8DynamicActivationIntxWeightConfig(weight_bits=4, weight_granularity=qk.PerGroup(32)))
+        q41 = qk.Int8DynamicActivationIntxWeightConfig(
+            weight_mapping="asymmetric", weight_zero_point_domain="float", weight_scale_dtype="float16",
+            act_granularity=qk.PerGroup(32), act_mapping="symmetric")
+        ```
+    """
     weight_bits: int = 4
     weight_granularity: Granularity = PerGroup(32)
     weight_mapping: MappingType = MappingType.SYMMETRIC

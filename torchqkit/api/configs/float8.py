@@ -42,7 +42,29 @@ def _float8_weight_only_recipe(config):
 @register_recipe_config(_float8_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Float8WeightOnlyConfig(QuantConfig):
-    """float8 weights (per-row, per-tensor or per-block scales); activations stay in their dtype."""
+    """float8 weight-only quantization; activations stay in their dtype.
+
+    Weights are stored as float8 codes with float32 scales, per row (default), per tensor or per block (e.g.
+    128x128), in ``Float8Layout``, whose linear runs ``torchqkit::linear_fp8wo`` on the stored bytes; activations
+    are not quantized.
+
+    Args:
+        weight_dtype (QDType): ``float8_e4m3fn`` (default) or ``float8_e5m2``, or its name.
+        granularity (Granularity): ``PerRow()`` (default), ``PerTensor()`` or ``PerBlock((bn, bk))``.
+        layout (Layout): how the codes are stored; default ``Float8Layout()``; a layout name is accepted.
+        kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
+            ``KernelPreference.AUTO``; its value is accepted.
+
+    Raises:
+        ValueError: a ``weight_dtype`` that is not float8, or another granularity.
+        TypeError: a field of the wrong type.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.Float8WeightOnlyConfig(granularity=qk.PerBlock((128, 128))))
+        ```
+    """
     weight_dtype: QDType = float8_e4m3fn
     granularity: Granularity = PerRow()
     layout: Layout = field(default_factory=Float8Layout)
@@ -76,8 +98,32 @@ class _Float8ActivationFloat8Weight(QuantConfig):
 @register_recipe_config(_float8_dynamic_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Float8DynamicActivationFloat8WeightConfig(_Float8ActivationFloat8Weight):
-    """float8 activations (scales computed at run time, per tensor or per row) x float8 weights.
-    With PerBlock weight scales the activations are scaled per token (per row)."""
+    """float8 activations with scales computed at run time x float8 weights.
+
+    Each Linear's weight is quantized to float8 with float32 scales, and its input is quantized to float8 inside
+    the linear on every call (per tensor or per row). With per-tensor or per-row scales the matmul is
+    ``torch._scaled_mm`` on the float8 operands; with ``PerBlock`` weight scales the activations are scaled per
+    token (per row) and the reference (dequantize, then ``F.linear``) runs.
+
+    Args:
+        granularity (Granularity): the weight's (and activation's) scale granularity: ``PerRow()`` (default),
+            ``PerTensor()`` or ``PerBlock((bn, bk))`` (weights only; activations then per row).
+        activation_dtype (QDType): ``float8_e4m3fn`` (default) or ``float8_e5m2``, or its name.
+        weight_dtype (QDType): ``float8_e4m3fn`` (default) or ``float8_e5m2``, or its name.
+        layout (Layout): how the weight codes are stored; default ``Float8Layout()``; a layout name is accepted.
+        kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
+            ``KernelPreference.AUTO``; its value is accepted.
+
+    Raises:
+        ValueError: a dtype that is not float8, or another granularity.
+        TypeError: a field of the wrong type.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.Float8DynamicActivationFloat8WeightConfig(granularity=qk.PerRow()))
+        ```
+    """
     granularity: Granularity = PerRow()
 
     def describe(self):
@@ -96,8 +142,38 @@ def _float8_static_recipe(config):
 @register_recipe_config(_float8_static_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Float8StaticActivationFloat8WeightConfig(_Float8ActivationFloat8Weight):
-    """float8 activations with one static per-tensor scale x float8 weights. act_scale None: calibrated
-    by ``observer`` ("minmax" or "percentile" of |x|; torchqkit/api/configs/static_activation.py)."""
+    """float8 activations with one static per-tensor scale x float8 weights.
+
+    The activation scale is fixed: given as ``act_scale``, or, left None, calibrated from data passed to
+    ``quantize_(..., calibration_data=...)`` by ``observer``. A Linear that needs calibration but was not
+    calibrated stays in float, and the report says why.
+
+    Args:
+        act_scale (float | None): the activation's per-tensor scale, a finite number > 0; None (default): calibrated.
+        observer (str): how a calibrated scale is chosen: ``"minmax"`` (default; max|x|), ``"percentile"`` (the
+            ``percentile``-th percentile of |x|) or ``"mse"`` (the range minimising the Linear's output error).
+        percentile (float): the percentile for ``observer="percentile"``, in (0, 100]; default 99.99.
+        granularity (Granularity): the weight's scale granularity: ``PerTensor()`` (default), ``PerRow()`` or
+            ``PerBlock((bn, bk))``.
+        activation_dtype (QDType): ``float8_e4m3fn`` (default) or ``float8_e5m2``, or its name.
+        weight_dtype (QDType): ``float8_e4m3fn`` (default) or ``float8_e5m2``, or its name.
+        layout (Layout): how the weight codes are stored; default ``Float8Layout()``; a layout name is accepted.
+        kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
+            ``KernelPreference.AUTO``; its value is accepted.
+
+    Raises:
+        ValueError: ``act_scale`` <= 0 or not finite, ``percentile`` out of range, an unknown observer, a dtype
+            that is not float8, or another granularity.
+        TypeError: a field of the wrong type.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.Float8StaticActivationFloat8WeightConfig(act_scale=0.05))
+        config = qk.Float8StaticActivationFloat8WeightConfig(observer="percentile", percentile=99.9)
+        qk.quantize_(model, config, calibration_data=batches)
+        ```
+    """
     act_scale: float | None = field(default=None, metadata={"gt": 0.0})  # checked (finite, > 0) by QuantConfig
     observer: Observer = "minmax"
     percentile: float = field(default=99.99, metadata={"gt": 0.0, "le": 100.0})

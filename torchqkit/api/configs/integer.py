@@ -36,7 +36,32 @@ def _int8_weight_only_recipe(config):
 @register_recipe_config(_int8_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Int8WeightOnlyConfig(QuantConfig):
-    """int8 symmetric weights, one scale per output channel (group_size=None) or per group of K."""
+    """int8 weight-only quantization: symmetric int8 weights, activations stay in float.
+
+    Each selected Linear's weight is stored as int8 codes with one symmetric scale per output channel
+    (``group_size=None``) or per group of ``group_size`` consecutive input features. The matmul dequantizes (or
+    uses an int8 kernel where the layout has one); activations are not quantized. A safe first choice: about half
+    the bytes of bfloat16 weights with little accuracy loss.
+
+    Args:
+        group_size (int | None): input features per scale; None (default): one scale per output channel (per row).
+            An int must be >= 1.
+        layout (Layout): how the codes are stored; default ``PlainLayout()``. A layout name such as ``"plain"`` is
+            accepted and converted.
+        kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
+            ``KernelPreference.AUTO``. Also accepts its value (``"auto"``, ``"reference"``, ``"triton"``, ``"cuda"``).
+
+    Raises:
+        TypeError: a field of the wrong type (e.g. ``group_size=True`` or ``"32"``).
+        ValueError: a size below 1, or an unknown layout name.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        report = qk.quantize_(model, qk.Int8WeightOnlyConfig())
+        qk.quantize_(other_model, qk.Int8WeightOnlyConfig(group_size=64))
+        ```
+    """
     group_size: int | None = None
     layout: Layout = field(default_factory=PlainLayout)
 
@@ -54,15 +79,41 @@ def _int4_weight_only_recipe(config):
 @register_recipe_config(_int4_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class Int4WeightOnlyConfig(QuantConfig):
-    """int4 group-wise weights (uint4 codes, float scale and zero point per group), stored by default in
-    TensorCoreTiledLayout (pass layout=PlainLayout() for one unpacked code per byte).
+    """int4 group-wise weight-only quantization (uint4 codes, float scale and zero point per group).
 
-    algorithm: "rtn" (min-max scale and zero) or "hqq" (the same scale, zero points optimised by HQQ,
-    no calibration data; see torchqkit/algorithms/hqq.py).
-    scale_dtype: dtype of the stored scales and zero points: None (the weight's own), or torch.float32 /
-    torch.bfloat16 / torch.float16 (or its name). A 16-bit dtype on a float32 model stores 5 bits per weight
-    at g32 instead of 6 (Note [int4 scale dtype]); float16 keeps more precision, and a weight whose scales or
-    zeros would pass its 65504 is refused (the layer stays float, the report says why)."""
+    Each group of ``group_size`` consecutive input features of a row gets an asymmetric scale and a zero point in
+    the float domain (the tinygemm / tensor-core-tiled convention). The codes are stored by default in
+    ``TensorCoreTiledLayout``; pass ``layout=PlainLayout()`` for one unpacked code per byte. Activations stay in
+    float. Use it for 4-bit weights served by the tiled int4 kernel; wrap it in ``GPTQConfig`` or ``AWQConfig``
+    to choose the codes from calibration data.
+
+    Args:
+        group_size (int): input features per scale and zero point; one of 32, 64, 128, 256. Default 128.
+        layout (Layout): how the codes are stored; default ``TensorCoreTiledLayout()``. A layout name
+            (``"tensor_core_tiled"``, ``"plain"``, ...) is accepted and converted.
+        algorithm (str): how scale and zero point are chosen: ``"rtn"`` (default; min-max scale and zero point,
+            round to nearest) or ``"hqq"`` (the same scale, zero points optimised by HQQ; no calibration data).
+        scale_dtype (str | torch.dtype | None): dtype of the stored scales and zero points: None (default; the
+            weight's own dtype), or ``torch.float32`` / ``torch.bfloat16`` / ``torch.float16`` or their names
+            (stored as the name). A 16-bit dtype on a float32 model stores 5 bits per weight at group size 32 instead
+            of 6; float16 keeps more precision, and a weight whose scales or zero points would pass float16's 65504
+            is refused (the layer stays float and the report says why).
+        kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
+            ``KernelPreference.AUTO``; its value (``"auto"``, ``"reference"``, ...) is accepted.
+
+    Raises:
+        ValueError: ``group_size`` not in (32, 64, 128, 256), an unknown ``algorithm``, or a ``scale_dtype`` that is
+            not one of the three.
+        TypeError: a field of the wrong type.
+
+    Example:
+        ```python
+        import torch
+        import torchqkit as qk
+        report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=128))
+        config = qk.Int4WeightOnlyConfig(group_size=32, algorithm="hqq", scale_dtype=torch.bfloat16)
+        ```
+    """
     group_size: int = 128
     layout: Layout = field(default_factory=TensorCoreTiledLayout)
     algorithm: str = "rtn"
@@ -107,12 +158,39 @@ def check_intx(who: str, bits: int, granularity, mapping) -> None:
 @register_recipe_config(_intx_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class IntxWeightOnlyConfig(QuantConfig):
-    """1..8-bit signed integer weights, per group or per output channel, symmetric or asymmetric.
+    """1- to 8-bit signed integer weight-only quantization, per group or per output channel.
 
-    layout=None (default): PackedIntxLayout (dense bits) for bits < 8, PlainLayout for 8 bits.
-    algorithm: "rtn" (round-to-nearest on absmax / min-max ranges) or "hqq" (min-max scale, zero point in
-    the float domain optimised by HQQ, no calibration data; see torchqkit/algorithms/hqq.py). HQQ is
-    asymmetric by construction: with it the mapping becomes ASYMMETRIC (SYMMETRIC_NO_CLIPPING_ERR is refused)."""
+    Weights are quantized to ``bits``-bit signed codes with one scale (and, when asymmetric, a zero point) per
+    group of input features or per output channel; activations stay in float. By default the codes are packed
+    densely (``PackedIntxLayout``) below 8 bits and stored one per byte (``PlainLayout``) at 8 bits. Use it for
+    bit widths other than 4 and 8, or for symmetric 4-bit weights.
+
+    Args:
+        bits (int): code width, 1..8. Default 4.
+        granularity (Granularity): ``PerGroup(n)`` (default ``PerGroup(32)``), ``PerAxis(0)`` or ``PerRow()``
+            (one scale per output channel).
+        mapping (MappingType): ``MappingType.SYMMETRIC`` (default), ``ASYMMETRIC`` or ``SYMMETRIC_NO_CLIPPING_ERR``,
+            or their values (``"symmetric"``, ...). With ``algorithm="hqq"`` it becomes ``ASYMMETRIC``.
+        layout (Layout | None): how the codes are stored; None (default): ``PackedIntxLayout()`` for bits < 8,
+            ``PlainLayout()`` for 8 bits (see ``resolved_layout()``). A layout name is accepted.
+        algorithm (str): ``"rtn"`` (default; round to nearest on absmax / min-max ranges) or ``"hqq"`` (min-max
+            scale, float zero point optimised by HQQ, no calibration data; refused with
+            ``mapping="symmetric_no_clipping_err"``).
+        kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
+            ``KernelPreference.AUTO``; its value is accepted.
+
+    Raises:
+        ValueError: ``bits`` outside 1..8, a granularity other than the three above (or ``PerAxis`` on another
+            axis), an unknown mapping or algorithm, or ``algorithm="hqq"`` with ``SYMMETRIC_NO_CLIPPING_ERR``.
+        TypeError: a field of the wrong type.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.IntxWeightOnlyConfig(bits=3, granularity=qk.PerGroup(32)))
+        config = qk.IntxWeightOnlyConfig(bits=4, granularity=qk.PerRow(), mapping="asymmetric")
+        ```
+    """
     bits: int = 4
     granularity: Granularity = PerGroup(32)
     mapping: MappingType = MappingType.SYMMETRIC

@@ -30,7 +30,26 @@ def _mxfp8_weight_only_recipe(config):
 @register_recipe_config(_mxfp8_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class MXFP8WeightOnlyConfig(QuantConfig):
-    """MXFP8 weights: float8 elements (e4m3fn by default, or e5m2) x one E8M0 scale per 32 along K."""
+    """MXFP8 weight-only quantization: float8 elements with one E8M0 (power-of-two) scale per 32 weights along K.
+
+    The OCP microscaling format: each block of 32 input features of a row shares a power-of-two scale chosen as
+    the MX spec says, and the elements are float8 (``MXLayout``). A weight whose in_features isn't a multiple of
+    32 gets a partial last block. Activations stay in float.
+
+    Args:
+        element_dtype (QDType): the element format: ``float8_e4m3fn`` (default) or ``float8_e5m2``, or its name.
+        kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
+            ``KernelPreference.AUTO``; its value is accepted.
+
+    Raises:
+        ValueError: an ``element_dtype`` other than the two float8 formats (or an unknown name).
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.MXFP8WeightOnlyConfig(element_dtype="float8_e5m2"))
+        ```
+    """
     element_dtype: QDType = float8_e4m3fn
 
     def __post_init__(self):
@@ -51,7 +70,22 @@ def _mxfp4_weight_only_recipe(config):
 @register_recipe_config(_mxfp4_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class MXFP4WeightOnlyConfig(QuantConfig):
-    """MXFP4 weights: e2m1 elements two per byte x one E8M0 scale per 32 along K."""
+    """MXFP4 weight-only quantization: fp4 (e2m1) elements, two per byte, with one E8M0 scale per 32 weights along K.
+
+    The OCP microscaling format with 4-bit float elements (``MXLayout``); each block of 32 input features of a
+    row shares a power-of-two scale. A weight whose in_features isn't a multiple of 32 gets a partial last
+    block. Activations stay in float.
+
+    Args:
+        kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
+            ``KernelPreference.AUTO``; its value is accepted.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        report = qk.quantize_(model, qk.MXFP4WeightOnlyConfig())
+        ```
+    """
 
     def describe(self):
         return "mxfp4 (fp4_e2m1) weight-only"

@@ -24,8 +24,30 @@ def _nf4_weight_only_recipe(config):
 @register_recipe_config(_nf4_weight_only_recipe)
 @dataclass(frozen=True, kw_only=True)
 class NF4WeightOnlyConfig(QuantConfig):
-    """NF4 codes with one absmax per ``block_size`` weights of a row; ``double_quant`` stores the absmax
-    values in 8 bits (QLoRA). The weight stays trainable-through: gradients reach inputs and adapters."""
+    """NF4 weight-only quantization: QLoRA's 4-bit NormalFloat codes, optionally double-quantized.
+
+    Each block of ``block_size`` weights of a row gets one float32 absmax scale, and the weights become NF4 codes
+    (stored in ``NF4Layout``). With ``double_quant`` the absmax values are themselves stored in 8 bits, as QLoRA
+    does. Gradients flow through the quantized weight to the inputs and to adapters, so it is the base for QLoRA
+    fine-tuning (``add_lora_``).
+
+    Args:
+        block_size (int): weights per absmax scale along a row: an even int >= 2 (codes pack two per
+            byte); default 64.
+        double_quant (bool): store the absmax values in 8 bits; default False.
+        kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
+            ``KernelPreference.AUTO``; its value is accepted.
+
+    Raises:
+        ValueError: ``block_size`` not a positive even int.
+        TypeError: a field of the wrong type.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.NF4WeightOnlyConfig(block_size=64, double_quant=True))
+        ```
+    """
     block_size: int = 64
     double_quant: bool = False
 

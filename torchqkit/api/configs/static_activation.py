@@ -56,9 +56,36 @@ def _int8_static_transform(config, weight, name):
 @register_config(_int8_static_transform)
 @dataclass(frozen=True, kw_only=True)
 class Int8StaticActivationInt8WeightConfig(QuantConfig):
-    """int8 activations with one static per-tensor scale (symmetric) x int8 per-channel symmetric weights.
-    act_scale None: calibrated by ``observer`` ("minmax", "percentile" of |x| or "mse", see the module docstring)
-    after SmoothQuant scaling of strength ``smoothing`` (None: none; see Note [Static int8 needs smoothing])."""
+    """int8 activations with one static per-tensor symmetric scale x int8 per-channel symmetric weights.
+
+    The activation scale is fixed before the data is seen: given as ``act_scale``, or, left None, calibrated
+    from the inputs passed to ``quantize_(..., calibration_data=...)`` by ``observer``, after SmoothQuant scaling of
+    strength ``smoothing`` (on by default, since one static int8 scale per tensor is ruined by an LLM's outlier
+    channels). A Linear that needs calibration but was not calibrated stays in float, and the report says why.
+
+    Args:
+        act_scale (float | None): the activation's per-tensor scale, a finite number > 0; None (default): calibrated.
+        smoothing (float | None): SmoothQuant strength in [0, 1] applied before a calibrated scale is observed;
+            default 0.8; None: observe the raw inputs. Inside ``SmoothQuantConfig`` the wrapper's ``alpha`` is used.
+        observer (str): how a calibrated scale is chosen: ``"minmax"`` (default; max|x|), ``"percentile"`` (the
+            ``percentile``-th percentile of |x|) or ``"mse"`` (the range minimising the Linear's output error).
+        percentile (float): the percentile for ``observer="percentile"``, in (0, 100]; default 99.99.
+        layout (Layout): how the weight codes are stored; default ``PlainLayout()``; a layout name is accepted.
+        kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
+            ``KernelPreference.AUTO``; its value is accepted.
+
+    Raises:
+        ValueError: ``act_scale`` <= 0 or not finite, ``smoothing`` outside [0, 1], ``percentile`` out of range,
+            or an unknown observer.
+        TypeError: a field of the wrong type.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.Int8StaticActivationInt8WeightConfig(), calibration_data=batches)
+        fixed = qk.Int8StaticActivationInt8WeightConfig(act_scale=0.02)
+        ```
+    """
     act_scale: float | None = field(default=None, metadata={"gt": 0.0})
     smoothing: float | None = field(default=0.8, metadata={"ge": 0.0, "le": 1.0})
     observer: Observer = "minmax"
