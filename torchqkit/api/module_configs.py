@@ -41,7 +41,7 @@ class ModuleConfigs:
         TypeError: ``configs`` is not a dict, a key is not a string, or a value is not a config, config dict or
             None.
         ValueError: a ``"re:"`` pattern that is not a valid regular expression or can't be matched in bounded time,
-        or an invalid config dict.
+            or an invalid config dict.
 
     Example:
         ```python

@@ -255,7 +255,7 @@ def choose_qparams_affine(
     check_finite: bool = True,
     scale_rounding: str | None = None,
     name: str = "tensor",
-):
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Choose the scale (and zero point) of every block of ``x``: the first step of the reference quantizer.
 
     Part of the pure-PyTorch numerical oracle every layout and kernel is checked against. ``x`` is split into
