@@ -53,7 +53,7 @@ def test_eval_float_vs_int8(checkpoint, capsys):
     float_speed, q_speed, _ = _numbers("decode tokens/s:", out)
     assert float_speed > 0 and q_speed > 0
     assert ", lean loop, eager" in out
-    assert "\rperplexity: 79/79 tokens (100%)" in captured.err
+    assert "\rperplexity [####################] 79/79 tokens (100%)" in captured.err
 
 
 def test_eval_fuse_fuses_the_projections_and_keeps_the_perplexity(checkpoint, capsys):
