@@ -3,8 +3,6 @@ group's LLM and on a LLaMA of about 1B parameters with random weights (TinyLlama
 from __future__ import annotations
 
 import gc
-import os
-import threading
 import time
 
 import torch
@@ -12,34 +10,9 @@ import torch
 import torchqkit as qk
 
 from .common.configs import build
+from .common.rss import SampledPeak
 
 CONFIG = "int4-wo-g128+gptq"
-
-
-class PeakRSS:
-    """Resident set size sampled every 5 ms in a thread (Linux /proc): the peak while the block runs."""
-
-    def __enter__(self):
-        self.start = self.peak = rss()
-        self.done = False
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-        self.thread.start()
-        return self
-
-    def _poll(self):
-        while not self.done:
-            self.peak = max(self.peak, rss())
-            time.sleep(0.005)
-
-    def __exit__(self, *exc):
-        self.done = True
-        self.thread.join()
-        self.peak = max(self.peak, rss())
-
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def synthetic_llama_1b():
@@ -56,7 +29,7 @@ def measure(rec, name: str, model, batches, config: str) -> None:
     shape = {"model": name, "params": sum(p.numel() for p in model.parameters()),
              "calibration": f"{len(batches)} x {batches[0].shape[1]} tokens"}
     start = time.perf_counter()
-    with PeakRSS() as peak:
+    with SampledPeak() as peak:
         report = qk.quantize_(model, qk.ModuleConfigs({"lm_head": None, "_default": build(config)}),
                               calibration_data=batches)
     wall = time.perf_counter() - start
