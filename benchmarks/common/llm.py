@@ -26,9 +26,10 @@ class LLM:
 
 
 def tiny_llama() -> torch.nn.Module:
-    """SmolLM2's architecture (GQA, SwiGLU, tied lm_head) at toy size, random weights from seed 0."""
+    """SmolLM2's architecture (GQA, SwiGLU, tied lm_head) at toy size, random weights from seed 0. The MLP width, 256,
+    lets 2 ranks shard down_proj's K into tiles of 128 (the distributed group's int4 layout cuts only there)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          tie_word_embeddings=True)
     torch.manual_seed(0)
