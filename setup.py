@@ -189,6 +189,7 @@ setup(
     extras_require={
         "demo": DEMO,
         "gguf": GGUF,
+        "bench": ["matplotlib"],  # python -m benchmarks plot only; torchqkit itself never imports it
         "test": ["pytest", "expecttest", "triton==3.9.0"] + DEMO + GGUF,  # triton: kernels under TRITON_INTERPRET=1
     },
     entry_points={"console_scripts": ["torchqkit=torchqkit.cli:main"]},

@@ -4,7 +4,7 @@ decoder's decode tokens/s and all-MiniLM-L6-v2's encode throughput and cosine to
     python -m benchmarks quality                                   # every part
     python -m benchmarks quality --parts llm --configs float32,int4-wo-g64,int4-wo-g64+hqq --tokens 2048
     PEERS_VENV/bin/python -m benchmarks quality --parts llm        # a venv where torchao / optimum-quanto / hqq are
-    python -m benchmarks quality --quick                           # tiny models (seconds)
+    python -m benchmarks quality --quick                           # tiny models (seconds), minilm only if named
 
 Parts: llm (quality_llm.py), synthetic (the synthetic decoder, quality_synthetic.py), minilm (the demo's MiniLM).
 """
@@ -49,6 +49,8 @@ def main(argv=None) -> int:
             args.configs = ["float32", "int4-wo-g32", "int4-wo-g32+hqq"]
         if "--speed-configs" not in given:
             args.speed_configs = ["float32", "int8-wo"]
+        if "--parts" not in given:  # the demo's MiniLM takes ~30 s to load and encode here: asked for by name only
+            args.parts = ["llm", "synthetic"]
     from . import quality_llm, quality_synthetic
     if "llm" in args.parts:
         quality_llm.run(args, rec)

@@ -50,13 +50,14 @@ def run_decoder(args, rec) -> None:
         model = copy.deepcopy(base).to(BASELINES.get(name, torch.float32))
         if config is not None:
             qk.quantize_(model, config)
-        rec.add("synthetic decoder", name, where, "weights", sum(tensor_bytes(p) for p in model.parameters()) / 1e6,
-                "MB")
+        mb = sum(tensor_bytes(p) for p in model.parameters()) / 1e6
         for compiled in modes:
-            print(f"[quality] synthetic decoder {name} {'compiled' if compiled else 'eager'}", file=sys.stderr, flush=True)
+            case = f"synthetic decoder, {'compiled' if compiled else 'eager'}"
+            print(f"[quality] {case} {name}", file=sys.stderr, flush=True)
             torch._dynamo.reset()
-            tok_s = decode_tokens_per_s(model, steps, args.prompt, compiled, repeats)
-            rec.add(f"synthetic decoder, {'compiled' if compiled else 'eager'}", name, where, "decode", tok_s, "tok/s")
+            rec.add(case, name, where, "decode", decode_tokens_per_s(model, steps, args.prompt, compiled, repeats),
+                    "tok/s")
+            rec.add(case, name, where, "weights", mb, "MB")
 
 
 def run_minilm(args, rec) -> None:

@@ -67,7 +67,21 @@ def _cell(value, unit: str) -> str:
     return str(value)
 
 
+def parts(records: list[dict]) -> list[list[dict]]:
+    """The records split by the keys of their shapes, in order of first appearance: a group's parts (an LLM's rows, a
+    synthetic decoder's, MiniLM's) measure different things, and one table of all their metrics would be mostly blank."""
+    out: dict[tuple, list[dict]] = {}
+    for r in records:
+        out.setdefault(tuple(r["shape"]), []).append(r)
+    return list(out.values())
+
+
 def format_table(records: list[dict]) -> str:
+    """One table per part (see parts)."""
+    return "\n\n".join(_table(part) for part in parts(records))
+
+
+def _table(records: list[dict]) -> str:
     """Rows (case, config, shape), one column per metric (with its unit)."""
     columns: list[tuple[str, str]] = []
     rows: dict[tuple, dict] = {}
