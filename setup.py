@@ -190,7 +190,7 @@ setup(
         "demo": DEMO,
         "gguf": GGUF,
         "bench": ["matplotlib"],  # python -m benchmarks plot only; torchqkit itself never imports it
-        "test": ["pytest", "expecttest", "triton==3.9.0"] + DEMO + GGUF,  # triton: kernels under TRITON_INTERPRET=1
+        "test": ["pytest", "expecttest", "triton==3.9.0", "matplotlib"] + DEMO + GGUF,  # triton: kernels under TRITON_INTERPRET=1
     },
     entry_points={"console_scripts": ["torchqkit=torchqkit.cli:main"]},
     ext_modules=EXT_MODULES,
