@@ -5,6 +5,7 @@ perplexity and all-MiniLM-L6-v2 embedding cosine; GPTQ's memory and time; the ac
     python -m benchmarks calibration --memory                 # GPTQ peak RSS / wall time: SmolLM2 and a ~1B LLaMA
     python -m benchmarks calibration --configs int4-wo-g128,int4-wo-g128+gptq --tokens 1024
     python -m benchmarks calibration --outliers               # why static int8 needs smoothing: input ranges
+    python -m benchmarks calibration --quick [--minilm]       # the tiny LLM (and MiniLM on 16 sentences)
 
 A config `<preset>+<change>` is compared with its preset (the "vs preset" metrics: its perplexity increase over
 float32 divided by the preset's). SmolLM2: the GGUF dequantized to float32, channels permuted as in the quality group
@@ -131,6 +132,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=2048, help="LLM tokens scored (default 2048)")
     p.add_argument("--calib-batches", type=int, default=16, help="calibration windows of 256 tokens (default 16)")
     p.add_argument("--no-minilm", action="store_true", help="LLM rows only")
+    p.add_argument("--minilm", action="store_true", help="--quick: the MiniLM rows too (its load alone takes ~10 s)")
     p.add_argument("--memory", action="store_true", help="GPTQ peak RSS and wall time instead of the quality rows")
     p.add_argument("--outliers", action="store_true", help="per Linear input: max |x| against a typical token's max")
     p.set_defaults(threads=1)
@@ -149,7 +151,7 @@ def main(argv=None) -> int:
         run_llm(args, rec, model_llm, ids, batches)
         del model_llm
         gc.collect()
-        if not args.no_minilm:
+        if not args.no_minilm and not (args.quick and "--minilm" not in (argv or [])):
             run_minilm(args, rec)
     rec.print_table()
     return 0

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import cli
-from .common.memory import QUICK_BYTES, RING_BYTES, read_bandwidth
+from .common.memory import QUICK_BYTES, QUICK_RING, RING_BYTES, read_bandwidth
 from .common.timing import STATS, Timer
 from .common.weights import direct_call, preset_weight, stored_bytes
 from torchqkit.kernels.precision import float32_matmul_precision
@@ -155,13 +155,13 @@ def main(argv=None) -> int:
     if args.device == "cuda":
         from . import kernels_cuda
         return kernels_cuda.main(args, rec)
-    ring = QUICK_BYTES if args.quick else RING_BYTES
+    ring, probe = (QUICK_RING, QUICK_BYTES) if args.quick else (RING_BYTES, RING_BYTES)
     timer = Timer(min_reps=args.reps, budget_s=args.budget, stat=args.stat, cpu_time=args.cpu_time, ring_bytes=ring)
-    rec.read_bw_gbs = read_bandwidth(stat=STATS[args.stat], nbytes=ring)
-    print(f"read bandwidth {rec.read_bw_gbs:.1f} GB/s (sum over {ring >> 20} MiB, this run); "
+    rec.read_bw_gbs = read_bandwidth(stat=STATS[args.stat], nbytes=probe)
+    print(f"read bandwidth {rec.read_bw_gbs:.1f} GB/s (sum over {probe >> 20} MiB, this run); "
           f"{torch.get_num_threads()} threads; {args.stat} of calls")
     for k, n in args.shapes:
         measure_shape(k, n, args, rec, timer)
     rec.print_table()
-    print(f"read bandwidth at the end: {read_bandwidth(stat=STATS[args.stat], nbytes=ring):.1f} GB/s")
+    print(f"read bandwidth at the end: {read_bandwidth(stat=STATS[args.stat], nbytes=probe):.1f} GB/s")
     return 0
