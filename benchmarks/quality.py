@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         args.tokens, args.window, args.new_tokens, args.repeats, args.no_peers = 128, 64, 4, 1, True
         given = argv or []
         if "--configs" not in given:
-            args.configs = ["float32", "int4-wo-g32", "int4-wo-g32+hqq"]
+            args.configs = ["float32", "int4-wo-g32"]
         if "--speed-configs" not in given:
             args.speed_configs = ["float32", "int8-wo"]
         if "--parts" not in given:  # the demo's MiniLM takes ~30 s to load and encode here: asked for by name only

@@ -49,6 +49,7 @@ LEVEL_ENV = {
 }
 WEIGHT_ONLY = ("int8-wo", "int4-wo-g128", "nf4-b64", "fp8-wo", "mxfp4", "mxfp8", "intx4-wo-sym-g32+bits3")
 DYNAMIC = ("int8-dyn-int8", "int8-dyn-int4-g32+g128")
+QUICK = ("int8-wo", "int4-wo-g128", "nf4-b64", "int8-dyn-int8")  # --quick: each kind of cell once
 
 
 def is_avx512(level: str) -> bool:
@@ -78,11 +79,11 @@ def _row(target, config, m, value, unit, goal, **extra) -> dict:
     return dict(target=target, config=config, M=m, value=value, unit=unit, goal=goal, **extra)
 
 
-def measure(level: str, k: int, n: int, timer: Timer, probe_bytes: int) -> list[dict]:
+def measure(level: str, k: int, n: int, timer: Timer, probe_bytes: int, names=WEIGHT_ONLY + DYNAMIC) -> list[dict]:
     """This process's rows (it runs at `level`): one dict per target cell."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=g) * 0.02
-    weights = {name: preset_weight(name, w) for name in WEIGHT_ONLY + DYNAMIC}
+    weights = {name: preset_weight(name, w) for name in names}
     bw_goal = 0.8 if is_avx512(level) else 0.7
     probe = lambda: read_bandwidth(reps=7 if probe_bytes >= RING_BYTES else 2, nbytes=probe_bytes)  # noqa: E731
     rows = []
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
         got = machine.isa_level()
         if got != args.child:
             raise SystemExit(f"asked for ISA level {args.child}, the extension runs {got}")
-        print(json.dumps(measure(args.child, k, n, timer, probe_bytes)))
+        print(json.dumps(measure(args.child, k, n, timer, probe_bytes, QUICK if args.quick else WEIGHT_ONLY + DYNAMIC)))
         return 0
     levels = (args.levels.split(",") if args.levels else [machine.isa_level()] if args.quick else
               levels_this_cpu_runs())
