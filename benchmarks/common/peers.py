@@ -14,7 +14,7 @@ ENV = "TORCHQKIT_PEER_PYTHON"
 
 
 def add_option(p) -> None:
-    p.add_argument("--peers-python", default=os.environ.get(ENV, ""),
+    p.add_argument("--peers-python", "--peer-python", dest="peers_python", default=os.environ.get(ENV, ""),
                    help=f"a Python with llama-cpp-python for the llama.cpp rows (default: ${ENV}; '' skips them)")
 
 
