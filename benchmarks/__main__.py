@@ -1,7 +1,9 @@
 """python -m benchmarks <group> [options]   (python -m benchmarks <group> --help for each group's own)
 
 Groups: kernels, targets, decode, prefill, quality, calibration, load, train, distributed; then
-plot (PNG figures from the JSON lines) and report (markdown tables of the latest run per case)."""
+plot (PNG figures from the JSON lines) and report (markdown tables of the latest run per case).
+
+Run it from the repository root: the benchmarks package sits next to torchqkit, not inside the installed package."""
 from __future__ import annotations
 
 import importlib

@@ -137,10 +137,7 @@ def main(argv=None) -> int:
     p.add_argument("--outliers", action="store_true", help="per Linear input: max |x| against a typical token's max")
     p.set_defaults(threads=1)
     args, rec = cli.start(GROUP, p, argv)
-    if args.quick:
-        args.tokens, args.calib_batches = 128, 2
-        if "--configs" not in (argv or []):
-            args.configs = QUICK_CONFIGS
+    cli.quick(args, argv, tokens=128, calib_batches=2, configs=QUICK_CONFIGS)
     model_llm, ids, batches = smollm2(args)
     if args.memory:
         from . import calibration_memory

@@ -80,12 +80,8 @@ def _args(argv):
     peers.add_option(p)
     p.set_defaults(threads=2)
     args, rec = cli.start(GROUP, p, argv, config_of)
-    if args.quick:
-        args.new_tokens, args.repeats, args.ppl_tokens = 4, 1, min(args.ppl_tokens, 32)
-        if "--configs" not in (argv or []):
-            args.configs = QUICK_CONFIGS
-        if "--loops" not in (argv or []):
-            args.loops = "generate,lean-eager"
+    # --quick: eager loops only (compiling a step takes minutes)
+    cli.quick(args, argv, new_tokens=4, repeats=1, ppl_tokens=32, configs=QUICK_CONFIGS, loops="generate,lean-eager")
     args.loops = [c for c in args.loops.split(",") if c]
     if sorted(set(args.loops) - set(LOOPS)):
         p.error(f"--loops: unknown {sorted(set(args.loops) - set(LOOPS))}; known: {', '.join(LOOPS)}")

@@ -200,8 +200,7 @@ def main(argv=None) -> int:
     cli.add_configs(p, DEFAULT_CONFIGS)
     p.set_defaults(threads=1)  # two processes on two cores; the one-process figures use one thread too
     args, rec = cli.start(GROUP, p, argv)  # checks the names before starting any process
-    if args.quick and "--configs" not in argv:
-        args.configs = ["int4-wo-g32"]  # one TP row and one FSDP2 row: the 2 processes' start-up is most of it
+    cli.quick(args, argv, configs=["int4-wo-g32"])  # one TP and one FSDP2 row: the processes' start-up is most of it
     if "RANK" not in os.environ:
         return launch(argv)
     import torch.distributed as dist

@@ -55,13 +55,10 @@ def _args(argv):
     args, rec = cli.start(GROUP, p, argv)
     if args.cpu_time and torch.get_num_threads() != 1:
         p.error("--cpu-time counts this thread's CPU time only: add --threads 1")
+    cli.quick(args, argv, reps=3, budget=0.0, configs=QUICK_CONFIGS)
     args.shapes = ([tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")] if args.shapes else
                    [(1024, 1024)] if args.quick else FULL_SHAPES)
     args.ms = [int(v) for v in args.ms.split(",")] if args.ms else [1, 32] if args.quick else FULL_MS
-    if args.quick:
-        args.reps, args.budget = 3, 0.0
-        if "--configs" not in (argv or []):
-            args.configs = QUICK_CONFIGS
     return args, rec
 
 

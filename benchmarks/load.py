@@ -44,9 +44,7 @@ def main(argv=None) -> int:
         p.error(f"--parts: unknown {sorted(set(parts) - set(PARTS))}; known: {', '.join(PARTS)}")
     if args.quick:
         parts = [x for x in parts if x != "gguf"]
-        args.tokens = args.tokens or 64
-        if "--config" not in (argv or []):
-            args.config = "int4-wo-g32"  # the tiny model's K = 64 has no group of 128
+    cli.quick(args, argv, tokens=64, config="int4-wo-g32")  # the tiny model's K = 64 has no group of 128
     if "gguf" in parts:
         from . import load_gguf
         load_gguf.run(argparse.Namespace(**{**vars(args), "tokens": args.tokens or 2048}), rec)

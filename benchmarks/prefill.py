@@ -57,15 +57,10 @@ def main(argv=None) -> int:
     peers.add_option(p)
     p.set_defaults(threads=2)
     args, rec = cli.start(GROUP, p, argv, config_of)
+    cli.quick(args, argv, repeats=1, prompt_tokens="32", configs=["float32", "int4-wo-g32"])
     args.prompt_tokens = [int(n) for n in args.prompt_tokens.split(",") if n]
     if not args.prompt_tokens or min(args.prompt_tokens) < 1:
         p.error("--prompt-tokens: positive lengths")
-    if args.quick:
-        args.repeats = 1
-        if "--prompt-tokens" not in (argv or []):
-            args.prompt_tokens = [32]
-        if "--configs" not in (argv or []):
-            args.configs = ["float32", "int4-wo-g32"]
     model_llm = llm.load(args.quick)
     before = peer_runs(args, model_llm.gguf)
     models = {}

@@ -39,18 +39,12 @@ def main(argv=None) -> int:
         args.speed_configs = check(split_names(args.speed_configs))
     except ValueError as e:
         p.error(f"--speed-configs: {e}")
-    args.parts = split_names(args.parts)
+    # --quick: the demo's MiniLM (~30 s to load and encode here) runs only when --parts names it
+    cli.quick(args, argv, tokens=128, window=64, new_tokens=4, repeats=1, no_peers=True, steps=4,
+              configs=["float32", "int4-wo-g32"], speed_configs=["float32", "int8-wo"], parts="llm,synthetic")
+    args.parts = split_names(args.parts) if isinstance(args.parts, str) else args.parts
     if set(args.parts) - set(PARTS):
         p.error(f"--parts: unknown {sorted(set(args.parts) - set(PARTS))}; known: {', '.join(PARTS)}")
-    if args.quick:
-        args.tokens, args.window, args.new_tokens, args.repeats, args.no_peers = 128, 64, 4, 1, True
-        given = argv or []
-        if "--configs" not in given:
-            args.configs = ["float32", "int4-wo-g32"]
-        if "--speed-configs" not in given:
-            args.speed_configs = ["float32", "int8-wo"]
-        if "--parts" not in given:  # the demo's MiniLM takes ~30 s to load and encode here: asked for by name only
-            args.parts = ["llm", "synthetic"]
     from . import quality_llm, quality_synthetic
     if "llm" in args.parts:
         quality_llm.run(args, rec)

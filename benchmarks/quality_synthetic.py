@@ -41,7 +41,7 @@ def run_decoder(args, rec) -> None:
     shape = synthetic_decoder.QUICK if args.quick else synthetic_decoder.Shape()
     base = synthetic_decoder.build(shape)
     modes = [False] if (args.quick or args.no_compile) else [False, True]
-    steps, repeats = (4, 1) if args.quick else (args.steps, args.repeats)
+    steps, repeats = args.steps, args.repeats
     params = sum(p.numel() for p in base.parameters())
     where = {"model": f"random LLaMA-shaped decoder, {params / 1e6:.0f}M params", "dim": shape.dim,
              "layers": shape.layers, "prompt": args.prompt, "steps": steps}

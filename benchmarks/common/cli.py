@@ -38,3 +38,17 @@ def start(group: str, p: argparse.ArgumentParser, argv: list[str] | None, config
     if args.threads:
         torch.set_num_threads(args.threads)
     return args, Recorder(group, args.out, argv)
+
+
+def given(argv: list[str] | None, dest: str) -> bool:
+    """Whether the command line set option `dest` (as --dest-with-dashes or --dest-with-dashes=VALUE)."""
+    flag = "--" + dest.replace("_", "-")
+    return any(a == flag or a.startswith(flag + "=") for a in argv or [])
+
+
+def quick(args, argv: list[str] | None, **values) -> None:
+    """--quick's sizes: each of `values` replaces its option's default, never a value the command line gave."""
+    if args.quick:
+        for dest, value in values.items():
+            if not given(argv, dest):
+                setattr(args, dest, value)
