@@ -89,7 +89,9 @@ def run_minilm(args, rec):
     calib, evaluate = (sentences[-16:], sentences[:16]) if args.quick else (sentences[-64:], sentences[:-64])
     batches = [(dict(model.tokenizer(calib[i:i + 16], padding=True, truncation=True, return_tensors="pt")),)
                for i in range(0, len(calib), 16)]
-    embed = lambda m: m.encode(evaluate, batch_size=32, convert_to_tensor=True, normalize_embeddings=True).float()  # noqa: E731
+
+    def embed(m):
+        return m.encode(evaluate, batch_size=32, convert_to_tensor=True, normalize_embeddings=True).float()
     reference = embed(model)
     shape = {"model": "all-MiniLM-L6-v2", "sentences": len(evaluate), "calibration sentences": len(calib)}
     loss = {}

@@ -129,8 +129,10 @@ def record_row(rec, name, loop_name, model_name, row, mb, ppl, same):
     p = row["parts"]
     shape = {"model": model_name, "new_tokens": len(row["tokens"]), "cache": row["cache"],
              "attention": row["attention"]}
-    add = lambda metric, value, unit: rec.add(loop_name, name, shape, metric, value, unit, same_as_generate=same,  # noqa: E731
-                                              replayed=row["replayed"])
+
+    def add(metric, value, unit):
+        rec.add(loop_name, name, shape, metric, value, unit, same_as_generate=same, replayed=row["replayed"])
+
     add("decode", 1e3 / p.total, "tok/s")
     add("per token", p.total, "ms")
     for part, ms in p.kernels.items():

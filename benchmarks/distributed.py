@@ -215,7 +215,8 @@ def main(argv=None) -> int:
         shape = {"model": model_llm.name, "ranks": world, "prompt_tokens": n}
         tensor_parallel(model_llm.model, tokens[:n].unsqueeze(0), rank, mesh, args.configs, rec, shape)
         fsdp = [c for c in FSDP_CONFIGS if c in args.configs]
-        fsdp_qlora(model_llm.model, tokens, rank, world, fsdp, rec, shape, 2 if args.quick else 5, 16 if args.quick else 64)
+        steps, seq = (2, 16) if args.quick else (5, 64)
+        fsdp_qlora(model_llm.model, tokens, rank, world, fsdp, rec, shape, steps, seq)
         if rank == 0:
             rec.print_table()
     finally:

@@ -1,7 +1,7 @@
 """Quantized linear kernels on CPU: each config's op (called directly on its layout's bytes) next to fp32 / bf16
 F.linear and torch's native int8 / int4 ops, per (K, N) and M, in one run.
 
-    python -m benchmarks kernels                                  # (K,N) in (4096,4096),(4096,11008),(11008,4096); M 1,8,32,256
+    python -m benchmarks kernels              # (K,N) in (4096,4096),(4096,11008),(11008,4096); M in 1,8,32,256
     python -m benchmarks kernels --quick                          # 1024 x 1024, M in 1, 32 (seconds)
     python -m benchmarks kernels --configs nf4-b64,fp8-wo,mxfp4 --ms 1,8 --threads 1 --stat min   # decode kernels
     python -m benchmarks kernels --threads 1 --cpu-time --ms 1,8   # CPU time per call: before / after on a loaded host

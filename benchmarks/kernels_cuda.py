@@ -31,7 +31,8 @@ OPS = {
 
 def require_gpu() -> None:
     if not torch.cuda.is_available():
-        print(f"benchmarks kernels --device cuda: no CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda}); "
+        print(f"benchmarks kernels --device cuda: no CUDA device (torch {torch.__version__}, CUDA "
+              f"{torch.version.cuda}); "
               "refusing to report CPU timings as GPU figures. Run it on a GPU machine, or drop --device for the CPU "
               "group.", file=sys.stderr)
         raise SystemExit(2)

@@ -43,7 +43,8 @@ def _torchao(make_config: Callable) -> Callable[[nn.Module], Quantized]:
     def apply(model):
         import torchao.quantization as aoq
         try:
-            aoq.quantize_(model, make_config(aoq), filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn != KEEP_FLOAT)
+            aoq.quantize_(model, make_config(aoq),
+                          filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn != KEEP_FLOAT)
         except Exception as err:  # torchao raises what its backends raise (ImportError, RuntimeError, ...)
             raise Refused(f"torchao refuses on this CPU: {type(err).__name__}: {err}") from None
         done = [f for f in offered_linears(model) if type(model.get_submodule(f).weight) is not nn.Parameter]

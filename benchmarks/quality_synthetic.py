@@ -69,7 +69,7 @@ def run_minilm(args, rec) -> None:
         rec.add("MiniLM encode", "float32", where, "throughput",
                 demo.TIMED_SENTENCES / min(r["fp32_seconds"] for r in rows), "sentences/s")
     for name, r in zip(names, rows):
-        rec.add("MiniLM encode", name, where, "throughput", demo.TIMED_SENTENCES / r["quantized_seconds"], "sentences/s",
-                linear_path=r["linear_path"])
+        rec.add("MiniLM encode", name, where, "throughput", demo.TIMED_SENTENCES / r["quantized_seconds"],
+                "sentences/s", linear_path=r["linear_path"])
         rec.add("MiniLM encode", name, where, "mean cosine to float32", r["mean_cos"], "")
         rec.add("MiniLM encode", name, where, "weights compression", r["compression"], "x")

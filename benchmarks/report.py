@@ -50,7 +50,8 @@ def main(argv=None) -> int:
     wanted = args.groups.split(",") if args.groups else list(groups)
     missing = [g for g in wanted if g not in groups]
     if missing or not groups:
-        print(f"python -m benchmarks report: no results for {missing or 'any group'} in {args.results}", file=sys.stderr)
+        print(f"python -m benchmarks report: no results for {missing or 'any group'} in {args.results}",
+              file=sys.stderr)
         return 2
     for group in wanted:
         records = groups[group]

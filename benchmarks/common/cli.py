@@ -14,7 +14,8 @@ def parser(group: str, doc: str) -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny shapes / a tiny model, a few repeats: a smoke run of "
                                                         "seconds that checks the code, not the figures")
-    p.add_argument("--out", default=None, help=f"JSON-lines file to append to (default benchmarks/results/{group}.jsonl)")
+    p.add_argument("--out", default=None,
+                   help=f"JSON-lines file to append to (default benchmarks/results/{group}.jsonl)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     return p
 

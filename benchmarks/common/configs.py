@@ -99,7 +99,8 @@ def build(name: str):
         return None
     preset, *changes = name.split("+")
     if preset not in qk.presets.names():
-        raise ValueError(f"unknown config {name!r}: {preset!r} is not a preset; presets: {', '.join(qk.presets.names())}"
+        raise ValueError(f"unknown config {name!r}: {preset!r} is not a preset; presets: "
+                         f"{', '.join(qk.presets.names())}"
                          f" (baselines: {', '.join(BASELINES)}; changes after '+': {describe_changes()})")
     config = qk.presets.get(preset)
     for change in changes:

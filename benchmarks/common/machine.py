@@ -46,7 +46,7 @@ def isa_level() -> str:
 
 @lru_cache(maxsize=1)
 def git_commit() -> str:
-    """HEAD of the checkout these benchmarks run from, '+dirty' when it has uncommitted changes; 'unknown' outside git."""
+    """HEAD of the checkout these benchmarks run from, '+dirty' with uncommitted changes; 'unknown' outside git."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,

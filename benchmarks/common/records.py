@@ -68,8 +68,8 @@ def _cell(value, unit: str) -> str:
 
 
 def parts(records: list[dict]) -> list[list[dict]]:
-    """The records split by the keys of their shapes, in order of first appearance: a group's parts (an LLM's rows, a
-    synthetic decoder's, MiniLM's) measure different things, and one table of all their metrics would be mostly blank."""
+    """The records split by the keys of their shapes, in order of first appearance: a group's parts (an LLM's rows,
+    a synthetic decoder's, MiniLM's) measure different things; one table of all their metrics would be mostly blank."""
     out: dict[tuple, list[dict]] = {}
     for r in records:
         out.setdefault(tuple(r["shape"]), []).append(r)

@@ -46,7 +46,8 @@ class Timer:
         clock = time.thread_time if self.cpu_time else time.perf_counter
         times = []
         start = time.perf_counter()
-        while len(times) < self.min_reps or (time.perf_counter() - start < self.budget_s and len(times) < self.max_reps):
+        while len(times) < self.min_reps or (time.perf_counter() - start < self.budget_s
+                                             and len(times) < self.max_reps):
             args = ring[len(times) % len(ring)]
             t0 = clock()
             fn(*args)
