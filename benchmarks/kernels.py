@@ -5,6 +5,7 @@ F.linear and torch's native int8 / int4 ops, per (K, N) and M, in one run.
     python -m benchmarks kernels --quick                          # 1024 x 1024, M in 1, 32 (seconds)
     python -m benchmarks kernels --configs nf4-b64,fp8-wo,mxfp4 --ms 1,8 --threads 1 --stat min   # decode kernels
     python -m benchmarks kernels --threads 1 --cpu-time --ms 1,8   # CPU time per call: before / after on a loaded host
+    python -m benchmarks kernels --compare OLD_TREE --configs nf4-b64,fp8-wo --ms 1,8   # that, on two trees at once
     python -m benchmarks kernels --fp32-precision                 # also under set_float32_matmul_precision("medium")
     python -m benchmarks kernels --shapes 576:1536,1536:576 --configs int4-wo-g32,int4-wo-g32+tiles8 --hot
     python -m benchmarks kernels --device cuda                    # the GPU table (refuses to run without a GPU)
@@ -52,8 +53,11 @@ def _args(argv):
                         "'medium' (bf16 compute allowed)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the GPU table (kernels_cuda.py)")
     p.add_argument("--peak-gbs", type=float, default=None, help="--device cuda: the GPU's peak DRAM GB/s")
+    p.add_argument("--compare", metavar="OLD_TREE", default=None,
+                   help="before / after: CPU time per call on OLD_TREE's torchqkit and this one (kernels_compare.py)")
+    p.add_argument("--rounds", type=int, default=3, help="--compare: alternating runs per tree (default 3)")
     args, rec = cli.start(GROUP, p, argv)
-    if args.cpu_time and torch.get_num_threads() != 1:
+    if args.cpu_time and torch.get_num_threads() != 1 and not args.compare:
         p.error("--cpu-time counts this thread's CPU time only: add --threads 1")
     cli.quick(args, argv, reps=3, budget=0.0, configs=QUICK_CONFIGS)
     args.shapes = ([tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")] if args.shapes else
@@ -152,6 +156,10 @@ def main(argv=None) -> int:
     if args.device == "cuda":
         from . import kernels_cuda
         return kernels_cuda.main(args, rec)
+    if args.compare:
+        from . import kernels_compare
+        rec.read_bw_gbs = read_bandwidth(nbytes=QUICK_BYTES if args.quick else RING_BYTES)
+        return kernels_compare.main(args, rec)
     ring, probe = (QUICK_RING, QUICK_BYTES) if args.quick else (RING_BYTES, RING_BYTES)
     timer = Timer(min_reps=args.reps, budget_s=args.budget, stat=args.stat, cpu_time=args.cpu_time, ring_bytes=ring)
     rec.read_bw_gbs = read_bandwidth(stat=STATS[args.stat], nbytes=probe)
