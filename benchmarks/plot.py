@@ -59,8 +59,8 @@ def tokens_per_s(plt, records, out: Path, group: str, metric: str) -> Path | Non
     if not ours:
         return None
     peer = [r["value"] for r in records if r["metric"] == metric and r["config"] == "llama.cpp"]
-    labels = [f"{r['config']}\n{r['case']} {' '.join(str(v) for k, v in r['shape'].items() if k != 'model')}"
-              for r in ours]
+    labels = [f"{r['config']}\n{r['case']}\n" + " ".join(f"{k}={v}" for k, v in r["shape"].items()
+                                                       if k != "model" and v != "-") for r in ours]
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(ours)), 5))
     ax.bar(range(len(ours)), [r["value"] for r in ours])
     ax.set_xticks(range(len(ours)), labels, rotation=75, fontsize=6)
