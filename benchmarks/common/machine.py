@@ -44,6 +44,15 @@ def isa_level() -> str:
         return "none (C++ CPU kernels not loaded)"
 
 
+def kernel_path() -> str:
+    """What torchqkit.kernels says serves its CPU linears ("cpp avx512_bf16", "reference" when nothing is built)."""
+    from torchqkit import kernels
+    try:
+        return kernels.cpu_backend("torchqkit::linear_int8wo_plain")[0]
+    except (AttributeError, RuntimeError):
+        return "reference"
+
+
 @lru_cache(maxsize=1)
 def git_commit() -> str:
     """HEAD of the checkout these benchmarks run from, '+dirty' with uncommitted changes; 'unknown' outside git."""
@@ -58,17 +67,23 @@ def git_commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def describe() -> dict:
-    """The machine fields of a record (threads as torch has them set at the time of the call)."""
+@lru_cache(maxsize=1)
+def _fixed() -> dict:
+    """What can't change within a process (the ISA level is chosen when the extension loads)."""
     return {
         "cpu": cpu_model(),
         "logical_cpus": os.cpu_count(),
-        "threads": torch.get_num_threads(),
         "l3_bytes": l3_bytes(),
         "isa": isa_level(),
+        "cpu_kernels": kernel_path(),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
+
+
+def describe() -> dict:
+    """The machine fields of a record (threads as torch has them set at the time of the call)."""
+    return {**_fixed(), "threads": torch.get_num_threads()}
 
 
 def versions() -> dict:
