@@ -109,7 +109,8 @@ def rows() -> list[PeerRow]:
                 for g in (32, 64, 128)]
         out.append(PeerRow("torchao", "int8-wo", _torchao(lambda aoq: aoq.Int8WeightOnlyConfig())))
     if available["optimum-quanto"]:
-        out += [PeerRow("optimum-quanto", "intx4-wo-sym-g32", _quanto("qint4")),
+        # quanto's qint4: asymmetric 4-bit in groups of 128 (its note records the elements per scale it used)
+        out += [PeerRow("optimum-quanto", "int4-wo-g128", _quanto("qint4")),
                 PeerRow("optimum-quanto", "int8-wo", _quanto("qint8"))]
     if available["hqq"]:
         out += [PeerRow("hqq", f"int4-wo-g{g}+hqq", _hqq(g)) for g in (32, 64, 128)]
