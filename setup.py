@@ -215,8 +215,10 @@ setup(
         "demo": DEMO,
         "gguf": GGUF,
         "docs": DOCS,
-        # triton: kernels under TRITON_INTERPRET=1; DOCS: test_docs_site.py builds the documentation site
-        "test": ["pytest", "expecttest", "triton==3.9.0"] + DEMO + GGUF + DOCS,
+        "bench": ["matplotlib"],  # python -m benchmarks plot only; torchqkit itself never imports it
+        # triton: kernels under TRITON_INTERPRET=1; DOCS: test_docs_site.py builds the documentation site;
+        # matplotlib: the benchmark runner's plot test
+        "test": ["pytest", "expecttest", "triton==3.9.0", "matplotlib"] + DEMO + GGUF + DOCS,
     },
     entry_points={"console_scripts": ["torchqkit=torchqkit.cli:main"]},
     ext_modules=EXT_MODULES,

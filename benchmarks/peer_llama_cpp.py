@@ -1,8 +1,9 @@
 """Greedy decode tokens/s of llama.cpp (through llama-cpp-python) on a GGUF file, as JSON on stdout; with
 --prefill-tokens N, its prompt processing instead: N tokens of --prompt evaluated as one batch.
 
-Run by bench_decode.py with the Python of a venv where llama-cpp-python is installed, never imported by
-torchqkit (llama.cpp is a peer to measure against, not a dependency):
+Run as a script by the decode and prefill groups (benchmarks/common/peers.py) with the Python of a venv where
+llama-cpp-python is installed (--peers-python), never imported by torchqkit or the benchmarks package (llama.cpp is a
+peer to measure against, not a dependency), so it stays a standalone file:
 
     PEERS_VENV/bin/python benchmarks/peer_llama_cpp.py FILE.gguf --prompt "..." --new-tokens 32 --threads 2
 
@@ -10,7 +11,7 @@ Timing matches torchqkit.eval's Note [Decode timing]: the time at which each new
 one from the prefill; rate = (new_tokens - 1) / (last - first), median of --repeats runs after a warm-up.
 Greedy: llama.cpp's sampler with top_k=1 (argmax), no repetition penalty.
 
-Prefill (bench_prefill.py): the first N prompt tokens through Llama.eval with n_batch = n_ubatch = N (one batch, the
+Prefill (the prefill group): the first N prompt tokens through Llama.eval with n_batch = n_ubatch = N (one batch, the
 logits of the last position only, as a generate call computes them), after llm.reset(); rate = N / the median
 wall time of --repeats evals after a warm-up.
 """

@@ -134,7 +134,7 @@ def test_compiled_lean_decode_of_a_fused_model_takes_one_call_per_group():
     assert decoder.replay_off is None and decoder.replayed_steps == new - 2
 
 
-# Real models: SmolLM2-135M (the packaged Q4_1 GGUF, int4 g32 with bf16 scales, as benchmarks/bench_decode.py
+# Real models: SmolLM2-135M (the packaged Q4_1 GGUF, int4 g32 with bf16 scales, as `python -m benchmarks decode`
 # decodes it) and all-MiniLM-L6-v2 (int8, BERT's query / key / value).
 def test_smollm2_fused_decodes_the_same_logits():
     from torchqkit.eval import load_gguf, smollm2_gguf_path

@@ -42,7 +42,7 @@ def _quantize(model, config, ids, **kwargs):
 
 def _rel_err(model, q, ids):
     """Relative logits error on the calibration tokens: a model of 14 tiny Linears and 192 tokens is too small
-    for held-out comparisons to rank methods reliably (SmolLM2 on held-out text: benchmarks/bench_calibration.py)."""
+    for held-out comparisons to rank methods reliably (SmolLM2 on held-out text: `python -m benchmarks calibration`)."""
     with torch.no_grad():
         ref, out = model(ids[:4]).logits, q(ids[:4]).logits
     return float((out - ref).square().mean() / ref.square().mean())
