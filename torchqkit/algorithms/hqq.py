@@ -19,7 +19,7 @@ iterate on z_f: it stays well-scaled when s is tiny, and (b) becomes z_f += mean
 where e - W_e = clamp(e, -t, t) for the threshold t = |e|^(p-1) / beta.
 Start and stop as the reference implementation (the hqq package's proximal optimiser) does; the rounded
 start mattered most in a one-off comparison on SmolLM2-135M at group 64 (an unrounded min-max start ended
-worse than round-to-nearest; benchmarks/bench_llm.py has the figures of this version): the zero starts at
+worse than round-to-nearest; python -m benchmarks quality --parts llm measures of this version): the zero starts at
 round-to-nearest's min-max value rounded to a whole code, beta stays fixed (kappa = 1), and the whole tensor
 stops at the first iteration whose mean |error| does not improve, keeping the zeros of the best one.
 For ZeroPointDomain.INT the optimised zero is rounded to an integer code and clamped to [qmin, qmax]

@@ -5,7 +5,7 @@ up_proj on another. At decode (one token) each is a call of a few microseconds o
 op's checks and its parallel region) around a small weight: SmolLM2-135M's k_proj / v_proj are 192 x 576. Their
 weights concatenated along out_features make one call that reads the same bytes: on the 2-vCPU EPYC, int4 g32 from
 memory, the q/k/v rows took about half the time in one call as in three, gate/up about 0.85x
-(benchmarks/bench_int4_tiled_decode.py --ring --threads 2 prints both; bench_decode.py --alternate with "+fused"
+(benchmarks/RESULTS.md has both; python -m benchmarks decode --alternate with "+fused"
 configs the whole step).
 
 The fused weight is the members' codes, scales and zero points concatenated (the layout's unpack, then its pack),

@@ -48,7 +48,7 @@ CPU_STEP_INDUCTOR_DEFAULTS = {"cpp_wrapper": True}  # see the note on inductor o
 # Decoding runs under torch.inference_mode(), not just no_grad: inference mode takes the autograd keys out of
 # dispatch, so each of the ~200 custom-op calls per token skips the Python autograd kernel that
 # torch.library.register_autograd installs (it only checks that nothing needs a gradient, then redispatches).
-# benchmarks/bench_call_overhead.py measures that kernel at 5-8 us of CPU per call. The returned ids are cloned out
+# benchmarks/RESULTS.md has that kernel at 5-8 us of CPU per call. The returned ids are cloned out
 # of inference mode, so callers can modify them.
 # Tokens equal generate(do_sample=False) with min_new_tokens = max_new_tokens (no early stop at
 # end-of-sequence), up to ties in argmax that a different summation order can flip.
@@ -57,7 +57,7 @@ CPU_STEP_INDUCTOR_DEFAULTS = {"cpp_wrapper": True}  # see the note on inductor o
 # settings, less the wrapper's size / stride asserts (STEP_INDUCTOR_DEFAULTS in step_replay.py, which says why),
 # and on CPU the C++ wrapper (CPU_STEP_INDUCTOR_DEFAULTS): the generated code that calls the step's ~270 kernels and
 # custom ops is C++ instead of Python, which takes about 0.4 ms off each SmolLM2-135M token (1.09x tokens/s in
-# alternating rounds, benchmarks/bench_decode.py --alternate, Intel Xeon, 2 threads) for a longer first compile
+# alternating rounds, python -m benchmarks decode --alternate, Intel Xeon, 2 threads) for a longer first compile
 # (62 s instead of 33 s with an empty inductor cache). inductor_options={"cpp_wrapper": False} restores the Python one.
 
 

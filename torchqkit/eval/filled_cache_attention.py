@@ -12,8 +12,8 @@ __all__ = ["FILLED_CACHE_MIN_LENGTH", "FILLED_CACHE_SDPA", "filled_cache_pays", 
 FILLED_CACHE_SDPA = "torchqkit_filled_cache_sdpa"
 _OP = "torchqkit::sdpa_over_filled_cache"
 # Cache lengths from which the op pays, by the backend that serves it (kernels.choose_backend), measured per call at
-# SmolLM2's shapes (9 x 64 query heads, 3 K/V heads, 46 filled positions, 1 thread; `python
-# benchmarks/bench_decode.py --attention-calls --max-length 64,255,512,2048 --threads 1`, see README):
+# SmolLM2's shapes (9 x 64 query heads, 3 K/V heads, 46 filled positions, 1 thread;
+# `python -m benchmarks decode --attention-calls --max-length 64,255,512,2048 --threads 1`):
 #   "cpu" (the C++ kernel): ~4-6 us per call whatever the cache length, less than sdpa over the whole cache at every
 #       length (16 us at 64 positions on a quiet host; at 8, 16 and 46 positions, 4-6 us against sdpa's 50-60 us on
 #       a loaded one): always.

@@ -8,7 +8,7 @@ import torch
 __all__ = ["ReplayingInductor", "STEP_INDUCTOR_DEFAULTS"]
 
 # Inductor's wrapper checks the size and stride of every graph input and of every extern op's output with a Python
-# call each (assert_size_stride, assert_alignment): ~850 per SmolLM2-135M step (benchmarks/bench_decode.py, 1 thread,
+# call each (assert_size_stride, assert_alignment): ~850 per SmolLM2-135M step (python -m benchmarks decode, 1 thread,
 # default vs --inductor with the three asserts on, alternated: 116.7 / 119.0 vs 109.2 / 111.8 tok/s). A decode
 # step's inputs are the tensors dynamo's guards checked on the first step of the call (replay passes the very same
 # ones), and the custom ops' output shapes are their fake kernels' (tested against the real ones), so the loop

@@ -134,7 +134,7 @@ def _call_op(route: Route, fn, w, x: torch.Tensor, bias: torch.Tensor | None) ->
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Every torchqkit op has a Python autograd kernel (torch.library.register_autograd): each call enters Python at
 # the Autograd key, finds that nothing needs a gradient, and redispatches to the backend: 5-8 us of CPU per call
-# (benchmarks/bench_call_overhead.py; HF generate runs ~200 of them per token of a 135M model). When no input
+# (benchmarks/RESULTS.md; HF generate runs ~200 of them per token of a 135M model). When no input
 # needs a gradient, the call skips that key, as torch's own generated kernel does for its redispatch. Under
 # torch.compile the op is left to the graph: inductor's wrapper calls it, and torch.inference_mode() is what
 # takes the autograd keys out there (LeanDecoder decodes under it).

@@ -76,8 +76,8 @@ def best_inner_k_tiles(in_features: int, group_size: int) -> int:
     """Note [inner_k_tiles per weight]: the tiling that pads K least, the longest (8) on a tie. K is padded to
     lcm(g, 16 T), and a decode step reads every padded byte: SmolLM2's K = 576 is 640 at T = 8 (11% more codes to
     read in six of its seven Linears and the lm_head) and 576 at T = 4. At g = 32 one decode step's int4 calls took
-    1.07-1.17x less time at T = 4 (benchmarks/bench_int4_tiled_decode.py --tiles 8,4 --ring --threads 2) and the
-    whole decode ran 1.07-1.12x faster (bench_decode.py --alternate). Where the padding is the same, 8 (longer
+    1.07-1.17x less time at T = 4 (benchmarks/RESULTS.md) and the
+    whole decode ran 1.07-1.12x faster (python -m benchmarks decode --alternate). Where the padding is the same, 8 (longer
     vector loads) is kept."""
     return min(sorted(INNER_K_TILES, reverse=True),
                key=lambda t: _round_up(in_features, math.lcm(group_size, K_TILE * t)))

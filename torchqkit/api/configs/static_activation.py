@@ -12,7 +12,7 @@ Note [Static int8 needs smoothing]
 One int8 scale per tensor, fixed before the data is seen, has 255 levels for every token. LLM Linear inputs
 have channels (and a few tokens) far outside the typical range: on SmolLM2 the down_proj input of layer 11 reaches
 3215 on a few tokens while a typical token's max is 1.5, so min/max puts the step at 25 and every ordinary value
-rounds to zero (``python benchmarks/bench_calibration.py --outliers``: down_proj inputs are the worst in 12 of 12); clipping to the typical range (percentile, or the MSE search alone) destroys those tokens
+rounds to zero (``python -m benchmarks calibration --outliers``: down_proj inputs are the worst in 12 of 12); clipping to the typical range (percentile, or the MSE search alone) destroys those tokens
 instead. Per-token dynamic scales don't have this problem, which is why static scales alone were 35x dynamic's
 perplexity increase there. SmoothQuant (Xiao et al., 2022) moves each channel's range into the weights with
 s_j = max|x_j|^a / max|w_j|^(1 - a) before the scale is observed; the paper's per-tensor static setting (O3) uses
