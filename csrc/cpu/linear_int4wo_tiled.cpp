@@ -34,6 +34,7 @@
 #include "panel_activations.h"
 #include "bf16_gemm.h"
 #include "fp32_matmul_precision.h"
+#include "kernel_descriptions.h"
 #include "kernels.h"
 #include "sgemm_prefill.h"
 #include "scale_dtype.h"
@@ -1110,6 +1111,36 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   }
   return result();
 }
+
+// What kernels.status() says serves the op at each level (Note [Kernel descriptions] in kernel_descriptions.cpp).
+const std::string kAvx2Description =
+    "dot kernel (8 words per ymm, 2 tokens per pass) up to M = 47; from M = 48 n-tiles dequantized to fp32 (permuted k "
+    "order, x permuted to match) 16 rows at a time into k-major panels + 6x16 FMA tiles, on Intel CPUs from M = 16 "
+    "blocks of 512 rows dequantized the same way, then ATen's fp32 GEMM (" + kFp32PrefillPanels256 + ")";
+const DescribeOp kDescribed(
+    OpDescription("torchqkit::linear_int4wo_tiled")
+        .at("avx512_vnni",
+            "M < 32: tiled words streamed once per 4 tokens, nibbles -> fp32 by vpermps (dot kernel); M >= 32: n-tiles "
+            "dequantized to fp32 + the 6x32 FMA panel micro-kernel, except from M = 128 on Intel CPUs: blocks of 512 "
+            "rows dequantized to fp32 (permuted k order, x permuted to match), then ATen's fp32 GEMM (" +
+                kFp32PrefillSgemm + ")")
+        .at("avx512_bf16",
+            "bf16 activations: M < 32 (inner_k_tiles 8 or 4) nibble pairs made bf16 (128 + u) by one vpternlogd, 32 "
+            "weights per vdpbf16ps, 4 tokens per pass (Note [int4 bf16 decode]); M >= 32 codes - 8 as exact bf16 in "
+            "natural-k-order panels + 6x32 vdpbf16ps tiles, group scales per segment, zero points as sum_g xsum * z "
+            "in fp32; float32 / float16 activations (and other tilings at M < 32): the avx512_vnni kernels")
+        .at("avx_vnni",
+            "M = 1 on inner_k_tiles 8 or 4: the activation of each chunk (128 / 64 k) split exactly into two int16 "
+            "halves of a fixed-point value (29 bits and a sign), nibble pairs x int16 pairs by vpdpwssd (VEX; EVEX on "
+            "ymm where only AVX-512 VNNI exists), float32-accurate, 15 instructions per 64 weights instead of 24 (Note "
+            "[int4 decode on int16 pairs]; a chunk with Inf / NaN or below 2^-98 takes the AVX2 kernel); else the AVX2 "
+            "kernels: " + kAvx2Description)
+        .at("avx2", kAvx2Description)
+        .at("scalar",
+            "plain loops (M >= 16: dequantized blocks + ATen's fp32 GEMM): the CPU has no AVX2+FMA, or "
+            "TORCHQKIT_CPU_ISA forced it")
+        .fp32_in_bf16("every M (M >= 32 at inner_k_tiles 2)", "M >= 32")
+        .fp32_prefill_routes());
 
 }  // namespace
 }  // namespace torchqkit_cpu

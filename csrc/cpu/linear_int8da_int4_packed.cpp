@@ -14,6 +14,7 @@
 
 #include "aligned_vector.h"
 #include "amx_tiles.h"
+#include "kernel_descriptions.h"
 #include "kernels.h"
 #include "scale_dtype.h"
 #include "simd.h"
@@ -645,6 +646,29 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
   });
   return out.to(dt).reshape(shape);
 }
+
+// What kernels.status() says serves the op at each level (Note [Kernel descriptions] in kernel_descriptions.cpp; the
+// kernels' lanes: Note [int8 x int4 decode] in int4_packed_dot.inc).
+const DescribeOp kDescribed(
+    OpDescription("torchqkit::linear_int8da_int4_packed")
+        .at("amx",
+            "amx: M >= 16 with k blocks of whole 64-k steps (groups of 64 or more, or per channel) the expanded int8 "
+            "panels multiply on AMX-INT8 tiles (tdpbusd, exact int32 sums, the same epilogue: Note [int8 panels on "
+            "AMX]); groups of 32 and M < 16: the avx512_vnni kernels")
+        .at("avx512_vnni",
+            "M < 12: vpdpbusd on low / high nibbles (128 k per zmm, exact int32 per lane, per-lane group scales) "
+            "against the per-call quantized, permuted activation, 4 tokens per pass; M >= 12: nibbles expanded to int8 "
+            "panels + 6x32 vpdpbusd tiles over panels of 4096 k, each block's int32 sums folded into fp32 accumulators "
+            "in registers")
+        .at("avx_vnni",
+            "M < 16: the 256-bit decode kernel with vpdpbusd (VEX; EVEX on ymm where only AVX-512 VNNI exists), 2 "
+            "tokens per pass; M >= 16: 16-row nibble panels x 6-token tiles (vpdpbusd) over panels of 4096 k, each "
+            "block's int32 sums in registers, folded into fp32 once per block")
+        .at("avx2",
+            "M < 16: vpmaddubsw + vpmaddwd, unsigned nibbles x signed activation codes (64 k per ymm, exact int32 per "
+            "lane) against the permuted activation, 2 tokens per pass; M >= 16: 16-row nibble panels x 4-token tiles "
+            "(vpmaddubsw int16 windows of 32 k, then vpmaddwd)")
+        .at("scalar", "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it"));
 
 }  // namespace
 }  // namespace torchqkit_cpu
