@@ -1,6 +1,7 @@
 // CPU backend of torchqkit::linear_int8da_int4_packed: int8 dynamic activation x int4 PackedIntxLayout weights,
 // activations quantized per token inside the op, integer dot products (scalar, AVX2, AVX-VNNI, AVX-512 VNNI, AMX).
-
+// The math: Note [int8 x int4 VNNI] below. The decode kernel is written once in int4_packed_dot.inc, compiled here
+// for AVX-512 and through int4_packed_vec256.inc for the 256-bit levels, whose prefill is int4_packed_panel256.inc.
 #include <ATen/ATen.h>
 #include "parallel.h"
 #include <torch/library.h>
