@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "decode_attention.h"
+#include "kernel_descriptions.h"
 
 namespace torchqkit_cpu {
 
@@ -89,6 +90,20 @@ MaskView mask_view(const at::Tensor& mask, const int64_t (&shape)[4]) {
   }
   return m;
 }
+
+// What kernels.status() says serves the op at each level (Note [Kernel descriptions] in kernel_descriptions.cpp).
+const DescribeOp kDescribed(
+    OpDescription(kOp)
+        .at("avx512_vnni",
+            "AVX-512 (16 lanes): K / V rows up to the last visible position only, the query heads of a kv head in "
+            "tiles of 4 rows, vectorized exp; bf16 / fp16 rows converted to fp32, float64 runs ATen's sdpa over the "
+            "same positions (with a warning)")
+        .at("avx2",
+            "AVX2 + FMA (8 lanes), the AVX-512 kernel's source: K / V rows up to the last visible position only; "
+            "bf16 / fp16 rows converted to fp32, float64 runs ATen's sdpa over the same positions (with a warning)")
+        .at("scalar",
+            "plain loops over K / V rows up to the last visible position (the CPU has no AVX2+FMA, or "
+            "TORCHQKIT_CPU_ISA forced it)"));
 
 }  // namespace
 

@@ -1,7 +1,7 @@
 // The int4 tiled weight-only prefill with bf16 activations on AVX512-BF16: TensorCoreTiledLayout words decoded to
 // their codes minus 8 (-8..7, exact in bf16) in natural k order, into the k-pair panels of bf16_gemm.h.
 //
-// NO include guard on purpose: linear_int4.cpp includes this file once, inside its AVX512-BF16 `#pragma GCC
+// NO include guard on purpose: linear_int4wo_tiled.cpp includes this file once, inside its AVX512-BF16 `#pragma GCC
 // target` region (namespace avx512_bf16), after Int4Args and sz_at.
 //
 // Note [int4 tiled in bf16]: with codes u, group scale s and float zero z, w = (u - 8) s + z (Note [int4 tiled

@@ -104,7 +104,7 @@ bool dynamic_act_wants_a16(Isa isa, int64_t M);  // the glue fills DynamicActArg
 bool dynamic_act_takes_amx(int64_t M);
 void linear_dynamic_act(Isa isa, const DynamicActArgs& p, int64_t n0, int64_t n1);
 
-// AVX-512 fp32 GEMM micro-kernel of the weight-only panel path (linear_int8.cpp), shared with linear_int4.cpp:
+// AVX-512 fp32 GEMM micro-kernel of the weight-only panel path (linear_int8.cpp), shared with linear_int4wo_tiled.cpp:
 // C[0:R, 0:ncols] (+)= A[0:R, 0:kc] @ panel[kc][32] (1 <= R <= 6, ncols <= 32; the panel is always read
 // 32 wide). Call only when the CPU runs Isa::kAvx512Vnni.
 void gemm_f32_6x32(int R, const float* a, int64_t lda, const float* panel, int64_t kc, float* c, int64_t ldc,
@@ -120,7 +120,7 @@ constexpr int64_t kFp32PanelCols = 16;
 void pack_f32_panel16(const float* rows, int64_t ldr, int nrows, int64_t ncols, const int32_t* to, float* panel);
 void gemm_f32_6x16(int R, const float* a, int64_t lda, const float* panel, int64_t kc, float* c, bool first);
 
-// AVX-512 VNNI pieces of the int8 dynamic-activation panel path (linear_int8.cpp), shared with linear_int4.cpp.
+// AVX-512 VNNI pieces of the int8 dynamic-activation panel path (linear_int8.cpp), shared with linear_int8da_int4_packed.cpp.
 // pack_s8_panel: rows [0, rows) x k [0, kc) of an int8 matrix (row stride ldw; rows up to 32, kc <= 1024)
 // -> panel [ceil(kc/4)][32][4] (missing rows and k zero); rowsum[0:32] += each row's sum of codes.
 void pack_s8_panel(const int8_t* w, int64_t ldw, int64_t rows, int64_t kc, int8_t* dst, int32_t* rowsum);

@@ -632,7 +632,7 @@ void weight_only(const WeightOnlyArgs& p, const uint16_t* xb, int64_t ldx, int p
 // ================================================================================================
 // Dispatch
 // ================================================================================================
-// The weight-only panel micro-kernel, shared with linear_int4.cpp (see kernels.h).
+// The weight-only panel micro-kernel, shared with linear_int4wo_tiled.cpp (see kernels.h).
 void gemm_f32_6x32(int R, const float* a, int64_t lda, const float* panel, int64_t kc, float* c, int64_t ldc,
                    int ncols, bool first) {
   const __mmask16 cm0 = ncols >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ncols) - 1);
@@ -647,7 +647,7 @@ void gemm_f32_6x32(int R, const float* a, int64_t lda, const float* panel, int64
   }
 }
 
-// The VNNI panel pieces of the int8 dynamic-activation path, shared with linear_int4.cpp (see kernels.h).
+// The VNNI panel pieces of the int8 dynamic-activation path, shared with linear_int8da_int4_packed.cpp (see kernels.h).
 void pack_s8_panel(const int8_t* w, int64_t ldw, int64_t rows, int64_t kc, int8_t* dst, int32_t* rowsum) {
   avx512::da_pack(w, ldw, 0, rows, 0, kc, dst, rowsum);
 }
@@ -702,7 +702,7 @@ bool isa_supported(Isa isa) {
     case Isa::kAvx512Bf16: return cpu_avx512_bf16();
     case Isa::kAmx: return cpu_amx();
     // The AVX-VNNI kernels also run as their EVEX encoding (the same instruction on ymm) where AVX-512 VNNI
-    // is there instead (AMD Zen 4): see Note [AVX-VNNI kernels] in linear_int4.cpp.
+    // is there instead (AMD Zen 4): see Note [AVX-VNNI kernels] in int4_packed_vec256.inc.
     case Isa::kAvxVnni: return cpu_avx2() && (cpu_has_avx_vnni_vex() || cpu_avx512_vnni());
     case Isa::kAvx2: return cpu_avx2();
     default: return true;

@@ -75,7 +75,7 @@ constexpr int kWoMaxMB = V::kRegs / 8;
 // 28 -> 22 GB/s, from memory no faster), and several tokens keep 4 rows: their MB x NB accumulators must stay in
 // registers.
 constexpr int kDecodeNB = V::L == 16 ? 8 : NB;
-// Note [decode prefetch] (linear_int4.cpp): each row's bytes prefetched into L2 once per cache line (64 k), which
+// Note [decode prefetch] (int4_tiled_dot.inc): each row's bytes prefetched into L2 once per cache line (64 k), which
 // took M = 1 from about 50% to about 70% of a plain streaming sum's bandwidth at 4 KiB ahead. How far ahead: one tile
 // of NB rows, as the low-bit dot loop does (Note [decode prefetch distance], linear_lowbit_isa.h); 4 KiB landed
 // inside the tile's own rows at K = 4096 here too. On the Intel Xeon (AMX VM, 2 threads, M = 1 from DRAM,

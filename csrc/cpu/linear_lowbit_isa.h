@@ -343,7 +343,7 @@ constexpr int kRows = 4;  // weight rows per block (scales decoded once per bloc
 constexpr int kMaxMB = 4;  // tokens per tile
 // Rows per tile of MB tokens: the MB x NB accumulators fit the registers (32 zmm; 16 ymm: 2 x 4 or 4 x 2).
 template <int MB> constexpr int kNB = V::L == 16 || MB <= 2 ? 4 : 2;
-constexpr int64_t kPfBytes = 4096;             // Note [decode prefetch] in linear_int4.cpp
+constexpr int64_t kPfBytes = 4096;             // Note [decode prefetch] in int4_tiled_dot.inc
 
 enum class Acc { kRow, kGroup, kScaled };  // Note [Group scales once per group]; kScaled: several tokens
 
@@ -422,7 +422,7 @@ __attribute__((always_inline)) inline void walk_steps(const uint8_t* const (&wr)
                                                       const Step& step) {
   int64_t c = c0;
   for (const int64_t cf = std::min(c1, nfull); c < cf; ++c) {
-    if (((c * D::kBytes) & 63) < D::kBytes)  // a new cache line: Note [decode prefetch] in linear_int4.cpp
+    if (((c * D::kBytes) & 63) < D::kBytes)  // a new cache line: Note [decode prefetch] in int4_tiled_dot.inc
       for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + c * D::kBytes + kPfBytes), _MM_HINT_T1);
     const uint8_t* src[NB];
     for (int i = 0; i < NB; ++i) src[i] = wr[i] + c * D::kBytes;
@@ -541,7 +541,7 @@ void for_each_tile(const LowbitArgs& p, int64_t n0, int64_t n1, const Tile& tile
 
 // Note [decode prefetch distance]: the dot loop prefetches (into L2) the bytes that the next tile of NB rows will
 // read at the same column, one tile ahead: rows are contiguous, so that is NB row strides on. A fixed 4 KiB
-// (Note [decode prefetch] in linear_int4.cpp) landed inside the current tile's own rows for rows of 2-4 KiB
+// (Note [decode prefetch] in int4_tiled_dot.inc) landed inside the current tile's own rows for rows of 2-4 KiB
 // (nf4 / float8 at K = 4096), so half the prefetches fetched lines that the tile was already reading.
 template <class D, int MB, int NB, Acc A, bool kChecked = false>
 void dot_tile(const LowbitArgs& p, const D& dec, const float* const* srow, const float* xsum, int64_t m0, int64_t n0,

@@ -3,7 +3,7 @@
 // torchqkit::linear_nf4wo, torchqkit::linear_fp8wo and torchqkit::linear_intxwo are defined (schema, fake,
 // reference) in torchqkit/kernels/ops/ (one module per op); the kernels are in linear_lowbit.cpp.
 //
-// Two paths (see Note [Low-bit decode] in linear_lowbit.cpp):
+// Two paths (see the opening comment of linear_lowbit.cpp):
 //   M <= dot_max_m: the dot kernel, weights decoded in registers, at::parallel_for over blocks of rows.
 //   larger M:      the prefill kernel, at::parallel_for over blocks of rows: each block decoded once to fp32
 //                  (L2), then register-tiled FMA. (ATen's sgemm called inside at::parallel_for ran 250x
@@ -19,6 +19,7 @@
 
 #include "panel_activations.h"
 #include "fp32_matmul_precision.h"
+#include "kernel_descriptions.h"
 #include "kernels.h"
 #include "sgemm_prefill.h"
 #include "../common/aten_glue.h"
@@ -322,6 +323,39 @@ at::Tensor linear_intxwo(const at::Tensor& x, const at::Tensor& qdata, const at:
   p.bn = N / s.size(0);
   return run(x, p, bias, op);
 }
+
+// What kernels.status() says serves these ops at each level (Note [Kernel descriptions] in kernel_descriptions.cpp):
+// one description, as the four formats share their kernels (the opening comment of linear_lowbit.cpp).
+OpDescription lowbit_description(const char* op, const char* fp32_in_bf16_from, const char* fp32_planes_from) {
+  return OpDescription(op)
+      .at("avx512_vnni",
+          "M <= 8 (nf4, mxfp4, float8) / 4 (intx): 16 weights per zmm decoded in registers (4 rows x 4 tokens); up to "
+          "M = 63: 32 x 1024 blocks decoded to fp32 (L2), then 4x4 dot tiles; M >= 64: 32-row k-major panels + 6x32 "
+          "FMA tiles, except from M = 128 on Intel CPUs: blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" +
+              kFp32PrefillSgemm + ")")
+      .at("avx512_bf16",
+          "bf16 activations: levels decoded to bf16 (exact; nf4 levels rounded to bf16, Note [nf4 levels in bf16]) "
+          "and multiplied by vdpbf16ps with fp32 sums. Decode M (<= 8; intx <= 4): 32 weights per vdpbf16ps in "
+          "registers (tiles of up to 4 tokens) for nf4 / mxfp4 from M = 2 and intx at M = 4, where it is faster; "
+          "float8 / mxfp8 at every decode M, nf4 / mxfp4 at M = 1 and intx below 4 convert x to fp32 for the "
+          "avx512_vnni dot kernel (faster there: bf16_dot_wins in csrc/cpu/linear_lowbit_ops.cpp). Larger M: 32-row "
+          "bf16 k-pair panels + 6x32 vdpbf16ps tiles. Groups of a size not a multiple of 32 and float16 activations "
+          "run the avx512_vnni kernels (fp32)")
+      .at("avx2",
+          "8-lane decoders (AVX2 + FMA + F16C): in registers for M <= 8 (nf4, mxfp4, float8) / 4 (intx); larger M: "
+          "rows decoded to fp32 16 at a time into k-major panels + 6x16 FMA tiles, on Intel CPUs fp32 blocks + dot "
+          "tiles and from M = 128 blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" +
+              kFp32PrefillPanels256 + ")")
+      .at("scalar", "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it")
+      .fp32_in_bf16(fp32_in_bf16_from, fp32_planes_from)
+      .fp32_prefill_routes();
+}
+
+// nf4 never takes the three planes at the amx level (Note [fp32 activations on AMX] in amx_bf16_gemm.h).
+const DescribeOp kNf4Described(lowbit_description("torchqkit::linear_nf4wo", "M > 8", ""));
+const DescribeOp kFp8Described(lowbit_description("torchqkit::linear_fp8wo", "M > 8", "M > 8"));
+const DescribeOp kIntxDescribed(lowbit_description("torchqkit::linear_intxwo", "M > 4", "M > 4"));
+const DescribeOp kMxDescribed(lowbit_description("torchqkit::linear_mxwo", "M > 8", "M > 8"));
 
 }  // namespace
 }  // namespace torchqkit_cpu

@@ -2,7 +2,7 @@
 //
 // The schemas (and fake + reference impls) are defined in Python, torchqkit/kernels/ops/ (one module per op); this
 // file only registers the CPU kernels for them. It also defines torchqkit_cpu::isa() so Python can
-// report which ISA level serves the ops.
+// report which ISA level serves the ops, and torchqkit_cpu::kernel_descriptions() with what each kernel does there.
 #include <ATen/ATen.h>
 #include "parallel.h"
 #include <torch/library.h>
@@ -14,6 +14,7 @@
 
 #include "panel_activations.h"
 #include "fp32_matmul_precision.h"
+#include "kernel_descriptions.h"
 #include "kernels.h"
 #include "sgemm_prefill.h"
 #include "../common/aten_glue.h"
@@ -239,6 +240,41 @@ at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata
   return out.to(x.scalar_type()).reshape(out_shape(x, N));
 }
 
+// What kernels.status() says serves each op at each level (Note [Kernel descriptions] in kernel_descriptions.cpp).
+const DescribeOp kInt8WeightOnlyDescribed(
+    OpDescription("torchqkit::linear_int8wo_plain")
+        .at("avx512_vnni",
+            "M < 16: streams each weight row once (dot kernel); M >= 16: fp32 panels + 6x32 FMA tiles, except from "
+            "M = 48 on Intel CPUs: blocks of 512 rows dequantized to fp32, then ATen's fp32 GEMM (" +
+                kFp32PrefillSgemm + ")")
+        .at("avx512_bf16",
+            "M < 16: the avx512_vnni dot kernel (fp32; bf16 activations converted); M >= 16 with bf16 activations "
+            "(groups of whole 32-k steps or per channel): int8 codes as exact bf16 in k-pair panels + 6x32 vdpbf16ps "
+            "tiles, fp32 sums, the scale per segment; else the avx512_vnni kernels")
+        .at("avx2",
+            "M < 48: dot kernel (4 rows x 2 tokens, 8 lanes); M >= 48: rows dequantized to fp32 16 at a time into "
+            "k-major panels + 6x16 FMA tiles, on Intel CPUs blocks of 512 rows dequantized to fp32, then ATen's fp32 "
+            "GEMM (" + kFp32PrefillPanels256 + ")")
+        .at("scalar",
+            "plain loops (M >= 48: dequantized blocks + ATen's fp32 GEMM): the CPU has no AVX2+FMA, or "
+            "TORCHQKIT_CPU_ISA forced it")
+        .fp32_in_bf16("M >= 16", "M >= 16")
+        .fp32_prefill_routes());
+
+const DescribeOp kInt8DynamicActDescribed(
+    OpDescription("torchqkit::linear_int8da_int8_plain")
+        .at("amx",
+            "amx: M >= 8 the packed VNNI panels multiply on AMX-INT8 tiles (tdpbusd, 32 tokens x 32 rows, the codes "
+            "packed per call; exact int32 sums, the same epilogue: Note [int8 panels on AMX]); below, the "
+            "avx512_vnni dot kernel")
+        .at("avx512_vnni",
+            "vpdpbusd (u8 = q + 128 times s8, corrected by row sums); M >= 8: packed panels, 6x32 tiles")
+        .at("avx_vnni",
+            "M < 16: the AVX2 dot kernel; M >= 16: int8 k-quad panels + 6x16 tiles of 256-bit vpdpbusd (VEX; EVEX on "
+            "ymm where only AVX-512 VNNI exists; Note [int8 x int8 prefill on AVX-VNNI])")
+        .at("avx2", "exact int16 madd (vpmaddwd): M < 16 dot kernel; M >= 16 int16 k-pair panels + 6x16 tiles")
+        .at("scalar", "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it"));
+
 }  // namespace
 
 Isa selected_isa_for_ops() { return base_isa(selected_isa()); }
@@ -272,4 +308,5 @@ std::string fp32_prefill_route_op() {
 TORCH_LIBRARY(torchqkit_cpu, m) {
   m.def("isa() -> str", &torchqkit_cpu::isa_op);
   m.def("fp32_prefill_route() -> str", &torchqkit_cpu::fp32_prefill_route_op);
+  m.def("kernel_descriptions() -> str", &torchqkit_cpu::kernel_descriptions_json);
 }

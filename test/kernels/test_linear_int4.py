@@ -1,4 +1,4 @@
-"""torchqkit::linear_int4wo_tiled on CPU (csrc/cpu/linear_int4.cpp): opcheck, the C++ kernel against the
+"""torchqkit::linear_int4wo_tiled on CPU (csrc/cpu/linear_int4wo_tiled.cpp): opcheck, the C++ kernel against the
 pure-torch reference and against F.linear(x, w.dequantize()) under every ISA level this CPU runs, padded
 and sliced tiles, unaligned data, routing from TensorCoreTiledLayout, torch.compile."""
 from __future__ import annotations
@@ -202,8 +202,8 @@ def test_float32_activations_take_bf16_under_medium_precision(monkeypatch, m, t)
 
 
 # Group 32 at inner_k_tiles 8 (4 groups per chunk) has its own lane-scale route in the decode kernel (Note [g = 32
-# lane scales] in csrc/cpu/linear_int4.cpp), and its scale prefetch runs across n-tiles when K is short. SmolLM2's
-# K = 576 (5 chunks, the last one half padding); 72 rows = 9 n-tiles; M = 1 and 5 (a partial pass after 4 or 2
+# lane scales] in csrc/cpu/linear_int4wo_tiled.cpp), and its scale prefetch runs across n-tiles when K is short.
+# SmolLM2's K = 576 (5 chunks, the last one half padding); 72 rows = 9 n-tiles; M = 1 and 5 (a partial pass after 4 or 2
 # tokens); every scale dtype. Each token's output is compared, so a row or group mixed up shows as a large error.
 @needs_ext
 @isa_param
@@ -235,9 +235,10 @@ def test_inner_k_tiles_4_decode_at_smollm2_width(monkeypatch, isa, dtype, g, m):
 
 
 # One group per chunk at inner_k_tiles 8 (g = 128, 256) broadcasts each row's scale from the stored float32
-# scale_and_zero, or from a float32 copy of a bfloat16 / float16 one (Vec::chunk_scales in csrc/cpu/linear_int4.cpp);
-# every nibble but the first reaches the decoder pre-multiplied into x (Note [int4 nibble decode]). SmolLM2's
-# K = 576 padded to 640 (g = 256: 768), 72 rows = 9 n-tiles (more than one work item per thread), M = 1 and 5, every scale dtype.
+# scale_and_zero, or from a float32 copy of a bfloat16 / float16 one (Vec::chunk_scales in
+# csrc/cpu/linear_int4wo_tiled.cpp); every nibble but the first reaches the decoder pre-multiplied into x (Note [int4
+# nibble decode]). SmolLM2's K = 576 padded to 640 (g = 256: 768), 72 rows = 9 n-tiles (more than one work item per
+# thread), M = 1 and 5, every scale dtype.
 @needs_ext
 @isa_param
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -251,9 +252,9 @@ def test_one_group_per_chunk_decode_at_smollm2_width(monkeypatch, isa, dtype, g,
 
 
 # From 8 groups on the decode runs in blocks of n-tiles whose scales are copied to a buffer (Note [scales staged per
-# block] in csrc/cpu/linear_int4.cpp): K = 2048 at g = 32 is 64 groups, blocks of 32 n-tiles with bf16 / fp16 scales
-# and 16 with float32 ones; K = 1024 at g = 128 is 8 groups, blocks of 64 n-tiles (the most a block takes). 1292 rows
-# = 162 n-tiles (the last one half empty): several blocks a thread, a thread's first block on the stored scales, a
+# block] in csrc/cpu/linear_int4wo_tiled.cpp): K = 2048 at g = 32 is 64 groups, blocks of 32 n-tiles with bf16 / fp16
+# scales and 16 with float32 ones; K = 1024 at g = 128 is 8 groups, blocks of 64 n-tiles (the most a block takes). 1292
+# rows = 162 n-tiles (the last one half empty): several blocks a thread, a thread's first block on the stored scales, a
 # last block cut short, on one thread and on two. M = 1 and 3, every activation dtype and both tilings; each token
 # against the reference.
 @needs_ext

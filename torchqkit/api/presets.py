@@ -41,7 +41,7 @@ PRESETS: dict[str, Callable[[], QuantConfig]] = {
     "int8-dyn-int8": lambda: Int8DynamicActivationInt8WeightConfig(),
     "int8-dyn-int4-g32": lambda: Int8DynamicActivationIntxWeightConfig(weight_bits=4, weight_granularity=PerGroup(32)),
     # GGUF Q4_1's weights (float16 scale and float minimum per 32) x int8 activations per token, or per token and
-    # group of 32 (llama.cpp's Q8_1): Note [int8 x int4 float zero points] in csrc/cpu/linear_int4.cpp
+    # group of 32 (llama.cpp's Q8_1): Note [int8 x int4 float zero points] in csrc/cpu/linear_int8da_int4_packed.cpp
     "int8-dyn-int4-q41": lambda: _q41_int8_act(PerToken(), "asymmetric"),
     "int8-dyn-g32-int4-q41": lambda: _q41_int8_act(PerGroup(32), "symmetric"),
     "nf4-b64": lambda: NF4WeightOnlyConfig(block_size=64),

@@ -1,4 +1,4 @@
-"""What the C++ CPU extension's build decided, written by setup.py and read by the loader (kernels/__init__.py).
+"""What the C++ CPU extension's build decided, written by setup.py and read by the loader (kernels/loading.py).
 
 Note [Missing CPU kernels]
 setup.py builds ``torchqkit._C_cpu`` as an optional extension, so a compiler error (or a compiler killed for

@@ -9,7 +9,7 @@ where N8 = out_features rounded up to 8 and Kt = in_features rounded up to lcm(g
 holds code 8, scale 1, zero 0 (the value 0.0); ``unpack`` / ``dequantize`` / ``shape`` never show it.
 
 Linear (its route, below) runs the custom op ``torchqkit::linear_int4wo_tiled`` on these bytes as stored
-(C++ CPU kernel, csrc/cpu/linear_int4.cpp; its pure-torch reference where no backend is built);
+(C++ CPU kernel, csrc/cpu/linear_int4wo_tiled.cpp; its pure-torch reference where no backend is built);
 ``torchqkit.kernels.status()`` names the backend.
 
 Note [Tensor-core tiled int4]

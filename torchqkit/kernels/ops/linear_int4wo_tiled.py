@@ -1,7 +1,7 @@
 """torchqkit::linear_int4wo_tiled(x, qdata, scale_and_zero, group_size, out_features, bias).
 
 TensorCoreTiledLayout bytes as stored: qdata int32 [N8/8][Kt/(16T)][32][T/2], scale_and_zero [Kt/g][N8][2];
-w = (q - 8) * scale + zero. x: (..., K) with K = in_features <= Kt. Backends: csrc/cpu/linear_int4.cpp,
+w = (q - 8) * scale + zero. x: (..., K) with K = in_features <= Kt. Backends: csrc/cpu/linear_int4wo_tiled.cpp,
 csrc/cuda/int4_tiled_mma.cu, kernels/triton (GEMM and split-K GEMV).
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ act_group_size = the weight's group size one symmetric scale per token and group
 PackedIntxLayout bytes: qdata (N, ceil(K / 2)) uint8, code k in byte k // 2, low nibble first, stored as u = q + 8;
 scale (N, G) group-wise (G = K / group_size) or per channel (G = 1); zero_point None, integer codes shaped like
 scale (w = (q - zero_point) * scale) or floats shaped like scale (w = q * scale + zero_point: GGUF's Q4_1).
-Returns (..., N) in x.dtype. Backends: csrc/cpu/linear_int4.cpp (VNNI / AVX2).
+Returns (..., N) in x.dtype. Backends: csrc/cpu/linear_int8da_int4_packed.cpp (VNNI / AVX2).
 """
 from __future__ import annotations
 

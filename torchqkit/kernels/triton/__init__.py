@@ -3,7 +3,7 @@ only in their weight-tile loader. Importing this package needs triton.
 
 Each file defines a ``torchqkit_triton::<op>`` op with the same schema and fake impl as the ``torchqkit::<op>`` it
 implements (``kernels/ops/``; registration.py reads both from the registry, TRITON_OPS lists what registered).
-On a GPU without a C++ CUDA kernel for the op, kernels/__init__.py also puts it on the ``torchqkit::<op>`` CUDA key,
+On a GPU without a C++ CUDA kernel for the op, kernels/loading.py also puts it on the ``torchqkit::<op>`` CUDA key,
 so AUTO reaches it through the one op. On CUDA these ops are ``torch.library.triton_op`` + ``wrap_triton``
 (Inductor traces into the kernel); under ``TRITON_INTERPRET=1`` on CPU the same launcher is a plain custom op.
 
