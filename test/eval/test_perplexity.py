@@ -94,7 +94,7 @@ def test_restores_training_mode(model, ids):
 def test_progress_line_on_stderr(model, ids, capsys):
     value = perplexity(model, ids, window=16, progress=True)
     err = capsys.readouterr().err
-    assert err.startswith("\rperplexity: ") and err.endswith("\n") and err.count("\n") == 1
+    assert err.startswith("\rperplexity [") and err.endswith("\n") and err.count("\n") == 1
     assert f"{ids.numel() - 1}/{ids.numel() - 1} tokens (100%)" in err
     assert f"ppl {value:.3f}" in err
     perplexity(model, ids, window=16, progress=False)
