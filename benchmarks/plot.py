@@ -31,12 +31,13 @@ def _select(records, **match):
 
 def kernels(plt, records, out: Path) -> Path | None:
     ops = [r for r in records if r["case"] == "torchqkit, f32 x" or r["case"] == "F.linear, f32 x"]
-    shapes = sorted({(r["shape"]["K"], r["shape"]["N"]) for r in ops if "K" in r["shape"]})
-    if not shapes:
+    # one row per (shape, ISA level): a run forced to AVX2 is not the native one
+    panels = sorted({(r["shape"]["K"], r["shape"]["N"], _level(r)) for r in ops if "K" in r["shape"]})
+    if not panels:
         return None
-    fig, axes = plt.subplots(len(shapes), 2, figsize=(12, 4 * len(shapes)), squeeze=False)
-    for row, (k, n) in zip(axes, shapes):
-        here = [r for r in ops if (r["shape"].get("K"), r["shape"].get("N")) == (k, n)]
+    fig, axes = plt.subplots(len(panels), 2, figsize=(12, 4 * len(panels)), squeeze=False)
+    for row, (k, n, level) in zip(axes, panels):
+        here = [r for r in ops if (r["shape"].get("K"), r["shape"].get("N"), _level(r)) == (k, n, level)]
         for i, config in enumerate(dict.fromkeys(r["config"] for r in here)):
             for ax, metric in zip(row, ("time", "x fp32 F.linear")):
                 pts = sorted((r["shape"]["M"], r["value"]) for r in here
@@ -44,10 +45,11 @@ def kernels(plt, records, out: Path) -> Path | None:
                 if pts and not (metric != "time" and config == "float32"):  # fp32 / fp32 = 1: the grey line
                     ax.plot(*zip(*pts), marker="o", label=config, color=f"C{i % 10}",
                             linestyle="--" if config == "float32" else "-")
-        row[0].set(title=f"K={k} N={n}: time per call, f32 activations", xlabel="M", ylabel="ms", xscale="log",
+        where = f"{_cpu(here[0])}, {level}"
+        row[0].set(title=f"K={k} N={n}, f32 x: time per call\n{where}", xlabel="M", ylabel="ms", xscale="log",
                    yscale="log")
-        row[1].set(title=f"K={k} N={n}: fp32 F.linear time / op time", xlabel="M", ylabel="x", xscale="log",
-                   yscale="log")
+        row[1].set(title=f"K={k} N={n}: fp32 F.linear time / op time\n{where}", xlabel="M", ylabel="x",
+                   xscale="log", yscale="log")
         row[1].axhline(1.0, color="grey", linewidth=0.8)
         row[0].legend(fontsize=7)
         row[1].legend(fontsize=7)
@@ -59,15 +61,15 @@ def tokens_per_s(plt, records, out: Path, group: str, metric: str) -> Path | Non
     if not ours:
         return None
     peer = [r["value"] for r in records if r["metric"] == metric and r["config"] == "llama.cpp"]
-    labels = [f"{r['config']}\n{r['case']}\n" + " ".join(f"{k}={v}" for k, v in r["shape"].items()
-                                                       if k != "model" and v != "-") for r in ours]
+    labels = [f"{r['config']}\n{r['case']}" for r in ours]
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(ours)), 5))
     ax.bar(range(len(ours)), [r["value"] for r in ours])
     ax.set_xticks(range(len(ours)), labels, rotation=75, fontsize=6)
     if peer:
         ax.axhline(sum(peer) / len(peer), color="red", label="llama.cpp (mean of its runs)")
         ax.legend()
-    ax.set(title=f"{group}: {ours[0]['shape'].get('model', '')}", ylabel="tokens/s")
+    ax.set(title=f"{group}: {ours[0]['shape'].get('model', '')}\n{_cpu(ours[0])}, {_level(ours[0])}",
+           ylabel="tokens/s")
     return _save(plt, fig, out / f"{group}.png")
 
 
@@ -85,6 +87,15 @@ def quality(plt, records, out: Path) -> Path | None:
         ax.legend()
     ax.set(title=f"quality: perplexity, {rows[0]['shape'].get('model', '')}", ylabel="perplexity")
     return _save(plt, fig, out / "quality.png")
+
+
+def _level(r: dict) -> str:
+    return (r.get("machine") or {}).get("isa") or "?"
+
+
+def _cpu(r: dict) -> str:
+    machine = r.get("machine") or {}
+    return f"{machine.get('cpu', '?')}, {machine.get('threads', '?')} threads"
 
 
 def _save(plt, fig, path: Path) -> Path:

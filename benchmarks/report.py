@@ -21,16 +21,19 @@ def _cell(value) -> str:
 
 
 def markdown(records: list[dict]) -> str:
-    """Rows (case, config, shape), one column per metric (unit in brackets)."""
+    """Rows (ISA level, case, config, shape), one column per metric (unit in brackets). The level is the one the
+    C++ kernels ran at: the CPU's best, or the one TORCHQKIT_CPU_ISA forced."""
     columns, rows = [], {}
     for r in records:
         col = f"{r['metric']} [{r['unit']}]" if r["unit"] else r["metric"]
         if col not in columns:
             columns.append(col)
-        rows.setdefault((r["case"], r["config"], shape_text(r["shape"])), {})[col] = _cell(r["value"])
-    lines = ["| case | config | shape | " + " | ".join(columns) + " |", "|---|---|---|" + "---:|" * len(columns)]
-    lines += [f"| {case} | {config} | {shape} | " + " | ".join(cells.get(c, "") for c in columns) + " |"
-              for (case, config, shape), cells in rows.items()]
+        level = (r.get("machine") or {}).get("isa") or "-"
+        rows.setdefault((level, r["case"], r["config"], shape_text(r["shape"])), {})[col] = _cell(r["value"])
+    lines = ["| level | case | config | shape | " + " | ".join(columns) + " |",
+             "|---|---|---|---|" + "---:|" * len(columns)]
+    lines += [f"| {level} | {case} | {config} | {shape} | " + " | ".join(cells.get(c, "") for c in columns) + " |"
+              for (level, case, config, shape), cells in rows.items()]
     return "\n".join(lines)
 
 

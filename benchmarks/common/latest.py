@@ -1,5 +1,6 @@
-"""The latest figure of each case: of the records sharing (case, config, shape, metric), the one of the latest run
-(UTC date), so a results file that many runs appended to reads as one current table."""
+"""The latest figure of each case: of the records sharing (case, config, shape, metric, CPU, ISA level), the one of
+the latest run (UTC date), so a results file that many runs appended to reads as one current table; runs on another
+machine or at a forced ISA level are cases of their own."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,9 @@ from .records import read_records
 
 
 def key(r: dict) -> tuple:
-    return r["case"], r["config"], json.dumps(r["shape"], sort_keys=True), r["metric"]
+    machine = r.get("machine") or {}
+    return (r["case"], r["config"], json.dumps(r["shape"], sort_keys=True), r["metric"], machine.get("cpu"),
+            machine.get("isa"))
 
 
 def latest(records: list[dict]) -> list[dict]:
