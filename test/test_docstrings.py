@@ -18,9 +18,6 @@ from torchqkit import presets, qdtypes
 _EXCLUDED = {
     "__version__": "a string, not documented by a docstring",
     "kernels": "torchqkit.kernels documents itself (its docstrings are kept with the kernels)",
-    # defined under torchqkit/kernels/, whose docstrings are kept with the kernels
-    "KernelsMissingWarning": "defined in torchqkit.kernels",
-    "KernelPreference": "defined in torchqkit.kernels (torchqkit/kernels/preference.py)",
 }
 
 _MODULE_FUNCTIONS = {

@@ -28,7 +28,7 @@ x = torch.randn(8, 256)
 
 # 1. One config for every nn.Linear: int4 weights, one scale + zero point per group of 32 inputs.
 int4_model = copy.deepcopy(float_model)
-print(torchqkit.quantize_(int4_model, torchqkit.Int4WeightOnlyConfig(group_size=32)))
+print(torchqkit.quantize_(int4_model, torchqkit.presets.get("int4-wo-g32")))  # = Int4WeightOnlyConfig(group_size=32)
 
 # 2. A config per module (by FQN); "_default" covers every Linear not named.
 mixed_model = copy.deepcopy(float_model)

@@ -11,8 +11,23 @@ __all__ = ["KernelsMissingWarning", "missing_kernels_note", "warn_missing_kernel
 
 
 class KernelsMissingWarning(UserWarning):
-    """torchqkit's C++ CPU kernels are not loaded on a CPU they are built for: every quantized op runs its
-    pure-PyTorch reference. Set TORCHQKIT_NO_KERNELS_WARNING=1 to run that way without the warning."""
+    """Warned once at ``import torchqkit`` when the C++ CPU kernels are not loaded on a CPU they are built for.
+
+    Every quantized op then runs its pure-PyTorch reference, many times slower; the message gives the reason (the
+    build failed, was skipped, or doesn't match this torch) and the command that rebuilds the kernels. Set
+    ``TORCHQKIT_NO_KERNELS_WARNING=1`` to run that way without the warning.
+
+    Example:
+        ```python
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", category=UserWarning)
+            try:
+                import torchqkit as qk
+            except UserWarning as w:   # qk.KernelsMissingWarning: rebuild before measuring anything
+                print(w)
+        ```
+    """
 
 
 def missing_kernels_note(loaded: bool, reason: str, record: dict | None) -> str | None:
