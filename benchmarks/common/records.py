@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -29,13 +30,19 @@ def shape_text(shape: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.items())
 
 
+# Environment variables that change which code a run measures: the command line a record keeps names them.
+SETTINGS = ("TORCHQKIT_CPU_ISA", "TORCHQKIT_CPU_AVX_VNNI", "TORCHQKIT_CPU_FP32_PREFILL", "ATEN_CPU_CAPABILITY",
+            "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS")
+
+
 class Recorder:
     """Collects and appends one group run's records; read_bw_gbs, once set, goes into every later record."""
 
     def __init__(self, group: str, out: Path | str | None, argv: list[str] | None = None):
         self.group = group
         self.out = Path(out) if out else default_out(group)
-        self.command = shlex.join([Path(sys.executable).name, "-m", "benchmarks", group,
+        settings = [f"{name}={os.environ[name]}" for name in SETTINGS if os.environ.get(name)]
+        self.command = shlex.join([*settings, Path(sys.executable).name, "-m", "benchmarks", group,
                                    *(sys.argv[2:] if argv is None else argv)])
         self.date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.read_bw_gbs: float | None = None
