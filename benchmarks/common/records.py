@@ -32,7 +32,7 @@ def shape_text(shape: dict) -> str:
 
 # Environment variables that change which code a run measures: the command line a record keeps names them.
 SETTINGS = ("TORCHQKIT_CPU_ISA", "TORCHQKIT_CPU_AVX_VNNI", "TORCHQKIT_CPU_FP32_PREFILL", "ATEN_CPU_CAPABILITY",
-            "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS")
+            "ONEDNN_MAX_CPU_ISA")
 
 
 class Recorder:

@@ -55,7 +55,7 @@ def test_quick_run_writes_records_with_the_full_schema(group, tmp_path):
         assert r["group"] == group and isinstance(r["shape"], dict) and r["shape"]
         assert r["value"] is None or isinstance(r["value"], (int, float))
         assert MACHINE <= set(r["machine"]) and r["torch_version"] == torch.__version__
-        assert r["command"].startswith(f"python") and group in r["command"] and r["date"].endswith("+00:00")
+        assert f"-m benchmarks {group}" in r["command"] and r["date"].endswith("+00:00")
         # every config is a preset, a <preset>+<change> variant, a float baseline, or the llama.cpp peer
         assert r["config"] == "llama.cpp" or build(r["config"]) is not None or r["config"] in BASELINES
         if group in WITH_BANDWIDTH:
