@@ -68,13 +68,12 @@ def notes_page() -> str:
 def environment_variables() -> set[str]:
     """Every TORCHQKIT_* variable the product reads (Python os.environ, C++ getenv)."""
     read = re.compile(r"(?:environ(?:\.get)?\(?\[?|getenv\()\s*\"(TORCHQKIT_[A-Z0-9_]+)\"")
-    named = re.compile(r"\b(TORCHQKIT_[A-Z0-9_]+)\s*=\s*\"")  # SILENCE_ENV = "TORCHQKIT_..." style constants
+    constant = re.compile(r"=\s*\"(TORCHQKIT_[A-Z0-9_]+)\"")  # SILENCE_ENV = "TORCHQKIT_...", read through the name
     names = set()
     for path in _sources("torchqkit", "csrc"):
         text = path.read_text(encoding="utf-8", errors="replace")
-        names |= set(read.findall(text))
-        names |= {m for m in re.findall(r"=\s*\"(TORCHQKIT_[A-Z0-9_]+)\"", text)}
-    return names - {n for n in names if n.endswith("_LEVELS")} - set(named.findall(""))
+        names |= set(read.findall(text)) | set(constant.findall(text))
+    return names
 
 
 if __name__ == "__main__":

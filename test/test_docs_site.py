@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 
-import pytest
 import torchqkit as qk
 from torchqkit.kernels import registry
 
@@ -21,7 +20,6 @@ DOCS = docs_index.ROOT / "docs"
 
 
 def test_site_builds_strict(tmp_path):
-    pytest.importorskip("mkdocs", reason="the docs extra (pip install -e '.[docs]'; the test extra includes it)")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                          cwd=docs_index.ROOT, env=env, capture_output=True, text=True, timeout=600)

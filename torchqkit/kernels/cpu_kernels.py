@@ -11,6 +11,7 @@ module adds what changes per call: the level chosen, torch's fp32 matmul precisi
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -21,16 +22,12 @@ from .registry import op_def
 
 __all__ = ["cpu_backend", "cpu_kernel_descriptions"]
 
-_DESCRIPTIONS: list[dict] = []  # the extension's descriptions, read on first use
-
-
+@functools.cache  # the extension's descriptions don't change while it is loaded
 def cpu_kernel_descriptions() -> dict:
     """{op: {"levels": {isa: {"runs", "text"}}, "fp32_in_bf16_from", "fp32_planes_from", "fp32_prefill_routes"}}
     as the loaded C++ CPU extension describes its kernels; {} without the extension."""
-    if not _DESCRIPTIONS:
-        loaded = loading.CPU_EXTENSION_LOADED and hasattr(torch.ops.torchqkit_cpu, "kernel_descriptions")
-        _DESCRIPTIONS.append(json.loads(torch.ops.torchqkit_cpu.kernel_descriptions()) if loaded else {})
-    return _DESCRIPTIONS[0]
+    loaded = loading.CPU_EXTENSION_LOADED and hasattr(torch.ops.torchqkit_cpu, "kernel_descriptions")
+    return json.loads(torch.ops.torchqkit_cpu.kernel_descriptions()) if loaded else {}
 
 
 def _fp32_activations_note(described: dict, isa: str) -> str:
