@@ -166,7 +166,7 @@ def test_delayed_state_saves_and_loads():
                          ids=["e4m3-e4m3", "e5m2-e4m3"])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32-out", "bf16-out"])
 def test_tensor_core_product_pads_and_scales_like_the_emulation(m, k, n, granularity, dtypes, out_dtype, device):
-    """Note [float8 training on tensor cores]: dims that aren't multiples of 16, e5m2 gradients and float32 outputs
+    """Note [torch._scaled_mm's contract]: dims that aren't multiples of 16, e5m2 gradients and float32 outputs
     reach torch._scaled_mm in forms it accepts (on CPU its reference implementation checks the arithmetic; on a GPU
     the shapes and dtypes cuBLASLt / CUTLASS take) and equal the emulated product."""
     from torchqkit.core import qdtype
