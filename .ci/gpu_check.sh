@@ -58,7 +58,11 @@ FAILED=0
   echo "# gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo
   echo "- machine: $MODE, $(nproc) cores; torch $TORCH_VERSION (CUDA $TORCH_CUDA); python $("$PY" -c 'import sys; print(sys.version.split()[0])')"
-  echo "- commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
+  if git rev-parse HEAD >/dev/null 2>&1; then
+    echo "- commit: $(git rev-parse HEAD)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
+  else
+    echo "- commit: unknown (this copy of the checkout has no git history)"
+  fi
   echo
   echo "| step | result | seconds |"
   echo "|---|---|---|"
@@ -232,7 +236,10 @@ text = open(summary).read()
 steps = dict(re.findall(r"^\| (\w+) \| ([^|]+?) \|", text, re.M))
 tests = re.search(r"gpu tests: (\d+) run in groups of (-?\d+) gpu-marked, (\d+) passed, (\d+) failed, (\d+) skipped",
                   text)
-commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+try:
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+except OSError:  # no git on the GPU machine
+    commit = ""
 json.dump({"date": re.search(r"^# gpu_check (\S+)", text).group(1), "machine": mode, "torch": torch_version,
            "commit": commit or "unknown", "dry_run": dry == "1", "seconds": int(total),
            "steps": {k: v for k, v in steps.items() if k != "step"},
