@@ -124,7 +124,7 @@ PY
 }
 
 status_dry_run() {
-  "$PY" - <<'PY'
+  TRITON_INTERPRET=1 "$PY" - <<'PY'
 from torchqkit import kernels
 print(f"dry run: no CUDA extension to build ({kernels.CUDA_EXTENSION_REASON}); what cuda would get here:")
 for row in kernels.backend_status(devices=("cuda",)):
