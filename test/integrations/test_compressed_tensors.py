@@ -171,3 +171,90 @@ def test_transformers_loads_the_exports_without_torchqkit(tmp_path):
         with torch.no_grad():
             ours = model(IDS).logits
         torch.testing.assert_close(theirs, ours, atol=TRANSFORMERS_ATOL[key], rtol=0, msg=key)
+
+
+def _ct_checkpoint(directory: Path, **weights):
+    """A pack-quantized checkpoint of tiny_llama() made by compressed_tensors' own qparams and compressor (lm_head
+    ignored); returns (directory, float model, compressed_tensors' decompressed weight by module)."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+    model = tiny_llama()
+    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**weights))
+    compressor = BaseCompressor.load_from_registry("pack-quantized")
+    group = weights.get("group_size")
+    tensors = {k: v for k, v in model.state_dict().items()
+               if k.rsplit(".", 1)[0] not in quantized_linears(model)}
+    ref = {}
+    for name, m in quantized_linears(model).items():
+        w = m.weight.detach()
+        blocks = w.reshape(w.shape[0], -1, group) if group else w.unsqueeze(1)
+        scale, zp = calculate_qparams(blocks.amin(-1), blocks.amax(-1), scheme.weights)
+        out = compressor.compress({"weight": w, "weight_scale": scale, "weight_zero_point": zp}, scheme)
+        ref[name] = compressor.decompress(out, scheme)["weight"]
+        tensors.update({f"{name}.{k}": v.contiguous() for k, v in out.items()})
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / "model.safetensors"))
+    qc = QuantizationConfig(config_groups={"group_0": scheme}, format="pack-quantized", ignore=["lm_head"],
+                            quantization_status="compressed").to_dict()
+    config = model.config.to_dict()
+    config.update(architectures=["LlamaForCausalLM"], quantization_config=json.loads(json.dumps(qc, default=str)))
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory, model, ref
+
+
+@pytest.mark.parametrize("weights", [
+    dict(num_bits=4, type="int", symmetric=True, strategy="group", group_size=32),
+    dict(num_bits=4, type="int", symmetric=False, strategy="group", group_size=32),
+    dict(num_bits=8, type="int", symmetric=True, strategy="channel"),
+], ids=["w4a16_g32", "w4a16_asym_g32", "w8a16_channel"])
+def test_compressed_tensors_compressor_output_imports_bit_exactly(tmp_path, weights):
+    d, model, ref = _ct_checkpoint(tmp_path, **weights)
+    loaded = qk.from_pretrained(d)
+    for name, expected in ref.items():
+        w = loaded.get_submodule(name).weight
+        assert isinstance(w, qk.AffineQuantizedTensor)
+        assert torch.equal(w.dequantize(), expected), name
+    reference = tiny_llama()
+    reference.load_state_dict(model.state_dict())
+    for name, expected in ref.items():
+        reference.get_submodule(name).weight.data = expected
+    with torch.no_grad():  # float32 F.linear on the same weights vs torchqkit's kernels: summation order only
+        torch.testing.assert_close(loaded(IDS).logits, reference(IDS).logits, atol=1e-5, rtol=0)
+    assert not isinstance(loaded.lm_head.weight, qk.AffineQuantizedTensor)
+
+
+def _config(d):
+    return json.loads((d / "config.json").read_text())
+
+
+@pytest.mark.parametrize("case, message", [
+    ("weight_shape", r"model\.safetensors: tensor model\.layers\.0\.mlp\.up_proj\.weight_shape: records \[128, 32\], "
+                     r"but the Linear is \[128, 64\]"),
+    ("bits", r"model\.safetensors: tensor model\.layers\.0\.self_attn\.q_proj\.weight_packed is torch\.int32 "
+             r"\(64, 8\); expected \(64, 4\)"),
+    ("inf_scale", r"model\.safetensors: Linear model\.layers\.1\.self_attn\.v_proj \(weight_packed, weight_scale, "
+                  r"weight_shape, weight_zero_point\): scale has 1 NaN/Inf value\(s\); the checkpoint is corrupt"),
+    ("format", r"config\.json: quantization_config: config_groups\.group_0: format 'nvfp4-pack-quantized' is not one "
+               r"torchqkit imports"),
+    ("missing", r"tensor model\.layers\.1\.mlp\.down_proj\.weight_scale is missing"),
+])
+def test_hostile_compressed_tensors_refused(tmp_path, case, message):
+    d, _, _ = _ct_checkpoint(tmp_path, num_bits=4, type="int", symmetric=False, strategy="group", group_size=32)
+    t = load_file(d / "model.safetensors")
+    config = _config(d)
+    if case == "weight_shape":
+        t["model.layers.0.mlp.up_proj.weight_shape"] = torch.tensor([128, 32])
+    elif case == "bits":  # the config says 2-bit codes; the words hold 4-bit ones
+        config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 2
+    elif case == "inf_scale":
+        t["model.layers.1.self_attn.v_proj.weight_scale"][3, 1] = float("inf")
+    elif case == "format":
+        config["quantization_config"]["format"] = "nvfp4-pack-quantized"
+    elif case == "missing":
+        t.pop("model.layers.1.mlp.down_proj.weight_scale")
+    save_file(t, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps(config))
+    with pytest.raises(qk.CheckpointError, match=message):
+        qk.from_pretrained(d)

@@ -5,7 +5,7 @@ config.json's ``quantization_config`` holds ``config_groups`` (each: ``targets``
 list and the storage ``format``. A Linear takes the first group whose targets match it and that ``ignore`` doesn't
 name (compressed_tensors' own matching: class name, module name, or "re:" regular expression). The formats
 read (tensor layouts: compressed_tensors_schemes.py): pack-quantized (int 2 / 4 / 8-bit, channel or group, symmetric
-or asymmetric, act-order ``weight_g_idx``), int-quantized and float-quantized.
+or asymmetric, actorder "group"'s ``weight_g_idx``), int-quantized and float-quantized.
 """
 from __future__ import annotations
 
@@ -72,7 +72,9 @@ def _scheme(fmt: str, w, acts, at: str) -> ModuleScheme:
     if strategy == "block" and not (isinstance(block, list) and len(block) == 2
                                     and all(type(b) is int and b >= 1 for b in block)):
         raise CheckpointError(f"{at}: block strategy needs block_structure [rows, cols], got {block!r:.40}")
-    actorder = w.get("actorder") not in (None, False, "static")
+    # actorder "group" (compressed-tensors before 0.20) stores weight_g_idx; "weight" reorders only during
+    # calibration and stores nothing.
+    actorder = w.get("actorder") == "group"
     if acts is not None and not isinstance(acts, dict):
         raise CheckpointError(f"{at}: input_activations must be an object or null")
     static = acts is not None and acts.get("dynamic") is False
