@@ -116,6 +116,9 @@ def _plan(model: nn.Module) -> dict[str, object]:
         if not isinstance(w, AffineQuantizedTensor):
             continue
         scheme = ct_scheme(w) if isinstance(module, nn.Linear) else f"a {type(module).__name__} weight (only Linear)"
+        if getattr(module, "input_permutation", None) is not None:  # Note [Act-order weights], hub_import.py
+            scheme = ("an act-order weight stored with permuted in_features (compressed-tensors >= 0.20 has no "
+                      "g_idx to undo it)")
         if isinstance(scheme, str):
             refused.append(f"{name}.weight ({w.qdtype.name}, block_size {w.block_size}, zero point "
                            f"{w.zero_point_domain.value}, {w.qlayout!r}): {scheme}")
@@ -177,16 +180,20 @@ def _quantization_config(model: nn.Module, plan: dict) -> dict:
 
 
 def run_compressed_tensors_export(source, out) -> int:
-    """``python -m torchqkit export SOURCE --compressed-tensors DIR``: load a torchqkit checkpoint directory
-    (``save_pretrained``'s) and write it as compressed-tensors; prints the per-tensor report. Returns 0, or 1 with
-    the reason on stderr when a weight has no exact form or the source can't be read."""
+    """``python -m torchqkit export SOURCE --compressed-tensors DIR``: load a checkpoint directory with
+    ``torchqkit.from_pretrained`` and write it as compressed-tensors, printing what each tensor became. Returns 0;
+    1 (reason on stderr, nothing written) when a weight has no exact form; 2 when the source can't be read."""
     import sys
     from ..hf import from_pretrained
     from ..serialization.safetensors_file import CheckpointError
     try:
         model = from_pretrained(source)
+    except (CheckpointError, ValueError, OSError) as e:
+        print(f"torchqkit export: can't read {source}: {e}", file=sys.stderr)
+        return 2
+    try:
         print(save_compressed_tensors(model, out))
-    except (CheckpointError, ValueError, TypeError, OSError) as e:
+    except ValueError as e:
         print(f"torchqkit export: {e}", file=sys.stderr)
         return 1
     return 0
