@@ -29,12 +29,13 @@ __all__ = ["save_compressed_tensors", "CompressedTensorsExport", "run_compressed
 
 @dataclass
 class CompressedTensorsExport:
-    """What ``save_compressed_tensors`` wrote: the files, and one line per tensor.
+    """What ``save_compressed_tensors`` wrote: the files, and one line per tensor (``print`` shows them as a table).
 
-    Attributes:
-        files (list[Path]): config.json and model.safetensors.
-        tensors (list[tuple[str, str]]): (tensor name, what was written), e.g. ``("model.layers.0.mlp.up_proj",
-            "pack-quantized int4 group 128 asymmetric, exact")``; float tensors as ``"float32, as stored"``.
+    Args:
+        files (list[Path]): config.json and model.safetensors; default empty.
+        tensors (list[tuple[str, str]]): (tensor name, what was written), e.g.
+            ``("model.layers.0.mlp.up_proj.weight_packed", "pack-quantized int4 group 128 asymmetric, exact")``;
+            float tensors as ``"torch.float32, as stored"``; default empty.
 
     Example:
         ```python
