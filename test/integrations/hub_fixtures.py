@@ -36,16 +36,16 @@ def quantized_linears(model):
     return {n: m for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in LINEARS}
 
 
-def _or_words(fields: np.ndarray) -> np.ndarray:
-    """(..., 8) 4-bit fields -> (...) int32 words, field j at bits 4 j."""
+def _or_words(fields: np.ndarray, bits: int = 4) -> np.ndarray:
+    """(..., 32 / bits) fields -> (...) int32 words, field j at bits bits * j."""
     word = np.zeros(fields.shape[:-1], dtype=np.uint32)
-    for j in range(8):
-        word |= fields[..., j].astype(np.uint32) << np.uint32(4 * j)
+    for j in range(32 // bits):
+        word |= fields[..., j].astype(np.uint32) << np.uint32(bits * j)
     return word.view(np.int32)
 
 
-def rtn_groups(w: torch.Tensor, g_idx: torch.Tensor, groups: int):
-    """Asymmetric 4-bit RTN codes (N, K) uint8, scales (G, N) float16, zeros (G, N) of a float weight whose input k
+def rtn_groups(w: torch.Tensor, g_idx: torch.Tensor, groups: int, bits: int = 4):
+    """Asymmetric b-bit RTN codes (N, K) uint8, scales (G, N) float16, zeros (G, N) of a float weight whose input k
     belongs to group g_idx[k]."""
     n, k = w.shape
     scales = torch.empty(groups, n, dtype=torch.float16)
@@ -55,31 +55,34 @@ def rtn_groups(w: torch.Tensor, g_idx: torch.Tensor, groups: int):
         cols = (g_idx == gi).nonzero().flatten()
         lo = w[:, cols].min(dim=1).values.clamp(max=0)
         hi = w[:, cols].max(dim=1).values.clamp(min=0)
-        s = ((hi - lo) / 15).clamp(min=1e-6).half()
-        z = torch.round(-lo / s.float()).clamp(0, 15).long()
+        top = 2 ** bits - 1
+        s = ((hi - lo) / top).clamp(min=1e-6).half()
+        z = torch.round(-lo / s.float()).clamp(0, top).long()
         scales[gi], zeros[gi] = s, z
-        codes[:, cols] = (torch.round(w[:, cols] / s.float()[:, None]) + z[:, None]).clamp(0, 15).long()
+        codes[:, cols] = (torch.round(w[:, cols] / s.float()[:, None]) + z[:, None]).clamp(0, top).long()
     return codes.to(torch.uint8), scales, zeros
 
 
-def gptq_tensors(codes, scales, zeros, g_idx, checkpoint_format="gptq"):
+def gptq_tensors(codes, scales, zeros, g_idx, checkpoint_format="gptq", bits=4):
     n, k = codes.shape
-    qweight = _or_words(codes.t().numpy().reshape(k // 8, 8, n).transpose(0, 2, 1))
-    stored = (zeros - 1) & 15 if checkpoint_format == "gptq" else zeros
-    qzeros = _or_words(stored.numpy().reshape(zeros.shape[0], n // 8, 8))
+    f = 32 // bits
+    qweight = _or_words(codes.t().numpy().reshape(k // f, f, n).transpose(0, 2, 1), bits)
+    stored = (zeros - 1) & (2 ** bits - 1) if checkpoint_format == "gptq" else zeros
+    qzeros = _or_words(stored.numpy().reshape(zeros.shape[0], n // f, f), bits)
     return {"qweight": torch.from_numpy(qweight.copy()), "qzeros": torch.from_numpy(qzeros.copy()),
             "scales": scales.clone(), "g_idx": g_idx.to(torch.int32)}
 
 
-def gptq_reference(t, checkpoint_format="gptq") -> torch.Tensor:
+def gptq_reference(t, checkpoint_format="gptq", bits=4) -> torch.Tensor:
     """AutoGPTQ's dequantization: (N, K) float16."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    weight = (t["qweight"].unsqueeze(1) >> shifts.view(1, -1, 1)) & 15          # (K/8, 8, N)
+    mask = 2 ** bits - 1
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    weight = (t["qweight"].unsqueeze(1) >> shifts.view(1, -1, 1)) & mask        # (K/f, f, N)
     weight = weight.reshape(-1, weight.shape[-1])                                # (K, N)
-    zeros = (t["qzeros"].unsqueeze(2) >> shifts.view(1, 1, -1)) & 15             # (G, N/8, 8)
+    zeros = (t["qzeros"].unsqueeze(2) >> shifts.view(1, 1, -1)) & mask           # (G, N/f, f)
     zeros = zeros.reshape(zeros.shape[0], -1)
     if checkpoint_format == "gptq":
-        zeros = (zeros + 1) & 15
+        zeros = (zeros + 1) & mask
     g = t["g_idx"].long()
     return (t["scales"][g] * (weight - zeros[g]).to(torch.float16)).t().contiguous()
 
@@ -129,7 +132,7 @@ def reference_model(model, weights: dict[str, torch.Tensor]):
     return ref
 
 
-def gptq_checkpoint(directory: Path, *, act_order=False, checkpoint_format="gptq", group=32, seed=0):
+def gptq_checkpoint(directory: Path, *, act_order=False, checkpoint_format="gptq", group=32, seed=0, bits=4):
     """A GPTQ checkpoint of tiny_llama(seed); returns (directory, float model, reference weights by module)."""
     model = tiny_llama(seed)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -139,10 +142,10 @@ def gptq_checkpoint(directory: Path, *, act_order=False, checkpoint_format="gptq
         g_idx = torch.arange(k) // group
         if act_order:  # act-order: group i holds the inputs a permutation puts at positions i g .. i g + g - 1
             g_idx = g_idx[torch.argsort(torch.randperm(k, generator=gen))]
-        codes, scales, zeros = rtn_groups(m.weight.detach(), g_idx, k // group)
-        linear[name] = gptq_tensors(codes, scales, zeros, g_idx, checkpoint_format)
-        ref[name] = gptq_reference(linear[name], checkpoint_format)
-    qc = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": act_order, "sym": False,
+        codes, scales, zeros = rtn_groups(m.weight.detach(), g_idx, k // group, bits)
+        linear[name] = gptq_tensors(codes, scales, zeros, g_idx, checkpoint_format, bits)
+        ref[name] = gptq_reference(linear[name], checkpoint_format, bits)
+    qc = {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": act_order, "sym": False,
           "checkpoint_format": checkpoint_format}
     return write_checkpoint(directory, model, qc, linear), model, ref, linear
 
