@@ -239,6 +239,8 @@ def _config(d):
     ("format", r"config\.json: quantization_config: config_groups\.group_0: format 'nvfp4-pack-quantized' is not one "
                r"torchqkit imports"),
     ("missing", r"tensor model\.layers\.1\.mlp\.down_proj\.weight_scale is missing"),
+    ("transform", r"config\.json: quantization_config: transform_config describes transforms \(rotations\), which "
+                  r"torchqkit does not import"),
 ])
 def test_hostile_compressed_tensors_refused(tmp_path, case, message):
     d, _, _ = _ct_checkpoint(tmp_path, num_bits=4, type="int", symmetric=False, strategy="group", group_size=32)
@@ -254,6 +256,8 @@ def test_hostile_compressed_tensors_refused(tmp_path, case, message):
         config["quantization_config"]["format"] = "nvfp4-pack-quantized"
     elif case == "missing":
         t.pop("model.layers.1.mlp.down_proj.weight_scale")
+    elif case == "transform":  # a rotated model: its weights alone don't give its outputs
+        config["quantization_config"]["transform_config"] = {"config_groups": {"u": {"type": "hadamard"}}}
     save_file(t, str(d / "model.safetensors"))
     (d / "config.json").write_text(json.dumps(config))
     with pytest.raises(qk.CheckpointError, match=message):

@@ -30,11 +30,19 @@ def compressed_tensors_format(qc: dict, where: str) -> HubFormat:
     if not isinstance(groups, dict) or not groups:
         raise CheckpointError(f"{where}: config_groups must be a non-empty object")
     top = qc.get("format", "dense")
+    # What would change the model's outputs beyond its weights: never dropped silently.
+    for key, what in (("transform_config", "transforms (rotations)"), ("sparsity_config", "sparsity compression"),
+                      ("kv_cache_scheme", "KV cache quantization")):
+        if qc.get(key):
+            raise CheckpointError(f"{where}: {key} describes {what}, which torchqkit does not import; load it with "
+                                  f"transformers and the compressed-tensors package")
     schemes = []
     for gname, group in groups.items():
         at = f"{where}: config_groups.{gname}"
         if not isinstance(group, dict):
             raise CheckpointError(f"{at}: must be an object")
+        if group.get("output_activations"):
+            raise CheckpointError(f"{at}: output_activations quantization is not imported by torchqkit")
         fmt = group.get("format") or top
         if fmt not in _FORMATS:
             raise CheckpointError(f"{at}: format {fmt!r:.60} is not one torchqkit imports ({', '.join(_FORMATS)}); "
