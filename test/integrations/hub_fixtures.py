@@ -91,8 +91,8 @@ def awq_tensors(codes, scales, zeros):
     n, k = codes.shape
     interleaved = codes.t().numpy().reshape(k, n // 8, 8)[..., ORDER]
     zi = zeros.numpy().reshape(zeros.shape[0], n // 8, 8)[..., ORDER]
-    return {"qweight": torch.from_numpy(_or_words(interleaved).copy()), "qzeros": torch.from_numpy(_or_words(zi).copy()),
-            "scales": scales.clone()}
+    return {"qweight": torch.from_numpy(_or_words(interleaved).copy()),
+            "qzeros": torch.from_numpy(_or_words(zi).copy()), "scales": scales.clone()}
 
 
 def awq_reference(t, group: int) -> torch.Tensor:

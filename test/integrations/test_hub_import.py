@@ -49,7 +49,8 @@ def test_gptq_bit_exact_in_packed_intx(tmp_path, checkpoint_format):
     assert (w.qdtype.name, w.block_size) == ("uint4", (1, 32))
     entry = loaded.torchqkit_report["model.layers.0.self_attn.q_proj"]
     assert entry.status == "quantized" and entry.config.startswith("gptq uint4 g32")
-    assert loaded.lm_head.weight.dtype == torch.float16 and not isinstance(loaded.lm_head.weight, qk.AffineQuantizedTensor)
+    lm_head = loaded.lm_head.weight
+    assert lm_head.dtype == torch.float16 and not isinstance(lm_head, qk.AffineQuantizedTensor)
 
 
 @pytest.mark.parametrize("bits, layout", [(2, qk.PackedIntxLayout), (8, qk.PlainLayout)])

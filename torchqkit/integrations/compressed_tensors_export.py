@@ -16,7 +16,6 @@ import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from ..files.atomic_write import atomic_write_bytes, fsync_directory, replace_temp
@@ -73,8 +72,8 @@ def save_compressed_tensors(model: nn.Module, directory) -> CompressedTensorsExp
     Raises:
         TypeError: ``model`` is not a transformers ``PreTrainedModel``.
         ValueError: a quantized weight has no exact compressed-tensors form (one message names every such weight,
-            its format and layout, and the configs that map), or the model has no quantized weight. Nothing is
-            written then.
+            its format and layout, and the configs that map), the model has no quantized weight, or ``directory``
+            holds a sharded checkpoint's index. Nothing is written then.
 
     Example:
         ```python
@@ -88,6 +87,10 @@ def save_compressed_tensors(model: nn.Module, directory) -> CompressedTensorsExp
         raise TypeError(f"save_compressed_tensors takes a transformers PreTrainedModel, got {type(model).__name__}")
     plan = _plan(model)  # every check before anything is written
     directory = Path(directory)
+    stale = directory / "model.safetensors.index.json"
+    if stale.exists():  # a loader would find two checkpoints; deleting another save's shards is not ours to do
+        raise ValueError(f"save_compressed_tensors: {stale} exists (a sharded checkpoint): remove it and its shards, "
+                         f"or write to another directory; nothing was written")
     directory.mkdir(parents=True, exist_ok=True)
     export = CompressedTensorsExport()
     writer = SafetensorsWriter(directory / "model.safetensors")

@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 
 from ..core.qdtype import INT, float8_e4m3fn, int8
+from ..serialization.safetensors_file import CheckpointError
 from .hub_formats import (DecodedWeight, HubFormat, ModuleScheme, TensorProblem, act_spec, check_g_idx,
                           module_matcher, unsigned_codes)
 from .int32_packing import PACKED_BITS
-from ..serialization.safetensors_file import CheckpointError
 
 __all__ = ["compressed_tensors_format"]
 
@@ -99,7 +99,8 @@ class _Layout:
         self.symmetric, self.actorder, self.static = symmetric, actorder, static
 
     def block_size(self, n: int, k: int) -> tuple[int, int]:
-        return {"channel": (1, k), "group": (1, self.group), "tensor": (n, k)}.get(self.strategy, tuple(self.block or ()))
+        sizes = {"channel": (1, k), "group": (1, self.group), "tensor": (n, k)}
+        return sizes.get(self.strategy, tuple(self.block or ()))
 
     def scale_shape(self, n: int, k: int) -> tuple[int, int]:
         bn, bk = self.block_size(n, k)

@@ -55,7 +55,8 @@ def ct_scheme(w) -> CTScheme | str:
     """The exact compressed-tensors scheme of quantized weight ``w`` (an AffineQuantizedTensor), or why there is
     none."""
     if w.transposed or len(w.logical_shape) != 2:
-        return f"a {'transposed' if w.transposed else f'{len(w.logical_shape)}-d'} weight (compressed-tensors stores (N, K))"
+        kind = "transposed" if w.transposed else f"{len(w.logical_shape)}-d"
+        return f"a {kind} weight (compressed-tensors stores (N, K))"
     if w.input_scale is not None:
         return "it carries a per-input-feature scale (AWQ / SmoothQuant input_scale) that compressed-tensors can't hold"
     acts = _activation_args(w.act_quant)

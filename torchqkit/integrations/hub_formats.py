@@ -25,14 +25,14 @@ from typing import Callable, NamedTuple
 import torch
 
 from ..core.granularity import PerTensor, PerToken
-from ..core.primitives import MappingType, ZeroPointDomain
-from ..core.qdtype import INT, UINT, float8_e4m3fn, int8
+from ..core.primitives import MappingType
+from ..core.qdtype import UINT, float8_e4m3fn, int8
 from ..serialization.safetensors_file import CheckpointError
 from ..tensor.activation import ActivationQuantSpec
 from .int32_packing import PACKED_BITS, awq_deinterleave, stream_padding_is_zero, unpack_int32
 
-__all__ = ["DecodedWeight", "HubFormat", "ModuleScheme", "TensorProblem", "act_spec", "module_matcher", "unsigned_codes",
-           "check_g_idx", "parse_hub_format", "HUB_QUANT_METHODS"]
+__all__ = ["DecodedWeight", "HubFormat", "ModuleScheme", "TensorProblem", "act_spec", "module_matcher",
+           "unsigned_codes", "check_g_idx", "parse_hub_format", "HUB_QUANT_METHODS"]
 
 HUB_QUANT_METHODS = ("gptq", "awq", "compressed-tensors")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
@@ -122,7 +122,8 @@ def _where_qweight(scheme: ModuleScheme):
 def unsigned_codes(packed: torch.Tensor, bits: int, cols: int, where: str) -> torch.Tensor:
     if not stream_padding_is_zero(packed, bits, cols):
         raise TensorProblem(where, f"bits past the last {bits}-bit code of a row are set: the words were not packed as "
-                          f"{bits}-bit codes of {cols} columns (the checkpoint's bits or shape disagree with the config)")
+                          f"{bits}-bit codes of {cols} columns (the checkpoint's bits or shape disagree with the "
+                          f"config)")
     return unpack_int32(packed, bits, cols)
 
 

@@ -190,8 +190,9 @@ def _decode_all(plan, store: _Store, progress, what: str):
             raise CheckpointError(f"{store.where(full)}: Linear {name} ({', '.join(tensors)}): {e}") from None
         weights[name] = (weight, perm)
         stored_bytes = sum(v.numel() * v.element_size() for v in t.values())
-        after = weight.packed_nbytes() if isinstance(weight, AffineQuantizedTensor) else weight.numel() * weight.element_size()
-        status = "quantized" if isinstance(weight, AffineQuantizedTensor) else "kept"
+        quantized = isinstance(weight, AffineQuantizedTensor)
+        after = weight.packed_nbytes() if quantized else weight.numel() * weight.element_size()
+        status = "quantized" if quantized else "kept"
         entries.append(LayerReport(name, status, f"{decoded.what} -> {_describe(weight)}", note, stored_bytes, after))
     bar.update(len(plan))
     bar.close()
