@@ -262,3 +262,42 @@ def test_hostile_compressed_tensors_refused(tmp_path, case, message):
     (d / "config.json").write_text(json.dumps(config))
     with pytest.raises(qk.CheckpointError, match=message):
         qk.from_pretrained(d)
+
+
+def test_compressed_tensors_actorder_group_weight_g_idx(tmp_path):
+    """compressed-tensors before 0.20 wrote GPTQ's act-order as actorder "group" plus ``weight_g_idx`` (the group
+    of each input, weights in their own order): w[n, k] = (q[n, k] - z[n, g_idx[k]]) s[n, g_idx[k]]."""
+    ct = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
+    from .hub_fixtures import rtn_groups
+    model = tiny_llama()
+    gen = torch.Generator().manual_seed(3)
+    tensors = {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[0] not in quantized_linears(model)}
+    ref = {}
+    for name, m in quantized_linears(model).items():
+        n, k = m.weight.shape
+        g_idx = (torch.arange(k) // 32)[torch.randperm(k, generator=gen)]
+        codes, scales, zeros = rtn_groups(m.weight.detach(), g_idx, k // 32)
+        signed, zp = (codes.to(torch.int16) - 8).to(torch.int8), (zeros.t() - 8).to(torch.int8)
+        tensors.update({f"{name}.weight_packed": ct.pack_to_int32(signed, 4),
+                        f"{name}.weight_zero_point": ct.pack_to_int32(zp, 4, packed_dim=0).contiguous(),
+                        f"{name}.weight_scale": scales.t().contiguous(), f"{name}.weight_shape": torch.tensor([n, k]),
+                        f"{name}.weight_g_idx": g_idx.to(torch.int32)})
+        ref[name] = (scales.t()[:, g_idx] * (codes.to(torch.int16) - zeros.t()[:, g_idx]).to(torch.float16))
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    weights = {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": 32,
+               "actorder": "group", "dynamic": False}
+    config = model.config.to_dict()
+    config.update(architectures=["LlamaForCausalLM"], quantization_config={
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}, "ignore": ["lm_head"]})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = qk.from_pretrained(tmp_path)
+    for name, expected in ref.items():
+        m = loaded.get_submodule(name)
+        assert torch.equal(m.weight.dequantize()[:, torch.argsort(m.input_permutation)], expected), name
+    t = load_file(tmp_path / "model.safetensors")
+    t["model.layers.0.self_attn.o_proj.weight_g_idx"][7] = -1
+    save_file(t, str(tmp_path / "model.safetensors"))
+    with pytest.raises(qk.CheckpointError, match=r"model\.safetensors: tensor model\.layers\.0\.self_attn\.o_proj\."
+                                                  r"weight_g_idx: group indices must be in \[0, 2\)"):
+        qk.from_pretrained(tmp_path)
