@@ -32,11 +32,12 @@ EXPORTABLE = {
     "int8_weight_only": (lambda: qk.Int8WeightOnlyConfig(), "pack-quantized"),
     "w8a8_int": (lambda: qk.Int8DynamicActivationInt8WeightConfig(), "int-quantized"),
     "w8a8_fp8": (lambda: qk.Float8DynamicActivationFloat8WeightConfig(granularity=qk.PerRow()), "float-quantized"),
+    "mxfp4": (lambda: qk.MXFP4WeightOnlyConfig(), "mxfp4-pack-quantized"),
 }
 
 
-def _quantized(key):
-    model = tiny_llama()
+def _quantized(key, dtype=torch.float32):
+    model = tiny_llama().to(dtype)
     qk.quantize_(model, EXPORTABLE[key][0]())
     return model
 
@@ -82,8 +83,9 @@ def test_export_decompressed_by_compressed_tensors_bit_exact(tmp_path, key):
     for name in group["targets"]:
         local = {k[len(name) + 1:]: v for k, v in stored.items() if k.startswith(name + ".")}
         theirs = compressor.decompress(local, scheme)["weight"]
-        ours = model.get_submodule(name).weight.dequantize()
-        assert theirs.dtype == ours.dtype and torch.equal(theirs, ours), name
+        # compressed-tensors decompresses MXFP4 in bfloat16, everything else in the scale's dtype
+        assert theirs.dtype == (torch.bfloat16 if key == "mxfp4" else torch.float32)
+        assert torch.equal(theirs, model.get_submodule(name).weight.dequantize(theirs.dtype)), name
 
 
 @pytest.mark.parametrize("key", ["int4_g32_asym", "w8a8_int", "w8a8_fp8"])
@@ -96,6 +98,24 @@ def test_export_reimports_with_the_same_weights_and_logits(tmp_path, key):
         assert torch.equal(a.dequantize(), b.dequantize()) and _act(a) == _act(b), name
     with torch.no_grad():
         assert torch.equal(model(IDS).logits, loaded(IDS).logits)
+
+
+def test_mxfp4_export_reimports_the_same_bytes(tmp_path):
+    model = _quantized("mxfp4")
+    qk.save_compressed_tensors(model, tmp_path)
+    loaded = qk.from_pretrained(tmp_path)
+    for name in quantized_linears(model):
+        a, b = model.get_submodule(name).weight, loaded.get_submodule(name).weight
+        assert isinstance(b.qlayout, qk.MXLayout) and b.dtype == torch.bfloat16  # compressed-tensors' dtype for it
+        assert torch.equal(a.qdata, b.qdata) and torch.equal(a.scale, b.scale), name
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, loaded(IDS).logits)
+    t = load_file(tmp_path / "model.safetensors")
+    t["model.layers.1.mlp.up_proj.weight_scale"][2, 1] = 255  # E8M0's NaN
+    save_file(t, str(tmp_path / "model.safetensors"))
+    with pytest.raises(qk.CheckpointError, match=r"model\.safetensors: tensor model\.layers\.1\.mlp\.up_proj\."
+                                                  r"weight_scale: holds E8M0 byte 255 \(NaN\)"):
+        qk.from_pretrained(tmp_path)
 
 
 def _act(w):
@@ -151,7 +171,10 @@ _HF_LOAD = textwrap.dedent("""
 # another summation order, so ~1e-6; with int8 activations their per-token quantizer rounds some activations
 # differently from torchqkit's, so ~1e-3.
 TRANSFORMERS_ATOL = {"int4_g32_sym": 1e-5, "int2_channel": 1e-5, "int8_weight_only": 1e-5, "w8a8_fp8": 1e-5,
-                     "w8a8_int": 5e-3}
+                     "w8a8_int": 5e-3, "mxfp4": 8e-3}
+# transformers decompresses MXFP4 to bfloat16 weights: the model must be bfloat16 too; logits below 1 in
+# bfloat16 differ by up to two ulps (3.9e-3 each).
+MODEL_DTYPE = {"mxfp4": torch.bfloat16}
 
 
 def test_transformers_loads_the_exports_without_torchqkit(tmp_path):
@@ -159,7 +182,7 @@ def test_transformers_loads_the_exports_without_torchqkit(tmp_path):
     5.24 with compressed-tensors 0.20.1 builds unpacked zero points for asymmetric pack-quantized layers and
     refuses the packed ones compressed-tensors' own compressor writes (a size mismatch), whoever wrote the file."""
     pytest.importorskip("compressed_tensors")
-    models = {key: _quantized(key) for key in TRANSFORMERS_ATOL}
+    models = {key: _quantized(key, MODEL_DTYPE.get(key, torch.float32)) for key in TRANSFORMERS_ATOL}
     for key, model in models.items():
         qk.save_compressed_tensors(model, tmp_path / key)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

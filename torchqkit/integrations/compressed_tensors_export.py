@@ -140,6 +140,8 @@ def _plan(model: nn.Module) -> dict[str, object]:
 def _describe(scheme) -> str:
     w = scheme.weights
     text = f"{scheme.format} {w['type']}{w['num_bits']} {w['strategy']}"
+    if scheme.format == "mxfp4-pack-quantized":
+        return text + " 32 (E8M0 scales), exact"
     text += f" {w['group_size']}" if "group_size" in w else ""
     text += "" if w["symmetric"] else " asymmetric"
     a = scheme.input_activations

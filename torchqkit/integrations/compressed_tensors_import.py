@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.qdtype import INT, float8_e4m3fn, int8
+from ..core.qdtype import INT, float8_e4m3fn, fp4_e2m1, int8
 from ..serialization.safetensors_file import CheckpointError
 from .hub_formats import (DecodedWeight, HubFormat, ModuleScheme, TensorProblem, act_spec, check_g_idx,
                           module_matcher, unsigned_codes)
@@ -19,7 +19,7 @@ from .int32_packing import PACKED_BITS
 
 __all__ = ["compressed_tensors_format"]
 
-_FORMATS = ("pack-quantized", "int-quantized", "float-quantized")
+_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "mxfp4-pack-quantized")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _INTS = (torch.int64, torch.int32)
 
@@ -73,6 +73,10 @@ def _scheme(fmt: str, w, acts, at: str) -> ModuleScheme:
                                      or not symmetric):
         raise CheckpointError(f"{at}: float-quantized weights {w!r:.160} are not symmetric float8 per channel, "
                               f"tensor or block")
+    if fmt == "mxfp4-pack-quantized" and (kind != "float" or bits != 4 or strategy != "group"
+                                          or w.get("group_size") != 32 or not symmetric or acts is not None):
+        raise CheckpointError(f"{at}: mxfp4-pack-quantized weights {w!r:.160} (with input_activations "
+                              f"{acts!r:.80}) are not MXFP4 weight-only (fp4, groups of 32), which torchqkit imports")
     group = w.get("group_size")
     if strategy == "group" and (type(group) is not int or group < 1):
         raise CheckpointError(f"{at}: group strategy needs an integer group_size >= 1, got {group!r:.40}")
@@ -110,6 +114,10 @@ class _Layout:
         scale = self.scale_shape(n, k)
         if self.strategy == "tensor":
             scale = [(1,), (1, 1)]  # compressed-tensors writes (1,) for a per-tensor scale
+        if self.fmt == "mxfp4-pack-quantized":  # byte for byte MXLayout's (compressed_tensors_schemes.py)
+            if k % 32:
+                raise CheckpointError(f"a Linear with in_features {k} can't hold MXFP4 blocks of 32")
+            return {"weight_packed": ((n, k // 2), (torch.uint8,)), "weight_scale": ((n, k // 32), (torch.uint8,))}
         if self.fmt == "pack-quantized":
             out = {"weight_packed": ((n, -(-k * self.bits // 32)), (torch.int32,)), "weight_scale": (scale, _FLOATS),
                    "weight_shape": ((2,), _INTS)}
@@ -128,6 +136,15 @@ class _Layout:
 
     def decode(self, t: dict, n: int, k: int, acts, at: str) -> DecodedWeight:
         block = self.block_size(n, k)
+        if self.fmt == "mxfp4-pack-quantized":
+            packed = t["weight_packed"]
+            codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(n, k)  # element 2j: low nibble
+            if bool((t["weight_scale"] == 255).any()):
+                raise TensorProblem("weight_scale", "holds E8M0 byte 255 (NaN): the checkpoint is corrupt")
+            # E8M0 byte e -> 2^(e - 127), exact in float32
+            scale = torch.ldexp(torch.ones(n, k // 32), t["weight_scale"].to(torch.int32) - 127)
+            return DecodedWeight(fp4_e2m1, codes, scale, None, block, None, None,
+                                 "compressed-tensors mxfp4-pack-quantized fp4_e2m1 group 32", torch.bfloat16)
         scale = t["weight_scale"].reshape(self.scale_shape(n, k))
         static = float(t["input_scale"].reshape(-1)[0]) if self.static else None
         act = act_spec(acts, at, static)

@@ -12,6 +12,10 @@ with signed codes q. Three storage formats are mapped here, per module ``m``:
                    ``m.weight_scale`` (N, 1).
   float-quantized  float8 e4m3 weights: ``m.weight`` float8_e4m3fn (N, K), ``m.weight_scale`` float32 (N, 1),
                    (1, 1) or per 2-d block; optional float8 activations, dynamic or with a static ``m.input_scale``.
+  mxfp4-pack-quantized  MXFP4 weight-only: ``m.weight_packed`` uint8 (N, K / 2), ``m.weight_scale`` uint8 E8M0
+                   (N, K / 32): byte for byte MXLayout's ``qdata`` and ``scale`` (Note [MX bit layout] in
+                   layouts/mx.py: element 2j in the low nibble, sign | 2 exponent bits | 1 mantissa bit, scale
+                   2^(e - 127)). compressed-tensors dequantizes it in bfloat16.
 Every mapping is exact: torchqkit's codes and scales are written as they are (unsigned codes with an integer
 zero point shift by 2^(b-1) on both, which changes no difference q - z). What has no exact form (a float-domain
 zero point, as Int4WeightOnlyConfig's; groups that don't divide K; codebooks; an AWQ input scale) is refused.
@@ -24,18 +28,24 @@ import torch
 
 from ..core.granularity import PerRow, PerTensor, PerToken
 from ..core.primitives import MappingType, ZeroPointDomain
-from ..core.qdtype import QKind, float8_e4m3fn, int8
+from ..core.qdtype import QKind, float8_e4m3fn, fp4_e2m1, int8
+from ..layouts.mx import MX_BLOCK, MXLayout
 from .int32_packing import PACKED_BITS, pack_int32
 
 __all__ = ["CTScheme", "ct_scheme", "ct_tensors", "MAPPABLE_CONFIGS"]
 
 PACK_QUANTIZED, INT_QUANTIZED, FLOAT_QUANTIZED = "pack-quantized", "int-quantized", "float-quantized"
+MXFP4_PACK_QUANTIZED = "mxfp4-pack-quantized"
+# compressed-tensors' MXFP4A16 preset: fp4 elements, groups of 32, uint8 (E8M0) scales.
+MXFP4_WEIGHTS = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "group", "group_size": MX_BLOCK,
+                 "dynamic": False, "scale_dtype": "torch.uint8", "zp_dtype": "torch.uint8"}
 
 # What a user can choose instead, named in every refusal.
 MAPPABLE_CONFIGS = ("IntxWeightOnlyConfig(bits=2|4|8, granularity=PerGroup(g) or PerRow(), mapping='symmetric' or "
                     "'asymmetric') -> pack-quantized; Int8WeightOnlyConfig() -> pack-quantized; "
                     "Int8DynamicActivationInt8WeightConfig() -> int-quantized; Float8WeightOnlyConfig() / "
-                    "Float8DynamicActivationFloat8WeightConfig() (float8_e4m3fn) -> float-quantized; or keep the "
+                    "Float8DynamicActivationFloat8WeightConfig() (float8_e4m3fn) -> float-quantized; "
+                    "MXFP4WeightOnlyConfig() -> mxfp4-pack-quantized; or keep the "
                     "module in float (ModuleConfigs({'<name>': None}))")
 
 
@@ -62,6 +72,8 @@ def ct_scheme(w) -> CTScheme | str:
     acts = _activation_args(w.act_quant)
     if isinstance(acts, str):
         return acts
+    if w.qdtype == fp4_e2m1 and isinstance(w.qlayout, MXLayout):
+        return _mxfp4_scheme(w, acts)
     if w.qdtype.kind is QKind.FLOAT8:
         return _float8_scheme(w, acts)
     if w.qdtype.kind is not QKind.INT:
@@ -124,6 +136,14 @@ def _float8_scheme(w, acts) -> CTScheme | str:
     return CTScheme(FLOAT_QUANTIZED, weights, acts)
 
 
+def _mxfp4_scheme(w, acts) -> CTScheme | str:
+    if acts is not None:
+        return "MXFP4 weights with quantized activations (mapped: MXFP4 weight-only)"
+    if w.logical_shape[1] % MX_BLOCK:
+        return f"in_features {w.logical_shape[1]} is not a multiple of {MX_BLOCK} (a partial MX block)"
+    return CTScheme(MXFP4_PACK_QUANTIZED, dict(MXFP4_WEIGHTS), None)
+
+
 def _activation_args(spec) -> dict | None | str:
     """QuantizationArgs of ``spec`` (an ActivationQuantSpec) as JSON, or why compressed-tensors has none."""
     if spec is None:
@@ -149,6 +169,8 @@ def _activation_args(spec) -> dict | None | str:
 def ct_tensors(w, scheme: CTScheme) -> dict[str, torch.Tensor]:
     """The tensors ``scheme`` stores for weight ``w``, by suffix ("weight_packed", "weight_scale", ...), holding
     ``w``'s own codes and scales."""
+    if scheme.format == MXFP4_PACK_QUANTIZED:  # the same bytes (module docstring)
+        return {"weight_packed": w.qdata.contiguous(), "weight_scale": w.scale.contiguous()}
     parts = w.qlayout.unpack(w)
     n, k = w.logical_shape
     scale = parts.scale.reshape(-1, 1) if scheme.weights["strategy"] == "channel" else parts.scale

@@ -49,6 +49,7 @@ class DecodedWeight(NamedTuple):
     g_idx: torch.Tensor | None
     act_quant: ActivationQuantSpec | None
     what: str
+    dtype: torch.dtype | None = None  # what dequantize() returns; None: the scale's dtype
 
 
 class ModuleScheme(NamedTuple):

@@ -4,7 +4,8 @@
 these methods. The model skeleton is built on the meta device (as torchqkit.from_pretrained builds it), every
 quantized Linear's tensors are decoded by its format (hub_formats.py, compressed_tensors_import.py) into codes,
 scales and zero points that are packed into a torchqkit layout as they are: 2 / 4-bit codes into
-``PackedIntxLayout`` (torchqkit's CPU intx kernel), int8 into ``PlainLayout``, float8 into ``Float8Layout``. Every
+``PackedIntxLayout`` (torchqkit's CPU intx kernel), int8 into ``PlainLayout``, float8 into ``Float8Layout``, MXFP4
+into ``MXLayout``. Every
 other tensor is loaded as stored. ``model.torchqkit_report`` says what each Linear became.
 
 Note [Act-order weights]
@@ -29,10 +30,11 @@ from torch import nn
 from ..api.quantize import patch_extra_repr
 from ..api.report import LayerReport, QuantizationReport
 from ..core.primitives import ZeroPointDomain
-from ..core.qdtype import QKind
+from ..core.qdtype import QKind, fp4_e2m1
 from ..hf import CHECKPOINT_IMPORTERS, materialize_non_persistent_buffers, read_config_json
 from ..layouts.base import PlainParts, WeightFormat
 from ..layouts.float8 import Float8Layout
+from ..layouts.mx import MXLayout
 from ..layouts.packed_intx import PackedIntxLayout
 from ..layouts.plain import PlainLayout
 from ..progress import ProgressLine, progress_enabled
@@ -208,7 +210,7 @@ def _describe(weight) -> str:
 def build_weight(d: DecodedWeight, n: int, k: int):
     """(weight, input permutation or None, note): the AffineQuantizedTensor holding ``d``'s codes and scales, or
     for act-order groups of unequal sizes the exact float weight (Note [Act-order weights])."""
-    orig_dtype = d.scale.dtype
+    orig_dtype = d.dtype or d.scale.dtype
     codes, perm, note = d.codes, None, ""
     if d.g_idx is not None:
         g = d.block_size[1]
@@ -224,6 +226,8 @@ def build_weight(d: DecodedWeight, n: int, k: int):
     zpd = ZeroPointDomain.NONE if d.zero_point is None else ZeroPointDomain.INT
     if d.qdtype.kind is QKind.FLOAT8:
         layout = Float8Layout()
+    elif d.qdtype is fp4_e2m1:
+        layout = MXLayout()
     else:
         layout = PlainLayout() if d.qdtype.bits >= 8 else PackedIntxLayout()
     wfmt = WeightFormat.of(d.qdtype, d.block_size, (n, k), zpd)
