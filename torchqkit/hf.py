@@ -128,12 +128,14 @@ def from_pretrained(directory, *, progress: bool | None = None) -> nn.Module:
     its ``quantization_config`` are validated the same way transformers' loader (through the torchqkit quantizer)
     validates them. A checkpoint whose quant_method is ``"gptq"``, ``"awq"`` or ``"compressed-tensors"`` (a Hub
     model quantized by AutoGPTQ / GPTQModel, AutoAWQ or llm-compressor) is imported instead: each quantized
-    Linear's codes and scales go into a torchqkit layout as they are (int4 into ``PackedIntxLayout``, int8 into
-    ``PlainLayout``, float8 into ``Float8Layout``), dequantizing bit for bit as the format defines, and the model
-    gets a ``torchqkit_report`` saying what each Linear became (act-order GPTQ weights: see the report).
+    Linear's codes and scales go into a torchqkit layout as they are (2 / 4-bit into ``PackedIntxLayout``, int8
+    into ``PlainLayout``, float8 into ``Float8Layout``, MXFP4 into ``MXLayout``), dequantizing bit for bit as the
+    format defines, and the model gets a ``torchqkit_report`` saying what each Linear became (act-order GPTQ
+    weights: see the report).
 
     Args:
-        directory (str | os.PathLike): the directory ``save_pretrained`` wrote (config.json and model.safetensors).
+        directory (str | os.PathLike): the directory ``save_pretrained`` wrote, or a GPTQ / AWQ /
+            compressed-tensors checkpoint directory (config.json and model.safetensors or its shard index).
         progress (bool | None): a progress line on stderr, one step per tensor; default None: shown when
             stderr is a terminal.
 

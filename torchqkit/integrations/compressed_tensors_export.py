@@ -58,7 +58,8 @@ def save_compressed_tensors(model: nn.Module, directory) -> CompressedTensorsExp
 
     int 2 / 4 / 8-bit weight-only weights with integer zero points (or none), per channel or per group, become
     ``pack-quantized``; int8 weights with int8 dynamic per-token activations ``int-quantized``; float8_e4m3fn
-    weights (with or without float8 activations) ``float-quantized``. Other tensors are written as they are.
+    weights (with or without float8 activations) ``float-quantized``; MXFP4 weight-only ``mxfp4-pack-quantized``.
+    Other tensors are written as they are.
 
     Args:
         model (transformers.PreTrainedModel): the model, quantized with ``quantize_`` (a ``torch.compile``-wrapped
