@@ -149,3 +149,26 @@ def test_quantized_linears_of_the_fixture_are_all_imported(tmp_path):
     loaded = qk.from_pretrained(d)
     names = set(quantized_linears(model))
     assert {e.fqn for e in loaded.torchqkit_report.quantized} == names
+
+
+def test_sharded_checkpoint_and_report(tmp_path):
+    """Hub checkpoints come in shards with a model.safetensors.index.json; the index must agree with the shards."""
+    d, model, ref, _ = gptq_checkpoint(tmp_path)
+    tensors = load_file(d / "model.safetensors")
+    (d / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for f, part in shards.items():
+        save_file({n: tensors[n] for n in part}, str(d / f))
+    index = {"metadata": {}, "weight_map": {n: f for f, part in shards.items() for n in part}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    loaded = _check_weights_and_logits(d, model, ref)
+    text = str(loaded.torchqkit_report)
+    assert "model.layers.1.mlp.down_proj" in text and "gptq uint4 g32 -> uint4 block (1, 32)" in text
+    moved = names[0]
+    index["weight_map"][moved] = "model-00002-of-00002.safetensors"  # the index points at the wrong shard
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(qk.CheckpointError, match=rf"the index puts tensor {moved} in "
+                                                  rf"model-00002-of-00002\.safetensors, which doesn't hold it"):
+        qk.from_pretrained(d)

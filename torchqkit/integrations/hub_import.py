@@ -53,9 +53,15 @@ class _Store:
 
     def __init__(self, directory: Path):
         path = resolve_checkpoint_path(directory)
+        self.readers = {}
         if path.name.endswith(".index.json"):
             files, weight_map, _ = read_index(path)
-            self.readers = {f: SafetensorsReader(path.parent / f) for f in files}
+            try:
+                for f in files:
+                    self.readers[f] = SafetensorsReader(path.parent / f)
+            except CheckpointError:
+                self.close()  # the shards opened so far
+                raise
             self.file_of = {}
             for name, f in weight_map.items():
                 if name not in self.readers[f].entries:
