@@ -219,7 +219,11 @@ setup(
         "bench": ["matplotlib"],  # python -m benchmarks plot only; torchqkit itself never imports it
         # triton: kernels under TRITON_INTERPRET=1; DOCS: test_docs_site.py builds the documentation site;
         # matplotlib: the benchmark runner's plot test
-        "test": ["pytest", "expecttest", "triton==3.9.0", "matplotlib"] + DEMO + GGUF + DOCS,
+        # compressed-tensors: pure Python (py3-none-any), installs in seconds and accepts the installed torch; the
+        # compressed-tensors tests cross-check the export with its packer and decompressor and load it in transformers
+        # with it. Pinned: its packing of 3/5/6/7-bit codes changed in 0.20 (torchqkit serves 2/4/8 bits, equal in both).
+        "test": ["pytest", "expecttest", "triton==3.9.0", "matplotlib", "compressed-tensors==0.20.1"] + DEMO + GGUF
+                + DOCS,
     },
     entry_points={"console_scripts": ["torchqkit=torchqkit.cli:main"]},
     ext_modules=EXT_MODULES,
