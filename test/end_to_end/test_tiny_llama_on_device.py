@@ -8,8 +8,8 @@ Linear dequantizes its weight, fake-quantizes its activation where the config sa
 definition the kernels implement), as the error's norm relative to the logits' norm. Weight-only kernels differ
 from it only in float rounding: 1e-4 in float32 (measured ~1e-6), 2e-2 in bfloat16. With dynamic float8 activations
 a last-bit difference in one layer's output can move an activation across a float8 rounding boundary in the next
-(one e4m3 step, 2^-3 relative, on that element): 2e-2 (measured 7e-3 on CPU; quantization itself costs 0.14), 3e-2
-in bfloat16. torch.compile must give the eager logits (Inductor on a GPU; on CPU the aot_eager backend, which traces
+(one e4m3 step, 2^-3 relative, on that element): 2e-2 (7e-3 measured with the GPU's unit-scale product form run on
+CPU; 0 with the CPU's own form; quantization itself costs 0.14), 3e-2 in bfloat16. torch.compile must give the eager logits (Inductor on a GPU; on CPU the aot_eager backend, which traces
 the same graph without Inductor's C++ compile, ~15 s per config here; Inductor on CPU is tested in
 test/reliability/test_compile_strided_inputs.py).
 """

@@ -64,6 +64,6 @@ def _in_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def scaled_mm_on_tensor_cores(a: Float8Operand, b: Float8Operand, out_dtype: torch.dtype) -> torch.Tensor:
-    """``torch._scaled_mm`` in the forms its kernels take (Note [torch._scaled_mm's contract] in
+    """``torch._scaled_mm`` in the forms its GPU kernels take (Note [torch._scaled_mm's contract] in
     kernels/aten_scaled_mm.py): the weight gradient's inner dim is the token count, any number."""
-    return aten_scaled_mm.scaled_mm(a.codes, a.scale, b.codes, b.scale, out_dtype)
+    return aten_scaled_mm.scaled_mm(a.codes, a.scale, b.codes, b.scale, out_dtype, gpu_forms=True)
