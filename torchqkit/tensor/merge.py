@@ -34,11 +34,11 @@ def add_into_(weight: AffineQuantizedTensor, update, alpha=1, op: str = "add_") 
         raise TypeError(f"{where}: the update is quantized too; add a float tensor (e.g. update.dequantize())")
     if isinstance(update, torch.Tensor) and not update.dtype.is_floating_point:
         raise TypeError(f"{where}: the update has dtype {update.dtype}; a float update is needed")
+    if isinstance(update, torch.Tensor) and not _broadcasts_to(update.shape, weight.shape):
+        raise ValueError(f"{where}: an update of shape {tuple(update.shape)} doesn't fit the weight's shape "
+                         f"{tuple(weight.shape)}")
     merged = weight.dequantize(torch.float32) + alpha * (update.float() if isinstance(update, torch.Tensor)
                                                          else update)
-    if tuple(merged.shape) != tuple(weight.shape):
-        raise ValueError(f"{where}: an update of shape {tuple(update.shape)} would change the weight's shape "
-                         f"{tuple(weight.shape)}")
     if weight.transposed:
         merged = merged.t()
     if weight.input_scale is not None:  # the codes hold w / input_scale (Note [Input scale])
@@ -76,6 +76,13 @@ def _quantize_like(weight: AffineQuantizedTensor, w: torch.Tensor, where: str) -
     if problem is not None:
         raise ValueError(f"{where}: the merged weight can't be stored: {problem}")
     return layout.pack(parts, fmt)  # the layout's tensors only: an input_scale stays as it is
+
+
+def _broadcasts_to(shape, target) -> bool:
+    try:
+        return tuple(torch.broadcast_shapes(shape, target)) == tuple(target)
+    except RuntimeError:
+        return False
 
 
 def _describe(t) -> str:
