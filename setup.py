@@ -252,8 +252,10 @@ setup(
         "docs": DOCS,
         "bench": ["matplotlib"],  # python -m benchmarks plot only; torchqkit itself never imports it
         # triton: kernels under TRITON_INTERPRET=1; DOCS: test_docs_site.py builds the documentation site;
-        # matplotlib: the benchmark runner's plot test
-        "test": ["pytest", "expecttest", "triton==3.9.0", "matplotlib"] + DEMO + GGUF + DOCS,
+        # matplotlib: the benchmark runner's plot test; peft: LoRA on quantized weights (test_peft_lora.py), pure
+        # Python, its dependencies are already here (accelerate, transformers), it installs in seconds and
+        # leaves torch as it is
+        "test": ["pytest", "expecttest", "triton==3.9.0", "matplotlib", "peft"] + DEMO + GGUF + DOCS,
     },
     entry_points={"console_scripts": ["torchqkit=torchqkit.cli:main"]},
     ext_modules=EXT_MODULES,
