@@ -94,6 +94,10 @@ def test_lora_trains_saves_reloads_and_merges(name, tmp_path):
     # of every merged weight to the same grid).
     quantization_error = (unmerged - float_logits).abs().max()
     assert (merged_logits - unmerged).abs().max() <= quantization_error
+    merged.save_pretrained(tmp_path / "merged")  # a torchqkit checkpoint of the merged weights
+    with torch.no_grad():
+        assert torch.equal(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged")(IDS).logits,
+                           merged_logits)
 
 
 def test_merge_refusals_leave_the_weight_unchanged():
