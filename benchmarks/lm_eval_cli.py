@@ -93,8 +93,8 @@ def run_lm_eval(lm_eval: str, model_args: str, env: dict, out: Path, batch_size:
     shown = " ".join(f"{k}={v}" for k, v in env.items()) + (" " if env else "") + " ".join(
         ["lm_eval", *cmd[1:]])
     if proc.returncode != 0:
-        return {"command": shown, "returncode": proc.returncode, "error": proc.stderr[-1500:], "metrics": None,
-                "samples": []}
+        return {"command": shown, "returncode": proc.returncode, "error": proc.stderr.strip().splitlines()[-1],
+                "metrics": None, "samples": []}
     result_file = next(out.rglob("results_*.json"))
     metrics = json.loads(result_file.read_text())["results"][TASK]
     samples = [json.loads(line) for f in out.rglob(f"samples_{TASK}_*.jsonl") for line in f.read_text().splitlines()]
@@ -114,8 +114,10 @@ def compare_logliks(ckpt: Path, samples: list[dict]) -> dict:
     diffs = []
     with torch.no_grad():
         for s in samples:
-            for (context, continuation), resp in zip(s["arguments"].values() if isinstance(s["arguments"], dict)
-                                                     else s["arguments"], s["resps"]):
+            # lm-eval logs {"gen_args_0": {"arg_0": context, "arg_1": continuation}, ...} and one [[loglik,
+            # is_greedy]] per request
+            requests = [tuple(a.values()) for a in s["arguments"].values()]
+            for (context, continuation), resp in zip(requests, s["resps"], strict=True):
                 ours = loglikelihood(model, tok, context, continuation)
                 diffs.append(abs(ours - float(resp[0][0])))
     return {"requests": len(diffs), "max_abs_diff": max(diffs), "atol": LOGLIK_ATOL}
@@ -128,8 +130,8 @@ def loglikelihood(model, tok, context: str, continuation: str) -> float:
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole = tok(context + continuation, add_special_tokens=False).input_ids
-    n_ctx = len(tok(context, add_special_tokens=False).input_ids)
+    whole = tok.encode(context + continuation)  # lm-eval's default: the tokenizer's own special-token setting
+    n_ctx = len(tok.encode(context))
     ids = torch.tensor([whole])
     logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
     target = ids[0, n_ctx:]
