@@ -37,6 +37,7 @@ def _load_build_progress():
     spec.loader.exec_module(module)
     return module.BuildProgress
 
+
 def _load_startup():
     """_torchqkit_startup.py by path: the .pth line it defines is what the wheel ships."""
     spec = importlib.util.spec_from_file_location("_torchqkit_startup_for_build", os.path.join(HERE,
