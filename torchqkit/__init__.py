@@ -25,6 +25,7 @@ from .layouts import PackedIntxLayout, TensorCoreTiledLayout
 from .hf import from_pretrained, save_pretrained
 from .integrations import hf_registration as _hf_registration
 from .integrations.gguf import GGUFError, from_gguf
+from .integrations.gguf_export import GGUFExportReport, GGUFTensorExport, save_gguf
 from .serialization import CheckpointError, load_quantized, quantize_checkpoint, save_quantized
 from .serialization import register_safe_globals as _register_safe_globals
 from .training import (FakeQuantizedLinear, Float8TrainingLinear, LoRALinear, QATConfig, add_lora_, convert_qat_,
@@ -54,7 +55,8 @@ _PUBLIC = {
                                     "PlainLayout", "TensorCoreTiledLayout", "PackedIntxLayout", "NF4Layout",
                                     "Float8Layout", "MXLayout", "kernels"],
     "checkpoints and integrations": ["save_quantized", "load_quantized", "quantize_checkpoint", "save_pretrained",
-                                     "from_pretrained", "from_gguf", "TorchqkitConfig"],
+                                     "from_pretrained", "from_gguf", "save_gguf", "GGUFExportReport",
+                                     "GGUFTensorExport", "TorchqkitConfig"],
     "training": ["QATConfig", "prepare_qat_", "convert_qat_", "FakeQuantizedLinear", "add_lora_", "LoRALinear",
                  "enable_float8_training_", "float8_training_status", "Float8TrainingLinear"],
     "distributed": ["shard_multiple"],
