@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from torchqkit import demo, kernels
 from torchqkit.api import presets
 from torchqkit.eval.cli import add_eval_parser
+from torchqkit.integrations.export_cli import add_export_parser
 from torchqkit.serialization.cli import add_quantize_parser
 
 
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo_parser(commands)
     add_quantize_parser(commands)
     add_eval_parser(commands)
+    add_export_parser(commands)
     return parser
 
 

@@ -3,9 +3,10 @@
     report = qk.save_gguf(model, "model.gguf", tokenizer)   # every quantized weight in the GGUF type holding it
     print(report)                                            # per tensor: type written, source, exact or why not
 
-Quantized weights keep their codes (gguf_encode.py: Note [Exact GGUF targets]); float tensors keep their dtype
-(float32 -> F32, float16 -> F16, bfloat16 -> BF16; 1-d tensors, the norms and biases, always F32, the only type
-llama.cpp's norm and add kernels read for them). A tied lm_head is written once, as ``token_embd.weight``: llama.cpp
+Quantized weights keep their codes (gguf_encode.py: Note [Exact GGUF targets]); float tensors keep their values:
+a 2-d tensor is F16 when every value is a float16 value (a float16 model, or an F16 tensor from_gguf read as
+float32), else BF16 when every value is a bfloat16 value, else F32; 1-d tensors (norms, biases) are F32, the type
+llama.cpp's norm and add kernels read. A tied lm_head is written once, as ``token_embd.weight``: llama.cpp
 reads ``output.weight`` from it when the file has none. Every tensor is encoded and checked before the file is
 opened; the file is written under a temporary name and renamed into place (Note [Atomic writes]).
 """
@@ -220,18 +221,13 @@ def _encode(gguf_name, hf_name, param, requantize, arch, config):
     import gguf
     rows = _file_row_order(hf_name, param.shape[0], arch, config)
     if not isinstance(param, AffineQuantizedTensor):
-        value = param.detach()
-        if value.dim() == 1 or value.dtype not in (torch.float16, torch.bfloat16):
-            value, type_name = value.float(), "F32"
-        else:
-            type_name = "F16" if value.dtype == torch.float16 else "BF16"
+        value, type_name = _float_type(param.detach())
         if rows is not None:
             value = value[rows]
         data = value.contiguous().view(torch.int16).numpy().view(np.uint8) if type_name == "BF16" else (
             value.contiguous().numpy())
-        entry = GGUFTensorExport(gguf_name, hf_name, type_name, _describe(param), "float",
-                                 "" if type_name != "F32" or param.dtype == torch.float32 else
-                                 f"{_describe(param)} widened to float32", data.nbytes)
+        note = "" if value.dtype == param.dtype else f"{_describe(param)} values written as {type_name} (all exact)"
+        entry = GGUFTensorExport(gguf_name, hf_name, type_name, _describe(param), "float", note, data.nbytes)
         return gguf_name, data, gguf.GGMLQuantizationType[type_name], entry
     enc, why = encode_exact(param, gguf_name)
     if enc is not None:
@@ -255,6 +251,18 @@ def _encode(gguf_name, hf_name, param, requantize, arch, config):
     entry = GGUFTensorExport(gguf_name, hf_name, type_name, _describe(param), "requantized", f"{how}: {why}",
                              data.nbytes)
     return gguf_name, data, gguf.GGMLQuantizationType[type_name], entry
+
+
+def _float_type(value: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """The smallest float type that holds every value exactly: a 2-d tensor whose values are all float16 (or
+    bfloat16) values is written as F16 (BF16), whatever dtype holds it (from_gguf reads F16 as float32); 1-d
+    tensors are F32, the type llama.cpp's norm and bias kernels read."""
+    if value.dim() >= 2:
+        for dtype, name in ((torch.float16, "F16"), (torch.bfloat16, "BF16")):
+            narrow = value.to(dtype)
+            if value.dtype == dtype or torch.equal(narrow.to(value.dtype), value):
+                return narrow, name
+    return value.float(), "F32"
 
 
 def _file_row_order(hf_name, rows, arch, config):
