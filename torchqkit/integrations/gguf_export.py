@@ -138,9 +138,9 @@ def save_gguf(model: nn.Module, path, tokenizer=None, *, requantize: bool = Fals
         model (torch.nn.Module): a transformers ``LlamaForCausalLM``, ``MistralForCausalLM`` or
             ``Qwen2ForCausalLM``, quantized or not.
         path (str | os.PathLike): the ``.gguf`` file to write (replaced atomically if it exists).
-        tokenizer: a transformers tokenizer (BPE or SentencePiece), or the path of a ``.gguf`` file whose
-            tokenizer is copied; None (default): the tokenizer of the GGUF file the model was loaded from
-            (``qk.from_gguf``).
+        tokenizer (transformers.PreTrainedTokenizerBase | str | os.PathLike | None): a transformers tokenizer
+            (BPE or SentencePiece), or the path of a ``.gguf`` file whose tokenizer is copied; None (default): the
+            tokenizer of the GGUF file the model was loaded from (``qk.from_gguf``).
         requantize (bool): re-round weights that have no exact GGUF type to the nearest legacy type (by their bit
             width) with gguf-py's quantizer, instead of raising; the report marks them. Default False.
             Keyword-only.
