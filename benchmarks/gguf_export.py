@@ -13,11 +13,12 @@ the same token ids in the same windows (peer_llama_cpp_quality.py). Calibrated c
 calibration group's batches (text from token 8192 on). The baselines: the float32 model exported as F32 (what
 llama.cpp's own arithmetic changes: it quantizes activations to 8 bits inside its Q4 / Q8 dot products), and llama.cpp's
 llama_model_quantize of that F32 file to Q4_0 and Q4_1 (the embedding kept F32). Also checked: the packaged Q4_1 file
-read by qk.from_gguf and written back by save_gguf has the same bytes in every tensor.
+read by qk.from_gguf and written back by save_gguf has the same bytes in every tensor. Without --peers-python the
+llama.cpp rows say "skipped"; --quick runs the tiny random LLaMA with a placeholder tokenizer (seconds; it checks the
+code, not the figures).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -30,21 +31,41 @@ import torchqkit as qk
 from torchqkit.eval import perplexity, smollm2_gguf_path
 
 from . import calibration
-from .common import cli, peers
+from .common import cli, llm, peers
 from .common.configs import build
 
 GROUP = "gguf_export"
 DEFAULT_CONFIGS = ["int4-wo-g32", "int4-wo-g64", "int4-wo-g64+hqq", "int4-wo-g64+gptq", "int4-wo-g64+awq"]
+EXPORTED = "save_gguf file"
 PEER_SCRIPT = Path(__file__).resolve().parent / "peer_llama_cpp_quality.py"
 
 
 def _peer(python: str, *args: str) -> dict:
+    """peer_llama_cpp_quality.py's JSON, or {'note': why there is none}."""
     import subprocess
+    if not python:
+        return {"note": f"skipped (no --peers-python / ${peers.ENV})"}
     done = subprocess.run([python, str(PEER_SCRIPT), *args], capture_output=True, text=True)
     if done.returncode != 0:
         err = done.stderr.strip()
         return {"note": f"failed: {err.splitlines()[-1] if err else done.returncode}"}
     return json.loads(done.stdout)
+
+
+def _tiny_tokenizer(path: Path, vocab: int) -> Path:
+    """--quick's tokenizer: a GGUF holding only ``vocab`` placeholder tokens (the tiny model reads byte ids)."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(["a", "b", "ab"] + [f"<t{i}>" for i in range(3, vocab)])
+    w.add_token_types([1] * vocab)
+    w.add_token_merges(["a b"])  # llama.cpp refuses a BPE vocabulary without merges
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 def _file_bytes(path: Path) -> int:
@@ -61,7 +82,7 @@ def _byte_identical_reexport(rec, folder: Path) -> None:
     differ = [t.name for t in gguf.GGUFReader(source).tensors
               if t.name not in theirs or theirs[t.name].tensor_type != t.tensor_type
               or not np.array_equal(np.asarray(theirs[t.name].data).view(np.uint8), np.asarray(t.data).view(np.uint8))]
-    rec.add("re-export of the packaged Q4_1 file", "from_gguf", {"model": "SmolLM2-135M", "tensors": len(theirs)},
+    rec.add("re-export of the packaged Q4_1 file", "llama.cpp", {"model": "SmolLM2-135M", "tensors": len(theirs)},
             "tensors with other bytes", len(differ), "", types=dict(report.types), differ=differ[:10])
 
 
@@ -73,17 +94,13 @@ def main(argv=None) -> int:
     p.add_argument("--calib-batches", type=int, default=16, help="+gptq / +awq: calibration windows of 256 tokens")
     p.add_argument("--no-reexport", action="store_true", help="skip the byte-identical re-export check")
     args, rec = cli.start(GROUP, p, argv)
-    # --quick: still SmolLM2 (llama.cpp needs a real tokenizer and vocabulary), fewer tokens and one config
-    cli.quick(args, argv, tokens=256, calib_batches=2, configs=["int4-wo-g32"], no_reexport=True)
-    if not args.peers_python:
-        p.error("needs --peers-python (a venv with llama-cpp-python): the figures are llama.cpp's reading of the files")
-    model_llm, ids, batches = calibration.smollm2(argparse.Namespace(quick=False, tokens=args.tokens,
-                                                                     calib_batches=args.calib_batches))
-    window = 128 if args.quick else 512
+    cli.quick(args, argv, tokens=128, calib_batches=2, configs=["int4-wo-g32"], no_reexport=True)
+    model_llm, ids, batches = calibration.smollm2(args)
+    window = 64 if args.quick else 512
     shape = {"model": model_llm.name, "tokens": ids.numel(), "window": window}
-    tokenizer = smollm2_gguf_path()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
+        tokenizer = _tiny_tokenizer(folder / "tokenizer.gguf", llm.TINY_VOCAB) if args.quick else smollm2_gguf_path()
         ids_file = folder / "ids.json"
         ids_file.write_text(json.dumps(ids.tolist()))
 
@@ -91,31 +108,30 @@ def main(argv=None) -> int:
             return _peer(args.peers_python, "perplexity", str(path), "--ids", str(ids_file), "--window", str(window),
                          "--threads", str(args.threads or torch.get_num_threads()))
 
-        def row(name: str, model, path: Path, how: str, **extra) -> None:
+        def row(case: str, name: str, model, path: Path, how: str, **extra) -> None:
             ours = perplexity(model, ids, window, progress=False) if model is not None else None
             theirs = llama_ppl(path)
             got = theirs.get("perplexity")
-            rec.add("SmolLM2 perplexity", name, shape, "llama.cpp perplexity", got, "", file=how,
-                    bytes=_file_bytes(path), **({"note": theirs["note"]} if "note" in theirs else {}), **extra)
+            rec.add(case, name, shape, "llama.cpp perplexity", got, "", file=how, bytes=_file_bytes(path),
+                    **({"note": theirs["note"]} if "note" in theirs else {}), **extra)
             if ours is not None:
-                rec.add("SmolLM2 perplexity", name, shape, "torchqkit perplexity", ours, "")
+                rec.add(case, name, shape, "torchqkit perplexity", ours, "")
                 if got is not None:
-                    rec.add("SmolLM2 perplexity", name, shape, "llama.cpp vs torchqkit", 100 * (got - ours) / ours,
-                            "%")
+                    rec.add(case, name, shape, "llama.cpp vs torchqkit", 100 * (got - ours) / ours, "%")
 
         print("[gguf_export] float32", file=sys.stderr, flush=True)
         float_file = folder / "float32.gguf"
         qk.save_gguf(model_llm.model, float_file, tokenizer, progress=False)
-        row("float32", model_llm.model, float_file, "save_gguf F32")
+        row(EXPORTED, "float32", model_llm.model, float_file, "save_gguf F32")
         for ftype in ("Q4_0", "Q4_1"):
             print(f"[gguf_export] llama.cpp {ftype}", file=sys.stderr, flush=True)
             out = folder / f"llama-{ftype}.gguf"
             made = _peer(args.peers_python, "quantize", str(float_file), str(out), "--ftype", ftype)
+            case = f"llama.cpp's own {ftype} of the F32 file"
             if "note" in made:
-                rec.add("SmolLM2 perplexity", f"llama.cpp {ftype}", shape, "llama.cpp perplexity", None, "",
-                        note=made["note"])
+                rec.add(case, "llama.cpp", shape, "llama.cpp perplexity", None, "", note=made["note"])
                 continue
-            row(f"llama.cpp {ftype}", None, out, f"llama_model_quantize {ftype} of the F32 export")
+            row(case, "llama.cpp", None, out, f"llama_model_quantize {ftype}")
         for name in args.configs:
             print(f"[gguf_export] {name}", file=sys.stderr, flush=True)
             q, _, done = calibration._quantize(model_llm.model, name, batches, keep_lm_head=True)
@@ -123,11 +139,11 @@ def main(argv=None) -> int:
             try:
                 report = qk.save_gguf(q, out, tokenizer, progress=False)
             except qk.GGUFError as err:
-                rec.add("SmolLM2 perplexity", name, shape, "llama.cpp perplexity", None, "", quantized=done,
+                rec.add(EXPORTED, name, shape, "llama.cpp perplexity", None, "", quantized=done,
                         note=f"save_gguf refused: {str(err)[:400]}")
                 continue
             rounded = sum(int(t.note.split(" of ")[0]) for t in report.exact if "rounded" in t.note)
-            row(name, q, out, "save_gguf", quantized=done, types=dict(report.types), exact=len(report.exact),
+            row(EXPORTED, name, q, out, "save_gguf", quantized=done, types=dict(report.types), exact=len(report.exact),
                 scales_rounded=rounded, described=build(name).describe())
             del q
         if not args.no_reexport:

@@ -199,3 +199,80 @@ def test_export_command(tmp_path, tokenizer_gguf):
                 cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "14 requantized" in done.stdout and (tmp_path / "c.gguf").is_file()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "mistral"])
+def test_qwen2_and_mistral_read_back_by_transformers(kind, tmp_path, tokenizer_gguf):
+    """Qwen2's q / k / v biases and unpermuted rows; Mistral written as llama. transformers' own GGUF loader."""
+    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=2,
+                  num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=128,
+                  tie_word_embeddings=False)
+    config = (transformers.Qwen2Config(**common) if kind == "qwen2" else transformers.MistralConfig(**common))
+    torch.manual_seed(1)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    if kind == "qwen2":
+        with torch.no_grad():
+            model.model.layers[0].self_attn.q_proj.bias.normal_()
+    report = qk.save_gguf(model, tmp_path / "m.gguf", tokenizer_gguf)
+    assert report.architecture == ("qwen2" if kind == "qwen2" else "llama")
+    assert report["output.weight"].gguf_type == "F32"  # untied: written
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", dtype=torch.float32)
+    torch.testing.assert_close(_logits(reference.eval()), _logits(model), rtol=0, atol=1e-5)
+
+
+def test_transformers_tokenizer_is_written(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {"a": 0, "b": 1, "ab": 2, "<s>": 3, "</s>": 4, **{f"x{i}": i for i in range(5, VOCAB - 10)}}
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [("a", "b")]))
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)  # byte-level BPE, as GPT-2's
+    bpe.decoder = tokenizers.decoders.ByteLevel()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>")
+    model = _tiny_model()
+    report = qk.save_gguf(model, tmp_path / "m.gguf", tok)
+    assert report.tokenizer == f"tokenizer from {type(tok).__name__}"
+    fields = gguf.GGUFReader(tmp_path / "m.gguf").fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    assert len(tokens) == VOCAB and tokens[:3] == ["a", "b", "ab"] and tokens[-1] == f"[PAD{VOCAB - 1}]"
+    assert fields["tokenizer.ggml.merges"].contents() == ["a b"]
+    assert fields["tokenizer.ggml.model"].contents() == "gpt2"
+    assert fields["tokenizer.ggml.eos_token_id"].contents() == 4
+
+
+@pytest.mark.skipif(not os.environ.get("TORCHQKIT_PEER_PYTHON"),
+                    reason="needs TORCHQKIT_PEER_PYTHON: a Python with llama-cpp-python")
+def test_llama_cpp_reads_the_export_with_torchqkit_perplexity(tmp_path, tokenizer_gguf):
+    """llama.cpp's perplexity of an int4 g32 export on the same ids equals torchqkit's within 0.5% (llama.cpp
+    quantizes activations to 8 bits inside its Q4_1 dot products; the float32 export agrees within 0.01%)."""
+    import json
+    model = _tiny_model()
+    qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=32))
+    qk.save_gguf(model, tmp_path / "m.gguf", tokenizer_gguf)
+    ids = torch.randint(0, VOCAB, (256,), generator=torch.Generator().manual_seed(0))
+    (tmp_path / "ids.json").write_text(json.dumps(ids.tolist()))
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "peer_llama_cpp_quality.py"
+    done = subprocess.run([os.environ["TORCHQKIT_PEER_PYTHON"], str(script), "perplexity", str(tmp_path / "m.gguf"),
+                           "--ids", str(tmp_path / "ids.json"), "--window", "64"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    theirs = json.loads(done.stdout)["perplexity"]
+    from torchqkit.eval import perplexity
+    ours = perplexity(model, ids, 64, progress=False)
+    assert abs(theirs - ours) / ours < 5e-3, (theirs, ours)
+
+
+def test_smollm2_file_is_written_back_byte_for_byte(tmp_path):
+    """SmolLM2-135M's packaged GGUF (210 Q4_1 Linears, a Q8_0 embedding, 61 F32 norms): from_gguf, save_gguf, and
+    every tensor has the same type and bytes; llama.cpp reads the result (benchmarks/gguf_export.py)."""
+    from torchqkit.eval import ModelLoadError, smollm2_gguf_path
+    try:
+        source = smollm2_gguf_path()
+    except ModelLoadError as err:
+        pytest.skip(str(err))
+    report = qk.save_gguf(qk.from_gguf(source, progress=False), tmp_path / "again.gguf", progress=False)
+    assert report.types == {"Q4_1": 210, "Q8_0": 1, "F32": 61} and len(report.exact) == 211
+    theirs = {t.name: t for t in gguf.GGUFReader(tmp_path / "again.gguf").tensors}
+    for t in gguf.GGUFReader(source).tensors:
+        u = theirs.pop(t.name)
+        assert u.tensor_type == t.tensor_type, t.name
+        assert np.array_equal(np.asarray(u.data).view(np.uint8), np.asarray(t.data).view(np.uint8)), t.name
+    assert not theirs

@@ -26,14 +26,14 @@ def _random_block_bytes(rng, rows, k, name):
 
 
 def add_tiny_tokenizer(writer, vocab=VOCAB):
-    """A byte-level BPE vocabulary of ``vocab`` tokens (no merges): enough for llama.cpp's loader and save_gguf's
+    """A BPE vocabulary of ``vocab`` placeholder tokens and one merge: enough for llama.cpp's loader and save_gguf's
     tokenizer copy."""
-    tokens = [f"<t{i}>" for i in range(vocab)]
+    tokens = ["a", "b", "ab"] + [f"<t{i}>" for i in range(3, vocab)]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types([1] * vocab)
-    writer.add_token_merges([])
+    writer.add_token_merges(["a b"])  # llama.cpp refuses a BPE vocabulary without merges
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
 
