@@ -189,7 +189,8 @@ def test_export_command(tmp_path, tokenizer_gguf):
     src = write_tiny_llama(tmp_path / "src.gguf", tokenizer=True, layer_formats=[LEGACY, LEGACY])
     done = _cli(src, "--gguf", tmp_path / "out.gguf", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "blk.0.attn_q.weight" in done.stdout and "13 exact, 0 requantized" in done.stdout  # 12 Linears + the embedding
+    # 12 quantized Linears (2 are F16) and the Q8_0 embedding
+    assert "blk.0.attn_q.weight" in done.stdout and "13 exact, 0 requantized" in done.stdout
     model = _tiny_model()
     qk.quantize_(model, qk.IntxWeightOnlyConfig(bits=4, granularity=qk.PerGroup(16)))
     qk.save_pretrained(model, tmp_path / "ckpt")

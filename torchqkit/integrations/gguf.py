@@ -42,7 +42,7 @@ _FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat
 
 
 class GGUFError(ValueError):
-    """A GGUF file torchqkit can't import or a model it can't export; the message names the file or tensor and what to do.
+    """A GGUF file torchqkit can't import, or a model it can't export; the message says what and what to do.
 
     Raised by ``from_gguf``: a malformed or truncated file, tensor records that point outside it, hyperparameters
     that don't fit the architecture, or a tensor that can't be decoded. Everything is checked before the model is
