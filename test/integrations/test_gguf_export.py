@@ -177,6 +177,20 @@ def test_bad_input_errors(tmp_path, tokenizer_gguf):
         qk.save_gguf(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2)),
                      tmp_path / "m.gguf", tokenizer_gguf)
     assert list(tmp_path.iterdir()) == []
+    (tmp_path / "m.gguf").write_bytes(b"previous file")
+    with pytest.raises(qk.GGUFError, match="missing.gguf"):
+        qk.save_gguf(model, tmp_path / "m.gguf", tmp_path / "missing.gguf")
+    # A tokenizer without tokens fails while writing: the temporary is removed, the earlier file kept.
+    empty = tmp_path / "empty.gguf"
+    w = gguf.GGUFWriter(str(empty), "llama")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(qk.GGUFError, match="no tokenizer.ggml.tokens"):
+        qk.save_gguf(model, tmp_path / "m.gguf", empty)
+    assert (tmp_path / "m.gguf").read_bytes() == b"previous file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.gguf", "m.gguf"]
 
 
 def _cli(*args, cwd):

@@ -204,9 +204,7 @@ def _plan(gguf, model, arch):
     if unnamed:
         raise GGUFError(f"torchqkit.save_gguf: parameter(s) {unnamed[:5]} of {type(model).__name__} have no GGUF "
                         f"tensor name in llama.cpp's {arch} architecture; nothing was written")
-    if any(g == "output.weight" for g, _, _ in plan) and getattr(model.config, "tie_word_embeddings", False):
-        plan = [p for p in plan if p[0] != "output.weight"]  # tied but not shared: the embedding is the output
-    return plan
+    return plan  # an lm_head that is not the embedding's Parameter is written as output.weight, tied config or not
 
 
 def _describe(w) -> str:

@@ -74,6 +74,10 @@ class TokenizerSource:
 
     def __init__(self, gguf_path: Path | None = None, hf=None):
         self.gguf_path, self.hf = gguf_path, hf
+        self.reader = None
+        if gguf_path is not None:  # read now: a bad path fails before any tensor is encoded
+            from .gguf import open_gguf_reader
+            self.reader = open_gguf_reader(gguf_path)
 
     def describe(self) -> str:
         if self.gguf_path is not None:
@@ -98,15 +102,13 @@ def tokenizer_source(tokenizer, model, error) -> TokenizerSource:
 
 def add_tokenizer(writer, source: TokenizerSource, vocab_size: int, error) -> int:
     """Write the tokenizer keys; returns the number of tokens."""
-    if source.gguf_path is not None:
-        return _copy_gguf_tokenizer(writer, source.gguf_path, error)
+    if source.reader is not None:
+        return _copy_gguf_tokenizer(writer, source.reader, source.gguf_path, error)
     return _hf_tokenizer(writer, source.hf, vocab_size, error)
 
 
-def _copy_gguf_tokenizer(writer, path: Path, error) -> int:
+def _copy_gguf_tokenizer(writer, reader, path: Path, error) -> int:
     import gguf
-    from .gguf import open_gguf_reader
-    reader = open_gguf_reader(path)
     count = 0
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer."):
