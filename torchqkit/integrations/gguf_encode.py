@@ -166,6 +166,7 @@ def encode_exact(w, name: str) -> tuple[EncodedTensor | None, str]:
     if problem is not None:
         return None, problem
     parts = w.qlayout.unpack(w)
+    parts = type(parts)(*(None if t is None else t.cpu() for t in parts))  # the file's bytes are built on the host
     q = parts.qdata.to(torch.int64)
     s_g, b_g, shift_g = _affine_form(w, parts)
     shift = None if shift_g is None else _per_block(shift_g, n, k, w.block_size)
@@ -189,7 +190,7 @@ def encode_exact(w, name: str) -> tuple[EncodedTensor | None, str]:
         data = _pack(target, u, d16, m16)
         got = _expected(target, u, d16, m16)
         _check_bytes(target, data, got, name)
-        change = float((got - w.dequantize(torch.float32)).abs().max()) if got.numel() else 0.0
+        change = float((got - w.dequantize(torch.float32).cpu()).abs().max()) if got.numel() else 0.0
         return EncodedTensor(target.name, data, rounded, s_g.numel() * (1 if m_g is None else 2), change), ""
     return None, _no_fit_reason(w, shift)
 
@@ -222,5 +223,5 @@ def requantize(value: torch.Tensor, bits: int, asymmetric: bool) -> tuple[str, n
         name = "Q5_1" if asymmetric else "Q5_0"
     else:
         name = "Q8_0"
-    data = quantize(value.detach().float().contiguous().numpy(), GGMLQuantizationType[name])
+    data = quantize(value.detach().float().cpu().contiguous().numpy(), GGMLQuantizationType[name])
     return name, data

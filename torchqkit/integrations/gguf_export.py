@@ -219,7 +219,7 @@ def _encode(gguf_name, hf_name, param, requantize, arch, config):
     import gguf
     rows = _file_row_order(hf_name, param.shape[0], arch, config)
     if not isinstance(param, AffineQuantizedTensor):
-        value, type_name = _float_type(param.detach())
+        value, type_name = _float_type(param.detach().cpu())
         if rows is not None:
             value = value[rows]
         data = value.contiguous().view(torch.int16).numpy().view(np.uint8) if type_name == "BF16" else (
@@ -238,7 +238,7 @@ def _encode(gguf_name, hf_name, param, requantize, arch, config):
         return gguf_name, data, gguf.GGMLQuantizationType[enc.type_name], entry
     if not requantize:
         return f"{gguf_name} ({hf_name}, {_describe(param)}): {why}"
-    value = param.dequantize(torch.float32)
+    value = param.dequantize(torch.float32).cpu()
     if rows is not None:
         value = value[rows]
     if value.shape[-1] % BLOCK:
