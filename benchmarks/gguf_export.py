@@ -142,7 +142,7 @@ def main(argv=None) -> int:
                 rec.add(EXPORTED, name, shape, "llama.cpp perplexity", None, "", quantized=done,
                         note=f"save_gguf refused: {str(err)[:400]}")
                 continue
-            rounded = sum(int(t.note.split(" of ")[0]) for t in report.exact if "rounded" in t.note)
+            rounded = sum(t.scales_rounded for t in report.exact)
             row(EXPORTED, name, q, out, "save_gguf", quantized=done, types=dict(report.types), exact=len(report.exact),
                 scales_rounded=rounded, described=build(name).describe())
             del q

@@ -80,6 +80,7 @@ def test_round_trip_keeps_codes_and_float16_scales(config, gguf_type, tmp_path, 
     qk.quantize_(model, config)
     report = qk.save_gguf(model, tmp_path / "m.gguf", tokenizer_gguf)
     assert report.types[gguf_type] == 14 and len(report.exact) == 14 and not report.requantized
+    assert all(t.scales_rounded > 0 for t in report.exact)  # float32 scales: float16 changes some of each
     assert report["token_embd.weight"].gguf_type == "F32" and "output.weight" not in [t.name for t in report.tensors]
     again = qk.from_gguf(tmp_path / "m.gguf")
     for name, module in _linears(model).items():
@@ -113,6 +114,7 @@ def test_file_from_gguf_is_written_back_byte_for_byte(tmp_path):
     report = qk.save_gguf(model, tmp_path / "out.gguf")
     assert report.tokenizer == "tokenizer copied from src.gguf"
     assert {t.note for t in report.exact} == {"scales already float16: values identical"}
+    assert {t.scales_rounded for t in report.exact} == {0}
     a, b = gguf.GGUFReader(src), gguf.GGUFReader(tmp_path / "out.gguf")
     theirs = {t.name: t for t in b.tensors}
     assert sorted(theirs) == sorted(t.name for t in a.tensors)

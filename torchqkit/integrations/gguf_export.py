@@ -45,6 +45,8 @@ class GGUFTensorExport:
             float tensor written in its own precision), or ``"requantized"`` (re-rounded, see ``note``).
         note (str): scales rounded to float16 and the largest weight change, or why the tensor was requantized.
         nbytes (int): bytes of the tensor's data in the file.
+        scales_rounded (int): for ``"exact"`` tensors, how many of the source's scales and mins float16 changed
+            (0: the dequantized values are the model's, bit for bit). Default 0.
 
     Example:
         ```python
@@ -60,6 +62,7 @@ class GGUFTensorExport:
     status: str
     note: str
     nbytes: int
+    scales_rounded: int = 0
 
 
 class GGUFExportReport:
@@ -234,7 +237,8 @@ def _encode(gguf_name, hf_name, param, requantize, arch, config):
         if param.act_quant is not None:
             note += "; its activation quantization is not carried (llama.cpp quantizes activations its own way)"
         data = enc.data if rows is None else enc.data[rows.numpy()]
-        entry = GGUFTensorExport(gguf_name, hf_name, enc.type_name, _describe(param), "exact", note, data.nbytes)
+        entry = GGUFTensorExport(gguf_name, hf_name, enc.type_name, _describe(param), "exact", note, data.nbytes,
+                                 enc.rounded)
         return gguf_name, data, gguf.GGMLQuantizationType[enc.type_name], entry
     if not requantize:
         return f"{gguf_name} ({hf_name}, {_describe(param)}): {why}"
