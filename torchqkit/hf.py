@@ -48,9 +48,14 @@ from .serialization.save_load import (FORMAT_VERSION, SaveSummary, decode_config
 from .tensor.affine_quantized_tensor import AffineQuantizedTensor
 
 __all__ = ["save_pretrained", "from_pretrained", "quantization_record", "QUANT_METHOD", "read_config_json",
-           "check_quantization_config", "check_format_version"]
+           "check_quantization_config", "check_format_version", "CHECKPOINT_IMPORTERS"]
 
 QUANT_METHOD = "torchqkit"
+
+# quant_method -> loader(directory, progress=...) of checkpoints other tools wrote that from_pretrained reads into
+# torchqkit layouts (GPTQ, AWQ, compressed-tensors: integrations/hub_import.py fills it; integrations sit above
+# this module in the layers, so they register here instead of being imported).
+CHECKPOINT_IMPORTERS: dict = {}
 
 
 def save_pretrained(model: nn.Module, directory, config=None, *, max_shard_bytes: int | None = None) -> SaveSummary:
@@ -114,16 +119,23 @@ def quantization_record(model: nn.Module, config, tied: dict[str, str]) -> dict:
 
 
 def from_pretrained(directory, *, progress: bool | None = None) -> nn.Module:
-    """Rebuild a model saved by ``torchqkit.save_pretrained``, quantized weights and all, in one call.
+    """Rebuild a model saved by ``torchqkit.save_pretrained``, or import a GPTQ / AWQ / compressed-tensors
+    checkpoint, quantized weights and all, in one call.
 
     The transformers class named in config.json's ``architectures`` is built on the meta device, its
     non-persistent buffers (rotary frequencies, position ids) are computed by the model's own initializer, and
     ``load_quantized`` fills every saved tensor, so no float weight of a quantized layer is built. config.json and
     its ``quantization_config`` are validated the same way transformers' loader (through the torchqkit quantizer)
-    validates them.
+    validates them. A checkpoint whose quant_method is ``"gptq"``, ``"awq"`` or ``"compressed-tensors"`` (a Hub
+    model quantized by AutoGPTQ / GPTQModel, AutoAWQ or llm-compressor) is imported instead: each quantized
+    Linear's codes and scales go into a torchqkit layout as they are (2 / 4-bit into ``PackedIntxLayout``, int8
+    into ``PlainLayout``, float8 into ``Float8Layout``, MXFP4 into ``MXLayout``), dequantizing bit for bit as the
+    format defines, and the model gets a ``torchqkit_report`` saying what each Linear became (act-order GPTQ
+    weights: see the report).
 
     Args:
-        directory (str | os.PathLike): the directory ``save_pretrained`` wrote (config.json and model.safetensors).
+        directory (str | os.PathLike): the directory ``save_pretrained`` wrote, or a GPTQ / AWQ /
+            compressed-tensors checkpoint directory (config.json and model.safetensors or its shard index).
         progress (bool | None): a progress line on stderr, one step per tensor; default None: shown when
             stderr is a terminal.
 
@@ -131,9 +143,11 @@ def from_pretrained(directory, *, progress: bool | None = None) -> nn.Module:
         transformers.PreTrainedModel: the model, in eval mode.
 
     Raises:
-        CheckpointError: an unreadable or invalid config.json, quantization_config or checkpoint.
-        ValueError: config.json has no torchqkit ``quantization_config``, or its ``architectures`` names no
-            transformers model class.
+        CheckpointError: an unreadable or invalid config.json, quantization_config or checkpoint (for an imported
+            checkpoint: a tensor missing, of the wrong shape or dtype, packed bits or g_idx values that disagree
+            with the config; the message names the file and tensor).
+        ValueError: config.json has no torchqkit (or GPTQ / AWQ / compressed-tensors) ``quantization_config``, or
+            its ``architectures`` names no transformers model class.
 
     Example:
         ```python
@@ -145,6 +159,8 @@ def from_pretrained(directory, *, progress: bool | None = None) -> nn.Module:
     import transformers
     directory = Path(directory)
     qc = read_config_json(directory).get("quantization_config")  # see Note [One validation for both loaders]
+    if isinstance(qc, dict) and qc.get("quant_method") in CHECKPOINT_IMPORTERS:
+        return CHECKPOINT_IMPORTERS[qc["quant_method"]](directory, progress=progress)
     if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
         raise ValueError(f"{directory}/config.json has no torchqkit quantization_config: it was not written by "
                          f"torchqkit.save_pretrained (float models load with transformers' from_pretrained)")

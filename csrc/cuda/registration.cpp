@@ -46,12 +46,16 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   TORCH_CHECK(out_features <= n8 && K <= kt && K % group_size == 0 && group_size % 16 == 0, op, ": x (..., ", K,
               "), out_features ", out_features, ", group ", group_size, " don't fit tiles for (", n8, ", ", kt, ")");
   TORCH_CHECK(scale_and_zero.dim() == 3 && scale_and_zero.size(1) == n8 && scale_and_zero.size(2) == 2 &&
-                  scale_and_zero.scalar_type() == x.scalar_type(), op,
-              ": scale_and_zero must be [Kt/g][N8][2] in x's dtype, got ", scale_and_zero.scalar_type(), " ",
+                  at::isFloatingType(scale_and_zero.scalar_type()), op,
+              ": scale_and_zero must be float [Kt/g][N8][2], got ", scale_and_zero.scalar_type(), " ",
               scale_and_zero.sizes());
   check_cuda(qdata, x, op, "qdata");
   check_cuda(scale_and_zero, x, op, "scale_and_zero");
-  const at::Tensor x2 = x.reshape({-1, K}).contiguous(), q = qdata.contiguous(), sz = scale_and_zero.contiguous();
+  // The kernel reads (scale, zero) pairs in x's dtype. Scales stored in another dtype (Int4WeightOnlyConfig's
+  // scale_dtype) are rounded to it here: the same rounding the dequantized weight gets on its way into the
+  // 16-bit tensor-core product, so it adds no error of a new order.
+  const at::Tensor x2 = x.reshape({-1, K}).contiguous(), q = qdata.contiguous(),
+                   sz = scale_and_zero.to(x.scalar_type()).contiguous();
   const int64_t M = x2.size(0), k16 = K / 16;
   // Decode: split K so that enough warps stream the weight; prefill: whole K per warp.
   const int split = M <= 16 ? static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(8, k16 / 8))) : 1;

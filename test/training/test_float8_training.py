@@ -1,5 +1,8 @@
 """float8 training: each matmul equals the product of float8-cast operands computed here with torch's own float8
-casts (not the oracle), delayed scaling's history, torch.compile, a short training run, and the errors."""
+casts (not the oracle), delayed scaling's history, torch.compile, a short training run, and the errors.
+
+The ``device`` fixture runs the products on CPU (emulated) and on a GPU with float8 tensor cores (``torch._scaled_mm``,
+``pytest -m gpu``), where only the float32 accumulation order differs from the float8 products computed here."""
 from __future__ import annotations
 
 import io
@@ -24,18 +27,26 @@ def _cast(t, dtype, dim=None):
     return (t / scale).clamp(-fmax, fmax).to(dtype).float() * scale
 
 
-def _linear(n=48, k=32, bias=True, seed=0):
+def _linear(n=48, k=32, bias=True, seed=0, device="cpu"):
     torch.manual_seed(seed)
-    return nn.Linear(k, n, bias=bias)
+    return nn.Linear(k, n, bias=bias).to(device)
+
+
+def _randn(*shape, seed, device="cpu"):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+# Emulated products sum in the order a CPU matmul does, _scaled_mm in its own: float32 rounding apart.
+EXACT = {"cpu": dict(rtol=1e-6, atol=1e-6), "cuda": dict(rtol=1e-5, atol=1e-5)}
 
 
 @pytest.mark.parametrize("granularity", ["tensor", "row"])
-def test_forward_and_both_gradients_are_float8_products(granularity):
-    lin = _linear()
-    ref = _linear()
+def test_forward_and_both_gradients_are_float8_products(granularity, device):
+    lin = _linear(device=device)
+    ref = _linear(device=device)
     qk.enable_float8_training_(lin, granularity=granularity, filter_fn=lambda m, f: True)
-    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    g = torch.randn(2, 5, 48, generator=torch.Generator().manual_seed(2))
+    x = _randn(2, 5, 32, seed=1, device=device).requires_grad_()
+    g = _randn(2, 5, 48, seed=2, device=device)
     y = lin(x)
     y.backward(g)
     rows = granularity == "row"
@@ -44,9 +55,9 @@ def test_forward_and_both_gradients_are_float8_products(granularity):
     want_y = _cast(x2, E4M3, 1 if rows else None) @ _cast(w, E4M3, 1 if rows else None).t() + ref.bias.detach()
     want_gx = _cast(g2, E5M2, 1 if rows else None) @ _cast(w, E4M3, 0 if rows else None)
     want_gw = _cast(g2.t(), E5M2, 1 if rows else None) @ _cast(x2, E4M3, 0 if rows else None)
-    torch.testing.assert_close(y.detach().reshape(10, 48), want_y, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(x.grad.reshape(10, 32), want_gx, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(lin.weight.grad, want_gw, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(y.detach().reshape(10, 48), want_y, **EXACT[device])
+    torch.testing.assert_close(x.grad.reshape(10, 32), want_gx, **EXACT[device])
+    torch.testing.assert_close(lin.weight.grad, want_gw, **EXACT[device])
     torch.testing.assert_close(lin.bias.grad, g2.sum(0))
     # and float8 is not float32: the product differs from the float one by float8 rounding (~2^-4 relative)
     err = (y.detach().reshape(10, 48) - F.linear(x2, w, ref.bias.detach())).norm() / want_y.norm()
@@ -71,14 +82,14 @@ def test_delayed_scaling_uses_the_amax_history_and_saturates():
     assert hist[0, 0] == x2.abs().max() and hist[0, 1] == x1.abs().max()
 
 
-def test_compiled_step_matches_eager():
+def test_compiled_step_matches_eager(device):
     for recipe in ("dynamic", "delayed"):
-        eager, compiled = MLP(), MLP()
+        eager, compiled = MLP().to(device), MLP().to(device)
         compiled.load_state_dict(eager.state_dict())
         qk.enable_float8_training_(eager, recipe)
         qk.enable_float8_training_(compiled, recipe)
         loss_fn = lambda m, x: m(x).square().mean()  # noqa: E731
-        x = torch.randn(4, 128, generator=torch.Generator().manual_seed(0))
+        x = _randn(4, 128, seed=0, device=device)
         a, b = loss_fn(eager, x), torch.compile(loss_fn, fullgraph=True)(compiled, x)
         a.backward()
         b.backward()
@@ -86,18 +97,18 @@ def test_compiled_step_matches_eager():
         torch.testing.assert_close(compiled.up.weight.grad, eager.up.weight.grad, rtol=1e-5, atol=1e-8)
 
 
-def test_short_training_run_tracks_float32():
+def test_short_training_run_tracks_float32(device):
     def train(fp8):
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16))
+        model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16)).to(device)
         if fp8:
             qk.enable_float8_training_(model, "dynamic", granularity="row")
         opt = torch.optim.Adam(model.parameters(), lr=3e-3)
         gen = torch.Generator().manual_seed(1)
-        target = torch.randn(32, 16, generator=torch.Generator().manual_seed(2)) / 4
+        target = _randn(32, 16, seed=2, device=device) / 4
         losses = []
         for _ in range(60):
-            x = torch.randn(64, 32, generator=gen)
+            x = torch.randn(64, 32, generator=gen).to(device)
             loss = (model(x) - x @ target).square().mean()
             loss.backward()
             opt.step()
@@ -147,3 +158,25 @@ def test_delayed_state_saves_and_loads():
     buf.seek(0)
     b.load_state_dict(torch.load(buf, weights_only=True))
     assert torch.equal(b.up.fp8_amax_history, a.up.fp8_amax_history) and a.up.fp8_amax_history.any()
+
+
+@pytest.mark.parametrize("m,k,n", [(10, 32, 48), (7, 20, 33)])
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+@pytest.mark.parametrize("dtypes", [("float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float8_e4m3fn")],
+                         ids=["e4m3-e4m3", "e5m2-e4m3"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32-out", "bf16-out"])
+def test_tensor_core_product_pads_and_scales_like_the_emulation(m, k, n, granularity, dtypes, out_dtype, device):
+    """Note [torch._scaled_mm's contract]: dims that aren't multiples of 16, e5m2 gradients and float32 outputs
+    reach torch._scaled_mm in forms it accepts (on CPU its reference implementation checks the arithmetic; on a GPU
+    the shapes and dtypes cuBLASLt / CUTLASS take) and equal the emulated product."""
+    from torchqkit.core import qdtype
+    from torchqkit.training.float8_matmul import cast_to_float8, scaled_mm_on_tensor_cores
+    a_t, b_t = _randn(m, k, seed=3, device=device), _randn(k, n, seed=4, device=device)
+    rows = granularity == "row"
+    a = cast_to_float8(a_t, getattr(qdtype, dtypes[0]), (1, k) if rows else (m, k))
+    b = cast_to_float8(b_t, getattr(qdtype, dtypes[1]), (k, 1) if rows else (k, n))
+    got = scaled_mm_on_tensor_cores(a, b, out_dtype)
+    want = a.dequantize() @ b.dequantize()
+    assert got.shape == (m, n) and got.dtype == out_dtype
+    tol = 2 ** -8 if out_dtype == torch.bfloat16 else 1e-6  # bf16: the output's own rounding
+    assert (got.float() - want).abs().max() <= tol * want.abs().max()

@@ -30,6 +30,7 @@ from .calibrate import CalibrationPlan, calibrate_model
 from .configs.base import QuantConfig, handler_for
 from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
+from .after_quantize import run_after_quantize
 from .report import LayerReport, QuantizationReport
 
 __all__ = ["quantize_", "plan_quantize", "as_module_configs", "quantize_layer", "complete_quantization_",
@@ -119,7 +120,9 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
         assert not report.skipped
         ```
     """
-    return _quantize_model(model, config, filter_fn, device, strict, {}, calibration_data, progress)
+    report = _quantize_model(model, config, filter_fn, device, strict, {}, calibration_data, progress)
+    run_after_quantize(model, config)  # e.g. transformers learns the model's new quantizer (after_quantize.py)
+    return report
 
 
 def complete_quantization_(model: nn.Module, config, quantized: dict[str, LayerReport], *,

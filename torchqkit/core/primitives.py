@@ -308,14 +308,15 @@ def choose_qparams_affine(
         w_hat = qk.dequantize_affine(codes, qk.qdtypes.uint4, block, scale, zero)
         ```
     """
-    mapping = MappingType(mapping)
+    mapping = mapping if isinstance(mapping, MappingType) else MappingType(mapping)
     block_size = _check_block_size(x, block_size, name)
     if calibration is None:  # asymmetric schemes exist to use both ends of the range
         calibration = "minmax" if mapping is MappingType.ASYMMETRIC else "absmax"
     calib = parse_calibration(calibration)
     if zero_point_domain is None:
         zero_point_domain = default_zero_point_domain(qdtype, mapping)
-    zero_point_domain = ZeroPointDomain(zero_point_domain)
+    if not isinstance(zero_point_domain, ZeroPointDomain):  # torch 2.11's dynamo can't trace Enum(member): no call
+        zero_point_domain = ZeroPointDomain(zero_point_domain)
     _check_scheme(qdtype, mapping, zero_point_domain, name)
     if check_finite:
         check_finite_values(x, name)
@@ -600,7 +601,7 @@ def _resolve_zpd(qdtype, zero_point, zero_point_domain, name) -> ZeroPointDomain
         zero_point_domain = ZeroPointDomain.NONE if zero_point is None else (
             ZeroPointDomain.INT if qdtype.kind is QKind.INT and not zero_point.dtype.is_floating_point
             else ZeroPointDomain.FLOAT)
-    zpd = ZeroPointDomain(zero_point_domain)
+    zpd = zero_point_domain if isinstance(zero_point_domain, ZeroPointDomain) else ZeroPointDomain(zero_point_domain)
     if (zpd is ZeroPointDomain.NONE) != (zero_point is None):
         raise ValueError(f"{name}: zero_point_domain={zpd.value} but zero_point is "
                          f"{'missing' if zero_point is None else 'given'}")

@@ -3,33 +3,33 @@
 Registering means importing transformers' quantizer machinery (about 2 s). So ``import torchqkit`` registers at
 once only when that machinery is already imported; otherwise it leaves a finder on ``sys.meta_path`` that
 registers right after transformers imports ``transformers.quantizers.auto`` itself, which it does before it
-resolves any quantization_config. A user of torchqkit without transformers pays nothing.
+resolves any quantization_config. A user of torchqkit without transformers pays nothing. The installed package
+also runs that finder at interpreter start, so that processes that never import torchqkit register too: see
+Note [Registering with transformers at interpreter start] in _torchqkit_startup.py, which holds the finder.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 import warnings
 
-__all__ = ["install", "register"]
+import _torchqkit_startup
 
-_TRIGGER = "transformers.quantizers.auto"
+__all__ = ["install", "register", "register_or_warn"]
+
 _QUANTIZER_MODULE = "torchqkit.integrations.transformers_quantizer"
 
 
 def install() -> None:
     """Register now if transformers' quantizers are imported, else when they are; no-op without transformers."""
-    if _TRIGGER in sys.modules:
-        _register_or_warn()
-        return
-    if any(isinstance(f, _RegisterOnImport) for f in sys.meta_path):
-        return
-    try:
-        if importlib.util.find_spec("transformers") is None:
+    if _torchqkit_startup.TRIGGER not in sys.modules:
+        try:
+            if importlib.util.find_spec("transformers") is None:
+                return
+        except (ImportError, ValueError):
             return
-    except (ImportError, ValueError):
-        return
-    sys.meta_path.insert(0, _RegisterOnImport())
+    _torchqkit_startup.install()
 
 
 def register() -> None:
@@ -40,7 +40,7 @@ def register() -> None:
     importlib.import_module(_QUANTIZER_MODULE).register_with_transformers()
 
 
-def _register_or_warn() -> None:
+def register_or_warn() -> None:
     """Registration runs inside transformers' own import: a transformers torchqkit can't plug into (4.x has no
     WeightConverter loading) must still import, so a failure here is a warning, never an exception."""
     try:
@@ -51,25 +51,3 @@ def _register_or_warn() -> None:
                       f"{getattr(transformers, '__version__', '?')} ({type(e).__name__}: {e}); transformers' "
                       f"from_pretrained won't read torchqkit checkpoints (torchqkit.from_pretrained still does). "
                       f"torchqkit's transformers integration needs transformers >= 5", stacklevel=2)
-
-
-class _RegisterOnImport:
-    """A meta-path finder that only wraps the loader of transformers.quantizers.auto, once."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != _TRIGGER:
-            return None
-        sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                exec_module = spec.loader.exec_module
-
-                def exec_then_register(module, _exec=exec_module):
-                    _exec(module)
-                    _register_or_warn()
-
-                spec.loader.exec_module = exec_then_register
-                return spec
-        return None

@@ -20,6 +20,7 @@ config.json the quantization_config that torchqkit.save_pretrained writes; both 
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from torch import nn
@@ -27,6 +28,7 @@ from transformers.core_model_loading import ConversionOps
 from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
+from ..api.after_quantize import register_after_quantize
 from ..api.configs.base import QuantConfig, handler_for
 from ..api.module_configs import ModuleConfigs
 from ..api.quantize import as_module_configs, complete_quantization_, patch_extra_repr, quantize_layer
@@ -39,7 +41,7 @@ from ..serialization.save_load import (FORMAT_VERSION, check_against_model, deco
 from ..serialization.save_load import torchqkit_version as current_version
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 
-__all__ = ["TorchqkitConfig", "TorchqkitHfQuantizer", "register_with_transformers"]
+__all__ = ["TorchqkitConfig", "TorchqkitHfQuantizer", "register_with_transformers", "adopt_quantized_model"]
 
 
 class TorchqkitConfig(QuantizationConfigMixin):
@@ -288,6 +290,43 @@ def register_with_transformers() -> None:
         register_quantization_config(QUANT_METHOD)(TorchqkitConfig)
     if QUANT_METHOD not in AUTO_QUANTIZER_MAPPING:
         register_quantizer(QUANT_METHOD)(TorchqkitHfQuantizer)
+
+
+def adopt_quantized_model(model, config) -> None:
+    """After ``quantize_`` on a transformers model: torchqkit becomes the model's quantizer, so that transformers'
+    ``save_pretrained`` writes a torchqkit checkpoint however the model was loaded (api/after_quantize.py).
+
+    A model without a quantizer (loaded in float) or with transformers' GGUF one (which dequantized every weight
+    while loading: nothing of it is left) gets a TorchqkitHfQuantizer recording ``config``. One torchqkit already
+    serves keeps its record; a second ``quantize_`` with another config leaves no single producing config, so the
+    record's config becomes None (each weight's format is in its own header entry). Another method's quantizer
+    still owns weights torchqkit can't save, so it stays, with a warning."""
+    from transformers import PreTrainedModel
+    if not isinstance(model, PreTrainedModel) or not any(
+            isinstance(p, AffineQuantizedTensor) for p in model.parameters()):
+        return
+    current = getattr(model, "hf_quantizer", None)
+    if isinstance(current, TorchqkitHfQuantizer):
+        qc = current.quantization_config
+        if qc.config is not None and encode_config(qc.config) != encode_config(config):
+            qc.config = None
+        return
+    method = getattr(getattr(current, "quantization_config", None), "quant_method", None)
+    if current is not None and getattr(method, "value", method) != "gguf":
+        warnings.warn(f"torchqkit.quantize_: this model was loaded with transformers' {method} quantization, "
+                      f"which still owns its weights; model.save_pretrained keeps using it and won't write "
+                      f"torchqkit's weights. Quantize a float (or GGUF-loaded) model instead", stacklevel=3)
+        return
+    qc = TorchqkitConfig(config)
+    model.hf_quantizer = TorchqkitHfQuantizer(qc, pre_quantized=True)
+    model.quantization_method = QUANT_METHOD
+    model.config.quantization_config = qc
+    for m in model.modules():  # what transformers' own postprocess_model marks
+        if isinstance(m, PreTrainedModel):
+            m.config._is_quantized = True
+
+
+register_after_quantize(adopt_quantized_model)
 
 
 def _open_checkpoint_of(checkpoint_files):

@@ -129,6 +129,9 @@ class Layout:
     row_major: ClassVar[bool] = False
     # The cases its linear serves with a kernel, most specific first (routes.py); anything else: the reference.
     routes: ClassVar[tuple[Route, ...]] = ()
+    # How its scales are rounded when a weight is quantized again in place (tensor/merge.py): None, or
+    # "power_of_two" for a layout that stores only exponents.
+    scale_rounding: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

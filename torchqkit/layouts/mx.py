@@ -61,6 +61,7 @@ class MXLayout(Layout):
     """
     tensor_names = ("qdata", "scale")
     row_major = True
+    scale_rounding = "power_of_two"
 
     def supports(self, fmt: WeightFormat):
         if fmt.qdtype not in _ELEMENTS:

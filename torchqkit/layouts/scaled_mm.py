@@ -2,7 +2,7 @@
 (PlainLayout, Float8Layout): float8 activations x float8 weights with per-tensor or per-row scales.
 
 The weight's ``qdata`` must be the (N, K) float8 codes and ``scale`` (1, 1) or (N, 1) float scales. AUTO runs
-``torch._scaled_mm`` (cuBLASLt on a GPU); KernelPreference.TRITON runs ``torchqkit::scaled_mm_fp8_rowwise``'s
+``torch._scaled_mm`` (cuBLASLt on a GPU) in the forms its kernels take (kernels/aten_scaled_mm.py); KernelPreference.TRITON runs ``torchqkit::scaled_mm_fp8_rowwise``'s
 Triton kernel on the same codes, with both scales expanded to rows.
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..core.qdtype import QKind
+from ..kernels import aten_scaled_mm
 from .routes import Route, flatten_tokens, in_dtype_of
 
 __all__ = ["SCALED_MM_ROUTE", "scaled_mm_applies", "scaled_mm_linear"]
@@ -32,14 +33,14 @@ def _quantized_rows(w, x: torch.Tensor):
     x2 = flatten_tokens(x)
     qa = w.act_quant.quantize(x2)
     scale_a, scale_b = qa.scale.to(torch.float32), w.scale.reshape(1, -1).to(torch.float32)
-    if scale_a.numel() != 1 or scale_b.numel() != 1:  # _scaled_mm wants both row-wise or both scalar
+    if scale_a.numel() != 1 or scale_b.numel() != 1:  # row-wise: both as rows, as _scaled_mm takes them
         return qa.qdata, scale_a.expand(x2.shape[0], 1).contiguous(), scale_b.expand(1, n).contiguous()
     return qa.qdata, scale_a.reshape(()), scale_b.reshape(())
 
 
 def scaled_mm_linear(w, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     qa, scale_a, scale_b = _quantized_rows(w, x)
-    out = torch._scaled_mm(qa, w.qdata.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=x.dtype)
+    out = aten_scaled_mm.scaled_mm(qa, scale_a, w.qdata.t(), scale_b, x.dtype)
     out = out.reshape(*x.shape[:-1], w.logical_shape[0])
     return out if bias is None else out + in_dtype_of(out, bias)
 

@@ -7,6 +7,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 from .affine_quantized_tensor import AffineQuantizedTensor
 from .dispatch import GENERIC_OPS, fill_defaults
 from .embedding import embedding
+from .merge import add_into_
 
 aten = torch.ops.aten
 
@@ -50,6 +51,17 @@ def _copy_(func, args, kwargs):
         if a is not None:
             a.copy_(b)
     return dst
+
+
+@GENERIC_OPS.implements(aten.add_.Tensor, aten.sub_.Tensor, aten.add_.Scalar, aten.sub_.Scalar)
+def _add_(func, args, kwargs):
+    """A LoRA merge (``weight.data += delta``) or unmerge: see Note [Merging into a quantized weight]."""
+    self, other = args[0], args[1]
+    alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+    sign = -1 if func in (aten.sub_.Tensor, aten.sub_.Scalar) else 1
+    if not isinstance(self, AffineQuantizedTensor):  # plain += quantized
+        raise TypeError(f"{func}: adding a quantized weight into a plain tensor; call .dequantize() on it first")
+    return add_into_(self, other, sign * alpha, op=func.__name__.split(".")[0])
 
 
 # Rows of the weight, dequantizing only the tiles that hold them: see Note [Quantized embedding].

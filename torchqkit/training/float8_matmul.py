@@ -12,8 +12,9 @@ import torch
 
 from ..core.primitives import choose_qparams_affine, quantize_affine
 from ..core.qdtype import QDType
+from ..kernels import aten_scaled_mm
 
-__all__ = ["Float8Operand", "cast_to_float8", "scaled_mm", "matmul_backend"]
+__all__ = ["Float8Operand", "cast_to_float8", "scaled_mm", "scaled_mm_on_tensor_cores", "matmul_backend"]
 
 EMULATED = "emulated"
 SCALED_MM = "torch._scaled_mm"
@@ -52,7 +53,17 @@ def matmul_backend(device: torch.device) -> tuple[str, str]:
 def scaled_mm(a: Float8Operand, b: Float8Operand, out_dtype: torch.dtype) -> torch.Tensor:
     """(a.codes * a.scale) @ (b.codes * b.scale) in ``out_dtype``, accumulated in float32."""
     if matmul_backend(a.codes.device)[0] == SCALED_MM:
-        # _scaled_mm wants b column-major.
-        return torch._scaled_mm(a.codes, b.codes.t().contiguous().t(), scale_a=a.scale, scale_b=b.scale,
-                                out_dtype=out_dtype)
-    return (a.dequantize() @ b.dequantize()).to(out_dtype)
+        return scaled_mm_on_tensor_cores(a, b, out_dtype)
+    return _in_dtype(a.dequantize() @ b.dequantize(), out_dtype)
+
+
+def _in_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # Never a no-op .to(): under torch 2.11's torch.compile, an autograd.Function whose forward returns
+    # ``t.to(t.dtype)`` (t itself) loses its custom backward's gradients for the weight (measured: all zeros).
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def scaled_mm_on_tensor_cores(a: Float8Operand, b: Float8Operand, out_dtype: torch.dtype) -> torch.Tensor:
+    """``torch._scaled_mm`` in the forms its GPU kernels take (Note [torch._scaled_mm's contract] in
+    kernels/aten_scaled_mm.py): the weight gradient's inner dim is the token count, any number."""
+    return aten_scaled_mm.scaled_mm(a.codes, a.scale, b.codes, b.scale, out_dtype, gpu_forms=True)

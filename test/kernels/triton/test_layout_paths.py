@@ -1,5 +1,6 @@
 """A quantized weight whose KernelPreference is TRITON runs its layout's linear on the Triton kernel (here
-under TRITON_INTERPRET=1), eagerly and under torch.compile(fullgraph=True), and agrees with the reference.
+under TRITON_INTERPRET=1 on CPU, natively on a GPU: the ``device`` fixture), eagerly and under
+torch.compile(fullgraph=True), and agrees with the reference.
 float16 activations: see test_triton_kernels.py for why never bfloat16 under the interpreter."""
 from __future__ import annotations
 
@@ -22,16 +23,16 @@ class _OpLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _model(pref):
+def _model(pref, device):
     torch.manual_seed(0)
-    lin = torch.nn.Linear(64, 37).half()
+    lin = torch.nn.Linear(64, 37).half().to(device)
     qk.quantize_(lin, qk.Int4WeightOnlyConfig(group_size=32, kernel_preference=pref))
     return lin
 
 
-def test_int4_linear_with_triton_preference_runs_the_triton_kernel():
-    lin = _model(KernelPreference.TRITON)
-    x = torch.randn(3, 64, dtype=torch.float16)
+def test_int4_linear_with_triton_preference_runs_the_triton_kernel(device):
+    lin = _model(KernelPreference.TRITON, device)
+    x = torch.randn(3, 64, dtype=torch.float16, device=device)
     with _OpLog() as log:
         out = lin(x)
     assert "torchqkit_triton.linear_int4wo_tiled" in log.ops and "torchqkit.linear_int4wo_tiled" not in log.ops
@@ -39,9 +40,9 @@ def test_int4_linear_with_triton_preference_runs_the_triton_kernel():
     torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)  # fp16 weights in tl.dot, fp16 output
 
 
-def test_triton_preference_compiles_fullgraph():
-    lin = _model(KernelPreference.TRITON)
-    x = torch.randn(5, 64, dtype=torch.float16)
+def test_triton_preference_compiles_fullgraph(device):
+    lin = _model(KernelPreference.TRITON, device)
+    x = torch.randn(5, 64, dtype=torch.float16, device=device)
     with torch.no_grad():
         eager = lin(x)
         compiled = torch.compile(lin, fullgraph=True)(x)
@@ -55,13 +56,13 @@ def test_triton_preference_compiles_fullgraph():
     (qk.MXFP4WeightOnlyConfig, "linear_mxwo"),
     (qk.Float8DynamicActivationFloat8WeightConfig, "scaled_mm_fp8_rowwise"),
 ])
-def test_every_layout_with_a_triton_kernel_runs_it_when_asked(config, op):
+def test_every_layout_with_a_triton_kernel_runs_it_when_asked(config, op, device):
     """Each layout's route names its op, so TRITON reaches that op's Triton kernel (never a silent reference)."""
     torch.manual_seed(0)
-    lin = torch.nn.Linear(64, 32).half()
+    lin = torch.nn.Linear(64, 32).half().to(device)
     kwargs = {"granularity": qk.PerRow()} if config is qk.Float8DynamicActivationFloat8WeightConfig else {}
     qk.quantize_(lin, config(kernel_preference=KernelPreference.TRITON, **kwargs))
-    x = torch.randn(3, 64, dtype=torch.float16)
+    x = torch.randn(3, 64, dtype=torch.float16, device=device)
     with _OpLog() as log, torch.no_grad():
         out = lin(x)
     assert f"torchqkit_triton.{op}" in log.ops, log.ops

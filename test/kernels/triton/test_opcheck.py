@@ -1,5 +1,6 @@
-"""torch.library.opcheck for every torchqkit_triton:: op (the interpreter registration: custom op + fake
-impl) and for the torchqkit:: GPU ops whose only CPU implementation is their reference."""
+"""torch.library.opcheck for every torchqkit_triton:: op (on CPU the interpreter registration: custom op + fake
+impl; on a GPU the triton_op registration Inductor traces into) and for the torchqkit:: GPU ops whose only CPU
+implementation is their reference."""
 from __future__ import annotations
 
 import pytest
@@ -9,28 +10,31 @@ import torchqkit as qk
 from torchqkit.kernels.triton import TRITON_OPS
 
 
-def _weight(config, n, k):
+def _weight(config, n, k, device):
     torch.manual_seed(0)
-    lin = torch.nn.Linear(k, n, bias=False)
+    lin = torch.nn.Linear(k, n, bias=False, device=device)
     qk.quantize_(lin, config)
     return lin.weight
 
 
-def _samples():
-    x, bias = torch.randn(3, 64), torch.randn(37)
-    i4 = _weight(qk.Int4WeightOnlyConfig(group_size=32, layout=qk.TensorCoreTiledLayout(inner_k_tiles=2)), 37, 64)
-    nf = _weight(qk.NF4WeightOnlyConfig(block_size=64, double_quant=True), 37, 64)
-    mx = _weight(qk.MXFP4WeightOnlyConfig(), 37, 64)
-    i8 = _weight(qk.Int8WeightOnlyConfig(), 37, 64)
-    f8 = _weight(qk.Float8WeightOnlyConfig(), 37, 64)
-    a, b = torch.randn(3, 64).to(torch.float8_e4m3fn), torch.randn(37, 64).to(torch.float8_e5m2)
+def _samples(device="cpu"):
+    x, bias = torch.randn(3, 64, device=device), torch.randn(37, device=device)
+    i4 = _weight(qk.Int4WeightOnlyConfig(group_size=32, layout=qk.TensorCoreTiledLayout(inner_k_tiles=2)), 37, 64,
+                 device)
+    nf = _weight(qk.NF4WeightOnlyConfig(block_size=64, double_quant=True), 37, 64, device)
+    mx = _weight(qk.MXFP4WeightOnlyConfig(), 37, 64, device)
+    i8 = _weight(qk.Int8WeightOnlyConfig(), 37, 64, device)
+    f8 = _weight(qk.Float8WeightOnlyConfig(), 37, 64, device)
+    a = torch.randn(3, 64, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(37, 64, device=device).to(torch.float8_e5m2)
+    sa, sb = torch.rand(3, 1, device=device), torch.rand(37, 1, device=device)
     return {
         "linear_int4wo_tiled": (x, i4.qdata, i4.scale_and_zero, 32, 37, bias),
         "linear_nf4wo": (x, nf.qdata, None, nf.scale_codes, nf.scale_block_scale, nf.scale_offset, 64, bias),
         "linear_mxwo": (x, mx.qdata, mx.scale, bias),
         "linear_fp8wo": (x, f8.qdata, f8.scale, bias),
         "linear_int8wo_plain": (x, i8.qdata, i8.scale, bias),
-        "scaled_mm_fp8_rowwise": (a, b, torch.rand(3, 1), torch.rand(37, 1), bias, torch.float32),
+        "scaled_mm_fp8_rowwise": (a, b, sa, sb, bias, torch.float32),
     }
 
 
@@ -39,14 +43,14 @@ def _samples():
 _NO_SCHEMA_CHECK = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
 
-def _opcheck(op, name):
+def _opcheck(op, name, device="cpu"):
     utils = _NO_SCHEMA_CHECK if name in ("scaled_mm_fp8_rowwise", "linear_fp8wo") else torch.library._OPCHECK_DEFAULT_UTILS
-    torch.library.opcheck(op, _samples()[name], test_utils=utils)
+    torch.library.opcheck(op, _samples(device)[name], test_utils=utils)
 
 
 @pytest.mark.parametrize("name", sorted(op.split("::")[1] for op in TRITON_OPS))
-def test_triton_op(name):
-    _opcheck(getattr(torch.ops.torchqkit_triton, name).default, name)
+def test_triton_op(name, device):
+    _opcheck(getattr(torch.ops.torchqkit_triton, name).default, name, device)
 
 
 @pytest.mark.parametrize("name", ["linear_mxwo", "scaled_mm_fp8_rowwise"])

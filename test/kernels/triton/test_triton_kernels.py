@@ -10,6 +10,10 @@ the float32 reference: 1e-4. float16 activations multiply float16-rounded dequan
 ulp, 2^-11 relative, per weight) and store a float16 output: 1e-2 absolute + relative on outputs of
 magnitude ~ 1..30. float8 row-wise: both operands decode exactly to float16 and products are exact in
 float32, so only summation order and the final cast differ: 1e-4 (float32 out).
+
+On a GPU (the ``device`` fixture's "cuda" case, ``pytest -m gpu``: test/devices.py) the same tests compile the
+kernels natively and add what the interpreter can't check: bfloat16 activations, whose dequantized weights round
+to 8 bits (2^-9 relative) and whose outputs are bfloat16: 3e-2; and a prefill M of 256 (the GEMMs' big tiles).
 """
 from __future__ import annotations
 
@@ -23,24 +27,34 @@ from torchqkit.kernels import reference
 from torchqkit.kernels.triton import (INTERPRET, float8_rowwise, int4_tiled_gemm, int4_tiled_gemv, int8_weight_only,
                                       mx_weight_only, nf4_weight_only)
 
-pytestmark = pytest.mark.skipif(not INTERPRET, reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1")
+MS = [1, 3, 33, 256]
+DTYPES = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.float32, id="fp32"),
+          pytest.param(torch.bfloat16, id="bf16")]
+TOL = {torch.float16: dict(atol=1e-2, rtol=1e-2), torch.float32: dict(atol=1e-4, rtol=1e-4),
+       torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
 
-MS = [1, 3, 33]
-DTYPES = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.float32, id="fp32")]
-TOL = {torch.float16: dict(atol=1e-2, rtol=1e-2), torch.float32: dict(atol=1e-4, rtol=1e-4)}
+
+def _check_case(device, m=1, dtype=torch.float32):
+    """Skip what only a GPU can check (the module docstring says why); the rest runs everywhere."""
+    if device == "cpu" and not INTERPRET:
+        pytest.skip("Triton kernels run on CPU tensors only under TRITON_INTERPRET=1")
+    if device == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("the interpreter computes bf16 tl.dot wrongly (triton-lang/triton#11584): bf16 runs on the GPU")
+    if device == "cpu" and m > 64:
+        pytest.skip("prefill-sized M runs on the GPU; the interpreter takes small shapes")
 
 
-def _weight(config, n, k, dtype):
+def _weight(config, n, k, dtype, device="cpu"):
     torch.manual_seed(n * 1000 + k)
-    lin = torch.nn.Linear(k, n, bias=False).to(dtype)
+    lin = torch.nn.Linear(k, n, bias=False).to(device=device, dtype=dtype)
     qk.quantize_(lin, config)
     return lin.weight
 
 
-def _x(m, k, dtype, bias_n=None):
+def _x(m, k, dtype, bias_n=None, device="cpu"):
     torch.manual_seed(m)
-    x = torch.randn(m, k, dtype=dtype)
-    return x, (torch.randn(bias_n, dtype=dtype) if bias_n else None)
+    x = torch.randn(m, k, dtype=dtype).to(device)
+    return x, (torch.randn(bias_n, dtype=dtype).to(device) if bias_n else None)
 
 
 def _expected(x, w, bias):
@@ -59,11 +73,12 @@ INT4_CASES = [pytest.param(32, 32, 2, id="K32-g32-T2"), pytest.param(128, 64, 8,
 @pytest.mark.parametrize("k,group,tiles", INT4_CASES)
 @pytest.mark.parametrize("m", MS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_int4_tiled(kernel, k, group, tiles, m, dtype):
+def test_int4_tiled(kernel, k, group, tiles, m, dtype, device):
+    _check_case(device, m, dtype)
     n = 37
     w = _weight(qk.Int4WeightOnlyConfig(group_size=group, layout=qk.TensorCoreTiledLayout(inner_k_tiles=tiles)),
-                n, k, dtype)
-    x, bias = _x(m, k, dtype, n)
+                n, k, dtype, device)
+    x, bias = _x(m, k, dtype, n, device)
     launch = int4_tiled_gemm.launch_gemm if kernel == "gemm" else int4_tiled_gemv.launch
     out = launch(x, w.qdata, w.scale_and_zero, group, n, bias)
     assert out.dtype == dtype and out.shape == (m, n)
@@ -71,14 +86,15 @@ def test_int4_tiled(kernel, k, group, tiles, m, dtype):
 
 
 @pytest.mark.parametrize("m", [1, 33])
-def test_int4_tiled_op_picks_gemv_for_decode_and_gemm_otherwise(m, monkeypatch):
+def test_int4_tiled_op_picks_gemv_for_decode_and_gemm_otherwise(m, monkeypatch, device):
+    _check_case(device)
     calls = []
     for mod, name in ((int4_tiled_gemv, "launch"), (int4_tiled_gemm, "launch_gemm")):
         fn = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, _fn=fn, _n=name: calls.append(_n) or _fn(*a))
     w = _weight(qk.Int4WeightOnlyConfig(group_size=32, layout=qk.TensorCoreTiledLayout(inner_k_tiles=2)),
-                70, 32, torch.float32)
-    x = torch.randn(2, (m + 1) // 2, 32)  # leading dims are flattened
+                70, 32, torch.float32, device)
+    x = torch.randn(2, (m + 1) // 2, 32, device=device)  # leading dims are flattened
     out = torch.ops.torchqkit_triton.linear_int4wo_tiled(x, w.qdata, w.scale_and_zero, 32, 70)
     assert calls == (["launch"] if m == 1 else ["launch_gemm"])
     torch.testing.assert_close(out.reshape(-1, 70), _expected(x.reshape(-1, 32), w, None), **TOL[torch.float32])
@@ -91,10 +107,11 @@ def test_int4_tiled_op_picks_gemv_for_decode_and_gemm_otherwise(m, monkeypatch):
 @pytest.mark.parametrize("group", [pytest.param(None, id="per-channel"), pytest.param(16, id="g16")])
 @pytest.mark.parametrize("m", MS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_int8_weight_only(group, m, dtype):
+def test_int8_weight_only(group, m, dtype, device):
+    _check_case(device, m, dtype)
     n, k = 70, 32  # smallest K with two groups of 16
-    w = _weight(qk.Int8WeightOnlyConfig(group_size=group), n, k, dtype)
-    x, bias = _x(m, k, dtype, n)
+    w = _weight(qk.Int8WeightOnlyConfig(group_size=group), n, k, dtype, device)
+    x, bias = _x(m, k, dtype, n, device)
     out = torch.ops.torchqkit_triton.linear_int8wo_plain(x, w.qdata, w.scale, bias)
     torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
 
@@ -102,21 +119,23 @@ def test_int8_weight_only(group, m, dtype):
 @pytest.mark.parametrize("double_quant", [False, True], ids=["absmax", "double-quant"])
 @pytest.mark.parametrize("m", MS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_nf4(double_quant, m, dtype):
+def test_nf4(double_quant, m, dtype, device):
+    _check_case(device, m, dtype)
     n, k = 37, 64  # K = one NF4 block of 64
-    w = _weight(qk.NF4WeightOnlyConfig(block_size=64, double_quant=double_quant), n, k, dtype)
+    w = _weight(qk.NF4WeightOnlyConfig(block_size=64, double_quant=double_quant), n, k, dtype, device)
     assert (w.scale is None) == double_quant
-    x, bias = _x(m, k, dtype, n)
+    x, bias = _x(m, k, dtype, n, device)
     out = torch.ops.torchqkit_triton.linear_nf4wo(x, w.qdata, w.scale, w.scale_codes, w.scale_block_scale,
                                                   w.scale_offset, 64, bias)
     torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
 
 
-def test_nf4_double_quant_spans_several_second_level_groups():
+def test_nf4_double_quant_spans_several_second_level_groups(device):
     """260 rows x 1 block: the 8-bit absmax codes span two groups of 256 (two block scales)."""
-    w = _weight(qk.NF4WeightOnlyConfig(block_size=64, double_quant=True), 260, 64, torch.float32)
+    _check_case(device)
+    w = _weight(qk.NF4WeightOnlyConfig(block_size=64, double_quant=True), 260, 64, torch.float32, device)
     assert w.scale_block_scale.numel() == 2
-    x, _ = _x(3, 64, torch.float32)
+    x, _ = _x(3, 64, torch.float32, device=device)
     out = torch.ops.torchqkit_triton.linear_nf4wo(x, w.qdata, None, w.scale_codes, w.scale_block_scale,
                                                   w.scale_offset, 64)
     torch.testing.assert_close(out, _expected(x, w, None), **TOL[torch.float32])
@@ -126,10 +145,11 @@ def test_nf4_double_quant_spans_several_second_level_groups():
                                     pytest.param(qk.MXFP8WeightOnlyConfig(), id="mxfp8")])
 @pytest.mark.parametrize("m", MS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_mx(config, m, dtype):
+def test_mx(config, m, dtype, device):
+    _check_case(device, m, dtype)
     n, k = 37, 32  # K = one MX block
-    w = _weight(config, n, k, dtype)
-    x, bias = _x(m, k, dtype, n)
+    w = _weight(config, n, k, dtype, device)
+    x, bias = _x(m, k, dtype, n, device)
     out = torch.ops.torchqkit_triton.linear_mxwo(x, w.qdata, w.scale, bias)
     torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
 
@@ -141,10 +161,11 @@ def test_mx(config, m, dtype):
 ])
 @pytest.mark.parametrize("m", MS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_float8_weight_only(config, m, dtype):
+def test_float8_weight_only(config, m, dtype, device):
+    _check_case(device, m, dtype)
     n, k = 40, 32  # K: two 16-wide scale blocks; N = 5 blocks of 8, not a multiple of the 64-column tile
-    w = _weight(config, n, k, dtype)
-    x, bias = _x(m, k, dtype, n)
+    w = _weight(config, n, k, dtype, device)
+    x, bias = _x(m, k, dtype, n, device)
     out = torch.ops.torchqkit_triton.linear_fp8wo(x, w.qdata, w.scale, bias)
     torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
 
@@ -155,24 +176,27 @@ def test_float8_weight_only(config, m, dtype):
 
 @pytest.mark.parametrize("fmt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3fn", "e5m2"])
 @pytest.mark.parametrize("m", MS)
-def test_float8_rowwise(fmt, m):
+def test_float8_rowwise(fmt, m, device):
+    _check_case(device, m)
     n, k = 37, 16  # K = one tl.dot step
     torch.manual_seed(m)
-    a = (torch.randn(m, k) * 8).to(fmt)
-    b = (torch.randn(n, k) * 8).to(fmt)
-    sa, sb, bias = torch.rand(m, 1) + 0.5, torch.rand(n, 1) + 0.5, torch.randn(n)
+    a = (torch.randn(m, k) * 8).to(fmt).to(device)
+    b = (torch.randn(n, k) * 8).to(fmt).to(device)
+    sa, sb, bias = (t.to(device) for t in (torch.rand(m, 1) + 0.5, torch.rand(n, 1) + 0.5, torch.randn(n)))
     out = torch.ops.torchqkit_triton.scaled_mm_fp8_rowwise(a, b, sa, sb, bias, torch.float32)
     torch.testing.assert_close(out, reference.scaled_mm_fp8_rowwise_ref(a, b, sa, sb, bias), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("fmt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3fn", "e5m2"])
-def test_float8_decoder_covers_every_byte(fmt):
+def test_float8_decoder_covers_every_byte(fmt, device):
     """All 256 bytes but NaN and inf through the kernel: row i of a holds byte i, b is the identity."""
+    _check_case(device)
     codes = torch.arange(256, dtype=torch.uint8).view(fmt)
     finite = codes.float().isfinite()
-    a = codes[finite].reshape(-1, 1)
-    eye = torch.ones(1, 1).to(fmt)
-    out = float8_rowwise.scaled_mm_fp8_rowwise(a, eye, torch.ones(a.shape[0], 1), torch.ones(1, 1))
+    a = codes[finite].reshape(-1, 1).to(device)
+    eye = torch.ones(1, 1).to(fmt).to(device)
+    out = float8_rowwise.scaled_mm_fp8_rowwise(a, eye, torch.ones(a.shape[0], 1, device=device),
+                                               torch.ones(1, 1, device=device))
     torch.testing.assert_close(out, a.float(), atol=0, rtol=0)
 
 
@@ -180,12 +204,14 @@ def test_float8_decoder_covers_every_byte(fmt):
 # registration: the interpreter path is a custom op with a fake impl, so it compiles and passes opcheck
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter registration: TRITON_INTERPRET=1")
 def test_interpreter_ops_pass_opcheck():
     w = _weight(qk.Int8WeightOnlyConfig(), 37, 16, torch.float32)
     x, bias = _x(3, 16, torch.float32, 37)
     torch.library.opcheck(torch.ops.torchqkit_triton.linear_int8wo_plain.default, (x, w.qdata, w.scale, bias))
 
 
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter registration: TRITON_INTERPRET=1")
 def test_interpreter_op_compiles_fullgraph():
     w = _weight(qk.MXFP4WeightOnlyConfig(), 37, 32, torch.float32)
     x, _ = _x(3, 32, torch.float32)
@@ -193,6 +219,7 @@ def test_interpreter_op_compiles_fullgraph():
     torch.testing.assert_close(fn(x), mx_weight_only.linear_mxwo(x, w.qdata, w.scale), atol=0, rtol=0)
 
 
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter registration: TRITON_INTERPRET=1")
 def test_launchers_raise_on_wrong_inputs():
     w = _weight(qk.Int8WeightOnlyConfig(), 37, 16, torch.float32)
     with pytest.raises(ValueError, match="int8 qdata"):
@@ -202,11 +229,12 @@ def test_launchers_raise_on_wrong_inputs():
                                      None, 64)
 
 
-def test_nf4_level_select_tree_is_the_oracle_table():
+def test_nf4_level_select_tree_is_the_oracle_table(device):
     """One weight row holding every code once, absmax 1: the kernel's output is the level table itself."""
     from torchqkit.core.qdtype import nf4
+    _check_case(device)
     codes = torch.arange(16, dtype=torch.uint8)
-    qdata = ((codes[0::2] << 4) | codes[1::2]).reshape(1, 8)   # high nibble = even k
-    eye = torch.eye(16)
-    out = nf4_weight_only.linear_nf4wo(eye, qdata, torch.ones(1, 1), None, None, None, 16)  # (16, 1)
-    torch.testing.assert_close(out.reshape(16), torch.tensor(nf4.levels), atol=0, rtol=0)
+    qdata = ((codes[0::2] << 4) | codes[1::2]).reshape(1, 8).to(device)   # high nibble = even k
+    eye = torch.eye(16, device=device)
+    out = nf4_weight_only.linear_nf4wo(eye, qdata, torch.ones(1, 1, device=device), None, None, None, 16)  # (16, 1)
+    torch.testing.assert_close(out.reshape(16).cpu(), torch.tensor(nf4.levels), atol=0, rtol=0)

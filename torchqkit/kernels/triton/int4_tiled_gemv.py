@@ -10,10 +10,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from .decode import int4_tiled_tile
-from .registration import gemv_configs, gpu_family
+from .registration import gemv_configs, gpu_family, traceable
 
 
 _CONFIGS = gemv_configs(gpu_family(), k_multiple=32)
@@ -62,7 +61,7 @@ def launch(x2, qdata, scale_and_zero, group_size, out_features, bias=None):
     q, sz = qdata.contiguous(), scale_and_zero.contiguous()
     if m and n:
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
-        wrap_triton(_int4_tiled_gemv_kernel)[grid](
+        traceable(_int4_tiled_gemv_kernel)[grid](
             x2, q, sz, parts, m, n, k, group_size, q.shape[1], q.shape[3], q.shape[0] * 8, x2.stride(0))
     out = parts.sum(0)
     if bias is not None:

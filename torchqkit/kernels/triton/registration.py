@@ -4,7 +4,9 @@ Why the namespace exists: Note [Why a torchqkit_triton namespace] in __init__.py
 ``torch.library.triton_op`` (Inductor traces into the kernel through ``wrap_triton``); under ``TRITON_INTERPRET=1``
 a plain ``torch.library.custom_op`` with a fake impl, because torch.compile can't trace a triton_op when the
 interpreter runs (docs/platform.md, "Triton on CPU").
-The launcher body is the same in both cases: it always launches through ``wrap_triton``.
+The launcher body is the same in both cases: it launches through ``traceable(kernel)``, which is ``wrap_triton`` on a
+GPU and the kernel itself under the interpreter (there the op is opaque to torch.compile anyway, and torch 2.11's
+``wrap_triton`` can't take an interpreted kernel: it looks for the compiled kernel's ``.fn``).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from torch.library import wrap_triton
 from ..registry import op_def
 
 __all__ = ["INTERPRET", "TRITON_OPS", "register", "gpu_family", "matmul_configs", "gemv_configs", "dot_precision",
-           "launch_tiled"]
+           "launch_tiled", "traceable"]
 
 # Read once, like triton itself (it decides at @triton.jit time): conftest.py sets it before any import.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -83,9 +85,14 @@ def dot_precision(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float32 else None
 
 
+def traceable(kernel):
+    """``kernel`` as a launcher calls it: through ``wrap_triton`` on a GPU, so Inductor traces into the kernel of a
+    triton_op; as it is under the interpreter (see the module docstring)."""
+    return kernel if INTERPRET else wrap_triton(kernel)
+
+
 def launch_tiled(kernel, m: int, n: int, *args, **meta) -> None:
-    """Launch an autotuned GEMM ``kernel`` on the (M tiles, N tiles) grid; nothing to do when the output is empty.
-    Always through ``wrap_triton``, so Inductor traces into the kernel when the launcher is a triton_op."""
+    """Launch an autotuned GEMM ``kernel`` on the (M tiles, N tiles) grid; nothing to do when the output is empty."""
     if m and n:
         grid = lambda cfg: (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))  # noqa: E731
-        wrap_triton(kernel)[grid](*args, **meta)
+        traceable(kernel)[grid](*args, **meta)

@@ -1,0 +1,1 @@
+"""``python -m torchqkit export``: a quantized checkpoint written in another tool's format."""
