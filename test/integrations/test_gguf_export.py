@@ -293,3 +293,10 @@ def test_smollm2_file_is_written_back_byte_for_byte(tmp_path):
         assert u.tensor_type == t.tensor_type, t.name
         assert np.array_equal(np.asarray(u.data).view(np.uint8), np.asarray(t.data).view(np.uint8)), t.name
     assert not theirs
+
+
+def test_gguf_options_are_refused_with_another_target(tmp_path, capsys):
+    from torchqkit.cli import main
+    assert main(["export", str(tmp_path), "--compressed-tensors", str(tmp_path / "ct"), "--requantize"]) == 2
+    assert "--requantize and --tokenizer apply to --gguf only" in capsys.readouterr().err
+    assert not (tmp_path / "ct").exists()
