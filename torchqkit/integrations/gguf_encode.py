@@ -96,7 +96,8 @@ def _layout_problem(w, k: int) -> str | None:
 
 def _affine_form(w, parts):
     """Per source group: (s, b, shift), w = s q + b; ``shift`` is the integer code that makes b zero (symmetric
-    form) or None. s and b are float64 (exact for float32 inputs), shift int64."""
+    form) or None. s and b are computed in float64 from the stored values, so the float16 rounding is the one that
+    counts; shift is int64."""
     s = parts.scale.double()
     zpd = ZeroPointDomain(w.zero_point_domain)
     if zpd is ZeroPointDomain.NONE:
@@ -113,7 +114,6 @@ def _affine_form(w, parts):
 
 def _codes_fit(target: GGUFTarget, q, shift, qmin: int) -> torch.Tensor | None:
     """The codes u the target stores (n, k), or None when some code falls outside its range."""
-    n, k = q.shape
     if target.has_min:
         u = q - qmin
     else:
