@@ -1,6 +1,6 @@
 """python -m benchmarks <group> [options]   (python -m benchmarks <group> --help for each group's own)
 
-Groups: kernels, targets, decode, prefill, quality, calibration, load, train, distributed; then
+Groups: kernels, targets, decode, prefill, quality, calibration, load, gguf_export, train, distributed; then
 plot (PNG figures from the JSON lines) and report (markdown tables of the latest run per case).
 
 Run it from the repository root: the benchmarks package sits next to torchqkit, not inside the installed package."""
@@ -17,6 +17,7 @@ GROUPS = {
     "quality": "perplexity per config (and peers), a synthetic decoder's tok/s, MiniLM throughput",
     "calibration": "GPTQ / AWQ / SmoothQuant / static int8 against round-to-nearest; GPTQ memory",
     "load": "loading: GGUF two ways, transformers' from_pretrained five ways",
+    "gguf_export": "llama.cpp reading save_gguf's files: perplexity next to torchqkit's and llama.cpp's Q4_0 / Q4_1",
     "train": "QAT recovery on MiniLM, float8 training loss curves",
     "distributed": "tensor parallel, per-rank loading and FSDP2 QLoRA over 2 processes",
 }

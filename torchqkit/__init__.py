@@ -25,6 +25,7 @@ from .layouts import PackedIntxLayout, TensorCoreTiledLayout
 from .hf import from_pretrained, save_pretrained
 from .integrations import hf_registration as _hf_registration
 from .integrations.gguf import GGUFError, from_gguf
+from .integrations.gguf_export import GGUFExportReport, GGUFTensorExport, save_gguf
 from .integrations import hub_import as _hub_import  # torchqkit.from_pretrained reads GPTQ / AWQ / compressed-tensors
 from .integrations.compressed_tensors_export import CompressedTensorsExport, save_compressed_tensors
 from .serialization import CheckpointError, load_quantized, quantize_checkpoint, save_quantized
@@ -56,7 +57,8 @@ _PUBLIC = {
                                     "PlainLayout", "TensorCoreTiledLayout", "PackedIntxLayout", "NF4Layout",
                                     "Float8Layout", "MXLayout", "kernels"],
     "checkpoints and integrations": ["save_quantized", "load_quantized", "quantize_checkpoint", "save_pretrained",
-                                     "from_pretrained", "from_gguf", "TorchqkitConfig", "save_compressed_tensors",
+                                     "from_pretrained", "from_gguf", "save_gguf", "GGUFExportReport",
+                                     "GGUFTensorExport", "TorchqkitConfig", "save_compressed_tensors",
                                      "CompressedTensorsExport"],
     "training": ["QATConfig", "prepare_qat_", "convert_qat_", "FakeQuantizedLinear", "add_lora_", "LoRALinear",
                  "enable_float8_training_", "float8_training_status", "Float8TrainingLinear"],

@@ -25,7 +25,21 @@ def _random_block_bytes(rng, rows, k, name):
     return raw.reshape(rows, -1)
 
 
-def write_tiny_llama(path, *, seed=0, down_format_override=None, architecture="llama", tied=True):
+def add_tiny_tokenizer(writer, vocab=VOCAB):
+    """A BPE vocabulary of ``vocab`` placeholder tokens and one merge: enough for llama.cpp's loader and save_gguf's
+    tokenizer copy."""
+    tokens = ["a", "b", "ab"] + [f"<t{i}>" for i in range(3, vocab)]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * vocab)
+    writer.add_token_merges(["a b"])  # llama.cpp refuses a BPE vocabulary without merges
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+
+def write_tiny_llama(path, *, seed=0, down_format_override=None, architecture="llama", tied=True, tokenizer=False,
+                     layer_formats=None):
     import gguf
     from gguf import GGMLQuantizationType as T
     rng = np.random.default_rng(seed)
@@ -39,6 +53,8 @@ def write_tiny_llama(path, *, seed=0, down_format_override=None, architecture="l
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(VOCAB)
+    if tokenizer:
+        add_tiny_tokenizer(w)
 
     def linear(name, rows, k, fmt):
         if fmt == "F16":
@@ -55,7 +71,7 @@ def write_tiny_llama(path, *, seed=0, down_format_override=None, architecture="l
     shapes = {"attn_q": (HIDDEN, HIDDEN), "attn_k": (KV_HEADS * head_dim, HIDDEN),
               "attn_v": (KV_HEADS * head_dim, HIDDEN), "attn_output": (HIDDEN, HIDDEN),
               "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN)}
-    for i, formats in enumerate(LAYER_FORMATS):
+    for i, formats in enumerate(layer_formats or LAYER_FORMATS):
         w.add_tensor(f"blk.{i}.attn_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
         for kind, (rows, k) in shapes.items():

@@ -33,7 +33,8 @@ from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .gguf_blocks import BLOCK_FORMATS, decode_blocks
 from .gguf_checks import check_hyperparameters, check_tensor_ranges
 
-__all__ = ["from_gguf", "GGUFError", "SUPPORTED_ARCHITECTURES"]
+__all__ = ["from_gguf", "GGUFError", "SUPPORTED_ARCHITECTURES", "open_gguf_reader", "gguf_to_hf_names",
+           "gguf_dependencies"]
 
 # Architectures whose GGUF tensor names and q/k row order transformers maps to a LLaMA-style model.
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
@@ -41,11 +42,13 @@ _FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat
 
 
 class GGUFError(ValueError):
-    """A GGUF file torchqkit can't import; the message names the file, the tensor or field, and what to do.
+    """A GGUF file torchqkit can't import, or a model it can't export; the message says what and what to do.
 
     Raised by ``from_gguf``: a malformed or truncated file, tensor records that point outside it, hyperparameters
     that don't fit the architecture, or a tensor that can't be decoded. Everything is checked before the model is
-    built where possible. A ``ValueError``.
+    built where possible. Raised by ``save_gguf`` before anything is written: a tensor with no exact GGUF type
+    (the message names the tensor, its layout and the options), an architecture or tokenizer it can't write.
+    A ``ValueError``.
 
     Example:
         ```python
@@ -88,7 +91,7 @@ def from_gguf(path, *, progress: bool | None = None) -> nn.Module:
         print(model.torchqkit_report)
         ```
     """
-    gguf, transformers = _dependencies()
+    gguf, transformers = gguf_dependencies()
     path = Path(path)
     reader = _open_reader(gguf, path)  # Note [Checked GGUF files], 1: tensor records
     arch = _architecture(reader, path)
@@ -97,7 +100,7 @@ def from_gguf(path, *, progress: bool | None = None) -> nn.Module:
     config = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    names = _gguf_to_hf_names(gguf, model, arch)
+    names = gguf_to_hf_names(gguf, model, arch)
     plan = _plan(reader, names, model, path)  # every check before any tensor is read
     _materialize_buffers(model)
     entries = []
@@ -121,10 +124,11 @@ def from_gguf(path, *, progress: bool | None = None) -> nn.Module:
                       f"dequantized to float32: " + "; ".join(f"{e.fqn} ({e.reason})" for e in fallback[:8])
                       + (" ..." if len(fallback) > 8 else ""), stacklevel=2)
     model.torchqkit_report = QuantizationReport(entries)
+    model.torchqkit_gguf_source = str(path)  # save_gguf copies this file's tokenizer
     return model.eval()
 
 
-def _dependencies():
+def gguf_dependencies():
     try:
         import gguf
         import transformers
@@ -132,6 +136,12 @@ def _dependencies():
         raise ImportError(f"torchqkit.from_gguf needs the gguf and transformers packages ({e.name} is missing): "
                           f'pip install "torchqkit[gguf]"') from None
     return gguf, transformers
+
+
+def open_gguf_reader(path):
+    """gguf-py's reader on a GGUF file, every tensor record checked (``GGUFError`` otherwise)."""
+    gguf, _ = gguf_dependencies()
+    return _open_reader(gguf, Path(path))
 
 
 def _open_reader(gguf, path):
@@ -169,7 +179,7 @@ def _architecture(reader, path) -> str:
     return arch
 
 
-def _gguf_to_hf_names(gguf, model, arch) -> dict[str, str]:
+def gguf_to_hf_names(gguf, model, arch) -> dict[str, str]:
     """GGUF tensor name -> the model's parameter name, from gguf-py's own table of each architecture's names."""
     arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     table = gguf.get_tensor_name_map(arch_id, model.config.num_hidden_layers)
