@@ -124,3 +124,21 @@ def op_calls(code: str, op: str) -> int:
 
 # A float matmul in compiled code, in either wrapper.
 FLOAT_MM_CALLS = ("extern_kernels.mm(", "extern_kernels.addmm(", "aoti_torch_cpu_mm_out(", "aoti_torch_cpu_addmm_out(")
+
+
+def small_hf_llama(seed: int = 0, init_std: float | None = 0.2):
+    """transformers' LlamaForCausalLM at widths every layout takes (hidden 64, intermediate 160, 2 layers, 4 query /
+    2 KV heads, tied 128-token embeddings), seeded; matrices drawn with std ``init_std`` (larger than transformers'
+    0.02, so logits depend on every weight), or transformers' own init with None."""
+    import transformers
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = transformers.LlamaForCausalLM(config)
+    if init_std is not None:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() > 1:
+                    p.normal_(0, init_std)
+    return model

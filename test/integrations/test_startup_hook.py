@@ -16,6 +16,7 @@ import torch
 
 import _torchqkit_startup
 import torchqkit as qk
+from test.common import small_hf_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -36,11 +37,7 @@ def _run(tmp_path, code: str, **env) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    model = transformers.LlamaForCausalLM(config)
+    model = small_hf_llama(init_std=None)
     config = qk.ModuleConfigs({r"re:.*\.mlp\..*": qk.NF4WeightOnlyConfig(block_size=32),
                                "_default": qk.Int4WeightOnlyConfig(group_size=32)})
     qk.quantize_(model, config)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import torchqkit as qk
+from test.common import small_hf_llama
 from torchqkit.serialization.safetensors_file import CheckpointError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read by huggingface_hub at import: before transformers
@@ -25,15 +26,7 @@ MIXED = {"lm_head": qk.Int8WeightOnlyConfig(), r"re:.*\.mlp\..*": qk.NF4WeightOn
 
 @pytest.fixture(scope="module")
 def float_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.2)
+    model = small_hf_llama()
     path = tmp_path_factory.mktemp("float")
     model.save_pretrained(path)
     return path

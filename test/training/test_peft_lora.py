@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torchqkit as qk
+from test.common import small_hf_llama
 from torchqkit.api.configs import recipe_for
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read by huggingface_hub at import: before transformers
@@ -25,16 +26,7 @@ CONFIGS = {"plain_int8": qk.Int8WeightOnlyConfig(), "tensor_core_tiled": qk.Int4
 
 
 def _float_model():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.2)
-    return model
+    return small_hf_llama()
 
 
 def _quantized(config):
