@@ -22,14 +22,13 @@ OUTDIR=""
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     -*) echo "gpu_check: unknown option $arg (usage: bash .ci/gpu_check.sh [--dry-run] [OUTDIR])" >&2; exit 2 ;;
     *) OUTDIR=$arg ;;
   esac
 done
 OUTDIR=${OUTDIR:-${OUT:-$PWD/gpu-check-out}}
 PY=${PYTHON:-python}
-mkdir -p "$OUTDIR" || { echo "gpu_check: can't create $OUTDIR" >&2; exit 2; }
 
 # First line: which torch and GPU this is, and what the command needs.
 PROBE=$("$PY" - <<'PY' 2>&1
@@ -48,6 +47,7 @@ if [ "$DRY_RUN" = 1 ] && [ -n "$GPU_NAME" ]; then
   echo "gpu_check: --dry-run is the CPU rehearsal, but this machine has $GPU_NAME: run without --dry-run" >&2
   exit 2
 fi
+mkdir -p "$OUTDIR" || { echo "gpu_check: can't create $OUTDIR" >&2; exit 2; }
 MODE=$([ "$DRY_RUN" = 1 ] && echo "dry run on CPU" || echo "$GPU_NAME (sm_$GPU_CAP)")
 echo "gpu_check: torch $TORCH_VERSION (CUDA $TORCH_CUDA), $MODE; needs torch >= 2.11; output in $OUTDIR"
 
