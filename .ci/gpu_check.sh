@@ -112,23 +112,19 @@ build() {
     ls torchqkit/_C_cuda*.so >/dev/null 2>&1 || { echo "gpu_check: no torchqkit/_C_cuda*.so after the build"; return 1; }
     echo "$stamp" >torchqkit/_C_cuda.fingerprint
   fi
-  "$PY" - <<'PY'
+  cuda_status
+}
+
+# kernels.status() for cuda; exits 1 where the CUDA extension should have loaded (not in a dry run) and didn't.
+cuda_status() {
+  TRITON_INTERPRET=$DRY_RUN "$PY" - "$DRY_RUN" <<'PY'
 import sys
 from torchqkit import kernels
 print(f"CUDA extension loaded: {kernels.CUDA_EXTENSION_LOADED} ({kernels.CUDA_EXTENSION_REASON}); C++ CUDA ops: "
       f"{', '.join(kernels.CUDA_OPS) or 'none'}")
 for row in kernels.backend_status(devices=("cuda",)):
     print(f"  {row['linear']}: {row['path']} ({row['why']})")
-sys.exit(0 if kernels.CUDA_EXTENSION_LOADED and kernels.CUDA_OPS else 1)
-PY
-}
-
-status_dry_run() {
-  TRITON_INTERPRET=1 "$PY" - <<'PY'
-from torchqkit import kernels
-print(f"dry run: no CUDA extension to build ({kernels.CUDA_EXTENSION_REASON}); what cuda would get here:")
-for row in kernels.backend_status(devices=("cuda",)):
-    print(f"  {row['linear']}: {row['path']} ({row['why']})")
+sys.exit(0 if sys.argv[1] == "1" or (kernels.CUDA_EXTENSION_LOADED and kernels.CUDA_OPS) else 1)
 PY
 }
 
@@ -218,12 +214,12 @@ bench() {
 }
 
 export DRY_RUN OUTDIR PY GPU_CAP TORCH_VERSION
-export -f build status_dry_run gpu_tests bench
+export -f build cuda_status gpu_tests bench
 # bash exports no arrays: gpu_tests reads TEST_GROUPS through this line
 export TEST_GROUPS_DECL=$(declare -p TEST_GROUPS)
 # Limits: the device allows 10 minutes per command; these sum to 8 (the budget in docs/reference/gpu-runs.md).
 if [ "$DRY_RUN" = 1 ]; then
-  step build 60 status_dry_run
+  step build 60 cuda_status
 else
   step build 150 build
 fi

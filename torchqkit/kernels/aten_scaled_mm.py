@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["scaled_mm"]
+__all__ = ["scaled_mm", "unaliased_cast"]
 
 
 def _pad_to(t: torch.Tensor, rows: int, cols: int, value: float = 0.0) -> torch.Tensor:
@@ -69,12 +69,16 @@ def scaled_mm(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: 
         return _unpadded(out, m, n)
     one = torch.ones((), dtype=torch.float32, device=a.device)
     product = torch._scaled_mm(codes_a, codes_b, scale_a=one, scale_b=one, out_dtype=torch.float32)
-    out = _unpadded(product, m, n) * scale_a * scale_b
-    return out if out_dtype == torch.float32 else out.to(out_dtype)
+    return unaliased_cast(_unpadded(product, m, n) * scale_a * scale_b, out_dtype)
 
 
+# No aliasing no-ops (a full slice, a .to() of the same dtype) on a result: under torch 2.11's torch.compile an
+# autograd.Function whose forward returns an alias of its result loses its custom backward's weight gradient
+# (float8 training's; measured all zeros, test/training/test_float8_training.py).
 def _unpadded(out: torch.Tensor, m: int, n: int) -> torch.Tensor:
-    # No aliasing no-ops (a full slice, a .to() of the same dtype) on a result: under torch 2.11's torch.compile an
-    # autograd.Function whose forward returns an alias of its result loses its custom backward's weight gradient
-    # (float8 training's; measured all zeros, test/training/test_float8_training.py).
     return out if out.shape == (m, n) else out[:m, :n]
+
+
+def unaliased_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype``: ``t`` itself when it already is, never a no-op ``.to()`` (see above)."""
+    return t if t.dtype == dtype else t.to(dtype)

@@ -54,13 +54,7 @@ def scaled_mm(a: Float8Operand, b: Float8Operand, out_dtype: torch.dtype) -> tor
     """(a.codes * a.scale) @ (b.codes * b.scale) in ``out_dtype``, accumulated in float32."""
     if matmul_backend(a.codes.device)[0] == SCALED_MM:
         return scaled_mm_on_tensor_cores(a, b, out_dtype)
-    return _in_dtype(a.dequantize() @ b.dequantize(), out_dtype)
-
-
-def _in_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # Never a no-op .to(): under torch 2.11's torch.compile, an autograd.Function whose forward returns
-    # ``t.to(t.dtype)`` (t itself) loses its custom backward's gradients for the weight (measured: all zeros).
-    return t if t.dtype == dtype else t.to(dtype)
+    return aten_scaled_mm.unaliased_cast(a.dequantize() @ b.dequantize(), out_dtype)
 
 
 def scaled_mm_on_tensor_cores(a: Float8Operand, b: Float8Operand, out_dtype: torch.dtype) -> torch.Tensor:
