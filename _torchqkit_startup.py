@@ -27,8 +27,12 @@ import sys  # built in; importlib and warnings are imported only when the hook f
 SWITCH = "TORCHQKIT_NO_STARTUP_HOOK"
 PTH_NAME = "torchqkit-startup.pth"
 # site executes a .pth line that starts with "import"; `os` is already imported by site, so the switch costs
-# nothing, and with the switch set this module is not imported at all.
-PTH_LINE = f"import os; os.environ.get({SWITCH!r}) == '1' or __import__('_torchqkit_startup').install()\n"
+# nothing, and with the switch set this module is not imported at all. An editable install whose source checkout
+# was moved or deleted leaves the .pth behind with nothing to import: the line then does nothing, rather than
+# printing a traceback at every interpreter start (`import torchqkit` still fails and says why). One line can't
+# hold a try statement, so the line execs one.
+PTH_LINE = (f"import os; os.environ.get({SWITCH!r}) == '1' or exec('try: import _torchqkit_startup as m\\n"
+            f"except ImportError: pass\\nelse: m.install()')\n")
 
 TRIGGER = "transformers.quantizers.auto"
 _REGISTRATION = "torchqkit.integrations.hf_registration"

@@ -96,3 +96,18 @@ def test_pth_line_is_one_import_line():
     """site runs a .pth line only when it starts with "import", and only one line at a time."""
     line = _torchqkit_startup.PTH_LINE
     assert line.startswith("import ") and line.count("\n") == 1 and line.endswith("\n")
+
+
+def test_pth_line_is_silent_when_the_package_is_gone(tmp_path):
+    """An editable install whose checkout was deleted leaves the .pth with nothing to import: no traceback at start."""
+    site_dir = tmp_path / "site-packages"
+    site_dir.mkdir()
+    (site_dir / _torchqkit_startup.PTH_NAME).write_text(_torchqkit_startup.PTH_LINE)
+    # -S: no site-packages, so neither the installed package nor its editable finder can supply _torchqkit_startup
+    code = (f"import site, sys; site.addsitedir({str(site_dir)!r}); "
+            "print('_torchqkit_startup' in sys.modules, 'torchqkit' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", _torchqkit_startup.SWITCH)}
+    run = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, env=env,
+                         cwd=tmp_path)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    assert run.stdout.split() == ["False", "False"]
