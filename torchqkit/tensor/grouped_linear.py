@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ..core import granularity as _granularity
 from ..core.qdtype import qdtype_from_name
+from ..kernels.status import register_status_rows
 from ..layouts.base import Layout
 from .activation import ActivationQuantSpec, KernelPreference
 
@@ -100,3 +101,10 @@ def grouped_linear(x: torch.Tensor, w, offs: torch.Tensor) -> torch.Tensor:
                                   f"{w!r}")
     tensors = [getattr(w, n) for n in w.qlayout.tensor_names]
     return _grouped_linear_op(x.contiguous(), offs, tensors, expert_spec(w))
+
+
+register_status_rows(lambda: [{
+    "layout": "(experts)", "linear": "torch._grouped_mm / torch.bmm on a quantized expert stack (E, N, K)",
+    "path": "torchqkit::grouped_linear_quantized (per routed expert: its layout's linear row above)",
+    "why": "no fused multi-expert kernel: one call of the layout's 2-d kernel per expert with tokens, empty groups "
+           "skipped (Note [Grouped quantized linear])"}])
