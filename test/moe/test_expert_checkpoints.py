@@ -61,3 +61,24 @@ def test_a_header_whose_expert_shape_lies_is_refused(tmp_path):
     fresh = transformers.MixtralForCausalLM(model.config)
     with pytest.raises(qk.CheckpointError, match=r"model.layers.0.mlp.experts.down_proj.*qdata has shape \[4, 64, 32\]"):
         qk.load_quantized(fresh, path)
+
+
+def test_transformers_from_pretrained_loads_and_quantizes_experts(tmp_path):
+    """AutoModelForCausalLM.from_pretrained reads a torchqkit checkpoint's expert stacks (no float expert weights),
+    and with quantization_config quantizes a float MoE checkpoint's experts (once loading is done) as quantize_ does;
+    model.save_pretrained keeps each stack whole (transformers would split fused experts back per expert)."""
+    model = tiny_moe("qwen3_moe")
+    model.save_pretrained(tmp_path / "float")
+    config = qk.Int4WeightOnlyConfig(group_size=32)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "float", quantization_config=qk.TorchqkitConfig(config)).eval()
+    report = qk.quantize_(model, config)
+    assert [(e.fqn, e.status, e.bytes_after) for e in loaded.torchqkit_report.entries] == [
+        (e.fqn, e.status, e.bytes_after) for e in report.entries]
+    assert len(expert_stacks(loaded)) == 4 and torch.equal(_logits(loaded), _logits(model))
+    loaded.save_pretrained(tmp_path / "int4")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "int4").eval()
+    assert len(expert_stacks(back)) == 4 and torch.equal(_logits(back), _logits(model))
+    model.save_pretrained(tmp_path / "adopted")  # quantize_ made torchqkit this model's quantizer
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "adopted").eval()
+    assert len(expert_stacks(back)) == 4 and torch.equal(_logits(back), _logits(model))

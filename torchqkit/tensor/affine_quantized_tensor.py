@@ -116,8 +116,8 @@ class AffineQuantizedTensor(torch.Tensor):
         if self.input_scale is not None:
             _check_input_scale(self.input_scale, logical_shape)
         if len(logical_shape) not in (2, 3):
-            raise ValueError(f"a quantized weight is 2-d (N, K), or 3-d (E, N K) for experts (see Note [Expert "
-                             f"weights] in tensor/experts.py); got logical shape {tuple(logical_shape)}")
+            raise ValueError(f"a quantized weight is 2-d (N, K), or 3-d (E, N, K) for a stack of experts; got "
+                             f"logical shape {tuple(logical_shape)}")  # see Note [Expert weights] in experts.py
         self.qdtype = qdtype
         self.block_size = tuple(int(b) for b in block_size)
         self.logical_shape = tuple(int(s) for s in logical_shape)
