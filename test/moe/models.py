@@ -28,6 +28,14 @@ def tiny_moe(name: str, seed: int = 0) -> nn.Module:
     if name == "mixtral":
         return transformers.MixtralForCausalLM(transformers.MixtralConfig(**_COMMON, intermediate_size=32,
                                                                           num_local_experts=4)).eval()
+    if name == "gpt_oss":  # experts stored transposed, (E, K, N), with biases; an nn.Module "router"
+        config = transformers.GptOssConfig(**_COMMON, intermediate_size=32, head_dim=16, num_local_experts=4,
+                                           layer_types=["full_attention", "full_attention"])
+        model = transformers.GptOssForCausalLM(config).eval()
+        with torch.no_grad():  # its experts and biases start at zero (empty / zeros): give them values
+            for p in model.parameters():
+                p.normal_(0, 0.05)
+        return model
     config = transformers.OlmoeConfig(**_COMMON, intermediate_size=32, num_experts=8)
     return transformers.OlmoeForCausalLM(config).eval()
 

@@ -192,3 +192,20 @@ def test_generate_with_quantized_experts():
         out = model.generate(IDS[:1], max_new_tokens=6, do_sample=False)
         assert out.shape == (1, 13) and torch.equal(out, float_model.generate(IDS[:1], max_new_tokens=6,
                                                                               do_sample=False))
+
+
+@pytest.mark.parametrize("config", ["int4", "int8"])
+def test_transposed_experts_with_biases(config):
+    """gpt-oss stores its experts (E, K, N) with float biases and calls ``x @ w[e]`` in its eager path: the stacks
+    are transposed views of (E, N, K) quantized experts, the biases stay float, the router ("router") stays float."""
+    model = tiny_moe("gpt_oss")
+    report = qk.quantize_(model, WEIGHT_ONLY[config], strict=True)
+    stacks = expert_stacks(model)
+    assert {n: (tuple(s.shape), s.transposed) for n, s in stacks.items() if ".0." in n} == {
+        "model.layers.0.mlp.experts.gate_up_proj": ((4, 64, 64), True),
+        "model.layers.0.mlp.experts.down_proj": ((4, 32, 64), True)}
+    assert report["model.layers.0.mlp.router"].status == "kept"
+    assert type(model.model.layers[0].mlp.experts.gate_up_proj_bias) is torch.nn.Parameter
+    float_model = dequantized_copy(model)
+    for impl in IMPLEMENTATIONS:
+        torch.testing.assert_close(_logits(model, impl), _logits(float_model, impl), atol=2e-5, rtol=0)
