@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import torchqkit as qk
 from torchqkit.api.expert_weights import quantize_experts
+from torchqkit.tensor.expert_selection import ExpertSelection
 from torchqkit.tensor.experts import stack_experts
 
 E, N, K = 4, 40, 96  # N not a multiple of the int4 tile (8 rows: 40 is), K = 3 groups of 32
@@ -83,7 +84,8 @@ def test_index_by_expert_ids_and_bmm(weight, name):
     stack = quantize_experts(CONFIGS[name], weight, "experts")
     w = stack.dequantize()
     ids = torch.tensor([3, 1, 3])
-    chosen = stack[ids]
+    chosen = stack[ids]  # no packed byte copied: the stack and the ids
+    assert isinstance(chosen, ExpertSelection) and chosen.stack is stack and torch.equal(chosen.ids, ids)
     assert chosen.shape == (3, N, K) and torch.equal(chosen.dequantize(), w[ids])
     x = torch.randn(3, K)
     out = torch.bmm(chosen, x.unsqueeze(-1)).squeeze(-1)
@@ -92,6 +94,16 @@ def test_index_by_expert_ids_and_bmm(weight, name):
     torch.testing.assert_close(out_t, out, atol=ATOL, rtol=0)
     one = stack[torch.tensor(2)]
     assert one.shape == (N, K) and torch.equal(one.dequantize(), w[2])
+
+
+def test_batched_mm_reads_each_routed_expert_once(weight, monkeypatch):
+    stack = quantize_experts(CONFIGS["int8"], weight, "experts")
+    seen = []
+    real = qk.AffineQuantizedTensor.linear
+    monkeypatch.setattr(qk.AffineQuantizedTensor, "linear",
+                        lambda self, x, bias=None: seen.append((self.qdata.data_ptr(), x.shape[0])) or real(self, x, bias))
+    torch.bmm(stack[torch.tensor([2, 0, 2, 2])], torch.randn(4, K, 1))
+    assert seen == [(stack.qdata[0].data_ptr(), 1), (stack.qdata[2].data_ptr(), 3)]
 
 
 def test_grouped_linear_opcheck(weight):

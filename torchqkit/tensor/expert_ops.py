@@ -4,7 +4,7 @@ What transformers 5.x's expert implementations call on the 3-d Parameter, and wh
   "eager"       ``self.gate_up_proj[expert_idx]`` (aten.select.int), then ``F.linear`` on the 2-d view
   "grouped_mm"  ``w.transpose(-2, -1)`` (aten.transpose.int), then ``torch._grouped_mm(x, wt, offs=offs)``;
                 under torch.compile with a non-bfloat16 weight, its fallback op ``transformers::grouped_mm_fallback``
-  "batched_mm"  ``w[expert_ids]`` (aten.index.Tensor: the routed experts' packed bytes, gathered), then
+  "batched_mm"  ``w[expert_ids]`` (aten.index.Tensor: an ExpertSelection, nothing copied), then
                 ``torch.bmm(w_sel, x.unsqueeze(-1))`` (or ``torch.bmm(x.unsqueeze(1), w_sel)`` for experts stored
                 transposed)
 Both matmuls become the grouped quantized linear (Note [Grouped quantized linear]); detach / clone / ``to`` /
@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from .affine_quantized_tensor import AffineQuantizedTensor
 from .dispatch import EXPERT_OPS, fill_defaults
+from .expert_selection import ExpertSelection
 from .experts import expert_view, gather_experts
 from .generic_ops import _clone, _copy_, _detach, _to_copy
 from .grouped_linear import grouped_linear
@@ -47,7 +48,10 @@ def _index(func, args, kwargs):
     ids = indices[0]
     if ids.dim() == 0:  # w[tensor(e)]: expert e, from a one-expert gather (index is not a view op)
         return expert_view(gather_experts(w, ids.reshape(1)), 0)
-    return gather_experts(w, ids)
+    if ids.dim() != 1 or ids.dtype not in (torch.int64, torch.int32):
+        raise IndexError(f"a quantized expert stack is indexed by a 1-d tensor of expert ids (int64 / int32), got a "
+                         f"{ids.dtype} tensor of shape {tuple(ids.shape)}")
+    return ExpertSelection(w, ids.to(torch.int64))  # no bytes copied: Note [Expert selection]
 
 
 @EXPERT_OPS.implements(aten.transpose.int)
