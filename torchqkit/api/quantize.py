@@ -85,7 +85,9 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
     (shape, dtype, NaN weights, ...) stays in float and is reported as ``"skipped"`` with the reason, with a
     warning (or ``QuantizationError`` with ``strict=True``). A weight shared by several modules (a tied lm_head)
     is quantized once and stays shared; a weight an ``nn.Embedding`` also holds stays in float unless its Linear is
-    named exactly in a ``ModuleConfigs``.
+    named exactly in a ``ModuleConfigs``. The 3-d expert Parameters of mixture-of-experts models (transformers'
+    ``*Experts`` modules) are quantized too, each expert on its own, one entry per Parameter
+    (``...mlp.experts.gate_up_proj``); their router stays float (docs/guides/moe.md).
 
     Args:
         model (torch.nn.Module): the model to quantize, changed in place.
