@@ -68,7 +68,8 @@ class AffineQuantizedTensor(torch.Tensor):
             ``input_scale`` of shape (K,) that multiplies the input before the kernel (AWQ / SmoothQuant scales).
         qdtype (QDType): the codes' quantized dtype.
         block_size (tuple[int, ...]): elements per scale along each dimension of ``logical_shape``.
-        logical_shape (tuple[int, ...]): shape of the stored (untransposed) weight, e.g. (N, K) for a Linear.
+        logical_shape (tuple[int, ...]): shape of the stored (untransposed) weight, e.g. (N, K) for a Linear, or
+            (E, N, K) for a stack of E experts (each inner tensor then has a leading expert dim).
         orig_dtype (torch.dtype): the outer dtype; ``dequantize()`` returns it.
         qlayout (Layout): the layout instance that packed ``tensors`` (``Tensor.layout`` is torch's own).
         zero_point_domain (ZeroPointDomain): where the zero point lives (a member or its value).
@@ -313,7 +314,7 @@ _LINEAR_FUNCS = (F.linear, torch.ops.aten.linear.default)
 
 def _op_qualname(func) -> str:
     """``"namespace::name"`` of an op overload: the key of ops from libraries torchqkit doesn't import (the
-    transformers grouped-matmul fallback, see tensor/experts.py)."""
+    transformers grouped-matmul fallback, see tensor/expert_ops.py)."""
     schema = getattr(func, "_schema", None)
     return "" if schema is None else schema.name
 
