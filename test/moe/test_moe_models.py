@@ -23,6 +23,7 @@ from .models import IMPLEMENTATIONS, MODELS, dequantized_copy, expert_stacks, ti
 
 WEIGHT_ONLY = {
     "int4": qk.Int4WeightOnlyConfig(group_size=32),
+    "int4_hqq": qk.Int4WeightOnlyConfig(group_size=32, algorithm="hqq"),
     "int8": qk.Int8WeightOnlyConfig(),
     "nf4": qk.NF4WeightOnlyConfig(),
     "int3": qk.IntxWeightOnlyConfig(bits=3),
