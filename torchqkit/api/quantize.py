@@ -31,6 +31,7 @@ from .configs.base import QuantConfig, handler_for
 from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
 from .after_quantize import run_after_quantize
+from .expert_weights import plan_experts
 from .report import LayerReport, QuantizationReport
 
 __all__ = ["quantize_", "plan_quantize", "as_module_configs", "quantize_layer", "complete_quantization_",
@@ -84,7 +85,9 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
     (shape, dtype, NaN weights, ...) stays in float and is reported as ``"skipped"`` with the reason, with a
     warning (or ``QuantizationError`` with ``strict=True``). A weight shared by several modules (a tied lm_head)
     is quantized once and stays shared; a weight an ``nn.Embedding`` also holds stays in float unless its Linear is
-    named exactly in a ``ModuleConfigs``.
+    named exactly in a ``ModuleConfigs``. The 3-d expert Parameters of mixture-of-experts models (transformers'
+    ``*Experts`` modules) are quantized too, each expert on its own, one entry per Parameter
+    (``...mlp.experts.gate_up_proj``); their router stays float (docs/guides/moe.md).
 
     Args:
         model (torch.nn.Module): the model to quantize, changed in place.
@@ -187,7 +190,10 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
     exact = set(configs.exact_keys())
     entries: dict[str, LayerReport] = {}
     owned: dict[int, _Owned] = {}  # id(Parameter) -> its owner's plan, see Note [Shared weights]
-    chosen = [fqn for fqn, module in modules.items() if fqn in exact or selected(module, fqn)]
+    # 3-d expert Parameters and their routers: Note [Expert Parameters in quantize_] (expert_weights.py)
+    experts = plan_experts(modules, configs, None if selected is _default_filter else selected, device)
+    chosen = [fqn for fqn, module in modules.items()
+              if (fqn in exact or selected(module, fqn)) and fqn not in experts.routers]
     bar = ProgressLine("quantize_", len(chosen), "layers",
                        enabled=progress_enabled(progress) and (progress or len(chosen) >= PROGRESS_MIN_LAYERS))
     for i, fqn in enumerate(chosen):
@@ -216,13 +222,15 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
         swaps.append(Swap(targets, plan.weight))
         for h in targets:  # holders nobody selected read the new weight too: say so
             entries.setdefault(h.fqn, _shared_entry(h.fqn, plan, plan.config))
-    order = {fqn: i for i, fqn in enumerate(modules)}
-    report = sorted(entries.values(), key=lambda e: order[e.fqn])
+    swaps += [Swap([_Holder(fqn, module, attr)], stack) for fqn, module, attr, stack in experts.swaps]
+    order = {fqn: (i, 0) for i, fqn in enumerate(modules)}
+    order.update({fqn: (order[anchor][0], 1) for fqn, anchor in experts.anchor.items() if fqn not in order})
+    report = sorted([*entries.values(), *experts.entries], key=lambda e: order[e.fqn])
     report += [LayerReport(key, "skipped", "-", "ModuleConfigs names a module the model does not have", 0, 0)
-               for key in sorted(exact - modules.keys())]
+               for key in sorted(exact - modules.keys() - set(experts.names))]
     report += [LayerReport(key, "skipped", "-", "ModuleConfigs pattern selects no module (it matches none, or only "
                            "modules an exact name or an earlier pattern takes)", 0, 0)
-               for key in configs.unmatched(modules)]
+               for key in configs.unmatched([*modules, *experts.names])]
     return QuantizationReport(report), swaps
 
 

@@ -20,11 +20,12 @@ config.json the quantization_config that torchqkit.save_pretrained writes; both 
 """
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
 from torch import nn
-from transformers.core_model_loading import ConversionOps
+from transformers.core_model_loading import ConversionOps, PrefixChange, WeightConverter
 from transformers.quantizers.base import HfQuantizer
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
@@ -174,9 +175,13 @@ class TorchqkitHfQuantizer(HfQuantizer):
         """Every "weight:<inner>" suffix the checkpoint stores: one converter gathers a weight's tensors."""
         if not self.pre_quantized or self.checkpoint is None:
             return {}
-        names = {f"weight{INNER_SEP}{inner}" for name, inners in self.checkpoint.inner.items()
-                 if name.endswith(".weight") for inner in inners}
-        return {"weight": sorted(names)} if names else {}
+        # Keyed by the Parameter's attribute: "weight" for Linears, "gate_up_proj" / "down_proj" / ... for stacks of
+        # experts (Note [Expert weights] in tensor/experts.py).
+        names: dict[str, set[str]] = {}
+        for name, inners in self.checkpoint.inner.items():
+            attr = name.rpartition(".")[2]
+            names.setdefault(attr, set()).update(f"{attr}{INNER_SEP}{inner}" for inner in inners)
+        return {attr: sorted(n) for attr, n in names.items()}
 
     def get_load_operations(self) -> dict:
         return {"deserialize": TorchqkitDeserialize}
@@ -214,6 +219,7 @@ class TorchqkitHfQuantizer(HfQuantizer):
     # -------------------------------------------------------------------------------------------- saving
 
     def get_state_dict_and_metadata(self, model):
+        _keep_expert_stacks_whole(model)
         qc = self.quantization_config
         tensors, metadata, tied = flat_state_dict(model, qc.config)
         record = quantization_record(model, qc.config, tied)
@@ -327,6 +333,22 @@ def adopt_quantized_model(model, config) -> None:
 
 
 register_after_quantize(adopt_quantized_model)
+
+
+def _keep_expert_stacks_whole(model) -> None:
+    """transformers' save_pretrained reverts its load-time conversions, and for MoE models one of them splits each
+    fused 3-d expert Parameter back into per-expert tensors (``experts.gate_up_proj`` -> ``experts.0.gate_proj.weight``,
+    ...). On a quantized stack that would cut its packed inner tensors (``gate_up_proj:qdata``) apart under names the
+    torchqkit header doesn't describe; the stack is saved whole, as the header says, so those converters go."""
+    stacks = [n for n, p in model.named_parameters() if isinstance(p, AffineQuantizedTensor) and p.dim() == 3]
+    if not stacks:
+        return
+    conversions = getattr(model, "_weight_conversions", None)
+    if conversions is None:  # a model not loaded by from_pretrained: transformers would use its built-in mapping
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        conversions = [c for c in get_model_conversion_mapping(model, add_legacy=False) if not isinstance(c, PrefixChange)]
+    model._weight_conversions = [c for c in conversions if not (isinstance(c, WeightConverter) and any(
+        re.search(t, name) for t in c.target_patterns for name in stacks))]
 
 
 def _open_checkpoint_of(checkpoint_files):

@@ -38,6 +38,8 @@ class UnsupportedOpError(NotImplementedError):
 
 
 def _op_name(op) -> str:
+    if isinstance(op, str):  # an op of a library torchqkit doesn't import, keyed by its qualified name
+        return op
     if hasattr(op, "_schema"):  # an aten OpOverload: "aten::mm"
         return str(op._schema.name) + ("" if op._overloadname == "default" else f".{op._overloadname}")
     return f"{op.__module__}.{op.__qualname__}"

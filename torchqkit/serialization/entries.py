@@ -65,15 +65,18 @@ def decode_entry(entry) -> dict:
         got = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
         raise ValueError(f"entry must have the fields {sorted(_ENTRY_KEYS)}, got {got}")
     shape, block_size = _int_list(entry, "shape"), _int_list(entry, "block_size")
-    if len(shape) != 2 or min(shape) < 1:
-        raise ValueError(f"shape must be 2 positive ints (out_features, in_features), got {shape}")
+    if len(shape) not in (2, 3) or min(shape) < 1:
+        raise ValueError(f"shape must be 2 positive ints (out_features, in_features), or 3 for a stack of experts "
+                         f"(experts, out_features, in_features), got {shape}")
     reason = validate_block_size(shape, block_size)
+    if reason is None and len(shape) == 3 and block_size[0] != 1:
+        reason = "a stack of experts has one expert per block along dim 0 (block_size[0] == 1)"
     if reason is not None:
         raise ValueError(f"block_size {block_size} doesn't fit shape {shape}: {reason}")
     layout = _decode_layout(entry["layout"])
     qdtype = qdtype_from_name(_string(entry, "qdtype"))
     zpd = ZeroPointDomain(_string(entry, "zero_point_domain"))
-    reason = layout.supports(WeightFormat.of(qdtype, block_size, shape, zpd))
+    reason = layout.supports(WeightFormat.of(qdtype, block_size[-2:], shape[-2:], zpd))  # each expert's format
     if reason is not None:
         raise ValueError(f"layout can't hold this weight: {reason}")
     if _string(entry, "dtype") not in ORIG_DTYPES:
@@ -94,8 +97,11 @@ def check_tensors(attrs: dict, stored: list[str], shapes: dict[str, tuple], dtyp
     """The stored inner tensors are exactly the ones the layout packs, with the shapes and dtypes it packs (plus
     an optional ``input_scale`` of in_features floats, see Note [Input scale] in tensor/affine_quantized_tensor.py)."""
     layout = attrs["qlayout"]
-    specs = layout.packed_specs(WeightFormat.of(attrs["qdtype"], attrs["block_size"], attrs["logical_shape"],
+    shape, experts = attrs["logical_shape"], attrs["logical_shape"][:-2]  # (E,) for a stack of experts, else ()
+    specs = layout.packed_specs(WeightFormat.of(attrs["qdtype"], attrs["block_size"][-2:], shape[-2:],
                                                 attrs["zero_point_domain"]))
+    # A stack of experts stores each expert's packed tensors with a leading expert dim (Note [Expert weights]).
+    specs = {n: PackedSpec((*experts, *s.shape), s.dtypes) for n, s in specs.items()}
     if INPUT_SCALE in stored:
         specs = {**specs, INPUT_SCALE: PackedSpec((attrs["logical_shape"][-1],), FLOAT_DTYPES)}
     if sorted(stored) != sorted(specs):

@@ -540,7 +540,9 @@ def check_model_shapes(ckpt: _Checkpoint, expected: dict) -> None:
         name = ckpt.tied.get(name, name)
         if name in ckpt.weights:
             a = ckpt.weights[name]
-            shape, dtype = a["logical_shape"][::-1] if a["transposed"] else a["logical_shape"], a["orig_dtype"]
+            shape, dtype = a["logical_shape"], a["orig_dtype"]
+            if a["transposed"]:  # the last two dims swap (a stack of experts keeps its expert dim first)
+                shape = (*shape[:-2], shape[-1], shape[-2])
         else:
             reader = ckpt.readers[ckpt.where[name]]
             shape, dtype = reader.shape(name), reader.dtype(name)

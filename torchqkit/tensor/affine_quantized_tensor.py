@@ -27,7 +27,8 @@ from ..core.primitives import ZeroPointDomain, dequantize_affine
 from ..core.qdtype import QDType
 from .activation import ActivationQuantSpec, KernelPreference, static_scale_problem
 from ..layouts.base import WeightFormat
-from .dispatch import GENERIC_OPS, UnsupportedOpError
+from .dispatch import EXPERT_OPS, GENERIC_OPS, UnsupportedOpError
+from .experts import expert_view
 from .fsdp import post_all_gather, pre_all_gather
 
 __all__ = ["AffineQuantizedTensor", "INPUT_SCALE"]
@@ -67,7 +68,8 @@ class AffineQuantizedTensor(torch.Tensor):
             ``input_scale`` of shape (K,) that multiplies the input before the kernel (AWQ / SmoothQuant scales).
         qdtype (QDType): the codes' quantized dtype.
         block_size (tuple[int, ...]): elements per scale along each dimension of ``logical_shape``.
-        logical_shape (tuple[int, ...]): shape of the stored (untransposed) weight, e.g. (N, K) for a Linear.
+        logical_shape (tuple[int, ...]): shape of the stored (untransposed) weight, e.g. (N, K) for a Linear, or
+            (E, N, K) for a stack of E experts (each inner tensor then has a leading expert dim).
         orig_dtype (torch.dtype): the outer dtype; ``dequantize()`` returns it.
         qlayout (Layout): the layout instance that packed ``tensors`` (``Tensor.layout`` is torch's own).
         zero_point_domain (ZeroPointDomain): where the zero point lives (a member or its value).
@@ -96,8 +98,8 @@ class AffineQuantizedTensor(torch.Tensor):
                 zero_point_domain, act_quant=None, kernel_preference=KernelPreference.AUTO,
                 transposed=False):
         shape = tuple(logical_shape)
-        if transposed:
-            shape = shape[::-1]
+        if transposed:  # the last two dims swap; an expert stack (E, N, K) keeps E first
+            shape = (*shape[:-2], shape[-1], shape[-2])
         first = next(t for t in tensors.values() if t is not None)
         return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=orig_dtype, device=first.device,
                                                    requires_grad=False)
@@ -114,6 +116,9 @@ class AffineQuantizedTensor(torch.Tensor):
         self.input_scale = tensors.get(INPUT_SCALE)
         if self.input_scale is not None:
             _check_input_scale(self.input_scale, logical_shape)
+        if len(logical_shape) not in (2, 3):
+            raise ValueError(f"a quantized weight is 2-d (N, K), or 3-d (E, N, K) for a stack of experts; got "
+                             f"logical shape {tuple(logical_shape)}")  # see Note [Expert weights] in experts.py
         self.qdtype = qdtype
         self.block_size = tuple(int(b) for b in block_size)
         self.logical_shape = tuple(int(s) for s in logical_shape)
@@ -172,13 +177,15 @@ class AffineQuantizedTensor(torch.Tensor):
     # ------------------------------------------------------------------ numerics
     def dequantize(self, output_dtype: torch.dtype | None = None) -> torch.Tensor:
         """The float weight this tensor stands for (outer shape), equal to the oracle's dequantization."""
+        if self.is_experts:  # Note [Expert weights]: each expert is an ordinary 2-d weight
+            return torch.stack([expert_view(self, e).dequantize(output_dtype) for e in range(self.shape[0])])
         parts = self.qlayout.unpack(self)
         w = dequantize_affine(parts.qdata, self.qdtype, self.block_size, parts.scale, parts.zero_point,
                               zero_point_domain=self.zero_point_domain,
                               output_dtype=output_dtype or self.orig_dtype, name="weight")
         if self.input_scale is not None:  # the weight the Linear computes with, see Note [Input scale]
             w = (w.float() * self.input_scale.float()).to(w.dtype)
-        return w.t() if self.transposed else w
+        return w.transpose(-2, -1) if self.transposed else w
 
     def qparams_problem(self, codes: bool = True) -> str | None:
         """What can't be right about the stored values, or None: a NaN / Inf in any floating inner tensor other
@@ -193,6 +200,9 @@ class AffineQuantizedTensor(torch.Tensor):
         problem = None if self.act_quant is None else static_scale_problem(self.act_quant.static_scale)
         if problem is not None:
             return f"act_quant {problem}"
+        if self.is_experts:
+            return next((f"expert {e}: {p}" for e in range(self.shape[0])
+                         if (p := expert_view(self, e).qparams_problem(codes)) is not None), None)
         for name, t in self.inner_tensors().items():
             if t is None or t.is_meta or not t.is_floating_point() or (name == "qdata" and not codes):
                 continue
@@ -217,6 +227,11 @@ class AffineQuantizedTensor(torch.Tensor):
         if problem is not None:
             raise ValueError(f"loading a quantized weight {tuple(self.shape)}: {problem}; the checkpoint is corrupt")
 
+    @property
+    def is_experts(self) -> bool:
+        """True for a stack of expert weights (E, N, K): see Note [Expert weights] in tensor/experts.py."""
+        return len(self.logical_shape) == 3
+
     def packed_nbytes(self) -> int:
         """Bytes the layout really stores (codes, scales, zero points, any padding)."""
         return sum(t.numel() * t.element_size() for t in self.inner_tensors().values() if t is not None)
@@ -224,6 +239,10 @@ class AffineQuantizedTensor(torch.Tensor):
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``F.linear(x, self, bias)`` through the layout's linear entry. Every path (F.linear, aten.linear,
         mm / addmm / matmul with ``W.t()``) comes here, so the input checks F.linear does live here once."""
+        if self.is_experts:
+            raise RuntimeError(f"F.linear takes a 2-d weight; this is a stack of {self.shape[0]} experts. Select "
+                               f"one (w[e]: a 2-d quantized view) or use torch._grouped_mm / torch.bmm; weight: "
+                               f"{self!r}")
         _check_linear_args(self, x, bias)
         if self.transposed:
             # linear(x, W.t()) is x @ W: the backward orientation, see Note [Transposed view].
@@ -264,6 +283,11 @@ class AffineQuantizedTensor(torch.Tensor):
         self = _first_quantized((*args, *kwargs.values()))
         if self.input_scale is not None and func in self.qlayout.ops.fns:
             return _layout_op_with_input_scale(func, args, kwargs)
+        if self.is_experts:  # the layout's ops take 2-d weights: an expert stack has its own table
+            fn = EXPERT_OPS.get(func) or EXPERT_OPS.get(_op_qualname(func))
+            if fn is None:
+                raise UnsupportedOpError(func, f"{self.qlayout!r} (a stack of experts)", EXPERT_OPS.fns)
+            return fn(func, args, kwargs)
         fn = self.qlayout.ops.get(func) or GENERIC_OPS.get(func)
         if fn is None:
             raise UnsupportedOpError(func, self.qlayout, {**GENERIC_OPS.fns, **self.qlayout.ops.fns})
@@ -286,6 +310,13 @@ class AffineQuantizedTensor(torch.Tensor):
 
 
 _LINEAR_FUNCS = (F.linear, torch.ops.aten.linear.default)
+
+
+def _op_qualname(func) -> str:
+    """``"namespace::name"`` of an op overload: the key of ops from libraries torchqkit doesn't import (the
+    transformers grouped-matmul fallback, see tensor/expert_ops.py)."""
+    schema = getattr(func, "_schema", None)
+    return "" if schema is None else schema.name
 
 
 def _check_input_scale(a, logical_shape) -> None:

@@ -72,6 +72,7 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
     configs = as_module_configs(config.base)
     _check_emulable(configs, modules, filter_fn, config.stochastic_rounding)
     report, swaps = plan_quantize(model, configs, filter_fn=filter_fn)
+    swaps = _without_expert_stacks(report, swaps)
     if report.skipped and strict:
         raise QuantizationError("prepare_qat_(strict=True): the model was left unchanged because "
                                 + "; ".join(f"{e.fqn}: {e.reason}" for e in report.skipped))
@@ -96,6 +97,22 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
                       + "; ".join(f"{e.fqn} ({e.reason})" for e in report.skipped[:5])
                       + (" ..." if len(report.skipped) > 5 else "") + ". strict=True raises.", stacklevel=2)
     return report
+
+
+def _without_expert_stacks(report, swaps):
+    """The planned swaps but the 3-d expert Parameters of MoE models (Note [Expert Parameters in quantize_]), whose
+    report entries become "skipped": fake quantization wraps a Linear's forward, and an experts module has none."""
+    kept = []
+    for swap in swaps:
+        if swap.weight.dim() != 3:
+            kept.append(swap)
+            continue
+        for h in swap.holders:
+            entry = report[f"{h.fqn}.{h.attr}"]
+            entry.status, entry.bytes_after = "skipped", entry.bytes_before
+            entry.reason = ("quantization-aware training doesn't fake-quantize expert Parameters yet; quantize them "
+                            "after training with quantize_ (a ModuleConfigs naming them)")
+    return kept
 
 
 def convert_qat_(model: nn.Module) -> QuantizationReport:

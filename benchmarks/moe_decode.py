@@ -1,0 +1,138 @@
+"""Mixture-of-experts greedy decode tokens/s: a random-weight Qwen3-MoE of about 1B parameters (1.0B of them in
+experts), float32 and each config, per transformers experts implementation, with the weight bytes one decode step
+reads (attention, router-chosen experts, lm_head) next to the bytes the model stores.
+
+    python -m benchmarks moe_decode                                   # ~1B MoE, every config and implementation
+    python -m benchmarks moe_decode --quick                           # a tiny MoE (seconds): checks the code only
+    python -m benchmarks moe_decode --configs int4-wo-g32 --experts-impl grouped_mm --new-tokens 64
+
+The weights are random (no MoE checkpoint ships with the machine): the rate depends on the shapes and the bytes
+read, not on the values, but which experts the router picks does, so every row decodes the same prompt with the
+same seed and "routed expert MB per token" is computed from the router's actual choices during the timed run
+(distinct experts per layer per decode step x each expert's stored bytes). Timing: torchqkit.eval's DecodeLoop through HF
+generate (Note [Decode timing] in torchqkit/eval/speed.py), one warm-up run, the median of --repeats runs.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+
+import torch
+
+import torchqkit as qk
+from torchqkit.eval import DecodeLoop
+
+from .common import cli
+from .common.configs import build
+from .common.llm import tensor_bytes
+from .common.memory import QUICK_BYTES, read_bandwidth
+
+GROUP = "moe_decode"
+DEFAULT_CONFIGS = ["float32", "int4-wo-g32", "int8-wo", "nf4-b64", "int8-dyn-int8"]
+IMPLEMENTATIONS = ("grouped_mm", "batched_mm", "eager")
+# About 1B parameters: 16 layers x 32 experts x 3 x 1024 x 640 = 1.01B in experts, 4 of 32 routed per token.
+SHAPE = dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4,
+             head_dim=64, intermediate_size=2816, moe_intermediate_size=640, num_experts=32, num_experts_per_tok=4)
+QUICK_SHAPE = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=16, intermediate_size=128, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2)
+
+
+def _args(argv):
+    p = cli.parser(GROUP, __doc__)
+    cli.add_configs(p, DEFAULT_CONFIGS)
+    p.add_argument("--experts-impl", default=",".join(IMPLEMENTATIONS),
+                   help="comma-separated transformers experts implementations (default: %(default)s)")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens decoded per run (default: %(default)s)")
+    p.add_argument("--prompt-tokens", type=int, default=16, help="prompt length (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs after a warm-up (default: %(default)s)")
+    args, rec = cli.start(GROUP, p, argv)
+    cli.quick(args, argv, new_tokens=4, repeats=1, prompt_tokens=4)
+    args.experts_impl = [i for i in args.experts_impl.split(",") if i]
+    unknown = sorted(set(args.experts_impl) - set(IMPLEMENTATIONS))
+    if unknown:
+        p.error(f"--experts-impl: {unknown} are not CPU experts implementations; choose from {IMPLEMENTATIONS}")
+    return args, rec
+
+
+def random_moe(quick: bool) -> torch.nn.Module:
+    import transformers
+    torch.manual_seed(0)
+    config = transformers.Qwen3MoeConfig(**(QUICK_SHAPE if quick else SHAPE), decoder_sparse_step=1,
+                                         mlp_only_layers=[], tie_word_embeddings=False)
+    return transformers.Qwen3MoeForCausalLM(config).eval()
+
+
+class RoutedBytes:
+    """Counts, over decode steps (one token: the prefill is left out), the stored bytes of the distinct experts the
+    routers pick (what the step must read from the expert stacks), by a forward hook on each router."""
+
+    def __init__(self, model):
+        self.total, self.steps, self.handles = 0, 0, []
+        for name, module in model.named_modules():
+            if name.endswith("mlp.gate"):
+                experts = model.get_submodule(name.rpartition(".")[0] + ".experts")
+                per_expert = sum(tensor_bytes(p) for n, p in experts.named_parameters() if n.endswith("_proj"))
+                per_expert //= experts.num_experts
+                self.handles.append(module.register_forward_hook(self._hook(per_expert)))
+
+    def _hook(self, per_expert: int):
+        def hook(module, args, out):
+            if args[0].reshape(-1, args[0].shape[-1]).shape[0] == 1:  # one token: a decode step
+                self.total += per_expert * int(out[2].unique().numel())  # out: (logits, scores, indices)
+        return hook
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def dense_bytes(model) -> int:
+    """Bytes every step reads whatever the routing: every Parameter outside the expert stacks but the embedding."""
+    return sum(tensor_bytes(p) for n, p in model.named_parameters()
+               if ".experts." not in n and "embed_tokens" not in n)
+
+
+def measure(model, ids, args) -> dict:
+    loop = DecodeLoop(model, ids, args.new_tokens, decode="generate")
+    loop.run()  # warm-up
+    routed = RoutedBytes(model)
+    durations = []
+    for _ in range(args.repeats):
+        times = loop.run()
+        durations.append((times[-1] - times[0]) / (len(times) - 1))
+    routed.close()
+    steps = args.repeats * (args.new_tokens - 1)  # the first token comes from the prefill
+    durations.sort()
+    return {"s_per_token": durations[len(durations) // 2], "routed_mb": routed.total / steps / 1e6}
+
+
+def main(argv=None) -> int:
+    args, rec = _args(argv)
+    base = random_moe(args.quick)
+    ids = torch.randint(0, base.config.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(1))
+    rec.read_bw_gbs = read_bandwidth(nbytes=QUICK_BYTES) if args.quick else read_bandwidth()
+    for name in args.configs:
+        model, config = copy.deepcopy(base), build(name)
+        if config is not None:
+            qk.quantize_(model, config)
+        stored = sum(tensor_bytes(p) for p in model.parameters()) / 1e6
+        for impl in args.experts_impl:
+            print(f"[{GROUP}] {name} {impl}", file=sys.stderr, flush=True)
+            model.set_experts_implementation(impl)
+            row = measure(model, ids, args)
+            shape = {"model": "qwen3-moe random " + ("tiny" if args.quick else "1B"), "experts_impl": impl,
+                     "new_tokens": args.new_tokens}
+            read = dense_bytes(model) / 1e6 + row["routed_mb"]
+            for metric, value, unit in (("decode", 1 / row["s_per_token"], "tok/s"),
+                                        ("per token", 1e3 * row["s_per_token"], "ms"),
+                                        ("routed expert MB per token", row["routed_mb"], "MB"),
+                                        ("weights read per token", read, "MB"),
+                                        ("weights stored", stored, "MB")):
+                rec.add("generate", name, shape, metric, value, unit)
+        del model
+    rec.print_table()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
