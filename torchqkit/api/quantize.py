@@ -31,7 +31,10 @@ from .configs.base import QuantConfig, handler_for
 from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
 from .after_quantize import run_after_quantize
+from .float_reads import float_read_notes
 from .report import LayerReport, QuantizationReport
+from .weight_modules import (is_gpt2_conv1d, is_linear_like, is_weight_module, module_problem, stored_weight,
+                             weight_to_quantize, with_embeddings)
 
 __all__ = ["quantize_", "plan_quantize", "as_module_configs", "quantize_layer", "complete_quantization_",
            "QuantizationError", "patch_extra_repr", "quantize_named_weight"]
@@ -70,12 +73,12 @@ class _Owned(NamedTuple):
 
 
 def _default_filter(module: nn.Module, fqn: str) -> bool:
-    return isinstance(module, nn.Linear)
+    return isinstance(module, nn.Linear) or is_gpt2_conv1d(module)  # Note [Weight-bearing modules]
 
 
 def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str], bool] | None = None,
               device=None, strict: bool = False, calibration_data=None,
-              progress: bool | None = None) -> QuantizationReport:
+              progress: bool | None = None, embeddings=None) -> QuantizationReport:
     """Quantize the weights of ``model``'s Linear layers in place and report what happened to each.
 
     Each selected Linear's weight is replaced by an ``AffineQuantizedTensor`` in the config's format; the modules
@@ -120,7 +123,7 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
         assert not report.skipped
         ```
     """
-    report = _quantize_model(model, config, filter_fn, device, strict, {}, calibration_data, progress)
+    report = _quantize_model(model, config, filter_fn, device, strict, {}, calibration_data, progress, embeddings)
     run_after_quantize(model, config)  # e.g. transformers learns the model's new quantizer (after_quantize.py)
     return report
 
@@ -135,8 +138,8 @@ def complete_quantization_(model: nn.Module, config, quantized: dict[str, LayerR
 
 
 def _quantize_model(model, config, filter_fn, device, strict, done, calibration_data=None,
-                    progress=False) -> QuantizationReport:
-    report, swaps, calibrated = _plan(model, config, filter_fn, device, done, calibration_data, progress)
+                    progress=False, embeddings=None) -> QuantizationReport:
+    report, swaps, calibrated = _plan(model, config, filter_fn, device, done, calibration_data, progress, embeddings)
     problems = report.skipped
     if problems and strict:
         raise QuantizationError("quantize_(strict=True): the model was left unchanged because "
@@ -166,17 +169,19 @@ def plan_quantize(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, s
     return report, swaps
 
 
-def _plan(model, config, filter_fn, device, done, calibration_data=None, progress=False):
-    configs = as_module_configs(config)
+def _plan(model, config, filter_fn, device, done, calibration_data=None, progress=False, embeddings=None):
+    modules = dict(model.named_modules())
+    holders = _shared_parameters(modules)
+    configs = with_embeddings(as_module_configs(config), embeddings, modules, holders)
     for c in configs.configs.values():
         if c is not None:
             handler_for(c)  # unknown config types fail before anything happens
-    modules = dict(model.named_modules())
     configs.check_patterns(modules)  # a pattern too slow for a name fails now, not after calibration
-    holders = _shared_parameters(modules)
     selected = filter_fn or _default_filter
     calibrated = calibrate_model(model, modules, configs, selected, calibration_data)  # changes nothing
-    return (*_plan_model(modules, holders, configs, selected, device, done, calibrated, progress), calibrated)
+    report, swaps = _plan_model(modules, holders, configs, selected, device, done, calibrated, progress)
+    report.notes = float_read_notes(report, modules, holders, configs)
+    return report, swaps, calibrated
 
 
 def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]], configs: ModuleConfigs,
@@ -204,7 +209,7 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
             continue
         entries[fqn], qweight = _plan_weight(fqn, module, holders.get(id(weight), []), configs, device,
                                              calibrated.weights.get(fqn), calibrated.notes.get(fqn, ""))
-        if isinstance(module, nn.Linear):
+        if is_weight_module(module):
             owned[id(weight)] = _Owned(entries[fqn], configs.lookup(fqn)[1], qweight)
     bar.update(len(chosen))
     bar.close()
@@ -250,9 +255,15 @@ def _shared_parameters(modules: dict[str, nn.Module]) -> dict[int, list[_Holder]
 def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: ModuleConfigs, device,
                  calibrated=None, note: str = ""):
     """Plan one module's weight; ``group``: every holder when the Parameter is shared (Note [Shared weights])."""
-    others = [h for h in group if not isinstance(h.module, nn.Linear)]
+    others = [h for h in group if not is_linear_like(h.module)]
     key, config = configs.lookup(fqn)
     weight = getattr(module, "weight", None)
+    if group and isinstance(module, nn.Embedding) and config is not None and key != fqn:
+        # An embedding tied to an output Linear follows the Linear unless named itself (Note [Shared weights])
+        tied = ", ".join(h.fqn for h in group if h.module is not module)
+        return LayerReport(fqn, "kept", config.describe(), f"tied to {tied}, kept in float; name {fqn!r} or "
+                           f"{tied.split(', ')[0]!r} in ModuleConfigs to quantize both", _nbytes(weight),
+                           _nbytes(weight)), None
     if (not others or config is None or not isinstance(module, nn.Linear) or weight.is_meta
             or isinstance(weight, AffineQuantizedTensor)):  # nothing to decide: the usual reasons apply
         return quantize_layer(fqn, module, configs, device, calibrated=calibrated, note=note)
@@ -297,19 +308,11 @@ def quantize_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device=N
     what calibration did, for the report.
     Shared weights are not considered here: quantize_ decides them (Note [Shared weights])."""
     weight = getattr(module, "weight", None) if weight is None else weight
+    problem = module_problem(module, weight)
+    if problem is None:  # the (out, in) weight a config quantizes: Note [Weight-bearing modules]
+        weight = weight_to_quantize(module, weight)
     return quantize_named_weight(fqn, weight, configs, device, calibrated=calibrated, note=note,
-                                 problem=lambda: _module_problem(module, weight))
-
-
-def _module_problem(module: nn.Module, weight) -> str | None:
-    if not isinstance(module, nn.Linear):
-        return f"{type(module).__name__} is not an nn.Linear; torchqkit quantizes Linear weights"
-    if isinstance(weight, AffineQuantizedTensor):
-        return "weight is already quantized"
-    if weight.is_meta:
-        return ("weight is on the meta device: load real weights first (or load a quantized checkpoint with "
-                "load_state_dict(assign=True))")
-    return None
+                                 problem=lambda: problem)
 
 
 def quantize_named_weight(fqn: str, weight: torch.Tensor, configs: ModuleConfigs, device=None, *, calibrated=None,
@@ -341,10 +344,11 @@ def quantize_named_weight(fqn: str, weight: torch.Tensor, configs: ModuleConfigs
 
 
 def _swap_weight(holders: list[_Holder], weight: AffineQuantizedTensor, device) -> None:
-    param = nn.Parameter(weight, requires_grad=False)  # one object for every holder: the tie survives
+    # one object for every holder: the tie survives. GPT-2's Conv1D holds the transposed view (weight_modules.py)
+    param = nn.Parameter(stored_weight(holders[0].module, weight), requires_grad=False)
     for h in holders:
         setattr(h.module, h.attr, param)
-        bias = getattr(h.module, "bias", None) if isinstance(h.module, nn.Linear) else None
+        bias = getattr(h.module, "bias", None) if is_linear_like(h.module) else None
         if device is not None and bias is not None:
             h.module.bias = nn.Parameter(bias.detach().to(device), requires_grad=bias.requires_grad)
         patch_extra_repr(h.module)
