@@ -10,7 +10,7 @@ Note [The output layer]
 ~~~~~~~~~~~~~~~~~~~~~~~
 A decoder reads its output layer (vocab x hidden) in full for every generated token, like every Linear, and
 small models have large vocabularies: SmolLM2-135M's 49152 x 576 lm_head is 113 MB in float32, more than its
-210 int4 g32 Linears together (about 50 MB). A tied lm_head is left in float unless named (transformers'
+210 int4 g32 Linears together (80 MB with float32 scales). A tied lm_head is left in float unless named (transformers'
 quantizers do the same), so a plain int4 config leaves the biggest read of the decode step in float32.
 llama.cpp's mixes keep the output layer at 6-8 bits (Q4_K_M: Q6_K output; Q4_0 / Q4_1 files: Q8_0 or Q6_K).
 The output presets quantize it to int8 (per row, or per 32 like Q8_0): 4x fewer bytes than float32, and int8's

@@ -87,14 +87,18 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
     (shape, dtype, NaN weights, ...) stays in float and is reported as ``"skipped"`` with the reason, with a
     warning (or ``QuantizationError`` with ``strict=True``). A weight shared by several modules (a tied lm_head)
     is quantized once and stays shared; a weight an ``nn.Embedding`` also holds stays in float unless its Linear is
-    named exactly in a ``ModuleConfigs``.
+    named exactly in a ``ModuleConfigs`` (the ``"-out8"`` presets do). Besides ``nn.Linear``: transformers' GPT-2
+    ``Conv1D`` (selected by default; its (in, out) weight is quantized along ``in``), 1x1 ``nn.Conv1d`` /
+    ``nn.Conv2d`` (when ``filter_fn`` selects or ``ModuleConfigs`` names them; other kernels and grouped
+    convolutions are reported as skipped) and ``nn.Embedding`` (named, or with ``embeddings=``).
 
     Args:
         model (torch.nn.Module): the model to quantize, changed in place.
         config (QuantConfig | ModuleConfigs): one config for every selected Linear, or a ``ModuleConfigs`` of
             per-module configs (mixed precision; None values keep modules in float).
         filter_fn (Callable[[nn.Module, str], bool] | None): ``filter_fn(module, fqn)`` says which modules to
-            consider; None (default): every ``nn.Linear``. Keyword-only, as are the arguments below.
+            consider; None (default): every ``nn.Linear`` and GPT-2 ``Conv1D``. Keyword-only, as are the arguments
+            below.
         device (torch.device | str | None): quantize (and leave) the selected layers on this device; None
             (default): where they are.
         strict (bool): raise ``QuantizationError`` (changing nothing) instead of reporting layers that can't be
@@ -105,14 +109,19 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
             it. Default None.
         progress (bool | None): a progress line on stderr while layers are quantized; None (default): when stderr
             is a terminal and the model has at least 50 layers to quantize.
+        embeddings (QuantConfig | None): a config for every standalone ``nn.Embedding`` (its weight held by no
+            other module) that ``config`` does not name exactly; lookups then dequantize only the rows they read.
+            None (default): embeddings stay float unless a ``ModuleConfigs`` names them. A tied embedding follows
+            its output Linear.
 
     Returns:
         QuantizationReport: one entry per reported layer (``"quantized"``, ``"shared"``, ``"skipped"`` or
-            ``"kept"``), with byte counts before and after; ``print(report)`` shows a table.
+            ``"kept"``), with byte counts before and after; ``print(report)`` shows a table, and ``notes`` a
+            float weight left that reads more bytes per token than the quantized Linears.
 
     Raises:
         QuantizationError: with ``strict=True``, when a selected layer can't be quantized.
-        TypeError: ``config`` is not a registered config or a ``ModuleConfigs``.
+        TypeError: ``config`` is not a registered config or a ``ModuleConfigs``, or ``embeddings`` is not a config.
         ValueError: a config needs calibration data and none was given.
 
     Example:
@@ -121,6 +130,7 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
         report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=128))
         print(report)
         assert not report.skipped
+        qk.quantize_(other, qk.presets.get("int4-wo-g32-out8"), embeddings=qk.Int8WeightOnlyConfig())
         ```
     """
     report = _quantize_model(model, config, filter_fn, device, strict, {}, calibration_data, progress, embeddings)
