@@ -169,7 +169,7 @@ def test_eval_says_when_the_float_output_layer_dominates(tied_checkpoint, checkp
     assert "x all 14 quantized Linears together" in note and "'int4-wo-g32-out8'" in note
     timed = next(line for line in out.splitlines() if line.startswith("float Linear left: lm_head"))
     ms, step_ms = _numbers("float Linear left: lm_head", out)[-2:]  # measured: positive, within the step
-    assert "(float32, 300 x 32)" in timed and "1 matmul call per step (torch.profiler)" in timed
+    assert "(float32, 300 x 32)" in timed and "1 matmul call per step (profiled in the decode loop)" in timed
     assert 0 < ms <= step_ms
     assert cli_main([*args, "--config", "int4-wo-g32-out8"]) == 0
     out8 = capsys.readouterr().out

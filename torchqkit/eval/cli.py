@@ -187,12 +187,8 @@ def _print_float_layer_time(model, loop, speed: float, args: argparse.Namespace)
     for t in float_layer_time(loop, model):
         names = ", ".join(t.names[:3]) + (f" and {len(t.names) - 3} more" if len(t.names) > 3 else "")
         what = f"float Linear{'s' if len(t.names) > 1 else ''} left: {names} ({t.dtype}, {t.shape[0]} x {t.shape[1]})"
-        if not t.seen:
-            print(f"{what}: its matmul is not visible to the profiler in this loop (compiled into the step); "
-                  f"its weight bytes are in the note above, if any")
-            continue
         print(f"{what}: {t.ms:.2f} ms of {step_ms:.2f} ms per decode step ({100 * t.ms / step_ms:.0f}%), "
-              f"{t.calls:.0f} matmul call{'s' if t.calls != 1 else ''} per step (torch.profiler)")
+              f"{t.calls:.0f} matmul call{'s' if t.calls != 1 else ''} per step ({t.how})")
 
 
 def _measure(model, ids, window: int, stride: int | None, args: argparse.Namespace,
