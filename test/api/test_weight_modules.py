@@ -28,7 +28,7 @@ def _dequantized_copy(model):
 
 # ----------------------------------------------------------------------------------------- GPT-2 Conv1D
 
-def test_gpt2_conv1d_quantized_along_in_and_served_through_the_transposed_view():
+def test_gpt2_conv1d_quantized_along_in_and_served_through_the_transposed_view(tmp_path):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=2, n_head=4,
@@ -57,6 +57,14 @@ def test_gpt2_conv1d_quantized_along_in_and_served_through_the_transposed_view()
     with torch.no_grad():
         logits, want = model(ids).logits, ref(ids).logits
     torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    # the transposed view is what the checkpoint holds: a float GPT-2 loads it and computes the same logits
+    path = tmp_path / "gpt2.safetensors"
+    qk.save_quantized(model, path)
+    loaded = transformers.GPT2LMHeadModel(config).eval()
+    qk.load_quantized(loaded, path)
+    assert loaded.transformer.h[1].attn.c_attn.weight.transposed
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, logits)
 
 
 # -------------------------------------------------------------------------------------------- convolutions
@@ -96,6 +104,13 @@ def test_1x1_convolutions_run_as_quantized_linears_and_the_others_are_reported()
         out, want = model(x), ref(x)
     assert out.shape == want.shape == (2, 64, 15)  # 7 x 9 -> 5 x 6 (stride 2, padding 1) -> 30 -> 15
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    # The quantized 1x1 weight is 2-d, (out, in): its state dict loads into a model quantized the same way
+    again = ConvNet().eval()
+    with pytest.warns(UserWarning, match="2 selected layer"):
+        qk.quantize_(again, qk.Int8WeightOnlyConfig(), filter_fn=_convs)
+    again.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert torch.equal(again(x), out)
 
 
 def test_strict_refuses_unserved_convolutions_before_anything_changes():
@@ -185,3 +200,14 @@ def test_bad_embedding_inputs():
     with pytest.raises(qk.QuantizationError, match="emb: nn.Embedding with max_norm=1.0 renormalizes its rows"):
         qk.quantize_(model, qk.Int8WeightOnlyConfig(), embeddings=qk.Int8WeightOnlyConfig(), strict=True)
     assert not isinstance(model.head.weight, qk.AffineQuantizedTensor)
+
+
+def test_a_tied_embedding_named_in_module_configs_takes_its_output_layer_along():
+    pytest.importorskip("transformers")
+    from ..common import small_hf_llama
+    model = small_hf_llama()
+    report = qk.quantize_(model, qk.ModuleConfigs({"model.embed_tokens": qk.Int8WeightOnlyConfig(), "lm_head": None,
+                                                   "_default": qk.Int4WeightOnlyConfig(group_size=32)}))
+    assert report["model.embed_tokens"].status == "quantized"
+    assert report["lm_head"].status == "shared" and "its own config (None) was not applied" in report["lm_head"].reason
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.weight.qdtype is qk.qdtypes.int8

@@ -13,7 +13,9 @@ so it stays shared. Other holders report status "shared" with 0 -> 0 bytes (the 
 once); a different config of theirs is not applied and the report says so. A weight that a non-Linear
 module also holds (an nn.Embedding) stays in float unless the owner is named exactly in ModuleConfigs, as
 transformers' quantizers leave lm_head alone; named, it is quantized and the embedding reads the quantized
-Parameter (``aten.embedding`` gathers rows, see Note [Quantized embedding]).
+Parameter (``aten.embedding`` gathers rows, see Note [Quantized embedding]). An embedding named exactly is
+selected too (Note [Weight-bearing modules]); a tied one comes first in module order, so it then decides for
+the Linear, which reports it.
 """
 from __future__ import annotations
 

@@ -17,6 +17,8 @@ Parameter to that and stores the quantized weight so that the module's unchanged
                     (Note [Quantized embedding]). Quantized when ModuleConfigs names it or ``quantize_``'s
                     ``embeddings=`` covers it; a ``max_norm`` embedding (it renormalizes rows in place) is
                     refused.
+A quantized 1x1 convolution's weight is 2-d, so its state dict or checkpoint loads into a model quantized the
+same way first (``load_state_dict`` copies into the quantized weight), not into a float model (the shapes differ).
 Which modules are considered by default (``quantize_`` without ``filter_fn``): nn.Linear and GPT-2's Conv1D.
 Convolutions are quantized when ``filter_fn`` selects them or ModuleConfigs names them; embeddings as above.
 """
