@@ -211,3 +211,13 @@ def test_a_tied_embedding_named_in_module_configs_takes_its_output_layer_along()
     assert report["model.embed_tokens"].status == "quantized"
     assert report["lm_head"].status == "shared" and "its own config (None) was not applied" in report["lm_head"].reason
     assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.weight.qdtype is qk.qdtypes.int8
+
+
+def test_a_quantized_1x1_convolution_compiles_to_the_eager_result():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(32, 64, 1), nn.ReLU(), nn.Conv2d(64, 32, 1, stride=2, padding=1)).eval()
+    qk.quantize_(model, qk.Int8WeightOnlyConfig(), filter_fn=_convs)
+    x = torch.randn(2, 32, 7, 9, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        eager, compiled = model(x), torch.compile(model, fullgraph=True)(x)
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5 * eager.abs().max().item())
