@@ -5,10 +5,10 @@ Note [Float reads per token]
 Decoding one token reads every Linear's whole weight once, so a weight's bytes are its share of the memory
 traffic of a decode step, which on CPUs is most of its time. A Linear left in float (kept: a tied lm_head,
 a None config; or skipped) can then cost more than all the quantized ones together: SmolLM2-135M's tied
-49152 x 576 lm_head is 113 MB in float32, 1.4x its 210 int4 g32 Linears (float32 scales). The report says so, bytes-based and
-always, when one float Linear-like weight reads at least FLOAT_SHARE_NOTED of what the quantized Linear-like
-weights read together, and names the way out (an output-layer preset, or naming the module). Embeddings are not
-counted: a lookup reads only its rows.
+49152 x 576 lm_head is 113 MB in float32, 1.4x its 210 int4 g32 Linears (float32 scales). The report says so,
+bytes-based and always, when one float Linear-like weight reads at least FLOAT_SHARE_NOTED of what the quantized
+Linear-like weights read together, and names the way out (an output-layer preset, or naming the module).
+Embeddings are not counted: a lookup reads only its rows.
 """
 from __future__ import annotations
 

@@ -28,9 +28,11 @@ import torch
 from torch import nn
 
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from .configs.base import QuantConfig
+from .module_configs import ModuleConfigs
 
 __all__ = ["is_gpt2_conv1d", "is_linear_like", "is_weight_module", "module_problem", "weight_to_quantize",
-           "stored_weight", "SERVED_MODULES"]
+           "stored_weight", "with_embeddings", "SERVED_MODULES"]
 
 SERVED_MODULES = ("nn.Linear, transformers' GPT-2 Conv1D, 1x1 nn.Conv1d / nn.Conv2d (groups=1) and nn.Embedding "
                   "(without max_norm)")
@@ -99,12 +101,10 @@ def stored_weight(module: nn.Module, qweight: AffineQuantizedTensor) -> AffineQu
     return qweight.t() if is_gpt2_conv1d(module) else qweight
 
 
-def with_embeddings(configs, embeddings, modules: dict[str, nn.Module], holders: dict) -> "ModuleConfigs":
+def with_embeddings(configs: ModuleConfigs, embeddings, modules: dict[str, nn.Module], holders: dict) -> ModuleConfigs:
     """``configs`` plus ``quantize_``'s ``embeddings=``: every standalone nn.Embedding (its weight held by no other
     module) that ``configs`` does not name exactly gets ``embeddings`` as an exact key. A tied embedding follows
     its output Linear (Note [Shared weights] in quantize.py) and is left out. None: ``configs`` unchanged."""
-    from .configs.base import QuantConfig
-    from .module_configs import ModuleConfigs
     if embeddings is None:
         return configs
     if not isinstance(embeddings, QuantConfig):
