@@ -221,3 +221,16 @@ def test_a_quantized_1x1_convolution_compiles_to_the_eager_result():
     with torch.no_grad():
         eager, compiled = model(x), torch.compile(model, fullgraph=True)(x)
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5 * eager.abs().max().item())
+
+
+def test_a_tied_embedding_selected_but_not_named_follows_its_named_output_layer():
+    pytest.importorskip("transformers")
+    from ..common import small_hf_llama
+    model = small_hf_llama()
+    configs = qk.ModuleConfigs({"lm_head": qk.Int8WeightOnlyConfig(), "_default": qk.Int4WeightOnlyConfig(group_size=32)})
+    with pytest.warns(UserWarning, match="left unquantized"):  # the norms and rotary modules a filter of all selects
+        report = qk.quantize_(model, configs, filter_fn=lambda module, fqn: True)
+    assert report["lm_head"].status == "quantized" and report["lm_head"].config == "int8 weight-only per-channel"
+    assert report["model.embed_tokens"].status == "shared"
+    assert report["model.embed_tokens"].shared_with == "lm_head.weight"
+    assert model.lm_head.weight is model.model.embed_tokens.weight

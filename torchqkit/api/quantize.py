@@ -221,7 +221,8 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
             continue
         entries[fqn], qweight = _plan_weight(fqn, module, holders.get(id(weight), []), configs, device,
                                              calibrated.weights.get(fqn), calibrated.notes.get(fqn, ""))
-        if is_weight_module(module):
+        if is_linear_like(module) or (is_weight_module(module) and qweight is not None):
+            # an embedding decides a shared weight only when quantized: kept, its Linear decides
             owned[id(weight)] = _Owned(entries[fqn], configs.lookup(fqn)[1], qweight)
     bar.update(len(chosen))
     bar.close()
@@ -231,8 +232,9 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
             continue
         targets = holders.get(pid) or [_Holder(plan.entry.fqn, modules[plan.entry.fqn], "weight")]
         swaps.append(Swap(targets, plan.weight))
-        for h in targets:  # holders nobody selected read the new weight too: say so
-            entries.setdefault(h.fqn, _shared_entry(h.fqn, plan, plan.config))
+        for h in targets:  # holders nobody selected (or a tied embedding kept for its Linear) read it too: say so
+            if h.fqn not in entries or entries[h.fqn].status == "kept":
+                entries[h.fqn] = _shared_entry(h.fqn, plan, plan.config)
     order = {fqn: i for i, fqn in enumerate(modules)}
     report = sorted(entries.values(), key=lambda e: order[e.fqn])
     report += [LayerReport(key, "skipped", "-", "ModuleConfigs names a module the model does not have", 0, 0)
