@@ -227,7 +227,8 @@ def test_a_tied_embedding_selected_but_not_named_follows_its_named_output_layer(
     pytest.importorskip("transformers")
     from ..common import small_hf_llama
     model = small_hf_llama()
-    configs = qk.ModuleConfigs({"lm_head": qk.Int8WeightOnlyConfig(), "_default": qk.Int4WeightOnlyConfig(group_size=32)})
+    configs = qk.ModuleConfigs({"lm_head": qk.Int8WeightOnlyConfig(),
+                                "_default": qk.Int4WeightOnlyConfig(group_size=32)})
     with pytest.warns(UserWarning, match="left unquantized"):  # the norms and rotary modules a filter of all selects
         report = qk.quantize_(model, configs, filter_fn=lambda module, fqn: True)
     assert report["lm_head"].status == "quantized" and report["lm_head"].config == "int8 weight-only per-channel"
