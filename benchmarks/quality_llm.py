@@ -29,6 +29,9 @@ def _torchqkit_apply(name: str):
         config = build(name)
         if config is None:
             return peers.Quantized(0, len(peers.offered_linears(model)))
+        if isinstance(config, qk.ModuleConfigs):
+            raise ValueError(f"{name}: a body + output-layer preset; every row of this group keeps lm_head float "
+                             f"(compare output layers with python -m torchqkit eval --config {name})")
         report = qk.quantize_(model, qk.ModuleConfigs({peers.KEEP_FLOAT: None, "_default": config}))
         offered = [e for e in report.entries if e.fqn != peers.KEEP_FLOAT]
         return peers.Quantized(sum(e.status == "quantized" for e in offered), len(offered))

@@ -103,6 +103,9 @@ def build(name: str):
                          f"{', '.join(qk.presets.names())}"
                          f" (baselines: {', '.join(BASELINES)}; changes after '+': {describe_changes()})")
     config = qk.presets.get(preset)
+    if changes and isinstance(config, qk.ModuleConfigs):
+        raise ValueError(f"{name!r}: changes after '+' edit one config, and {preset!r} is a body config plus an "
+                         f"output-layer config (a ModuleConfigs); write a ModuleConfigs JSON instead")
     for change in changes:
         config = _change(change)(config)
     return config

@@ -58,7 +58,11 @@ def quantized_copy(base: torch.nn.Module, config_name: str, lm_head: bool = True
     config = build(config_name)
     if config is None:
         return model, "-"
-    report = qk.quantize_(model, qk.ModuleConfigs({"lm_head": config if lm_head else None, "_default": config}))
+    if isinstance(config, qk.ModuleConfigs):  # a body + output preset: it decides the lm_head itself
+        configs = qk.ModuleConfigs({**config.configs, **({} if lm_head else {"lm_head": None})})
+    else:
+        configs = qk.ModuleConfigs({"lm_head": config if lm_head else None, "_default": config})
+    report = qk.quantize_(model, configs)
     tied = getattr(base.config, "tie_word_embeddings", False)
     if lm_head and tied and model.lm_head.weight is not model.model.embed_tokens.weight:
         raise RuntimeError("the lm_head is no longer tied to the embedding")

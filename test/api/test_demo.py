@@ -20,7 +20,8 @@ def test_limit_takes_the_first_sentences():
 
 @pytest.mark.parametrize("name", list(demo.DEMO_CONFIGS))
 def test_every_demo_config_builds(name):
-    assert isinstance(demo.DEMO_CONFIGS[name](), torchqkit.QuantConfig)
+    # a body + output-layer preset is a ModuleConfigs (its lm_head entry: decoder models)
+    assert isinstance(demo.DEMO_CONFIGS[name](), (torchqkit.QuantConfig, torchqkit.ModuleConfigs))
 
 
 def test_unknown_config_names_the_known_ones():

@@ -14,8 +14,11 @@ def test_every_preset_builds_a_fresh_config_that_round_trips():
     assert qk.presets.names()[0] == "int8-wo" and "int4-wo-g128" in qk.presets.names()
     for name in qk.presets.names():
         a, b = qk.presets.get(name), qk.presets.get(name)
-        assert isinstance(a, qk.QuantConfig) and a == b and a is not b
-        assert qk.config_from_dict(a.to_dict()) == a
+        assert isinstance(a, (qk.QuantConfig, qk.ModuleConfigs)) and a == b and a is not b
+        if isinstance(a, qk.ModuleConfigs):  # body + output layer: Note [The output layer]
+            assert set(a.configs) == {"lm_head", "_default"} and qk.ModuleConfigs.from_dict(a.to_dict()) == a
+        else:
+            assert qk.config_from_dict(a.to_dict()) == a
     assert qk.presets.get("int4-wo-g128") == qk.Int4WeightOnlyConfig(group_size=128)
 
 

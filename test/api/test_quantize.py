@@ -139,7 +139,7 @@ def test_non_linear_target_is_reported():
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
     with pytest.warns(UserWarning, match="1 selected layer"):
         report = qk.quantize_(model, qk.ModuleConfigs({"1": qk.Int8WeightOnlyConfig(), "_default": qk.Int8WeightOnlyConfig()}))
-    assert report["1"].status == "skipped" and "LayerNorm is not an nn.Linear" in report["1"].reason
+    assert report["1"].status == "skipped" and "LayerNorm is not a module torchqkit quantizes" in report["1"].reason
     assert report["0"].status == "quantized"
 
 

@@ -146,3 +146,32 @@ def test_unloadable_checkpoint_is_a_message_not_a_traceback(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "python -m torchqkit eval: error:" in proc.stderr and "could not load" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def tied_checkpoint(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny_llama_tied")
+    tokenizer = tiny_tokenizer()
+    # Tied: lm_head (300 x 32) stays float32 with a plain config, and reads more bytes than the quantized Linears.
+    tiny_llama(len(tokenizer), tied=True).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_eval_says_when_the_float_output_layer_dominates(tied_checkpoint, checkpoint, capsys):
+    _, text = checkpoint
+    args = ["eval", "--hf", str(tied_checkpoint), "--text", str(text), "--quiet", *FAST]
+    assert cli_main([*args, "--config", "int4-wo-g32"]) == 0
+    out = capsys.readouterr().out
+    note = next(line for line in out.splitlines() if line.startswith("note: "))
+    # 300 x 32 float32 = 38.4 kB; 14 int4 g32 Linears (tiled, padded) read less than half of it
+    assert note.startswith("note: lm_head (tied to model.embed_tokens) stays float32: 38.4 kB read per token, ")
+    assert "x all 14 quantized Linears together" in note and "'int4-wo-g32-out8'" in note
+    timed = next(line for line in out.splitlines() if line.startswith("float Linear left: lm_head"))
+    ms, step_ms = _numbers("float Linear left: lm_head", out)[-2:]  # measured: positive, within the step
+    assert "(float32, 300 x 32)" in timed and "1 matmul call per step (profiled in the decode loop)" in timed
+    assert 0 < ms <= step_ms
+    assert cli_main([*args, "--config", "int4-wo-g32-out8"]) == 0
+    out8 = capsys.readouterr().out
+    assert "note: " not in out8 and "float Linear" not in out8
+    assert "Linears: 15 quantized, 0 skipped, 0 kept of 16; 1 x shares lm_head.weight" in out8

@@ -100,6 +100,11 @@ class ModuleConfigs:
         chosen = {self.lookup(fqn)[0] for fqn in fqns}
         return [key for key, _ in self._patterns if key not in chosen]
 
+    def describe(self) -> str:
+        """One line for reports and CLIs: each key and its config's description, None as "float"."""
+        return "; ".join(f"{key}: {'float' if value is None else value.describe()}"
+                         for key, value in self.configs.items())
+
     def to_dict(self) -> dict:
         return {k: (None if v is None else v.to_dict()) for k, v in self.configs.items()}
 

@@ -1,7 +1,20 @@
 """Named configs: one name per config for the CLI (`quantize --config`, `eval --config`) and the demo, so a
 figure and the command that reproduces it use the same name.
 
-Each preset is built on request (a fresh config object per call), so listing names constructs nothing.
+Each preset is built on request (a fresh config object per call), so listing names constructs nothing. Most
+presets are one QuantConfig for every Linear; the "-out8" / "gguf-" ones are a body config plus an output-layer
+config: a ModuleConfigs that names ``lm_head`` exactly, so a tied lm_head and its input embedding are quantized
+together (Note [Shared weights] in quantize.py). See Note [The output layer].
+
+Note [The output layer]
+~~~~~~~~~~~~~~~~~~~~~~~
+A decoder reads its output layer (vocab x hidden) in full for every generated token, like every Linear, and
+small models have large vocabularies: SmolLM2-135M's 49152 x 576 lm_head is 113 MB in float32, more than its
+210 int4 g32 Linears together (80 MB with float32 scales). A tied lm_head is left in float unless named (transformers'
+quantizers do the same), so a plain int4 config leaves the biggest read of the decode step in float32.
+llama.cpp's mixes keep the output layer at 6-8 bits (Q4_K_M: Q6_K output; Q4_0 / Q4_1 files: Q8_0 or Q6_K).
+The output presets quantize it to int8 (per row, or per 32 like Q8_0): 4x fewer bytes than float32, and int8's
+error on the logits is far below int4's, so quality stays at the int4 body's level.
 
 Example:
     ```python
@@ -21,8 +34,12 @@ from .configs import (Float8DynamicActivationFloat8WeightConfig, Float8WeightOnl
                       Int8DynamicActivationInt8WeightConfig, Int8DynamicActivationIntxWeightConfig,
                       Int8WeightOnlyConfig, IntxWeightOnlyConfig, MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig,
                       NF4WeightOnlyConfig, QuantConfig)
+from .module_configs import ModuleConfigs
 
-__all__ = ["PRESETS", "get", "names"]
+__all__ = ["PRESETS", "get", "names", "OUTPUT_LAYER"]
+
+# The module name the output presets quantize at 8 bits: transformers' causal LMs call their output layer lm_head.
+OUTPUT_LAYER = "lm_head"
 
 
 def _q41_int8_act(act_granularity, act_mapping) -> Int8DynamicActivationIntxWeightConfig:
@@ -31,11 +48,22 @@ def _q41_int8_act(act_granularity, act_mapping) -> Int8DynamicActivationIntxWeig
         weight_scale_dtype="float16", act_granularity=act_granularity, act_mapping=act_mapping)
 
 
-PRESETS: dict[str, Callable[[], QuantConfig]] = {
+def _with_output(body: QuantConfig, output: QuantConfig) -> ModuleConfigs:
+    # An exact name, not a pattern: only an exactly named lm_head takes its tied embedding along.
+    return ModuleConfigs({OUTPUT_LAYER: output, "_default": body})
+
+
+PRESETS: dict[str, Callable[[], QuantConfig | ModuleConfigs]] = {
     "int8-wo": lambda: Int8WeightOnlyConfig(),
     "int4-wo-g32": lambda: Int4WeightOnlyConfig(group_size=32),
     "int4-wo-g64": lambda: Int4WeightOnlyConfig(group_size=64),
     "int4-wo-g128": lambda: Int4WeightOnlyConfig(group_size=128),
+    # int4 g32 body, the output layer (and a tied embedding) int8 per row: Note [The output layer]
+    "int4-wo-g32-out8": lambda: _with_output(Int4WeightOnlyConfig(group_size=32), Int8WeightOnlyConfig()),
+    # GGUF-like mix: Q4_1-like body (uint4 per 32, float16 scale and zero point: 5 bits per weight) and a
+    # Q8_0-like output layer (int8 per 32, one scale each)
+    "gguf-q4_1-out-q8_0": lambda: _with_output(Int4WeightOnlyConfig(group_size=32, scale_dtype=torch.float16),
+                                               Int8WeightOnlyConfig(group_size=32)),
     "int4-wo-g32-bf16-scales": lambda: Int4WeightOnlyConfig(group_size=32, scale_dtype=torch.bfloat16),
     "intx4-wo-sym-g32": lambda: IntxWeightOnlyConfig(bits=4, granularity=PerGroup(32)),
     "int8-dyn-int8": lambda: Int8DynamicActivationInt8WeightConfig(),
@@ -65,22 +93,26 @@ def names() -> tuple[str, ...]:
         ```python
         import torchqkit as qk
         for name in qk.presets.names():
-            print(name, qk.presets.get(name).describe())
+            print(name, qk.presets.get(name).describe())   # ModuleConfigs describe themselves too
         ```
     """
     return tuple(PRESETS)
 
 
-def get(name: str) -> QuantConfig:
+def get(name: str) -> QuantConfig | ModuleConfigs:
     """A fresh config for the preset ``name``.
 
-    Each call builds a new config object, so callers may keep or compare it freely.
+    Each call builds a new config object, so callers may keep or compare it freely. Presets with an output layer
+    (``"int4-wo-g32-out8"``, ``"gguf-q4_1-out-q8_0"``) are a ``ModuleConfigs``: the body config as ``"_default"``
+    and an 8-bit config for ``"lm_head"`` (a tied input embedding follows it).
 
     Args:
         name (str): a preset name, one of ``names()`` (e.g. ``"int4-wo-g128"``, ``"int8-dyn-int8"``, ``"nf4-b64"``).
 
     Returns:
-        QuantConfig: the preset's config, e.g. ``Int4WeightOnlyConfig(group_size=128)`` for ``"int4-wo-g128"``.
+        QuantConfig | ModuleConfigs: the preset's config, e.g. ``Int4WeightOnlyConfig(group_size=128)`` for
+        ``"int4-wo-g128"``, or ``ModuleConfigs({"lm_head": Int8WeightOnlyConfig(), "_default":
+        Int4WeightOnlyConfig(group_size=32)})`` for ``"int4-wo-g32-out8"``.
 
     Raises:
         ValueError: an unknown name (the message lists the presets).

@@ -13,7 +13,9 @@ so it stays shared. Other holders report status "shared" with 0 -> 0 bytes (the 
 once); a different config of theirs is not applied and the report says so. A weight that a non-Linear
 module also holds (an nn.Embedding) stays in float unless the owner is named exactly in ModuleConfigs, as
 transformers' quantizers leave lm_head alone; named, it is quantized and the embedding reads the quantized
-Parameter (``aten.embedding`` gathers rows, see Note [Quantized embedding]).
+Parameter (``aten.embedding`` gathers rows, see Note [Quantized embedding]). An embedding named exactly is
+selected too (Note [Weight-bearing modules]); a tied one comes first in module order, so it then decides for
+the Linear, which reports it.
 """
 from __future__ import annotations
 
@@ -32,7 +34,10 @@ from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
 from .after_quantize import run_after_quantize
 from .expert_weights import plan_experts
+from .float_reads import float_read_notes
 from .report import LayerReport, QuantizationReport
+from .weight_modules import (is_gpt2_conv1d, is_linear_like, is_weight_module, module_problem, stored_weight,
+                             weight_to_quantize, with_embeddings)
 
 __all__ = ["quantize_", "plan_quantize", "as_module_configs", "quantize_layer", "complete_quantization_",
            "QuantizationError", "patch_extra_repr", "quantize_named_weight"]
@@ -71,12 +76,12 @@ class _Owned(NamedTuple):
 
 
 def _default_filter(module: nn.Module, fqn: str) -> bool:
-    return isinstance(module, nn.Linear)
+    return isinstance(module, nn.Linear) or is_gpt2_conv1d(module)  # Note [Weight-bearing modules]
 
 
 def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str], bool] | None = None,
               device=None, strict: bool = False, calibration_data=None,
-              progress: bool | None = None) -> QuantizationReport:
+              progress: bool | None = None, embeddings=None) -> QuantizationReport:
     """Quantize the weights of ``model``'s Linear layers in place and report what happened to each.
 
     Each selected Linear's weight is replaced by an ``AffineQuantizedTensor`` in the config's format; the modules
@@ -85,16 +90,20 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
     (shape, dtype, NaN weights, ...) stays in float and is reported as ``"skipped"`` with the reason, with a
     warning (or ``QuantizationError`` with ``strict=True``). A weight shared by several modules (a tied lm_head)
     is quantized once and stays shared; a weight an ``nn.Embedding`` also holds stays in float unless its Linear is
-    named exactly in a ``ModuleConfigs``. The 3-d expert Parameters of mixture-of-experts models (transformers'
-    ``*Experts`` modules) are quantized too, each expert on its own, one entry per Parameter
-    (``...mlp.experts.gate_up_proj``); their router stays float (docs/guides/moe.md).
+    named exactly in a ``ModuleConfigs`` (the ``"-out8"`` presets do). Besides ``nn.Linear``: transformers' GPT-2
+    ``Conv1D`` (selected by default; its (in, out) weight is quantized along ``in``), 1x1 ``nn.Conv1d`` /
+    ``nn.Conv2d`` (when ``filter_fn`` selects or ``ModuleConfigs`` names them; other kernels and grouped
+    convolutions are reported as skipped), ``nn.Embedding`` (named, or with ``embeddings=``) and the 3-d expert
+    Parameters of mixture-of-experts models (transformers' ``*Experts`` modules), each expert on its own, one
+    entry per Parameter (``...mlp.experts.gate_up_proj``); their router stays float (docs/guides/moe.md).
 
     Args:
         model (torch.nn.Module): the model to quantize, changed in place.
         config (QuantConfig | ModuleConfigs): one config for every selected Linear, or a ``ModuleConfigs`` of
             per-module configs (mixed precision; None values keep modules in float).
         filter_fn (Callable[[nn.Module, str], bool] | None): ``filter_fn(module, fqn)`` says which modules to
-            consider; None (default): every ``nn.Linear``. Keyword-only, as are the arguments below.
+            consider; None (default): every ``nn.Linear`` and GPT-2 ``Conv1D``. Keyword-only, as are the arguments
+            below.
         device (torch.device | str | None): quantize (and leave) the selected layers on this device; None
             (default): where they are.
         strict (bool): raise ``QuantizationError`` (changing nothing) instead of reporting layers that can't be
@@ -105,14 +114,19 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
             it. Default None.
         progress (bool | None): a progress line on stderr while layers are quantized; None (default): when stderr
             is a terminal and the model has at least 50 layers to quantize.
+        embeddings (QuantConfig | None): a config for every standalone ``nn.Embedding`` (its weight held by no
+            other module) that ``config`` does not name exactly; lookups then dequantize only the rows they read.
+            None (default): embeddings stay float unless a ``ModuleConfigs`` names them. A tied embedding follows
+            its output Linear.
 
     Returns:
         QuantizationReport: one entry per reported layer (``"quantized"``, ``"shared"``, ``"skipped"`` or
-            ``"kept"``), with byte counts before and after; ``print(report)`` shows a table.
+            ``"kept"``), with byte counts before and after; ``print(report)`` shows a table, and ``notes`` a
+            float weight left that reads more bytes per token than the quantized Linears.
 
     Raises:
         QuantizationError: with ``strict=True``, when a selected layer can't be quantized.
-        TypeError: ``config`` is not a registered config or a ``ModuleConfigs``.
+        TypeError: ``config`` is not a registered config or a ``ModuleConfigs``, or ``embeddings`` is not a config.
         ValueError: a config needs calibration data and none was given.
 
     Example:
@@ -121,9 +135,10 @@ def quantize_(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, str],
         report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=128))
         print(report)
         assert not report.skipped
+        qk.quantize_(other, qk.presets.get("int4-wo-g32-out8"), embeddings=qk.Int8WeightOnlyConfig())
         ```
     """
-    report = _quantize_model(model, config, filter_fn, device, strict, {}, calibration_data, progress)
+    report = _quantize_model(model, config, filter_fn, device, strict, {}, calibration_data, progress, embeddings)
     run_after_quantize(model, config)  # e.g. transformers learns the model's new quantizer (after_quantize.py)
     return report
 
@@ -138,8 +153,8 @@ def complete_quantization_(model: nn.Module, config, quantized: dict[str, LayerR
 
 
 def _quantize_model(model, config, filter_fn, device, strict, done, calibration_data=None,
-                    progress=False) -> QuantizationReport:
-    report, swaps, calibrated = _plan(model, config, filter_fn, device, done, calibration_data, progress)
+                    progress=False, embeddings=None) -> QuantizationReport:
+    report, swaps, calibrated = _plan(model, config, filter_fn, device, done, calibration_data, progress, embeddings)
     problems = report.skipped
     if problems and strict:
         raise QuantizationError("quantize_(strict=True): the model was left unchanged because "
@@ -169,17 +184,19 @@ def plan_quantize(model: nn.Module, config, *, filter_fn: Callable[[nn.Module, s
     return report, swaps
 
 
-def _plan(model, config, filter_fn, device, done, calibration_data=None, progress=False):
-    configs = as_module_configs(config)
+def _plan(model, config, filter_fn, device, done, calibration_data=None, progress=False, embeddings=None):
+    modules = dict(model.named_modules())
+    holders = _shared_parameters(modules)
+    configs = with_embeddings(as_module_configs(config), embeddings, modules, holders)
     for c in configs.configs.values():
         if c is not None:
             handler_for(c)  # unknown config types fail before anything happens
-    modules = dict(model.named_modules())
     configs.check_patterns(modules)  # a pattern too slow for a name fails now, not after calibration
-    holders = _shared_parameters(modules)
     selected = filter_fn or _default_filter
     calibrated = calibrate_model(model, modules, configs, selected, calibration_data)  # changes nothing
-    return (*_plan_model(modules, holders, configs, selected, device, done, calibrated, progress), calibrated)
+    report, swaps = _plan_model(modules, holders, configs, selected, device, done, calibrated, progress)
+    report.notes = float_read_notes(report, modules, holders, configs)
+    return report, swaps, calibrated
 
 
 def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]], configs: ModuleConfigs,
@@ -210,7 +227,8 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
             continue
         entries[fqn], qweight = _plan_weight(fqn, module, holders.get(id(weight), []), configs, device,
                                              calibrated.weights.get(fqn), calibrated.notes.get(fqn, ""))
-        if isinstance(module, nn.Linear):
+        if is_linear_like(module) or (is_weight_module(module) and qweight is not None):
+            # an embedding decides a shared weight only when quantized: kept, its Linear decides
             owned[id(weight)] = _Owned(entries[fqn], configs.lookup(fqn)[1], qweight)
     bar.update(len(chosen))
     bar.close()
@@ -220,8 +238,9 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
             continue
         targets = holders.get(pid) or [_Holder(plan.entry.fqn, modules[plan.entry.fqn], "weight")]
         swaps.append(Swap(targets, plan.weight))
-        for h in targets:  # holders nobody selected read the new weight too: say so
-            entries.setdefault(h.fqn, _shared_entry(h.fqn, plan, plan.config))
+        for h in targets:  # holders nobody selected (or a tied embedding kept for its Linear) read it too: say so
+            if h.fqn not in entries or entries[h.fqn].status == "kept":
+                entries[h.fqn] = _shared_entry(h.fqn, plan, plan.config)
     swaps += [Swap([_Holder(fqn, module, attr)], stack) for fqn, module, attr, stack in experts.swaps]
     order = {fqn: (i, 0) for i, fqn in enumerate(modules)}
     order.update({fqn: (order[anchor][0], 1) for fqn, anchor in experts.anchor.items() if fqn not in order})
@@ -258,9 +277,15 @@ def _shared_parameters(modules: dict[str, nn.Module]) -> dict[int, list[_Holder]
 def _plan_weight(fqn: str, module: nn.Module, group: list[_Holder], configs: ModuleConfigs, device,
                  calibrated=None, note: str = ""):
     """Plan one module's weight; ``group``: every holder when the Parameter is shared (Note [Shared weights])."""
-    others = [h for h in group if not isinstance(h.module, nn.Linear)]
+    others = [h for h in group if not is_linear_like(h.module)]
     key, config = configs.lookup(fqn)
     weight = getattr(module, "weight", None)
+    if group and isinstance(module, nn.Embedding) and config is not None and key != fqn:
+        # An embedding tied to an output Linear follows the Linear unless named itself (Note [Shared weights])
+        tied = ", ".join(h.fqn for h in group if h.module is not module)
+        return LayerReport(fqn, "kept", config.describe(), f"tied to {tied}, kept in float; name {fqn!r} or "
+                           f"{tied.split(', ')[0]!r} in ModuleConfigs to quantize both", _nbytes(weight),
+                           _nbytes(weight)), None
     if (not others or config is None or not isinstance(module, nn.Linear) or weight.is_meta
             or isinstance(weight, AffineQuantizedTensor)):  # nothing to decide: the usual reasons apply
         return quantize_layer(fqn, module, configs, device, calibrated=calibrated, note=note)
@@ -305,19 +330,11 @@ def quantize_layer(fqn: str, module: nn.Module, configs: ModuleConfigs, device=N
     what calibration did, for the report.
     Shared weights are not considered here: quantize_ decides them (Note [Shared weights])."""
     weight = getattr(module, "weight", None) if weight is None else weight
+    problem = module_problem(module, weight)
+    if problem is None:  # the (out, in) weight a config quantizes: Note [Weight-bearing modules]
+        weight = weight_to_quantize(module, weight)
     return quantize_named_weight(fqn, weight, configs, device, calibrated=calibrated, note=note,
-                                 problem=lambda: _module_problem(module, weight))
-
-
-def _module_problem(module: nn.Module, weight) -> str | None:
-    if not isinstance(module, nn.Linear):
-        return f"{type(module).__name__} is not an nn.Linear; torchqkit quantizes Linear weights"
-    if isinstance(weight, AffineQuantizedTensor):
-        return "weight is already quantized"
-    if weight.is_meta:
-        return ("weight is on the meta device: load real weights first (or load a quantized checkpoint with "
-                "load_state_dict(assign=True))")
-    return None
+                                 problem=lambda: problem)
 
 
 def quantize_named_weight(fqn: str, weight: torch.Tensor, configs: ModuleConfigs, device=None, *, calibrated=None,
@@ -349,10 +366,11 @@ def quantize_named_weight(fqn: str, weight: torch.Tensor, configs: ModuleConfigs
 
 
 def _swap_weight(holders: list[_Holder], weight: AffineQuantizedTensor, device) -> None:
-    param = nn.Parameter(weight, requires_grad=False)  # one object for every holder: the tie survives
+    # one object for every holder: the tie survives. GPT-2's Conv1D holds the transposed view (weight_modules.py)
+    param = nn.Parameter(stored_weight(holders[0].module, weight), requires_grad=False)
     for h in holders:
         setattr(h.module, h.attr, param)
-        bias = getattr(h.module, "bias", None) if isinstance(h.module, nn.Linear) else None
+        bias = getattr(h.module, "bias", None) if is_linear_like(h.module) else None
         if device is not None and bias is not None:
             h.module.bias = nn.Parameter(bias.detach().to(device), requires_grad=bias.requires_grad)
         patch_extra_repr(h.module)

@@ -57,10 +57,13 @@ class QuantizationReport:
 
     ``entries`` lists them in module order; ``report[fqn]`` finds one (``KeyError`` if absent); ``by_status(s)``
     and the ``quantized`` / ``skipped`` / ``shared`` properties filter them; ``bytes_before`` / ``bytes_after``
-    total the weight bytes (a shared weight once); ``print(report)`` shows a table and a summary line.
+    total the weight bytes (a shared weight once); ``print(report)`` shows a table and a summary line. ``notes``
+    holds what the table alone would hide: a float weight left in the model that reads at least half as many
+    bytes per token as the quantized Linears together (Note [Float reads per token] in api/float_reads.py).
 
     Args:
         entries (list[LayerReport]): the layers' entries.
+        notes (list[str] | None): lines ``print(report)`` shows under the summary; default none.
 
     Example:
         ```python
@@ -70,8 +73,9 @@ class QuantizationReport:
         print(len(report.quantized), report.bytes_before / report.bytes_after)
         ```
     """
-    def __init__(self, entries: list[LayerReport]):
+    def __init__(self, entries: list[LayerReport], notes: list[str] | None = None):
         self.entries = entries
+        self.notes = list(notes or [])
 
     def by_status(self, status: str) -> list[LayerReport]:
         return [e for e in self.entries if e.status == status]
@@ -119,6 +123,7 @@ class QuantizationReport:
         ratio = self.bytes_before / self.bytes_after if self.bytes_after else float("nan")
         counts = ", ".join(f"{len(self.by_status(s))} {s}" for s in STATUSES if s != "shared" or self.shared)
         lines.append(f"{counts}; weights {self.bytes_before:,} -> {self.bytes_after:,} bytes ({ratio:.2f}x smaller)")
+        lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
     __repr__ = __str__

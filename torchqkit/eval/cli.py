@@ -15,10 +15,11 @@ from torchqkit.files.open_checked import open_regular_file
 # The same NAME|JSON parsing as `python -m torchqkit quantize`, so both commands accept the same configs.
 from torchqkit.serialization.cli import parse_config_arg
 
+from .float_layers import float_layer_time
 from .models import EVAL_TEXT_SOURCE, ModelLoadError, eval_text, load_gguf, load_hf
 from .permute import permute_llama_channels_
 from .perplexity import perplexity
-from .speed import DecodeLoop, decode_tokens_per_second
+from .speed import DecodeLoop
 
 __all__ = ["add_eval_parser"]
 
@@ -155,41 +156,56 @@ def _evaluate(args: argparse.Namespace) -> int:
           f"tokens, window {window}, stride {stride or window}; decode: {args.new_tokens} greedy tokens "
           f"after a {PROMPT_TOKENS}-token prompt, median of {args.repeats}, {torch.get_num_threads()} threads, "
           f"{_loop_name(args)}")
-    float_ppl, float_speed = _measure(model, ids, window, stride, args, "float32")
+    float_ppl, float_speed, _ = _measure(model, ids, window, stride, args, "float32")
     _status("quantizing", args.quiet)
     report = torchqkit.quantize_(model, args.config)
     print(f"config: {_describe(args.config)}")
     print(f"Linears: {_counts(report)}")
+    for note in report.notes:  # a float weight that reads more bytes per token than the quantized Linears
+        print(f"note: {note}")
     if args.fuse:
         fused = torchqkit.fuse_shared_input_linears(model)
         left = {k: v for k, v in fused.items() if v != "fused"}
         print(f"fused projections: {len(fused) - len(left)} groups fused, {len(left)} left as they were"
               + "".join(f"; {k}: {v.removeprefix('left as it was: ')}" for k, v in list(left.items())[:3]))
-    q_ppl, q_speed = _measure(model, ids, window, stride, args, "quantized")
+    q_ppl, q_speed, loop = _measure(model, ids, window, stride, args, "quantized")
     print(f"Linear weight MB: {report.bytes_before / 1e6:.2f} -> {report.bytes_after / 1e6:.2f}"
           f" ({report.bytes_before / max(report.bytes_after, 1):.2f}x smaller; all {len(report)} Linears, the ones "
           f"left alone at their float size)")
     print(f"perplexity: float32 {float_ppl:.4f}, quantized {q_ppl:.4f} "
           f"({q_ppl - float_ppl:+.4f}, {100 * (q_ppl / float_ppl - 1):+.2f}%)")
     print(f"decode tokens/s: float32 {float_speed:.1f}, quantized {q_speed:.1f} ({q_speed / float_speed:.2f}x)")
+    _print_float_layer_time(model, loop, q_speed, args)
     return 0
 
 
+def _print_float_layer_time(model, loop, speed: float, args: argparse.Namespace) -> None:
+    """One line per shape of float Linear left in the quantized model: its measured share of a decode step
+    (Note [Float layer time] in float_layers.py)."""
+    _status("quantized: time of the float Linears left (one profiled decode run)", args.quiet)
+    step_ms = 1e3 / speed
+    for t in float_layer_time(loop, model):
+        names = ", ".join(t.names[:3]) + (f" and {len(t.names) - 3} more" if len(t.names) > 3 else "")
+        what = f"float Linear{'s' if len(t.names) > 1 else ''} left: {names} ({t.dtype}, {t.shape[0]} x {t.shape[1]})"
+        print(f"{what}: {t.ms:.2f} ms of {step_ms:.2f} ms per decode step ({100 * t.ms / step_ms:.0f}%), "
+              f"{t.calls:.0f} matmul call{'s' if t.calls != 1 else ''} per step ({t.how})")
+
+
 def _measure(model, ids, window: int, stride: int | None, args: argparse.Namespace,
-             label: str) -> tuple[float, float]:
+             label: str) -> tuple[float, float, DecodeLoop]:
+    """(perplexity, decode tokens/s, the decode loop timed: warm, ready to run again)."""
     _status(f"{label}: perplexity", args.quiet)
     ppl = perplexity(model, ids, window, stride=stride, progress=not args.quiet)
     _status(f"{label}: decode speed ({_loop_name(args)})", args.quiet)
     prompt = ids[:min(PROMPT_TOKENS, ids.numel())]
-    if not args.compile:
-        return ppl, decode_tokens_per_second(model, prompt, new_tokens=args.new_tokens, repeats=args.repeats,
-                                             decode=args.decode)
-    # One loop for the warm-up (which compiles) and the timed runs, so the compile time can be reported.
-    loop = DecodeLoop(model, prompt, args.new_tokens, compile=True)
+    # One loop for the warm-up (which compiles) and the timed runs, so the compile time can be reported
+    # (the rate is decode_tokens_per_second's: the median run of `repeats` after one untimed run).
+    loop = DecodeLoop(model, prompt, args.new_tokens, decode=args.decode, compile=args.compile)
     loop.run()
-    print(f"{label}: decode step compiled in {loop.compile_seconds:.1f} s (warm-up, not timed)")
+    if args.compile:
+        print(f"{label}: decode step compiled in {loop.compile_seconds:.1f} s (warm-up, not timed)")
     durations = sorted(t[-1] - t[0] for t in (loop.run() for _ in range(args.repeats)))
-    return ppl, (args.new_tokens - 1) / durations[len(durations) // 2]
+    return ppl, (args.new_tokens - 1) / durations[len(durations) // 2], loop
 
 
 def _loop_name(args: argparse.Namespace) -> str:

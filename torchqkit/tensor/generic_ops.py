@@ -5,6 +5,7 @@ import torch
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from .affine_quantized_tensor import AffineQuantizedTensor
+from .conv import convolution
 from .dispatch import GENERIC_OPS, fill_defaults
 from .embedding import embedding
 from .merge import add_into_
@@ -66,6 +67,8 @@ def _add_(func, args, kwargs):
 
 # Rows of the weight, dequantizing only the tiles that hold them: see Note [Quantized embedding].
 GENERIC_OPS.implements(aten.embedding.default)(embedding)
+# A 1x1 convolution as the layout's linear on the channel dim (tensor/conv.py).
+GENERIC_OPS.implements(aten.convolution.default)(convolution)
 
 
 @GENERIC_OPS.implements(aten.t.default)
