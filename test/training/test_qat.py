@@ -263,3 +263,24 @@ def test_qat_config_checks_and_round_trips():
         qk.QATConfig("int4")
     c = qk.QATConfig(qk.Int4WeightOnlyConfig(group_size=32), grad="clipped_ste", stochastic_rounding=True, seed=7)
     assert qk.QATConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+def test_gpt2_conv1d_layers_are_reported_not_trained():
+    """quantize_ serves GPT-2's Conv1D, fake quantization doesn't: prepare_qat_ reports them skipped with the reason
+    and leaves them (and their outputs) exactly as they were; strict=True raises before changing anything."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, vocab_size=128, n_positions=32, bos_token_id=0,
+                                  eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.arange(16).reshape(1, 16)
+    before = model(ids).logits
+    qat = qk.QATConfig(qk.Int4WeightOnlyConfig(group_size=32))
+    with pytest.raises(qk.QuantizationError, match="transformer.h.0.attn.c_attn: quantization-aware training"):
+        qk.prepare_qat_(model, qat, strict=True)
+    with pytest.warns(UserWarning, match="4 selected layer"):
+        report = qk.prepare_qat_(model, qat)
+    entry = report["transformer.h.0.mlp.c_fc"]
+    assert entry.status == "skipped" and "not Conv1D weights yet" in entry.reason
+    assert type(model.transformer.h[0].mlp.c_fc).__name__ == "Conv1D"
+    torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)

@@ -72,7 +72,7 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
     configs = as_module_configs(config.base)
     _check_emulable(configs, modules, filter_fn, config.stochastic_rounding)
     report, swaps = plan_quantize(model, configs, filter_fn=filter_fn)
-    swaps = _without_expert_stacks(report, swaps)
+    swaps = _trainable_swaps(report, swaps)
     if report.skipped and strict:
         raise QuantizationError("prepare_qat_(strict=True): the model was left unchanged because "
                                 + "; ".join(f"{e.fqn}: {e.reason}" for e in report.skipped))
@@ -99,19 +99,27 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
     return report
 
 
-def _without_expert_stacks(report, swaps):
-    """The planned swaps but the 3-d expert Parameters of MoE models (Note [Expert Parameters in quantize_]), whose
-    report entries become "skipped": fake quantization wraps a Linear's forward, and an experts module has none."""
+def _trainable_swaps(report, swaps):
+    """The planned swaps QAT can train: Linear weights. The others' report entries become "skipped" with the reason:
+    fake quantization wraps nn.Linear's forward, and the 3-d expert Parameters of MoE models (Note [Expert
+    Parameters in quantize_]), GPT-2's Conv1D, 1x1 convolutions and standalone embeddings (Note [Weight-bearing
+    modules]) have none; quantize_ quantizes them after training."""
     kept = []
     for swap in swaps:
-        if swap.weight.dim() != 3:
-            kept.append(swap)
-            continue
-        for h in swap.holders:
-            entry = report[f"{h.fqn}.{h.attr}"]
+        if swap.weight.dim() == 3:
+            entries = [report[f"{h.fqn}.{h.attr}"] for h in swap.holders]
+            what = "expert Parameters"
+        else:
+            owner = next(h for h in swap.holders if report[h.fqn].status == "quantized")
+            if isinstance(owner.module, nn.Linear):
+                kept.append(swap)
+                continue
+            entries = [report[owner.fqn]]
+            what = f"{type(owner.module).__name__} weights"
+        for entry in entries:
             entry.status, entry.bytes_after = "skipped", entry.bytes_before
-            entry.reason = ("quantization-aware training doesn't fake-quantize expert Parameters yet; quantize them "
-                            "after training with quantize_ (a ModuleConfigs naming them)")
+            entry.reason = (f"quantization-aware training fake-quantizes nn.Linear weights, not {what} yet; quantize "
+                            f"them after training with quantize_ (a ModuleConfigs naming them)")
     return kept
 
 
