@@ -310,6 +310,31 @@ struct F32 {
   void dot_order(const uint8_t* b, F (&w)[W]) const { (*this)(b, w); }
 };
 
+// Note [FP6 through fp16]: an FP6 code s eee mm (e3m2) / s ee mmm (e2m3) is read as the fp16 with sign s, exponent
+// 00eee / 000ee and mantissa mm00000000 / mmm0000000: the same fields shifted into place, whose value is the FP6 value
+// times 2^(bias - 15) (2^-12 for e3m2, 2^-14 for e2m3), subnormals included (vcvtph2ps converts fp16 subnormals
+// exactly, and no fp32 subnormal is formed, so denormals-are-zero modes can't touch it); the glue folds 2^12 / 2^14
+// into scale_mul. The 6-bit fields come from the packed intx decoder at B = 6 with code_offset 0 (exact floats
+// 0..63, in its k order and its dot order), so FP6 shares its byte handling and its permuted activations.
+template <class Base, int kMant>
+struct Fp6 : Base {
+  explicit Fp6(const LowbitArgs& p) : Base(p) {}
+  static F fields_to_values(F field) {
+    const V::I f = V::cvt_i(field);
+    const V::I mag = V::template slli_i<10 - kMant>(V::and_i(f, V::set1_i(31)));
+    const V::I sign = V::template slli_i<10>(V::and_i(f, V::set1_i(32)));
+    return V::half_to_f(V::narrow16(V::or_i(mag, sign)));
+  }
+  void operator()(const uint8_t* b, F (&w)[W]) const {
+    Base::operator()(b, w);
+    for (int t = 0; t < W; ++t) w[t] = fields_to_values(w[t]);
+  }
+  void dot_order(const uint8_t* b, F (&w)[W]) const {
+    Base::dot_order(b, w);
+    for (int t = 0; t < W; ++t) w[t] = fields_to_values(w[t]);
+  }
+};
+
 // This level's decoders, for by_format.
 struct Decoders {
   using nf4 = std::conditional_t<V::L == 8, PlaneNf4<V>, Nf4>;  // Note [AVX2 4-bit lookups by byte planes]
@@ -319,6 +344,8 @@ struct Decoders {
   template <int B>  // Note [intx fields by lanes of whole codes] (the bf16 glue permutes x: lowbit_bf16_dot_order)
   using intx = std::conditional_t<V::L == 8 && B == 4, PlaneInt4<V>,
                                   std::conditional_t<24 % B == 0 && B != 8, LaneIntx<V, B>, Intx<B>>>;
+  using fp6_e3m2 = Fp6<intx<6>, 2>;  // Note [FP6 through fp16]
+  using fp6_e2m3 = Fp6<intx<6>, 3>;
 };
 
 // Step c of a row: a pointer into the row, or (when its reads would leave the row) a zero-padded copy in tmp.
@@ -502,6 +529,10 @@ __attribute__((always_inline)) inline int64_t whole_groups_fixed(F (&acc)[1][NB]
 // compiler vectorizes, so the dot loop reads one float per group and row).
 inline const float* scale_row(const LowbitArgs& p, int64_t base, float* dst) {
   if (p.scale) return p.scale + base;
+  if (p.scale_e4m3) {  // NVFP4: float8 block scale / global scale, the reference's quotient
+    for (int64_t g = 0; g < p.G; ++g) dst[g] = e4m3_value(p.scale_e4m3[base + g]) / p.scale_div;
+    return dst;
+  }
   if (p.scale_e8m0) {
     const uint8_t* e = p.scale_e8m0 + base;
     for (int64_t g = 0; g < p.G; ++g) {  // 2^(e - 127): float bits e << 23; e = 0 is the subnormal 2^-127
@@ -651,10 +682,14 @@ void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_
   const bool aligned = steps_aligned(p);
   alignas(64) uint8_t tmp[32];
   alignas(64) float sl[kStep], ol[kStep];
+  AlignedVector<float> sbuf(aligned ? 0 : p.G);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = p.w + n * p.ldw;
     float* d = dst + (n - n0) * ldd - k0;
     const int64_t base = scale_base(p, n);
+    // Groups that are not whole steps (NVFP4's 16, nf4 block_size 16, ...): the row's scales decoded once, then
+    // looked up per lane.
+    const float* srow = aligned ? nullptr : scale_row(p, base, sbuf.data());
     for (int64_t c = c0; c < c1; ++c) {
       F w[W];
       dec(step_ptr<D>(row, c, rb, tmp), w);
@@ -665,7 +700,7 @@ void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_
       } else {
         for (int j = 0; j < kStep; ++j) {
           const int64_t gi = std::min((kStep * c + j) / p.g, p.G - 1);
-          sl[j] = scale_at(p, base, gi);
+          sl[j] = srow[gi] * p.scale_mul;
           ol[j] = offset_at(p, base, gi);
         }
         for (int t = 0; t < W; ++t)
