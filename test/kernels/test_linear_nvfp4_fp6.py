@@ -46,7 +46,8 @@ def _call(w, x, bias):
 
 
 def _reference(w, x, bias):
-    return F.linear(x.float(), w.dequantize().float(), None if bias is None else bias.float()).to(x.dtype)
+    # the weight in float32, as the op decodes it (a bf16 weight's dequantize() would round level * scale to bf16)
+    return F.linear(x.float(), w.dequantize(torch.float32), None if bias is None else bias.float()).to(x.dtype)
 
 
 WEIGHTS = {

@@ -340,7 +340,7 @@ def choose_qparams_affine(
     elif scale_rounding == POWER_OF_TWO:
         scale = _power_of_two_scale(torch.maximum(-lo, hi), qdtype)  # codes * 2^e stay below 2^128: no cap
     elif scale_rounding == FLOAT8_E4M3:
-        scale = _float8_block_scale(torch.maximum(-lo, hi), qdtype)  # e4m3 * 2^-q: below 2^128, no cap
+        scale = _float8_block_scale(torch.maximum(-lo, hi), qdtype, limit)
     else:
         amax = torch.maximum(-lo, hi)
         scale = _floor_scale(amax / qdtype.max_abs_level, amax, eps)
@@ -430,11 +430,16 @@ def _pow2_exponent_below(top: torch.Tensor, limit: float) -> torch.Tensor:
     return torch.where(torch.ldexp(top, q + 1) <= limit, q + 1, q).clamp(*_Q_RANGE)
 
 
-def _float8_block_scale(amax: torch.Tensor, qdtype: QDType) -> torch.Tensor:
+def _float8_block_scale(amax: torch.Tensor, qdtype: QDType, limit: float) -> torch.Tensor:
     raw = amax / qdtype.max_abs_level
     top = raw.max() if raw.numel() else raw.new_ones(())
     q = _pow2_exponent_below(torch.where(top > 0, top, torch.ones_like(top)), _E4M3_MAX)
-    e = torch.ldexp(raw, q).clamp(max=_E4M3_MAX).to(torch.float8_e4m3fn).float().clamp(min=_E4M3_TINY)
+    codes = torch.ldexp(raw, q).clamp(max=_E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    # Note [Finite range]: a block whose E rounded up past what max_level * E * 2^-q can reach in float32 (or the
+    # weight's dtype) takes the next e4m3 value down (one code less: positive e4m3 codes are ordered by value).
+    over = torch.ldexp(codes.view(torch.float8_e4m3fn).float(), -q) * qdtype.max_abs_level > limit
+    codes = torch.where(over, codes - 1, codes)
+    e = codes.view(torch.float8_e4m3fn).float().clamp(min=_E4M3_TINY)
     return torch.ldexp(e, -q)
 
 
