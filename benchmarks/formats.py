@@ -10,6 +10,7 @@ torchqkit ships in windows of 512. MiniLM: all 37 Linears, 1 - cosine of each pa
 the float32 one (mean). The loss of a config is its perplexity increase over float32 (SmolLM2) or its 1 - cos
 (MiniLM); the targets: NVFP4's loss <= MXFP4's (both about 4.5 bits per weight), FP6's loss <= 0.3 x int4 g128's.
 Bits per weight count codes and scales (the stored bytes) over the quantized Linears. Quality only: no timings.
+The committed run: benchmarks/formats_results.md.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 // Low-bit weight-only linear kernels for x86 (scalar, AVX2 + FMA + F16C, AVX-512 F/BW/VL/DQ): NF4 (single
-// and double quantized), float8 e4m3fn / e5m2, MXFP4 / MXFP8, NVFP4, FP6 e3m2 / e2m3, packed intx (1..7 bits). They read the layouts'
-// bytes as stored (device-independent, no repacking); the bit layouts are documented in
+// and double quantized), float8 e4m3fn / e5m2, MXFP4 / MXFP8, NVFP4, FP6 e3m2 / e2m3, packed intx (1..7 bits).
+// They read the layouts' bytes as stored (device-independent, no repacking); the bit layouts are documented in
 // torchqkit/layouts/nf4.py, float8.py, mx.py, nvfp4.py, fp6.py and packed_intx.py.
 //
 // No torch header here (see kernels.h). The vector code is written once, in linear_lowbit_isa.h, over a

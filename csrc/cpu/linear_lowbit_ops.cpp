@@ -1,7 +1,7 @@
 // CPU backend of the low-bit weight-only linear ops: argument checks, scale plumbing, threads, ISA choice.
 //
-// torchqkit::linear_nf4wo, linear_fp8wo, linear_mxwo, linear_nvfp4wo, linear_fp6wo and linear_intxwo are defined (schema, fake,
-// reference) in torchqkit/kernels/ops/ (one module per op); the kernels are in linear_lowbit.cpp.
+// torchqkit::linear_nf4wo, linear_fp8wo, linear_mxwo, linear_nvfp4wo, linear_fp6wo and linear_intxwo are defined
+// (schema, fake, reference) in torchqkit/kernels/ops/ (one module per op); the kernels are in linear_lowbit.cpp.
 //
 // Two paths (see the opening comment of linear_lowbit.cpp):
 //   M <= dot_max_m: the dot kernel, weights decoded in registers, at::parallel_for over blocks of rows.

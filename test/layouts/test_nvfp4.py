@@ -29,7 +29,8 @@ def test_packed_bytes_pinned():
     assert aqt.qdata[0, :2].tolist() == [0xA7, 0x01] and aqt.qdata[1, :1].tolist() == [0x57]
     # 0.9 / 0.15625 = 5.76 -> 6.0 (0x7); 0.3 / 0.15625 = 1.92 -> 2.0 (0x4)
     assert aqt.qdata[2, :1].tolist() == [0x47]
-    assert aqt.scale.dtype == torch.float8_e4m3fn and aqt.scale.view(torch.uint8).flatten().tolist() == [0x78, 0x70, 0x62]
+    assert aqt.scale.dtype == torch.float8_e4m3fn
+    assert aqt.scale.view(torch.uint8).flatten().tolist() == [0x78, 0x70, 0x62]
     assert aqt.global_scale.dtype == torch.float32 and aqt.global_scale.tolist() == [256.0]
     assert aqt.dequantize()[2, :2].tolist() == [0.9375, 0.3125]
 
@@ -53,7 +54,8 @@ def test_all_zero_weight_gets_the_smallest_scale_and_zero_codes():
     assert not aqt.qdata.any() and not aqt.dequantize().any()
 
 
-@pytest.mark.parametrize("bad", [[[1.0, 3.0 / 7]], [[1.0, 0.0]], [[1.0, float("nan")]]], ids=["not-e4m3", "zero", "nan"])
+@pytest.mark.parametrize("bad", [[[1.0, 3.0 / 7]], [[1.0, 0.0]], [[1.0, float("nan")]]],
+                         ids=["not-e4m3", "zero", "nan"])
 def test_pack_refuses_scales_that_are_not_float8_under_a_power_of_two(bad):
     with pytest.raises(ValueError, match="NVFP4"):
         split_float8_scales(torch.tensor(bad), "NVFP4Layout.pack")

@@ -393,7 +393,8 @@ def _check_scale_rounding(scale_rounding, qdtype: QDType, eps, scale_dtype, name
                          f"drop eps=")
     if torch.finfo(scale_dtype).max < 2.0 ** 127 or scale_dtype.itemsize < 4:
         raise ValueError(f"{name}: {scale_rounding} scales span 2^-127..2^127 (and float8 ones carry 4 significant "
-                         f"bits at any exponent), which {scale_dtype} can't hold exactly; use scale_dtype=torch.float32")
+                         f"bits at any exponent), which {scale_dtype} can't hold exactly; "
+                         f"use scale_dtype=torch.float32")
 
 
 def _power_of_two_scale(amax: torch.Tensor, qdtype: QDType) -> torch.Tensor:

@@ -33,9 +33,9 @@ class NVFP4WeightOnlyConfig(QuantConfig):
 
     NVIDIA's 4-bit float format (``NVFP4Layout``, byte for byte the checkpoints of ModelOpt and compressed-tensors'
     ``nvfp4-pack-quantized``): each block of 16 input features of a row shares a float8 e4m3 scale, and one
-    float32 scale per weight puts those scales into e4m3's range. 4.5 bits per weight. Finer blocks and non-power-of-two
-    block scales make it more accurate than MXFP4 at about the same size. A weight whose in_features isn't a multiple of 16 gets a
-    partial last block. Activations stay in float.
+    float32 scale per weight puts those scales into e4m3's range. 4.5 bits per weight. Finer blocks and
+    non-power-of-two block scales make it more accurate than MXFP4 at about the same size. A weight whose
+    in_features isn't a multiple of 16 gets a partial last block. Activations stay in float.
 
     Args:
         kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
