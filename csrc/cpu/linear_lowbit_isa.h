@@ -732,11 +732,67 @@ template <class D> struct DotOrderFn {
   static void run(const LowbitArgs&, int64_t* perm) { dot_order_perm<D>(perm); }
 };
 
-// The dot kernel where groups are whole steps; other group sizes (g % 32 != 0, rare: nf4 block_size 16, intx
-// PerGroup(24), ...) run the prefill's decode-to-fp32 blocks, which scale per lane.
+// Note [Groups of half a step]: NVFP4's groups of 16 (and nf4 block_size 16, intx / fp6 PerGroup(16)) split each decode
+// step of 32 in two. In k order (the decoder's operator(), not its dot order) vectors t < W / 2 hold the step's first
+// 16 weights and the others its last 16, so each vector takes one group's scale: the levels are scaled (one mul per
+// vector) and multiplied into the row's accumulators, the weights still decoded in registers and each byte read once
+// per tile of tokens (the dot kernel's shape, at read bandwidth), instead of the fp32 blocks of the prefill. A step
+// whose second half lies past K (K an odd multiple of 16) takes scale 0 there (its x lanes are zero padding anyway).
+template <class D, int MB, int NB>
+void dot_tile_g16(const LowbitArgs& p, const D& dec, const float* const* srow, int64_t m0, int64_t n0, int nr) {
+  const int64_t nst = (p.K + kStep - 1) / kStep, rb = D::row_bytes(p), nfull = full_steps<D>(rb, nst);
+  const uint8_t* wr[NB];
+  for (int i = 0; i < NB; ++i) wr[i] = p.w + (n0 + std::min(i, nr - 1)) * p.ldw;  // a short tile repeats its last row
+  const float* xr[MB];
+  for (int m = 0; m < MB; ++m) xr[m] = p.x + (m0 + m) * p.ldx;
+  F acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < NB; ++i) acc[m][i] = V::zero();
+  alignas(64) uint8_t tmp[NB][32];
+  const int64_t pf = NB * p.ldw;  // Note [decode prefetch distance]
+  for (int64_t c = 0; c < nst; ++c) {
+    const int64_t off = c * D::kBytes, g0 = 2 * c, g1 = std::min<int64_t>(2 * c + 1, p.G - 1);
+    const bool half = 2 * c + 1 >= p.G;
+    if (c < nfull && (off & 63) < D::kBytes)
+#pragma GCC unroll 4
+      for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + off + pf), _MM_HINT_T1);
+#pragma GCC unroll 4
+    for (int i = 0; i < NB; ++i) {
+      F w[W];
+      dec(c < nfull ? wr[i] + off : step_ptr<D>(wr[i], c, rb, tmp[i]), w);
+      const F s0 = V::set1(srow[i][g0]), s1 = V::set1(half ? 0.f : srow[i][g1]);
+#pragma GCC unroll 4
+      for (int t = 0; t < W; ++t) w[t] = V::mul(w[t], t < W / 2 ? s0 : s1);
+#pragma GCC unroll 4
+      for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 4
+        for (int t = 0; t < W; ++t) acc[m][i] = V::fmadd(V::loadu(xr[m] + kStep * c + V::L * t), w[t], acc[m][i]);
+    }
+  }
+  float red[MB][NB];  // every acc index a compile-time constant: Note [accumulators in registers]
+#pragma GCC unroll 16
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 16
+    for (int i = 0; i < NB; ++i) red[m][i] = V::reduce(acc[m][i]);
+  for (int i = 0; i < nr; ++i)
+    for (int m = 0; m < MB; ++m) store(p, m0 + m, n0 + i, red[m][i] * p.scale_mul);
+}
+
+template <class D>
+void dot_g16(const LowbitArgs& p, const D& dec, int64_t n0, int64_t n1) {
+  for_each_tile(p, n0, n1, [&](auto mb, const float* const* srow, int64_t m, int64_t n, int nr) {
+    constexpr int MB = decltype(mb)::value, NB = kNB<MB>;
+    for (int r = 0; r < nr; r += NB) dot_tile_g16<D, MB, NB>(p, dec, srow + r, m, n + r, std::min(NB, nr - r));
+  });
+}
+
+// The dot kernel where groups are whole steps, or half steps without offsets (Note [Groups of half a step]); other
+// group sizes (intx PerGroup(24), offsets with groups of 16, ...) run the prefill's decode-to-fp32 blocks, which
+// scale per lane.
 template <class D> struct DotFn {
   static void run(const LowbitArgs& p, int64_t n0, int64_t n1) {
     if (steps_aligned(p)) dot_aligned<D>(p, D(p), n0, n1);
+    else if (p.g == 16 && !p.offset) dot_g16<D>(p, D(p), n0, n1);
     else prefill<D>(p, n0, n1);
   }
 };

@@ -290,7 +290,7 @@ at::Tensor linear_mxwo(const at::Tensor& x, const at::Tensor& qdata, const at::T
 
 // NVFP4Layout bytes (torchqkit/layouts/nvfp4.py): the e2m1 decoder of MXFP4 with float8 e4m3 scales per 16 k, each
 // divided by the global scale when a block of rows' scales is decoded (scale_row). Groups of 16 are half a decode
-// step of 32, so every M takes the decode-to-fp32 blocks, which scale per lane (DotFn in linear_lowbit_isa.h).
+// step of 32: the dot kernel scales each half (Note [Groups of half a step] in linear_lowbit_isa.h).
 at::Tensor linear_nvfp4wo(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
                           const at::Tensor& global_scale, const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "torchqkit::linear_nvfp4wo";
@@ -410,16 +410,20 @@ const DescribeOp kFp8Described(lowbit_description("torchqkit::linear_fp8wo", "M 
 const DescribeOp kIntxDescribed(lowbit_description("torchqkit::linear_intxwo", "M > 4", "M > 4"));
 const DescribeOp kMxDescribed(lowbit_description("torchqkit::linear_mxwo", "M > 8", "M > 8"));
 const DescribeOp kFp6Described(lowbit_description("torchqkit::linear_fp6wo", "M > 4", "M > 4"));
-// NVFP4's groups of 16 are half a decode step: no in-register dot kernel (linear_nvfp4wo above).
+// NVFP4's groups of 16 are half a decode step (Note [Groups of half a step]); no bf16 kernel takes them.
 const DescribeOp kNvfp4Described(
     OpDescription("torchqkit::linear_nvfp4wo")
         .at("avx512_vnni",
-            "every M: 32 x 1024 blocks decoded to fp32 (L2; e2m1 through the 16-entry table, each row's float8 block "
-            "scales divided by the global scale once) then 4x4 dot tiles; M >= 64: 32-row k-major panels + 6x32 FMA "
-            "tiles. Groups of 16 are half a 32-weight decode step, so M = 1 does not run the in-register dot kernel "
-            "of the other 4-bit formats")
-        .at("avx2", "8-lane decoders: rows decoded to fp32 (per-lane float8 block scales) into k-major panels + 6x16 "
-                    "FMA tiles or fp32 blocks + dot tiles, at every M")
+            "M <= 8: 16 weights per zmm decoded in registers in k order (4 rows x 4 tokens), each half of a 32-weight "
+            "step scaled by its block's float8 scale over the global scale (decoded once per 4 rows); larger M: "
+            "32 x 1024 blocks decoded to fp32 (L2) then 4x4 dot tiles; M >= 64: 32-row k-major panels + 6x32 FMA "
+            "tiles, except from M = 128 on Intel CPUs: blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" +
+                kFp32PrefillSgemm + ")")
+        .at("avx2",
+            "8-lane decoders: in registers for M <= 8 (each half step scaled by its block's scale); larger M: rows "
+            "decoded to fp32 16 at a time into k-major panels + 6x16 FMA tiles, on Intel CPUs fp32 blocks + dot "
+            "tiles and from M = 128 blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" +
+                kFp32PrefillPanels256 + ")")
         .at("scalar", "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it")
         .fp32_prefill_routes());
 

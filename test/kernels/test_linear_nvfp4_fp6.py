@@ -178,3 +178,19 @@ def test_nvfp4_activations_run_the_reference_with_fake_quantized_inputs():
 def test_compile_fullgraph_calls_the_custom_op(case):
     make, op = CONFIGS[case]
     assert_compiled_calls_op(_linear(make()), torch.randn(4, 96, generator=gen(7)), op)
+
+
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("name", ["nvfp4_K80_N5", "nvfp4_K1088", "fp6_e2m3_g16"])
+def test_half_step_groups_in_the_dot_kernel_every_token_count(monkeypatch, weights, isa, name):
+    # Note [Groups of half a step]: 1..9 tokens (AVX-512 tiles of 4, AVX2 of 2; the fp32 blocks from 9 on), K an odd
+    # multiple of 16 (a last step whose second half has no group), N odd (a short last tile of rows).
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = weights[name]
+    n, k = w.shape
+    bias = torch.randn(n, generator=gen(2))
+    for m in range(1, 10):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = (torch.randn(m, k, generator=gen(m)) * 3).to(dtype)
+            assert_rel(_call(w, x, bias.to(dtype)), _reference(w, x, bias.to(dtype)), TOL[dtype], f"{isa} {name} M={m}")
