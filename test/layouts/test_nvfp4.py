@@ -111,3 +111,12 @@ def test_nvfp4_activations_non_finite_rows_stay_their_own():
 def test_nvfp4_activation_spec_refuses_other_shapes(spec):
     with pytest.raises(ValueError, match=r"fp4_e2m1 activations are NVFP4: PerGroup\(16\)"):
         qk.ActivationQuantSpec(Q.fp4_e2m1, **spec)
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(scale_dtype=torch.bfloat16), "float32 quotients E / G"),
+                                          (dict(scale_dtype=torch.float32, eps=1e-6), "eps does not apply"),
+                                          (dict(scale_dtype=torch.float32, qdtype=Q.int4), "float8 and codebook")])
+def test_float8_block_scales_refuse_what_they_cannot_be(kwargs, match):
+    qdtype = kwargs.pop("qdtype", Q.fp4_e2m1)
+    with pytest.raises(ValueError, match=match):
+        qk.choose_qparams_affine(torch.ones(2, 16), qdtype, (1, 16), scale_rounding="float8_e4m3", **kwargs)

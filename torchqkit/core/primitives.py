@@ -386,15 +386,17 @@ def _check_scale_rounding(scale_rounding, qdtype: QDType, eps, scale_dtype, name
     if scale_rounding is None:
         return
     if qdtype.kind is QKind.INT:
-        raise ValueError(f"{name}: power-of-two scales are defined for float8 and codebook (fp4/nf4) elements "
-                         f"(OCP MX), not {qdtype.name}")
+        raise ValueError(f"{name}: {scale_rounding} scales are defined for float8 and codebook (fp4 / fp6 / nf4) "
+                         f"elements (OCP MX, NVFP4), not {qdtype.name}")
     if eps is not None:
-        raise ValueError(f"{name}: eps does not apply to power-of-two scales (E8M0's exponent range bounds them); "
+        raise ValueError(f"{name}: eps does not apply to {scale_rounding} scales (their format bounds them); "
                          f"drop eps=")
-    if torch.finfo(scale_dtype).max < 2.0 ** 127 or scale_dtype.itemsize < 4:
-        raise ValueError(f"{name}: {scale_rounding} scales span 2^-127..2^127 (and float8 ones carry 4 significant "
-                         f"bits at any exponent), which {scale_dtype} can't hold exactly; "
+    if torch.finfo(scale_dtype).max < 2.0 ** 127:
+        raise ValueError(f"{name}: {scale_rounding} scales span 2^-127..2^127, which {scale_dtype} can't hold; "
                          f"use scale_dtype=torch.float32")
+    if scale_rounding == FLOAT8_E4M3 and scale_dtype != torch.float32:
+        raise ValueError(f"{name}: float8_e4m3 block scales are float32 quotients E / G (Note [Float8 block scales], "
+                         f"as NVFP4 checkpoints compute them), not {scale_dtype}; use scale_dtype=torch.float32")
 
 
 def _power_of_two_scale(amax: torch.Tensor, qdtype: QDType) -> torch.Tensor:
