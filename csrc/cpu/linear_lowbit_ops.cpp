@@ -409,7 +409,26 @@ const DescribeOp kNf4Described(lowbit_description("torchqkit::linear_nf4wo", "M 
 const DescribeOp kFp8Described(lowbit_description("torchqkit::linear_fp8wo", "M > 8", "M > 8"));
 const DescribeOp kIntxDescribed(lowbit_description("torchqkit::linear_intxwo", "M > 4", "M > 4"));
 const DescribeOp kMxDescribed(lowbit_description("torchqkit::linear_mxwo", "M > 8", "M > 8"));
-const DescribeOp kFp6Described(lowbit_description("torchqkit::linear_fp6wo", "M > 4", "M > 4"));
+// FP6: the packed intx decoder's 6-bit fields turned into fp16 bits (Note [FP6 through fp16]), intx's M bounds.
+const DescribeOp kFp6Described(
+    OpDescription("torchqkit::linear_fp6wo")
+        .at("avx512_vnni",
+            "M <= 4: 16 weights per zmm decoded in registers (6-bit fields cut from 3-byte lanes of whole codes, "
+            "their sign, exponent and mantissa placed as fp16 bits and converted, Note [FP6 through fp16]), 4 rows x "
+            "4 tokens, scales once per group; larger M: 32 x 1024 blocks decoded to fp32 (L2) then 4x4 dot tiles; "
+            "M >= 64: 32-row k-major panels + 6x32 FMA tiles, except from M = 128 on Intel CPUs: blocks of 512 rows "
+            "decoded to fp32, then ATen's fp32 GEMM (" + kFp32PrefillSgemm + ")")
+        .at("avx512_bf16",
+            "bf16 activations above M = 4: FP6 values decoded to bf16 (exact: at most 4 significant bits) in 32-row "
+            "k-pair panels + 6x32 vdpbf16ps tiles; decode M, groups of a size not a multiple of 32 and float16 "
+            "activations run the avx512_vnni kernels (fp32)")
+        .at("avx2",
+            "8-lane decoders: in registers for M <= 4 (the same fp16 conversion); larger M: rows decoded to fp32 16 "
+            "at a time into k-major panels + 6x16 FMA tiles, on Intel CPUs fp32 blocks + dot tiles and from M = 128 "
+            "blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" + kFp32PrefillPanels256 + ")")
+        .at("scalar", "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it")
+        .fp32_in_bf16("M > 4", "M > 4")
+        .fp32_prefill_routes());
 // NVFP4's groups of 16 are half a decode step (Note [Groups of half a step]); no bf16 kernel takes them.
 const DescribeOp kNvfp4Described(
     OpDescription("torchqkit::linear_nvfp4wo")
