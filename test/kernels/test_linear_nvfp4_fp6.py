@@ -12,7 +12,8 @@ from torchqkit.core import qdtypes as Q
 
 from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen
 from cpu_kernel_testing import isa_param as isa_param_for
-from cpu_kernel_testing import needs_kernel
+from cpu_kernel_testing import needs_kernel, running_level
+from torchqkit import kernels
 
 NVFP4 = torch.ops.torchqkit.linear_nvfp4wo
 FP6 = torch.ops.torchqkit.linear_fp6wo
@@ -194,3 +195,14 @@ def test_half_step_groups_in_the_dot_kernel_every_token_count(monkeypatch, weigh
         for dtype in (torch.float32, torch.bfloat16):
             x = (torch.randn(m, k, generator=gen(m)) * 3).to(dtype)
             assert_rel(_call(w, x, bias.to(dtype)), _reference(w, x, bias.to(dtype)), TOL[dtype], f"{isa} {name} M={m}")
+
+
+@needs_ext
+@pytest.mark.parametrize("op", ["torchqkit::linear_nvfp4wo", "torchqkit::linear_fp6wo"])
+def test_cpu_kernel_registered_and_reported(monkeypatch, op):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")
+    # NVFP4 has no bf16 kernel: at the avx512_bf16 / amx levels its AVX-512 VNNI kernel runs, and status() says so
+    levels = LEVELS if op.endswith("fp6wo") else [lv for lv in LEVELS if lv not in ("avx512_bf16", "amx")]
+    assert kernels.cpu_backend(op)[0] == f"cpp {running_level(levels)}"
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", "scalar")
+    assert kernels.cpu_backend(op)[0] == "cpp scalar"
