@@ -1,7 +1,7 @@
 """python -m benchmarks <group> [options]   (python -m benchmarks <group> --help for each group's own)
 
-Groups: kernels, targets, decode, prefill, moe_decode, quality, calibration, load, gguf_export, train, distributed; then
-plot (PNG figures from the JSON lines) and report (markdown tables of the latest run per case).
+Groups: kernels, targets, decode, prefill, moe_decode, quality, calibration, formats, load, gguf_export, train,
+distributed; then plot (PNG figures from the JSON lines) and report (markdown tables of the latest run per case).
 
 Run it from the repository root: the benchmarks package sits next to torchqkit, not inside the installed package."""
 from __future__ import annotations
@@ -17,6 +17,7 @@ GROUPS = {
     "moe_decode": "a random ~1B mixture-of-experts model's decode tokens/s and bytes read, per experts implementation",
     "quality": "perplexity per config (and peers), a synthetic decoder's tok/s, MiniLM throughput",
     "calibration": "GPTQ / AWQ / SmoothQuant / static int8 against round-to-nearest; GPTQ memory",
+    "formats": "NVFP4 / MXFP4 / FP6 / int4 g128 side by side: SmolLM2 perplexity, MiniLM cosine, the format targets",
     "load": "loading: GGUF two ways, transformers' from_pretrained five ways",
     "gguf_export": "llama.cpp reading save_gguf's files: perplexity next to torchqkit's and llama.cpp's Q4_0 / Q4_1",
     "train": "QAT recovery on MiniLM, float8 training loss curves",

@@ -10,7 +10,8 @@ from .api.configs import (AWQConfig, Float8DynamicActivationFloat8WeightConfig,
                           Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
                           Int8DynamicActivationIntxWeightConfig, Int8StaticActivationInt8WeightConfig,
                           Int8WeightOnlyConfig, IntxWeightOnlyConfig, MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig,
-                          NF4WeightOnlyConfig, QuantConfig, SmoothQuantConfig, config_from_dict, known_configs)
+                          NF4WeightOnlyConfig, NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfig,
+                          FP6WeightOnlyConfig, QuantConfig, SmoothQuantConfig, config_from_dict, known_configs)
 from .api import presets
 from .api.calibrate import CalibrationData
 from .api.fuse import fuse_shared_input_linears
@@ -20,7 +21,7 @@ from .api.quantize_weight import UnsupportedWeight, UnsupportedWeightError, quan
 from .api.report import LayerReport, QuantizationReport
 from .core import (MappingType, PerAxis, PerBlock, PerGroup, PerRow, PerTensor, PerToken, ZeroPointDomain,
                    choose_qparams_affine, dequantize_affine, qdtypes, quantize_affine)
-from .layouts import Float8Layout, Layout, MXLayout, NF4Layout, PlainLayout
+from .layouts import FP6Layout, Float8Layout, Layout, MXLayout, NF4Layout, NVFP4Layout, PlainLayout
 from .layouts import PackedIntxLayout, TensorCoreTiledLayout
 from .hf import from_pretrained, save_pretrained
 from .integrations import hf_registration as _hf_registration
@@ -45,7 +46,8 @@ _PUBLIC = {
     "quantize": ["quantize_", "ModuleConfigs", "QuantizationReport", "LayerReport", "CalibrationData",
                  "fuse_shared_input_linears", "quantize_weight"],
     "configs": ["presets", "QuantConfig", "Int8WeightOnlyConfig", "Int4WeightOnlyConfig", "IntxWeightOnlyConfig",
-                "NF4WeightOnlyConfig", "MXFP8WeightOnlyConfig", "MXFP4WeightOnlyConfig", "Float8WeightOnlyConfig",
+                "NF4WeightOnlyConfig", "MXFP8WeightOnlyConfig", "MXFP4WeightOnlyConfig", "NVFP4WeightOnlyConfig",
+                "NVFP4DynamicActivationNVFP4WeightConfig", "FP6WeightOnlyConfig", "Float8WeightOnlyConfig",
                 "Int8DynamicActivationInt8WeightConfig", "Int8DynamicActivationIntxWeightConfig",
                 "Float8DynamicActivationFloat8WeightConfig", "Int8StaticActivationInt8WeightConfig",
                 "Float8StaticActivationFloat8WeightConfig", "GPTQConfig", "AWQConfig", "SmoothQuantConfig",
@@ -55,7 +57,7 @@ _PUBLIC = {
                                  "quantize_affine", "dequantize_affine"],
     "tensor, layouts and kernels": ["AffineQuantizedTensor", "ActivationQuantSpec", "KernelPreference", "Layout",
                                     "PlainLayout", "TensorCoreTiledLayout", "PackedIntxLayout", "NF4Layout",
-                                    "Float8Layout", "MXLayout", "kernels"],
+                                    "Float8Layout", "MXLayout", "NVFP4Layout", "FP6Layout", "kernels"],
     "checkpoints and integrations": ["save_quantized", "load_quantized", "quantize_checkpoint", "save_pretrained",
                                      "from_pretrained", "from_gguf", "save_gguf", "GGUFExportReport",
                                      "GGUFTensorExport", "TorchqkitConfig", "save_compressed_tensors",
@@ -83,7 +85,7 @@ def __dir__():
 # Public classes report their public path, so pickles and reprs don't depend on internal file names.
 for _cls in (AffineQuantizedTensor, CalibrationData, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
              PackedIntxLayout, TensorCoreTiledLayout,
-             QuantizationReport, Float8Layout, MXLayout, NF4Layout, QATConfig, FakeQuantizedLinear,
+             QuantizationReport, Float8Layout, MXLayout, NVFP4Layout, FP6Layout, NF4Layout, QATConfig, FakeQuantizedLinear,
              Float8TrainingLinear, KernelsMissingWarning):
     _cls.__module__ = "torchqkit"
 del _cls

@@ -31,6 +31,8 @@ def _group(c, g: int):
         return dataclasses.replace(c, weight_granularity=PerGroup(g))
     if isinstance(c, qk.NF4WeightOnlyConfig):
         return dataclasses.replace(c, block_size=g)
+    if isinstance(c, qk.FP6WeightOnlyConfig):
+        return dataclasses.replace(c, group_size=g)
     raise ValueError(f"+g{g}: {type(c).__name__} has no group size")
 
 

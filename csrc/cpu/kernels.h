@@ -141,7 +141,10 @@ void gemm_u8s8_amx(int R, const uint8_t* a, int64_t lda, const int8_t* panel, in
 // (scale_mul = 256 puts it back), e5m2 value;
 // intx: the unsigned field u plus code_offset (the glue folds qmin, and the code midpoint of a float-domain zero
 // point, into code_offset, and the rest of the zero point into o).
-enum class LowbitFormat : int { kNf4 = 0, kFloat8E4m3 = 1, kFloat8E5m2 = 2, kIntx = 3, kFp4E2m1 = 4 };
+// fp6 e3m2 / e2m3 (6-bit fields packed as intx at 6 bits, FP6Layout): value * 2^-12 / 2^-14, the fp16 conversion's
+// scale (Note [FP6 through fp16] in linear_lowbit_isa.h; scale_mul puts it back).
+enum class LowbitFormat : int { kNf4 = 0, kFloat8E4m3 = 1, kFloat8E5m2 = 2, kIntx = 3, kFp4E2m1 = 4, kFp6E3m2 = 5,
+                                kFp6E2m3 = 6 };
 
 struct LowbitArgs {
   LowbitFormat fmt;
@@ -153,6 +156,8 @@ struct LowbitArgs {
   int64_t N, ldw;
   const float* scale;     // (N / bn, G) fp32 contiguous; nullptr: E8M0 or nf4 double quant (below)
   const uint8_t* scale_e8m0;  // MX: (N / bn, G) E8M0 exponents e instead of scale, s = 2^(e - 127)
+  const uint8_t* scale_e4m3 = nullptr;  // NVFP4: (N / bn, G) float8 e4m3fn bytes E instead of scale, s = E / scale_div
+  float scale_div = 1.f;
   float scale_mul = 1.f;  // every s times this (e4m3: the decoder's 1/256 folded back)
   const float* offset;    // (N / bn, G) or nullptr (no offset)
   int64_t G, g, bn;       // g = K / G weights per group along K; bn rows share a scale row

@@ -1,7 +1,7 @@
 // Low-bit weight-only linear kernels for x86 (scalar, AVX2 + FMA + F16C, AVX-512 F/BW/VL/DQ): NF4 (single
-// and double quantized), float8 e4m3fn / e5m2, MXFP4 / MXFP8, packed intx (1..7 bits). They read the layouts'
-// bytes as stored (device-independent, no repacking); the bit layouts are documented in
-// torchqkit/layouts/nf4.py, float8.py, mx.py and packed_intx.py.
+// and double quantized), float8 e4m3fn / e5m2, MXFP4 / MXFP8, NVFP4, FP6 e3m2 / e2m3, packed intx (1..7 bits).
+// They read the layouts' bytes as stored (device-independent, no repacking); the bit layouts are documented in
+// torchqkit/layouts/nf4.py, float8.py, mx.py, nvfp4.py, fp6.py and packed_intx.py.
 //
 // No torch header here (see kernels.h). The vector code is written once, in linear_lowbit_isa.h, over a
 // vector-width traits struct (simd.h), and compiled here once per ISA level inside a `#pragma GCC target`
@@ -42,9 +42,24 @@ alignas(64) constexpr float kFp4[16] = {TORCHQKIT_FP4_E2M1_LEVELS};
 // double-quantized NF4 absmax decoded here, per group: no per-call scale tensor). The loops compute base
 // once per row: no division per group.
 inline int64_t scale_base(const LowbitArgs& p, int64_t n) { return (n / p.bn) * p.G; }
+// A float8 e4m3fn byte's value, exactly (bits, no calls): sign | 4 exponent bits, bias 7 | 3 mantissa bits.
+inline float e4m3_value(uint8_t b) {
+  const uint32_t e = (b >> 3) & 15, m = b & 7;
+  float v;
+  if ((b & 0x7F) == 0x7F) {
+    v = std::numeric_limits<float>::quiet_NaN();
+  } else if (e == 0) {
+    v = static_cast<float>(m) * 0x1p-9f;
+  } else {
+    const uint32_t bits = ((e + 120) << 23) | (m << 20);
+    std::memcpy(&v, &bits, 4);
+  }
+  return (b & 0x80) ? -v : v;
+}
 inline float scale_at(const LowbitArgs& p, int64_t base, int64_t gi) {
   const int64_t i = base + gi;
   if (p.scale) return p.scale[i] * p.scale_mul;
+  if (p.scale_e4m3) return e4m3_value(p.scale_e4m3[i]) / p.scale_div * p.scale_mul;
   if (p.scale_e8m0) {  // 2^(e - 127): float bits e << 23; e = 0 is the subnormal 2^-127 (bits 0x00400000)
     const uint32_t e = p.scale_e8m0[i], bits = e ? e << 23 : 0x00400000u;
     float s;
@@ -116,18 +131,29 @@ float fp8_e5m2(uint8_t b) {
   return (b & 0x80) ? -v : v;
 }
 
+// An FP6 code's value times 2^-12 (e3m2) / 2^-14 (e2m3): what the vector decoders yield (Note [FP6 through fp16]).
+float fp6(uint32_t f, int mant) {
+  const int bias = mant == 2 ? 3 : 1, mag = f & 31, e = mag >> mant, m = mag & ((1 << mant) - 1);
+  const float v = e ? std::ldexp((float)((1 << mant) + m), e - bias - mant) : std::ldexp((float)m, 1 - bias - mant);
+  return ((f & 32) ? -v : v) * (mant == 2 ? 0x1p-12f : 0x1p-14f);
+}
+
+uint32_t field(const uint8_t* row, int64_t k, int bits) {
+  const int64_t bit = k * bits, byte = bit >> 3;
+  uint32_t v = row[byte];
+  if (((bit & 7) + bits) > 8) v |= (uint32_t)row[byte + 1] << 8;
+  return (v >> (bit & 7)) & ((1u << bits) - 1);
+}
+
 float level(const LowbitArgs& p, const uint8_t* row, int64_t k) {
   switch (p.fmt) {
+    case LowbitFormat::kFp6E3m2: return fp6(field(row, k, 6), 2);
+    case LowbitFormat::kFp6E2m3: return fp6(field(row, k, 6), 3);
     case LowbitFormat::kNf4: return kNf4[(k & 1) ? row[k >> 1] & 0xF : row[k >> 1] >> 4];
     case LowbitFormat::kFp4E2m1: return kFp4[(k & 1) ? row[k >> 1] >> 4 : row[k >> 1] & 0xF];
     case LowbitFormat::kFloat8E4m3: return fp8_e4m3(row[k]);
     case LowbitFormat::kFloat8E5m2: return fp8_e5m2(row[k]);
-    default: {
-      const int64_t bit = k * p.bits, byte = bit >> 3;
-      uint32_t v = row[byte];
-      if (((bit & 7) + p.bits) > 8) v |= (uint32_t)row[byte + 1] << 8;
-      return (float)((int)((v >> (bit & 7)) & ((1u << p.bits) - 1)) + p.code_offset);
-    }
+    default: return (float)((int)field(row, k, p.bits) + p.code_offset);
   }
 }
 
@@ -166,6 +192,8 @@ void by_format(const LowbitArgs& p, A... a) {
     case LowbitFormat::kFp4E2m1: return Fn<typename Dec::fp4>::run(p, a...);
     case LowbitFormat::kFloat8E4m3: return Fn<typename Dec::e4m3>::run(p, a...);
     case LowbitFormat::kFloat8E5m2: return Fn<typename Dec::e5m2>::run(p, a...);
+    case LowbitFormat::kFp6E3m2: return Fn<typename Dec::fp6_e3m2>::run(p, a...);
+    case LowbitFormat::kFp6E2m3: return Fn<typename Dec::fp6_e2m3>::run(p, a...);
     default: break;
   }
   switch (p.bits) {

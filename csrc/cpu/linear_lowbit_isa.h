@@ -310,6 +310,31 @@ struct F32 {
   void dot_order(const uint8_t* b, F (&w)[W]) const { (*this)(b, w); }
 };
 
+// Note [FP6 through fp16]: an FP6 code s eee mm (e3m2) / s ee mmm (e2m3) is read as the fp16 with sign s, exponent
+// 00eee / 000ee and mantissa mm00000000 / mmm0000000: the same fields shifted into place, whose value is the FP6 value
+// times 2^(bias - 15) (2^-12 for e3m2, 2^-14 for e2m3), subnormals included (vcvtph2ps converts fp16 subnormals
+// exactly, and no fp32 subnormal is formed, so denormals-are-zero modes can't touch it); the glue folds 2^12 / 2^14
+// into scale_mul. The 6-bit fields come from the packed intx decoder at B = 6 with code_offset 0 (exact floats
+// 0..63, in its k order and its dot order), so FP6 shares its byte handling and its permuted activations.
+template <class Base, int kMant>
+struct Fp6 : Base {
+  explicit Fp6(const LowbitArgs& p) : Base(p) {}
+  static F fields_to_values(F field) {
+    const V::I f = V::cvt_i(field);
+    const V::I mag = V::template slli_i<10 - kMant>(V::and_i(f, V::set1_i(31)));
+    const V::I sign = V::template slli_i<10>(V::and_i(f, V::set1_i(32)));
+    return V::half_to_f(V::narrow16(V::or_i(mag, sign)));
+  }
+  void operator()(const uint8_t* b, F (&w)[W]) const {
+    Base::operator()(b, w);
+    for (int t = 0; t < W; ++t) w[t] = fields_to_values(w[t]);
+  }
+  void dot_order(const uint8_t* b, F (&w)[W]) const {
+    Base::dot_order(b, w);
+    for (int t = 0; t < W; ++t) w[t] = fields_to_values(w[t]);
+  }
+};
+
 // This level's decoders, for by_format.
 struct Decoders {
   using nf4 = std::conditional_t<V::L == 8, PlaneNf4<V>, Nf4>;  // Note [AVX2 4-bit lookups by byte planes]
@@ -319,6 +344,8 @@ struct Decoders {
   template <int B>  // Note [intx fields by lanes of whole codes] (the bf16 glue permutes x: lowbit_bf16_dot_order)
   using intx = std::conditional_t<V::L == 8 && B == 4, PlaneInt4<V>,
                                   std::conditional_t<24 % B == 0 && B != 8, LaneIntx<V, B>, Intx<B>>>;
+  using fp6_e3m2 = Fp6<intx<6>, 2>;  // Note [FP6 through fp16]
+  using fp6_e2m3 = Fp6<intx<6>, 3>;
 };
 
 // Step c of a row: a pointer into the row, or (when its reads would leave the row) a zero-padded copy in tmp.
@@ -502,6 +529,10 @@ __attribute__((always_inline)) inline int64_t whole_groups_fixed(F (&acc)[1][NB]
 // compiler vectorizes, so the dot loop reads one float per group and row).
 inline const float* scale_row(const LowbitArgs& p, int64_t base, float* dst) {
   if (p.scale) return p.scale + base;
+  if (p.scale_e4m3) {  // NVFP4: float8 block scale / global scale, the reference's quotient
+    for (int64_t g = 0; g < p.G; ++g) dst[g] = e4m3_value(p.scale_e4m3[base + g]) / p.scale_div;
+    return dst;
+  }
   if (p.scale_e8m0) {
     const uint8_t* e = p.scale_e8m0 + base;
     for (int64_t g = 0; g < p.G; ++g) {  // 2^(e - 127): float bits e << 23; e = 0 is the subnormal 2^-127
@@ -651,10 +682,14 @@ void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_
   const bool aligned = steps_aligned(p);
   alignas(64) uint8_t tmp[32];
   alignas(64) float sl[kStep], ol[kStep];
+  AlignedVector<float> sbuf(aligned ? 0 : p.G);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = p.w + n * p.ldw;
     float* d = dst + (n - n0) * ldd - k0;
     const int64_t base = scale_base(p, n);
+    // Groups that are not whole steps (NVFP4's 16, nf4 block_size 16, ...): the row's scales decoded once, then
+    // looked up per lane.
+    const float* srow = aligned ? nullptr : scale_row(p, base, sbuf.data());
     for (int64_t c = c0; c < c1; ++c) {
       F w[W];
       dec(step_ptr<D>(row, c, rb, tmp), w);
@@ -665,7 +700,7 @@ void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_
       } else {
         for (int j = 0; j < kStep; ++j) {
           const int64_t gi = std::min((kStep * c + j) / p.g, p.G - 1);
-          sl[j] = scale_at(p, base, gi);
+          sl[j] = srow[gi] * p.scale_mul;
           ol[j] = offset_at(p, base, gi);
         }
         for (int t = 0; t < W; ++t)
@@ -697,11 +732,67 @@ template <class D> struct DotOrderFn {
   static void run(const LowbitArgs&, int64_t* perm) { dot_order_perm<D>(perm); }
 };
 
-// The dot kernel where groups are whole steps; other group sizes (g % 32 != 0, rare: nf4 block_size 16, intx
-// PerGroup(24), ...) run the prefill's decode-to-fp32 blocks, which scale per lane.
+// Note [Groups of half a step]: NVFP4's groups of 16 (and nf4 block_size 16, intx / fp6 PerGroup(16)) split each decode
+// step of 32 in two. In k order (the decoder's operator(), not its dot order) vectors t < W / 2 hold the step's first
+// 16 weights and the others its last 16, so each vector takes one group's scale: the levels are scaled (one mul per
+// vector) and multiplied into the row's accumulators, the weights still decoded in registers and each byte read once
+// per tile of tokens (the dot kernel's shape, at read bandwidth), instead of the fp32 blocks of the prefill. A step
+// whose second half lies past K (K an odd multiple of 16) takes scale 0 there (its x lanes are zero padding anyway).
+template <class D, int MB, int NB>
+void dot_tile_g16(const LowbitArgs& p, const D& dec, const float* const* srow, int64_t m0, int64_t n0, int nr) {
+  const int64_t nst = (p.K + kStep - 1) / kStep, rb = D::row_bytes(p), nfull = full_steps<D>(rb, nst);
+  const uint8_t* wr[NB];
+  for (int i = 0; i < NB; ++i) wr[i] = p.w + (n0 + std::min(i, nr - 1)) * p.ldw;  // a short tile repeats its last row
+  const float* xr[MB];
+  for (int m = 0; m < MB; ++m) xr[m] = p.x + (m0 + m) * p.ldx;
+  F acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < NB; ++i) acc[m][i] = V::zero();
+  alignas(64) uint8_t tmp[NB][32];
+  const int64_t pf = NB * p.ldw;  // Note [decode prefetch distance]
+  for (int64_t c = 0; c < nst; ++c) {
+    const int64_t off = c * D::kBytes, g0 = 2 * c, g1 = std::min<int64_t>(2 * c + 1, p.G - 1);
+    const bool half = 2 * c + 1 >= p.G;
+    if (c < nfull && (off & 63) < D::kBytes)
+#pragma GCC unroll 4
+      for (int i = 0; i < NB; ++i) _mm_prefetch(reinterpret_cast<const char*>(wr[i] + off + pf), _MM_HINT_T1);
+#pragma GCC unroll 4
+    for (int i = 0; i < NB; ++i) {
+      F w[W];
+      dec(c < nfull ? wr[i] + off : step_ptr<D>(wr[i], c, rb, tmp[i]), w);
+      const F s0 = V::set1(srow[i][g0]), s1 = V::set1(half ? 0.f : srow[i][g1]);
+#pragma GCC unroll 4
+      for (int t = 0; t < W; ++t) w[t] = V::mul(w[t], t < W / 2 ? s0 : s1);
+#pragma GCC unroll 4
+      for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 4
+        for (int t = 0; t < W; ++t) acc[m][i] = V::fmadd(V::loadu(xr[m] + kStep * c + V::L * t), w[t], acc[m][i]);
+    }
+  }
+  float red[MB][NB];  // every acc index a compile-time constant: Note [accumulators in registers]
+#pragma GCC unroll 16
+  for (int m = 0; m < MB; ++m)
+#pragma GCC unroll 16
+    for (int i = 0; i < NB; ++i) red[m][i] = V::reduce(acc[m][i]);
+  for (int i = 0; i < nr; ++i)
+    for (int m = 0; m < MB; ++m) store(p, m0 + m, n0 + i, red[m][i] * p.scale_mul);
+}
+
+template <class D>
+void dot_g16(const LowbitArgs& p, const D& dec, int64_t n0, int64_t n1) {
+  for_each_tile(p, n0, n1, [&](auto mb, const float* const* srow, int64_t m, int64_t n, int nr) {
+    constexpr int MB = decltype(mb)::value, NB = kNB<MB>;
+    for (int r = 0; r < nr; r += NB) dot_tile_g16<D, MB, NB>(p, dec, srow + r, m, n + r, std::min(NB, nr - r));
+  });
+}
+
+// The dot kernel where groups are whole steps, or half steps without offsets (Note [Groups of half a step]); other
+// group sizes (intx PerGroup(24), offsets with groups of 16, ...) run the prefill's decode-to-fp32 blocks, which
+// scale per lane.
 template <class D> struct DotFn {
   static void run(const LowbitArgs& p, int64_t n0, int64_t n1) {
     if (steps_aligned(p)) dot_aligned<D>(p, D(p), n0, n1);
+    else if (p.g == 16 && !p.offset) dot_g16<D>(p, D(p), n0, n1);
     else prefill<D>(p, n0, n1);
   }
 };

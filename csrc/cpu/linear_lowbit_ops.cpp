@@ -1,7 +1,7 @@
 // CPU backend of the low-bit weight-only linear ops: argument checks, scale plumbing, threads, ISA choice.
 //
-// torchqkit::linear_nf4wo, torchqkit::linear_fp8wo and torchqkit::linear_intxwo are defined (schema, fake,
-// reference) in torchqkit/kernels/ops/ (one module per op); the kernels are in linear_lowbit.cpp.
+// torchqkit::linear_nf4wo, linear_fp8wo, linear_mxwo, linear_nvfp4wo, linear_fp6wo and linear_intxwo are defined
+// (schema, fake, reference) in torchqkit/kernels/ops/ (one module per op); the kernels are in linear_lowbit.cpp.
 //
 // Two paths (see the opening comment of linear_lowbit.cpp):
 //   M <= dot_max_m: the dot kernel, weights decoded in registers, at::parallel_for over blocks of rows.
@@ -33,7 +33,10 @@ using torchqkit_glue::out_shape;
 // Tokens up to which the dot kernel (4 per pass over the weights) beats decoding to fp32 first: nf4 and
 // float8 decode cheaply, packed intx doesn't (measured with benchmarks/bench_linear.py --formats, M = 8:
 // nf4 2.5 vs 4.6 ms, int3 6.3 vs 4.7 ms at 4096 x 4096).
-int64_t dot_max_m(LowbitFormat fmt) { return fmt == LowbitFormat::kIntx ? 4 : 8; }
+// FP6 decodes through the packed intx fields (Note [FP6 through fp16]): intx's bound.
+int64_t dot_max_m(LowbitFormat fmt) {
+  return fmt == LowbitFormat::kIntx || fmt == LowbitFormat::kFp6E3m2 || fmt == LowbitFormat::kFp6E2m3 ? 4 : 8;
+}
 constexpr int64_t kDotBlockRows = 16;
 constexpr int64_t kPrefillBlockRows = 64;  // rows per parallel task (decoded 32 at a time, linear_lowbit.cpp)
 // Below AVX-512 the register-tiled prefill kernel ran at 0.5-0.6x fp32 F.linear (AVX2, 4096^2, M = 256); from
@@ -285,6 +288,56 @@ at::Tensor linear_mxwo(const at::Tensor& x, const at::Tensor& qdata, const at::T
   return run(x, p, bias, op);
 }
 
+// NVFP4Layout bytes (torchqkit/layouts/nvfp4.py): the e2m1 decoder of MXFP4 with float8 e4m3 scales per 16 k, each
+// divided by the global scale when a block of rows' scales is decoded (scale_row). Groups of 16 are half a decode
+// step of 32: the dot kernel scales each half (Note [Groups of half a step] in linear_lowbit_isa.h).
+at::Tensor linear_nvfp4wo(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
+                          const at::Tensor& global_scale, const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "torchqkit::linear_nvfp4wo";
+  TORCH_CHECK(qdata.dim() == 2 && qdata.scalar_type() == at::kByte, op,
+              ": qdata must be (N, K / 2) uint8, got ", qdata.scalar_type(), " of shape ", qdata.sizes());
+  const int64_t N = qdata.size(0), K = 2 * qdata.size(1);
+  TORCH_CHECK(scale.dim() == 2 && scale.scalar_type() == at::kFloat8_e4m3fn && scale.size(0) == N &&
+                  scale.size(1) * 16 == K, op, ": scale must be (N, K / 16) = (", N, ", ", K / 16,
+              ") float8_e4m3fn, got ", scale.scalar_type(), " ", scale.sizes());
+  TORCH_CHECK(global_scale.numel() == 1 && global_scale.is_floating_point(), op,
+              ": global_scale must hold one float, got ", global_scale.scalar_type(), " ", global_scale.sizes());
+  check_x(x, K, op);
+  const at::Tensor w = rows(qdata), e = scale.contiguous();
+  LowbitArgs p = weight_args(w, LowbitFormat::kFp4E2m1, N, K);
+  p.scale_e4m3 = reinterpret_cast<const uint8_t*>(e.data_ptr());
+  p.scale_div = global_scale.to(at::kFloat).item<float>();
+  p.G = K / 16;
+  p.g = 16;
+  p.bn = 1;
+  return run(x, p, bias, op);
+}
+
+// FP6Layout bytes (torchqkit/layouts/fp6.py): 6-bit fields as packed intx stores them, decoded through fp16
+// (Note [FP6 through fp16] in linear_lowbit_isa.h: scale_mul puts back 2^12 / 2^14).
+at::Tensor linear_fp6wo(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale, int64_t ebits,
+                        const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "torchqkit::linear_fp6wo";
+  TORCH_CHECK(ebits == 2 || ebits == 3, op, ": ebits must be 3 (e3m2) or 2 (e2m3), got ", ebits);
+  const int64_t N = qdata.size(0), K = x.size(-1);
+  TORCH_CHECK(qdata.dim() == 2 && qdata.scalar_type() == at::kByte && qdata.size(1) == (K * 6 + 7) / 8, op,
+              ": qdata must be (N, ceil(K * 6 / 8)) = (N, ", (K * 6 + 7) / 8, ") uint8, got ", qdata.scalar_type(),
+              " of shape ", qdata.sizes());
+  check_x(x, K, op);
+  const at::Tensor s = block_scales(scale, N, K, "scale", op);
+  TORCH_CHECK(s.size(0) == N, op, ": scale must have one row per weight row (N = ", N, "), got ", scale.sizes());
+  const at::Tensor w = rows(qdata);
+  LowbitArgs p = weight_args(w, ebits == 3 ? LowbitFormat::kFp6E3m2 : LowbitFormat::kFp6E2m3, N, K);
+  p.bits = 6;
+  p.code_offset = 0;
+  p.scale_mul = ebits == 3 ? 4096.f : 16384.f;
+  p.scale = s.data_ptr<float>();
+  p.G = s.size(1);
+  p.g = K / p.G;
+  p.bn = 1;
+  return run(x, p, bias, op);
+}
+
 at::Tensor linear_intxwo(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
                          const std::optional<at::Tensor>& zero_point, int64_t bits, bool is_signed,
                          c10::string_view zero_point_domain, const std::optional<at::Tensor>& bias) {
@@ -356,6 +409,42 @@ const DescribeOp kNf4Described(lowbit_description("torchqkit::linear_nf4wo", "M 
 const DescribeOp kFp8Described(lowbit_description("torchqkit::linear_fp8wo", "M > 8", "M > 8"));
 const DescribeOp kIntxDescribed(lowbit_description("torchqkit::linear_intxwo", "M > 4", "M > 4"));
 const DescribeOp kMxDescribed(lowbit_description("torchqkit::linear_mxwo", "M > 8", "M > 8"));
+// FP6: the packed intx decoder's 6-bit fields turned into fp16 bits (Note [FP6 through fp16]), intx's M bounds.
+const DescribeOp kFp6Described(
+    OpDescription("torchqkit::linear_fp6wo")
+        .at("avx512_vnni",
+            "M <= 4: 16 weights per zmm decoded in registers (6-bit fields cut from 3-byte lanes of whole codes, "
+            "their sign, exponent and mantissa placed as fp16 bits and converted, Note [FP6 through fp16]), 4 rows x "
+            "4 tokens, scales once per group; larger M: 32 x 1024 blocks decoded to fp32 (L2) then 4x4 dot tiles; "
+            "M >= 64: 32-row k-major panels + 6x32 FMA tiles, except from M = 128 on Intel CPUs: blocks of 512 rows "
+            "decoded to fp32, then ATen's fp32 GEMM (" + kFp32PrefillSgemm + ")")
+        .at("avx512_bf16",
+            "bf16 activations above M = 4: FP6 values decoded to bf16 (exact: at most 4 significant bits) in 32-row "
+            "k-pair panels + 6x32 vdpbf16ps tiles; decode M, groups of a size not a multiple of 32 and float16 "
+            "activations run the avx512_vnni kernels (fp32)")
+        .at("avx2",
+            "8-lane decoders: in registers for M <= 4 (the same fp16 conversion); larger M: rows decoded to fp32 16 "
+            "at a time into k-major panels + 6x16 FMA tiles, on Intel CPUs fp32 blocks + dot tiles and from M = 128 "
+            "blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" + kFp32PrefillPanels256 + ")")
+        .at("scalar", "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it")
+        .fp32_in_bf16("M > 4", "M > 4")
+        .fp32_prefill_routes());
+// NVFP4's groups of 16 are half a decode step (Note [Groups of half a step]); no bf16 kernel takes them.
+const DescribeOp kNvfp4Described(
+    OpDescription("torchqkit::linear_nvfp4wo")
+        .at("avx512_vnni",
+            "M <= 8: 16 weights per zmm decoded in registers in k order (4 rows x 4 tokens), each half of a 32-weight "
+            "step scaled by its block's float8 scale over the global scale (decoded once per 4 rows); larger M: "
+            "32 x 1024 blocks decoded to fp32 (L2) then 4x4 dot tiles; M >= 64: 32-row k-major panels + 6x32 FMA "
+            "tiles, except from M = 128 on Intel CPUs: blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" +
+                kFp32PrefillSgemm + ")")
+        .at("avx2",
+            "8-lane decoders: in registers for M <= 8 (each half step scaled by its block's scale); larger M: rows "
+            "decoded to fp32 16 at a time into k-major panels + 6x16 FMA tiles, on Intel CPUs fp32 blocks + dot "
+            "tiles and from M = 128 blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" +
+                kFp32PrefillPanels256 + ")")
+        .at("scalar", "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it")
+        .fp32_prefill_routes());
 
 }  // namespace
 }  // namespace torchqkit_cpu
@@ -376,4 +465,6 @@ TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
   m.impl("linear_nf4wo", &torchqkit_cpu::linear_nf4wo);
   m.impl("linear_fp8wo", &torchqkit_cpu::linear_fp8wo);
   m.impl("linear_intxwo", &torchqkit_cpu::linear_intxwo);
+  m.impl("linear_nvfp4wo", &torchqkit_cpu::linear_nvfp4wo);
+  m.impl("linear_fp6wo", &torchqkit_cpu::linear_fp6wo);
 }

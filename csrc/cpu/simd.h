@@ -6,8 +6,8 @@
 //   arithmetic      zero, set1, loadu, storeu, fmadd, mul, add, sub, div, min, max, abs, reduce (horizontal
 //                   sum), reduce_max / reduce_min, round_even (to an integral float, ties to even),
 //                   loadu_n(p, n) (the first n lanes of p, the rest 0; 0 < n < L)
-//   integer         zero_i, set1_i, load_i, add_i, and_i, sub_i, srlv (per-lane right shift), srli_i<n> (every
-//                   lane >> n, logical), shuffle_bytes
+//   integer         zero_i, set1_i, load_i, add_i, and_i, or_i, sub_i, srlv (per-lane right shift), srli_i<n> /
+//                   slli_i<n> (every lane >> / << n, logical), narrow16 (int32 lanes 0..65535 -> H), shuffle_bytes
 //                   (pshufb within each 128-bit lane), broadcast128 (the same 16 bytes in every 128-bit lane),
 //                   cvt (int32 -> fp32), cvt_i (fp32 -> int32, rounding), reduce_i (horizontal int32 sum)
 //   bytes           u8_to_i32<T>(c): bytes [T L, T L + L) of c zero-extended to int32 lanes;
@@ -65,6 +65,8 @@ namespace torchqkit_cpu {
   ATTR I sub_i(I a, I b) { return P##_sub_epi32(a, b); }                          \
   ATTR I srlv(I a, I s) { return P##_srlv_epi32(a, s); }                          \
   template <int n> ATTR I srli_i(I a) { return P##_srli_epi32(a, n); }            \
+  template <int n> ATTR I slli_i(I a) { return P##_slli_epi32(a, n); }            \
+  ATTR I or_i(I a, I b) { return P##_or_##SI(a, b); }                             \
   ATTR I shuffle_bytes(I a, I ctrl) { return P##_shuffle_epi8(a, ctrl); }         \
   ATTR F cvt(I v) { return P##_cvtepi32_ps(v); }                                  \
   ATTR F scale_pow2(F y, I n) { /* y * 2^n, n a normal exponent */                 \
@@ -106,6 +108,7 @@ struct Vec512 : VecTypes<16, 32, __m512, __m512i, __m256i> {
   TQK_AVX512 void store_u8(uint8_t* p, I v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(v)); }
 
   TQK_AVX512 I broadcast128(__m128i v) { return _mm512_broadcast_i32x4(v); }
+  TQK_AVX512 H narrow16(I v) { return _mm512_cvtepi32_epi16(v); }
   template <int T>
   TQK_AVX512 I u8_to_i32(__m128i c) {
     static_assert(T == 0, "16 bytes fill one AVX-512 vector");
@@ -176,6 +179,7 @@ struct Vec256 : VecTypes<8, 16, __m256, __m256i, __m128i> {
   }
 
   TQK_AVX2 I broadcast128(__m128i v) { return _mm256_broadcastsi128_si256(v); }
+  TQK_AVX2 H narrow16(I v) { return _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)); }
   template <int T>
   TQK_AVX2 I u8_to_i32(__m128i c) {
     static_assert(T == 0 || T == 1, "16 bytes fill two AVX2 vectors");

@@ -187,7 +187,8 @@ def test_filter_fn_and_already_quantized():
 @pytest.mark.parametrize("config", [
     qk.Int4WeightOnlyConfig(), qk.Int8WeightOnlyConfig(), qk.NF4WeightOnlyConfig(double_quant=True),
     qk.MXFP4WeightOnlyConfig(), qk.MXFP8WeightOnlyConfig(), qk.IntxWeightOnlyConfig(bits=3),
-    qk.Float8WeightOnlyConfig(), qk.Int8DynamicActivationInt8WeightConfig()], ids=lambda c: type(c).__name__)
+    qk.Float8WeightOnlyConfig(), qk.Int8DynamicActivationInt8WeightConfig(), qk.NVFP4WeightOnlyConfig(),
+    qk.FP6WeightOnlyConfig()], ids=lambda c: type(c).__name__)
 def test_quantize_onto_the_meta_device_plans_shapes_only(config):
     # Shape-only quantization (sizing a model before loading it): every layout packs meta tensors.
     model = torch.nn.Sequential(torch.nn.Linear(200, 64), torch.nn.Linear(64, 8))

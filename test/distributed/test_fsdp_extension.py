@@ -13,6 +13,8 @@ CONFIGS = {
     "packed_int3": qk.IntxWeightOnlyConfig(bits=3),
     "float8": qk.Float8WeightOnlyConfig(),
     "mxfp4": qk.MXFP4WeightOnlyConfig(),
+    "nvfp4": qk.NVFP4WeightOnlyConfig(),  # a per-tensor global scale: shared, not gathered
+    "fp6": qk.FP6WeightOnlyConfig(ebits=2, group_size=32),
 }
 
 

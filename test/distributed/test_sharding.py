@@ -22,6 +22,8 @@ CONFIGS = {
     "packed_int3": qk.IntxWeightOnlyConfig(bits=3),
     "float8": qk.Float8WeightOnlyConfig(),
     "mxfp4": qk.MXFP4WeightOnlyConfig(),
+    "nvfp4": qk.NVFP4WeightOnlyConfig(),
+    "fp6": qk.FP6WeightOnlyConfig(),
 }
 
 

@@ -20,6 +20,8 @@ TP_CONFIGS = {
     "float8": lambda: qk.Float8WeightOnlyConfig(),
     "mxfp4": lambda: qk.MXFP4WeightOnlyConfig(),
     "mxfp8": lambda: qk.MXFP8WeightOnlyConfig(),
+    "nvfp4": lambda: qk.NVFP4WeightOnlyConfig(),
+    "fp6": lambda: qk.FP6WeightOnlyConfig(ebits=2, group_size=32),
     "int8_dynamic": lambda: qk.Int8DynamicActivationInt8WeightConfig(),
 }
 

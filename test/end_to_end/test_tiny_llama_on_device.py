@@ -29,6 +29,8 @@ CONFIGS = {
     "nf4": lambda pref: qk.NF4WeightOnlyConfig(kernel_preference=pref),
     "fp8-wo": lambda pref: qk.Float8WeightOnlyConfig(kernel_preference=pref),
     "mxfp4": lambda pref: qk.MXFP4WeightOnlyConfig(kernel_preference=pref),
+    "nvfp4": lambda pref: qk.NVFP4WeightOnlyConfig(kernel_preference=pref),
+    "fp6-e2m3": lambda pref: qk.FP6WeightOnlyConfig(ebits=2, kernel_preference=pref),
     "fp8-dyn-row": lambda pref: qk.Float8DynamicActivationFloat8WeightConfig(granularity=qk.PerRow(),
                                                                              kernel_preference=pref),
 }

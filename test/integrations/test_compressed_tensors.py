@@ -4,6 +4,7 @@ a process that never imports torchqkit."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -33,6 +34,7 @@ EXPORTABLE = {
     "w8a8_int": (lambda: qk.Int8DynamicActivationInt8WeightConfig(), "int-quantized"),
     "w8a8_fp8": (lambda: qk.Float8DynamicActivationFloat8WeightConfig(granularity=qk.PerRow()), "float-quantized"),
     "mxfp4": (lambda: qk.MXFP4WeightOnlyConfig(), "mxfp4-pack-quantized"),
+    "nvfp4": (lambda: qk.NVFP4WeightOnlyConfig(), "nvfp4-pack-quantized"),
 }
 
 
@@ -83,8 +85,8 @@ def test_export_decompressed_by_compressed_tensors_bit_exact(tmp_path, key):
     for name in group["targets"]:
         local = {k[len(name) + 1:]: v for k, v in stored.items() if k.startswith(name + ".")}
         theirs = compressor.decompress(local, scheme)["weight"]
-        # compressed-tensors decompresses MXFP4 in bfloat16, everything else in the scale's dtype
-        assert theirs.dtype == (torch.bfloat16 if key == "mxfp4" else torch.float32)
+        # compressed-tensors decompresses MXFP4 / NVFP4 in bfloat16, everything else in the scale's dtype
+        assert theirs.dtype == (torch.bfloat16 if key in ("mxfp4", "nvfp4") else torch.float32)
         assert torch.equal(theirs, model.get_submodule(name).weight.dequantize(theirs.dtype)), name
 
 
@@ -116,6 +118,70 @@ def test_mxfp4_export_reimports_the_same_bytes(tmp_path):
     with pytest.raises(qk.CheckpointError, match=r"model\.safetensors: tensor model\.layers\.1\.mlp\.up_proj\."
                                                   r"weight_scale: holds E8M0 byte 255 \(NaN\)"):
         qk.from_pretrained(tmp_path)
+
+
+def test_nvfp4_export_reimports_the_same_bytes(tmp_path):
+    model = _quantized("nvfp4")
+    export = qk.save_compressed_tensors(model, tmp_path)
+    what = "nvfp4-pack-quantized float4 tensor_group 16 (float8 e4m3 scales, float32 global scale), exact"
+    assert ("model.layers.0.mlp.up_proj.weight_global_scale", what) in export.tensors
+    t = load_file(tmp_path / "model.safetensors")
+    assert t["model.layers.0.mlp.up_proj.weight_scale"].dtype == torch.float8_e4m3fn
+    assert t["model.layers.0.mlp.up_proj.weight_global_scale"].shape == (1,)
+    loaded = qk.from_pretrained(tmp_path)
+    for name in quantized_linears(model):
+        a, b = model.get_submodule(name).weight, loaded.get_submodule(name).weight
+        assert isinstance(b.qlayout, qk.NVFP4Layout) and b.dtype == torch.bfloat16  # compressed-tensors' dtype for it
+        assert torch.equal(a.qdata, b.qdata) and torch.equal(a.scale.view(torch.uint8), b.scale.view(torch.uint8))
+        assert torch.equal(a.global_scale, b.global_scale), name
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, loaded(IDS).logits)
+    t["model.layers.1.mlp.up_proj.weight_global_scale"][0] = 0.0
+    save_file(t, str(tmp_path / "model.safetensors"))
+    with pytest.raises(qk.CheckpointError, match=r"model\.safetensors: tensor model\.layers\.1\.mlp\.up_proj\."
+                                                  r"weight_global_scale: is 0; a global scale must be finite and > 0"):
+        qk.from_pretrained(tmp_path)
+
+
+def test_nvfp4_activations_are_refused_by_the_export(tmp_path):
+    model = tiny_llama()
+    qk.quantize_(model, qk.NVFP4DynamicActivationNVFP4WeightConfig())
+    with pytest.raises(ValueError, match="NVFP4 activations with a global scale chosen per call"):
+        qk.save_compressed_tensors(model, tmp_path)
+
+
+def test_compressed_tensors_nvfp4_compressor_output_imports_bit_exactly(tmp_path):
+    """compressed-tensors' own NVFP4 qparams (global scale 448 * 6 / amax: not a power of two) and compressor: the
+    imported NVFP4Layout holds their bytes and dequantizes to their decompressed weights."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme, preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+    model = tiny_llama()
+    scheme = preset_name_to_scheme("NVFP4A16", ["Linear"])
+    compressor = BaseCompressor.load_from_registry("nvfp4-pack-quantized")
+    tensors = {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[0] not in quantized_linears(model)}
+    ref = {}
+    for name, m in quantized_linears(model).items():
+        w = m.weight.detach()
+        g = generate_gparam(w.amin().reshape(1), w.amax().reshape(1))
+        blocks = w.reshape(w.shape[0], -1, 16)
+        scale, _ = calculate_qparams(blocks.amin(-1), blocks.amax(-1), scheme.weights, global_scale=g)
+        out = compressor.compress({"weight": w, "weight_scale": scale, "weight_global_scale": g}, scheme)
+        ref[name] = compressor.decompress(dict(out), scheme)["weight"]
+        tensors.update({f"{name}.{k}": v.contiguous() for k, v in out.items()})
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    qc = QuantizationConfig(config_groups={"group_0": scheme}, format="nvfp4-pack-quantized", ignore=["lm_head"],
+                            quantization_status="compressed").to_dict()
+    config = model.config.to_dict()
+    config.update(architectures=["LlamaForCausalLM"], quantization_config=json.loads(json.dumps(qc, default=str)))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = qk.from_pretrained(tmp_path)
+    for name, expected in ref.items():
+        w = loaded.get_submodule(name).weight
+        g = float(w.global_scale)
+        assert isinstance(w.qlayout, qk.NVFP4Layout) and g != 2.0 ** round(math.log2(g))  # not the oracle's kind
+        assert torch.equal(w.dequantize(torch.bfloat16), expected), name
 
 
 def _act(w):
@@ -260,7 +326,7 @@ def _config(d):
              r"\(64, 8\); expected \(64, 4\)"),
     ("inf_scale", r"model\.safetensors: Linear model\.layers\.1\.self_attn\.v_proj \(weight_packed, weight_scale, "
                   r"weight_shape, weight_zero_point\): scale has 1 NaN/Inf value\(s\); the checkpoint is corrupt"),
-    ("format", r"config\.json: quantization_config: config_groups\.group_0: format 'nvfp4-pack-quantized' is not one "
+    ("format", r"config\.json: quantization_config: config_groups\.group_0: format 'marlin-24' is not one "
                r"torchqkit imports"),
     ("missing", r"tensor model\.layers\.1\.mlp\.down_proj\.weight_scale is missing"),
     ("transform", r"config\.json: quantization_config: transform_config describes transforms \(rotations\), which "
@@ -277,7 +343,7 @@ def test_hostile_compressed_tensors_refused(tmp_path, case, message):
     elif case == "inf_scale":
         t["model.layers.1.self_attn.v_proj.weight_scale"][3, 1] = float("inf")
     elif case == "format":
-        config["quantization_config"]["format"] = "nvfp4-pack-quantized"
+        config["quantization_config"]["format"] = "marlin-24"
     elif case == "missing":
         t.pop("model.layers.1.mlp.down_proj.weight_scale")
     elif case == "transform":  # a rotated model: its weights alone don't give its outputs

@@ -9,6 +9,8 @@ logical shape (Note [Partial blocks] in core/primitives.py).
 """
 from __future__ import annotations
 
+import torch
+
 import torchqkit as qk
 from torchqkit.core import qdtypes as Q
 
@@ -111,6 +113,24 @@ CASES: dict[str, list[tuple[str, tuple[int, int], dict]]] = {
                                                      scale_rounding="power_of_two")),
         ("mxfp8-k100-partial-block", (16, 100), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerGroup(32),
                                                     scale_rounding="power_of_two")),
+    ],
+    "nvfp4": [
+        ("g16", (48, 128), dict(qdtype=Q.fp4_e2m1, granularity=qk.PerGroup(16), scale_dtype=torch.float32,
+                                scale_rounding="float8_e4m3")),
+        ("k-one-block", (40, 16), dict(qdtype=Q.fp4_e2m1, granularity=qk.PerGroup(16), scale_dtype=torch.float32,
+                                       scale_rounding="float8_e4m3")),
+        ("k200-partial-block", (24, 200), dict(qdtype=Q.fp4_e2m1, granularity=qk.PerGroup(16),
+                                               scale_dtype=torch.float32, scale_rounding="float8_e4m3")),
+        ("k96-nvfp4-dynact", (16, 96), dict(qdtype=Q.fp4_e2m1, granularity=qk.PerGroup(16), scale_dtype=torch.float32,
+                                            scale_rounding="float8_e4m3",
+                                            act_quant=qk.ActivationQuantSpec(Q.fp4_e2m1, qk.PerGroup(16)))),
+    ],
+    "fp6": [
+        ("e3m2-row", (48, 128), dict(qdtype=Q.fp6_e3m2, granularity=qk.PerRow())),
+        ("e2m3-g32", (40, 96), dict(qdtype=Q.fp6_e2m3, granularity=qk.PerGroup(32))),
+        # 100 codes = 75 bytes a row; slices along K cut every 4 codes (3 bytes)
+        ("e3m2-row-k100", (24, 100), dict(qdtype=Q.fp6_e3m2, granularity=qk.PerRow())),
+        ("e2m3-g64-k200-partial-group", (24, 200), dict(qdtype=Q.fp6_e2m3, granularity=qk.PerGroup(64))),
     ],
 }
 

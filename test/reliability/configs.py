@@ -24,6 +24,10 @@ CONFIGS = {
     "fp8-static": qk.Float8StaticActivationFloat8WeightConfig(act_scale=0.01),
     "mxfp8": qk.MXFP8WeightOnlyConfig(),
     "mxfp4": qk.MXFP4WeightOnlyConfig(),
+    "nvfp4": qk.NVFP4WeightOnlyConfig(),
+    "nvfp4-dyn-nvfp4": qk.NVFP4DynamicActivationNVFP4WeightConfig(),
+    "fp6-e3m2": qk.FP6WeightOnlyConfig(),
+    "fp6-e2m3-g32": qk.FP6WeightOnlyConfig(ebits=2, group_size=32),
     "int8da-int8": qk.Int8DynamicActivationInt8WeightConfig(),
     "int8da-int8-sym": qk.Int8DynamicActivationInt8WeightConfig(act_mapping="symmetric"),
     "int8da-int4": qk.Int8DynamicActivationIntxWeightConfig(),
@@ -35,7 +39,7 @@ CONFIGS = {
     "int8-static": qk.Int8StaticActivationInt8WeightConfig(act_scale=0.01),
 }
 
-ACTIVATION_CONFIGS = [n for n, c in CONFIGS.items() if n.startswith(("int8da", "fp8-", "int8-static"))]
+ACTIVATION_CONFIGS = [n for n, c in CONFIGS.items() if n.startswith(("int8da", "fp8-", "int8-static", "nvfp4-dyn"))]
 
 
 def config_params(names=None):

@@ -22,6 +22,7 @@ TARGETS = ["q_proj", "v_proj", "up_proj", "down_proj"]
 CONFIGS = {"plain_int8": qk.Int8WeightOnlyConfig(), "tensor_core_tiled": qk.Int4WeightOnlyConfig(group_size=32),
            "packed_intx": qk.IntxWeightOnlyConfig(), "nf4": qk.NF4WeightOnlyConfig(block_size=32),
            "float8": qk.Float8WeightOnlyConfig(), "mx": qk.MXFP4WeightOnlyConfig(),
+           "nvfp4": qk.NVFP4WeightOnlyConfig(), "fp6": qk.FP6WeightOnlyConfig(),
            "plain_int8_dynamic": qk.Int8DynamicActivationInt8WeightConfig()}
 
 

@@ -31,6 +31,10 @@ CONFIGS = {
     "fp8-static": qk.Float8StaticActivationFloat8WeightConfig(act_scale=0.01, kernel_preference=REF),
     "mxfp8": qk.MXFP8WeightOnlyConfig(kernel_preference=REF),
     "mxfp4": qk.MXFP4WeightOnlyConfig(kernel_preference=REF),
+    "nvfp4": qk.NVFP4WeightOnlyConfig(kernel_preference=REF),
+    "nvfp4-dyn-nvfp4": qk.NVFP4DynamicActivationNVFP4WeightConfig(kernel_preference=REF),
+    "fp6-e3m2": qk.FP6WeightOnlyConfig(kernel_preference=REF),
+    "fp6-e2m3-g32": qk.FP6WeightOnlyConfig(ebits=2, group_size=32, kernel_preference=REF),
     "nf4-dq": qk.NF4WeightOnlyConfig(double_quant=True, kernel_preference=REF),
 }
 

@@ -30,10 +30,11 @@ from collections.abc import Callable
 import torch
 
 from ..core import PerGroup, PerRow, PerToken
-from .configs import (Float8DynamicActivationFloat8WeightConfig, Float8WeightOnlyConfig, Int4WeightOnlyConfig,
-                      Int8DynamicActivationInt8WeightConfig, Int8DynamicActivationIntxWeightConfig,
-                      Int8WeightOnlyConfig, IntxWeightOnlyConfig, MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig,
-                      NF4WeightOnlyConfig, QuantConfig)
+from .configs import (Float8DynamicActivationFloat8WeightConfig, Float8WeightOnlyConfig, FP6WeightOnlyConfig,
+                      Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
+                      Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig,
+                      MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig, NF4WeightOnlyConfig,
+                      NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfig, QuantConfig)
 from .module_configs import ModuleConfigs
 
 __all__ = ["PRESETS", "get", "names", "OUTPUT_LAYER"]
@@ -75,6 +76,10 @@ PRESETS: dict[str, Callable[[], QuantConfig | ModuleConfigs]] = {
     "nf4-b64": lambda: NF4WeightOnlyConfig(block_size=64),
     "nf4-b64-dq": lambda: NF4WeightOnlyConfig(block_size=64, double_quant=True),
     "mxfp4": lambda: MXFP4WeightOnlyConfig(),
+    "nvfp4": lambda: NVFP4WeightOnlyConfig(),
+    "nvfp4-dyn-nvfp4": lambda: NVFP4DynamicActivationNVFP4WeightConfig(),
+    "fp6-e3m2": lambda: FP6WeightOnlyConfig(ebits=3),
+    "fp6-e2m3": lambda: FP6WeightOnlyConfig(ebits=2),
     "mxfp8": lambda: MXFP8WeightOnlyConfig(),
     "fp8-wo": lambda: Float8WeightOnlyConfig(),
     "fp8-dyn-row": lambda: Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),

@@ -170,7 +170,8 @@ def quantize_weight(
         calibration (str | None): the range method of ``choose_qparams_affine`` (``"absmax"``, ``"minmax"``,
             ``"rms,3"``, ...); None (default): its default. With ``algorithm="hqq"`` only None or ``"minmax"``.
         scale_dtype (torch.dtype | None): dtype of the scales and zero points; None (default): the weight's dtype.
-        scale_rounding (str | None): None (default) or ``"power_of_two"`` (MX scales).
+        scale_rounding (str | None): None (default), ``"power_of_two"`` (MX scales) or ``"float8_e4m3"`` (NVFP4's
+            float8 block scales under a per-tensor power of two).
         act_quant (ActivationQuantSpec | None): how the linear quantizes its input; None (default): it doesn't.
         kernel_preference (KernelPreference): which implementation serves the ops; default ``KernelPreference.AUTO``.
         stochastic (bool): stochastic rounding of integer codes (needs ``generator``); default False.

@@ -13,7 +13,8 @@ Formulas (q = code, s = scale, z = zero point, mid = (qmin + qmax + 1) // 2):
   ZeroPointDomain.FLOAT  x ~ (q - mid) * s + z       z is a float (tinygemm / HQQ style)
   float8                 x ~ float(q) * s            q saturates at the format's max
   nf4 / fp4_e2m1         x ~ levels[q] * s           nearest level, ties towards zero
-See Note [Power-of-two scales] for ``scale_rounding="power_of_two"`` (OCP microscaling, MXFP8 / MXFP4).
+See Note [Power-of-two scales] for ``scale_rounding="power_of_two"`` (OCP microscaling, MXFP8 / MXFP4) and
+Note [Float8 block scales] for ``scale_rounding="float8_e4m3"`` (NVFP4).
 All arithmetic is float32; results are cast to the requested dtype at the end. Near the edge of float32's
 range (or the weight dtype's), scales are capped so nothing overflows: Note [Finite range].
 """
@@ -31,7 +32,7 @@ from .qdtype import QDType, QKind
 
 __all__ = ["MappingType", "ZeroPointDomain", "choose_qparams_affine", "quantize_affine",
            "dequantize_affine", "default_zero_point_domain", "code_midpoint", "num_blocks", "padded_shape", "pad_to",
-           "finite_limit", "range_over", "cap_scale", "check_finite_values"]
+           "finite_limit", "range_over", "cap_scale", "check_finite_values", "split_float8_scales"]
 
 
 class MappingType(str, Enum):
@@ -284,8 +285,10 @@ def choose_qparams_affine(
             for ``INT`` zero points, ``scale_dtype`` for ``FLOAT`` ones.
         check_finite (bool): refuse NaN / Inf in ``x``, and scales or zero points that ``scale_dtype`` can't hold;
             default True.
-        scale_rounding (str | None): None (default) or ``"power_of_two"``: E8M0 scales as the OCP MX spec chooses
-            them (float8 and codebook qdtypes only, with a ``scale_dtype`` that holds 2^127, e.g. float32).
+        scale_rounding (str | None): None (default); ``"power_of_two"``: E8M0 scales as the OCP MX spec chooses
+            them; or ``"float8_e4m3"``: float8 e4m3 block scales under one power-of-two scale per tensor (NVFP4,
+            Note [Float8 block scales]). Both for float8 and codebook qdtypes only, with a ``scale_dtype`` that
+            holds 2^127 (float32).
         name (str): what ``x`` is, for error messages; default ``"tensor"``.
 
     Returns:
@@ -336,6 +339,8 @@ def choose_qparams_affine(
         scale, zero_point = _int_qparams(lo, hi, qdtype, mapping, zero_point_domain, eps, limit, scale_dtype)
     elif scale_rounding == POWER_OF_TWO:
         scale = _power_of_two_scale(torch.maximum(-lo, hi), qdtype)  # codes * 2^e stay below 2^128: no cap
+    elif scale_rounding == FLOAT8_E4M3:
+        scale = _float8_block_scale(torch.maximum(-lo, hi), qdtype, limit)
     else:
         amax = torch.maximum(-lo, hi)
         scale = _floor_scale(amax / qdtype.max_abs_level, amax, eps)
@@ -371,7 +376,8 @@ def _cast_in_range(t: torch.Tensor, dtype: torch.dtype, check: bool, what: str) 
 # format's max (e.g. 7.5 for e2m1): quantize_affine saturates those elements to +-max, as the spec says.
 # e is clamped to E8M0's range [-127, 127]; an all-zero block gets X = 1. ``eps`` does not apply.
 POWER_OF_TWO = "power_of_two"
-SCALE_ROUNDINGS = (None, POWER_OF_TWO)
+FLOAT8_E4M3 = "float8_e4m3"
+SCALE_ROUNDINGS = (None, POWER_OF_TWO, FLOAT8_E4M3)
 
 
 def _check_scale_rounding(scale_rounding, qdtype: QDType, eps, scale_dtype, name: str) -> None:
@@ -380,14 +386,17 @@ def _check_scale_rounding(scale_rounding, qdtype: QDType, eps, scale_dtype, name
     if scale_rounding is None:
         return
     if qdtype.kind is QKind.INT:
-        raise ValueError(f"{name}: power-of-two scales are defined for float8 and codebook (fp4/nf4) elements "
-                         f"(OCP MX), not {qdtype.name}")
+        raise ValueError(f"{name}: {scale_rounding} scales are defined for float8 and codebook (fp4 / fp6 / nf4) "
+                         f"elements (OCP MX, NVFP4), not {qdtype.name}")
     if eps is not None:
-        raise ValueError(f"{name}: eps does not apply to power-of-two scales (E8M0's exponent range bounds them); "
+        raise ValueError(f"{name}: eps does not apply to {scale_rounding} scales (their format bounds them); "
                          f"drop eps=")
     if torch.finfo(scale_dtype).max < 2.0 ** 127:
-        raise ValueError(f"{name}: power-of-two scales span 2^-127..2^127, which {scale_dtype} can't hold; "
+        raise ValueError(f"{name}: {scale_rounding} scales span 2^-127..2^127, which {scale_dtype} can't hold; "
                          f"use scale_dtype=torch.float32")
+    if scale_rounding == FLOAT8_E4M3 and scale_dtype != torch.float32:
+        raise ValueError(f"{name}: float8_e4m3 block scales are float32 quotients E / G (Note [Float8 block scales], "
+                         f"as NVFP4 checkpoints compute them), not {scale_dtype}; use scale_dtype=torch.float32")
 
 
 def _power_of_two_scale(amax: torch.Tensor, qdtype: QDType) -> torch.Tensor:
@@ -397,6 +406,67 @@ def _power_of_two_scale(amax: torch.Tensor, qdtype: QDType) -> torch.Tensor:
     e = (p - 1 - emax_elem).clamp(-127, 127)
     scale = torch.ldexp(torch.ones_like(amax), e)
     return torch.where(amax > 0, scale, torch.ones_like(scale))
+
+
+# Note [Float8 block scales]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# NVFP4 (NVIDIA ModelOpt, compressed-tensors' nvfp4-pack-quantized): a block's scale is S = E / G, with E a float8
+# e4m3fn value (one per block of 16) and G one float32 "global scale" per tensor, chosen so that the block
+# scales amax_block / max_level fill e4m3's range. compressed-tensors takes G = 448 * 6 / amax_tensor; the oracle
+# takes G = 2^q, the largest power of two with (amax_tensor / max_level) * G <= 448, so the largest block's E lies
+# in (224, 448] (the same e4m3 range, half an exponent less at most). A power of two makes S = E * 2^-q exact in
+# float32, the codes' products level * E * 2^-q exact too (at most 2 + 4 significant bits: exact even in bf16), and
+# lets ``split_float8_scales`` recover (E, G) from the block scales alone, which a layout must (it stores E and
+# G, it is handed S). E = e4m3(amax_block / max_level * G), rounded to nearest; elements whose block scale
+# rounded down saturate at +-max_level, as the format does. E is at least e4m3's smallest subnormal (2^-9), also
+# for all-zero blocks, so no scale is 0. q is kept in [-119, 127] (S = E * 2^-q exact in float32).
+_E4M3_MAX = 448.0
+_E4M3_TINY = 2.0 ** -9
+_Q_RANGE = (-119, 127)
+
+
+def _pow2_exponent_below(top: torch.Tensor, limit: float) -> torch.Tensor:
+    """The largest integer q with top * 2^q <= limit (top > 0, float32 0-d), computed exactly."""
+    _, p = torch.frexp(limit / top)                  # limit / top in [2^(p-1), 2^p), up to its rounding
+    q = p - 1
+    q = torch.where(torch.ldexp(top, q) > limit, q - 1, q)
+    return torch.where(torch.ldexp(top, q + 1) <= limit, q + 1, q).clamp(*_Q_RANGE)
+
+
+def _float8_block_scale(amax: torch.Tensor, qdtype: QDType, limit: float) -> torch.Tensor:
+    raw = amax / qdtype.max_abs_level
+    top = raw.max() if raw.numel() else raw.new_ones(())
+    q = _pow2_exponent_below(torch.where(top > 0, top, torch.ones_like(top)), _E4M3_MAX)
+    codes = torch.ldexp(raw, q).clamp(max=_E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    # Note [Finite range]: a block whose E rounded up past what max_level * E * 2^-q can reach in float32 (or the
+    # weight's dtype) takes the next e4m3 value down (one code less: positive e4m3 codes are ordered by value).
+    over = torch.ldexp(codes.view(torch.float8_e4m3fn).float(), -q) * qdtype.max_abs_level > limit
+    codes = torch.where(over, codes - 1, codes)
+    e = codes.view(torch.float8_e4m3fn).float().clamp(min=_E4M3_TINY)
+    return torch.ldexp(e, -q)
+
+
+def split_float8_scales(scale: torch.Tensor, name: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
+    """Float8 block scales (``scale_rounding="float8_e4m3"``) -> (E float8_e4m3fn, G float32 (1,)) with
+    ``E.float() / G == scale`` exactly: see Note [Float8 block scales].
+
+    Raises:
+        ValueError: scales that are not float8 e4m3 values under one power-of-two global scale.
+    """
+    s = scale.float()
+    if s.is_meta:
+        return s.to(torch.float8_e4m3fn), s.new_ones(1)
+    top = s.max() if s.numel() else s.new_ones(())
+    if not bool(top > 0) or not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
+        raise ValueError(f"{name}: NVFP4 block scales must be finite and > 0, got a largest of {float(top):.4g}")
+    q = _pow2_exponent_below(top, _E4M3_MAX)
+    e = torch.ldexp(s, q)
+    codes = e.to(torch.float8_e4m3fn)
+    if not torch.equal(codes.float(), e) or bool((e < _E4M3_TINY).any()):
+        bad = s[codes.float() != e].flatten()[:4].tolist()
+        raise ValueError(f"{name}: these block scales are not float8 e4m3 values times one power-of-two global scale "
+                         f"(e.g. {bad}); quantize with scale_rounding='float8_e4m3' (NVFP4 configs do).")
+    return codes, torch.ldexp(torch.ones(1, device=s.device), q.reshape(1))
 
 
 def _check_scheme(qdtype: QDType, mapping: MappingType, zpd: ZeroPointDomain, name: str) -> None:
@@ -617,19 +687,16 @@ def _round(v: torch.Tensor, stochastic: bool, generator) -> torch.Tensor:
 
 def _nearest_level(v: torch.Tensor, qdtype: QDType) -> torch.Tensor:
     """Code of the nearest codebook level; a value exactly between two levels goes to the one nearer zero."""
-    # The table is a constant: sort it on the host (also when v is on the meta device, which has no values).
-    levels = torch.tensor(qdtype.levels, dtype=torch.float32)
-    order = torch.argsort(levels, stable=True)
-    sorted_levels = levels[order]
-    # Drop duplicate levels (fp4 has +0 and -0): keep the first code of each value.
-    keep = torch.ones_like(sorted_levels, dtype=torch.bool)
-    keep[1:] = sorted_levels[1:] != sorted_levels[:-1]
-    uniq, codes = sorted_levels[keep], order[keep]
-    # fp4's -0 sorts before +0 with stable sort over equal values only if listed first; prefer code of +0.
-    if qdtype.levels.count(0.0) > 1:
-        codes = torch.where(uniq == 0, torch.tensor(qdtype.levels.index(0.0)), codes)
-    lo, hi = uniq[0].item(), uniq[-1].item()
-    uniq, codes = uniq.to(v.device), codes.to(v.device)
+    # The table is a constant: sorted in Python (no data-dependent shapes for torch.compile, none on the meta device).
+    # Equal levels (fp4's and fp6's +0 and -0) keep one code each: +0's.
+    by_value: dict[float, int] = {}
+    for code, level in enumerate(qdtype.levels):
+        if level not in by_value or (level == 0 and math.copysign(1.0, qdtype.levels[by_value[level]]) < 0):
+            by_value[level] = code
+    values = sorted(by_value)
+    uniq = torch.tensor(values, dtype=torch.float32, device=v.device)
+    codes = torch.tensor([by_value[x] for x in values], dtype=torch.int64, device=v.device)
+    lo, hi = values[0], values[-1]
     mids = (uniq[1:] + uniq[:-1]) / 2
     v = v.clamp(lo, hi)
     # right=False puts a tie on the lower level (nearer zero for v > 0); right=True the upper one (v < 0).

@@ -28,7 +28,8 @@ class QKind(str, Enum):
     Attributes:
         INT: affine integer codes, signed or unsigned (``int1`` .. ``int8``, ``uint1`` .. ``uint8``).
         FLOAT8: IEEE-like 8-bit floats stored in torch's float8 dtypes (``float8_e4m3fn``, ``float8_e5m2``).
-        CODEBOOK: a 4-bit index into a fixed table of levels (``nf4``, ``fp4_e2m1``).
+        CODEBOOK: an index into a fixed table of levels (``nf4``, ``fp4_e2m1``: 16 levels; ``fp6_e3m2``,
+            ``fp6_e2m3``: 64).
 
     Example:
         ```python
@@ -39,7 +40,7 @@ class QKind(str, Enum):
     """
     INT = "int"          # affine integer codes, signed or unsigned
     FLOAT8 = "float8"    # IEEE-like 8-bit floats, stored in torch's float8 dtypes
-    CODEBOOK = "codebook"  # 4-bit index into a fixed table of levels (nf4, fp4_e2m1)
+    CODEBOOK = "codebook"  # index into a fixed table of levels (nf4, fp4_e2m1: 16; fp6: 64)
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ class QDType:
     """A quantized dtype: what a code means, independent of how a layout stores it.
 
     The registered instances are module attributes of ``torchqkit.qdtypes`` (``int1`` .. ``int8``, ``uint1`` ..
-    ``uint8``, ``float8_e4m3fn``, ``float8_e5m2``, ``nf4``, ``fp4_e2m1``); configs and the primitives take them (or
+    ``uint8``, ``float8_e4m3fn``, ``float8_e5m2``, ``nf4``, ``fp4_e2m1``, ``fp6_e3m2``, ``fp6_e2m3``); configs and the
+    primitives take them (or
     their names). Instances are frozen, compare by value, print as ``torchqkit.<name>`` and pickle by name.
     Building a new one does not register it: ``qdtype_from_name`` knows only the registered ones.
 
@@ -57,7 +59,7 @@ class QDType:
         kind (QKind): ``QKind.INT``, ``QKind.FLOAT8`` or ``QKind.CODEBOOK``.
         signed (bool): whether codes (or values) are signed.
         qmin (float): the smallest code (INT), index (CODEBOOK: 0) or finite value (FLOAT8: -max).
-        qmax (float): the largest code (INT), index (CODEBOOK: 15) or finite value (FLOAT8: max).
+        qmax (float): the largest code (INT), index (CODEBOOK: 15, fp6: 63) or finite value (FLOAT8: max).
         storage_dtype (torch.dtype): the torch dtype holding one unpacked code (``torch.int8``, ``torch.uint8``,
             or a float8 dtype).
         levels (tuple[float, ...]): CODEBOOK only: the value of each code, indexed by code; default ``()``.
@@ -75,7 +77,7 @@ class QDType:
     bits: int
     kind: QKind
     signed: bool
-    # Integer range of a code (for CODEBOOK: index range 0..15; for FLOAT8: +-max finite value).
+    # Integer range of a code (for CODEBOOK: index range 0..15 or 0..63; for FLOAT8: +-max finite value).
     qmin: float
     qmax: float
     # dtype holding one unpacked code.
@@ -144,6 +146,27 @@ _FP4_POS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 fp4_e2m1 = _register(QDType("fp4_e2m1", 4, QKind.CODEBOOK, True, 0, 15, torch.uint8,
                             _FP4_POS + tuple(-v for v in _FP4_POS)))
 
+
+
+def _fp6_levels(ebits: int) -> tuple[float, ...]:
+    """The 64 values of an OCP MX FP6 format (no inf / NaN), indexed by code: see Note [FP6 codes]."""
+    mbits, bias = 5 - ebits, 2 ** (ebits - 1) - 1
+    pos = []
+    for mag in range(32):
+        e, m = mag >> mbits, mag & ((1 << mbits) - 1)
+        pos.append(m / 2 ** mbits * 2.0 ** (1 - bias) if e == 0 else (1 + m / 2 ** mbits) * 2.0 ** (e - bias))
+    return tuple(pos) + tuple(-v for v in pos)
+
+
+# Note [FP6 codes]
+# ~~~~~~~~~~~~~~~~
+# FP6 E3M2 and E2M3 (OCP Microscaling spec v1.0, section 5.3.2): code = sign (bit 5) | exponent | mantissa, no
+# inf or NaN. E3M2: exponent bias 3, 2 mantissa bits, largest 28.0 (0b011111), smallest subnormal 0.0625.
+# E2M3: bias 1, 3 mantissa bits, largest 7.5, smallest subnormal 0.125. Exponent 0 is subnormal: m / 2^M * 2^(1 - bias).
+# Codes 32..63 are codes 0..31 negated (32 is -0). FP6Layout packs four codes in three bytes (layouts/fp6.py).
+fp6_e3m2 = _register(QDType("fp6_e3m2", 6, QKind.CODEBOOK, True, 0, 63, torch.uint8, _fp6_levels(3)))
+fp6_e2m3 = _register(QDType("fp6_e2m3", 6, QKind.CODEBOOK, True, 0, 63, torch.uint8, _fp6_levels(2)))
+
 globals().update({f"int{b}": q for b, q in INT.items()})
 globals().update({f"uint{b}": q for b, q in UINT.items()})
 __all__ += list(_REGISTRY)
@@ -157,7 +180,7 @@ def qdtype_from_name(name: str) -> QDType:
 
     Args:
         name (str): a registered name: ``"int1"`` .. ``"int8"``, ``"uint1"`` .. ``"uint8"``, ``"float8_e4m3fn"``,
-            ``"float8_e5m2"``, ``"nf4"`` or ``"fp4_e2m1"``.
+            ``"float8_e5m2"``, ``"nf4"``, ``"fp4_e2m1"``, ``"fp6_e3m2"`` or ``"fp6_e2m3"``.
 
     Returns:
         QDType: the registered instance (the same object each call).
@@ -181,7 +204,7 @@ def all_qdtypes() -> list[QDType]:
     """Every registered quantized dtype, in registration order.
 
     Returns:
-        list[QDType]: int1..int8, uint1..uint8, float8_e4m3fn, float8_e5m2, nf4 and fp4_e2m1.
+        list[QDType]: int1..int8, uint1..uint8, float8_e4m3fn, float8_e5m2, nf4, fp4_e2m1, fp6_e3m2 and fp6_e2m3.
 
     Example:
         ```python

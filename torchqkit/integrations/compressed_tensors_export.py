@@ -58,7 +58,8 @@ def save_compressed_tensors(model: nn.Module, directory) -> CompressedTensorsExp
 
     int 2 / 4 / 8-bit weight-only weights with integer zero points (or none), per channel or per group, become
     ``pack-quantized``; int8 weights with int8 dynamic per-token activations ``int-quantized``; float8_e4m3fn
-    weights (with or without float8 activations) ``float-quantized``; MXFP4 weight-only ``mxfp4-pack-quantized``.
+    weights (with or without float8 activations) ``float-quantized``; MXFP4 weight-only ``mxfp4-pack-quantized``;
+    NVFP4 weight-only ``nvfp4-pack-quantized``.
     Other tensors are written as they are.
 
     Args:
@@ -143,6 +144,8 @@ def _describe(scheme) -> str:
     text = f"{scheme.format} {w['type']}{w['num_bits']} {w['strategy']}"
     if scheme.format == "mxfp4-pack-quantized":
         return text + " 32 (E8M0 scales), exact"
+    if scheme.format == "nvfp4-pack-quantized":
+        return text + " 16 (float8 e4m3 scales, float32 global scale), exact"
     text += f" {w['group_size']}" if "group_size" in w else ""
     text += "" if w["symmetric"] else " asymmetric"
     a = scheme.input_activations

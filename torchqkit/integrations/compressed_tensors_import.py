@@ -5,13 +5,16 @@ config.json's ``quantization_config`` holds ``config_groups`` (each: ``targets``
 list and the storage ``format``. A Linear takes the first group whose targets match it and that ``ignore`` doesn't
 name (compressed_tensors' own matching: class name, module name, or "re:" regular expression). The formats
 read (tensor layouts: compressed_tensors_schemes.py): pack-quantized (int 2 / 4 / 8-bit, channel or group, symmetric
-or asymmetric, actorder "group"'s ``weight_g_idx``), int-quantized and float-quantized.
+or asymmetric, actorder "group"'s ``weight_g_idx``), int-quantized, float-quantized, mxfp4-pack-quantized and
+nvfp4-pack-quantized (weight-only: NVFP4Layout holds its three tensors as they are, whatever the global scale).
 """
 from __future__ import annotations
 
 import torch
 
 from ..core.qdtype import INT, float8_e4m3fn, fp4_e2m1, int8
+from ..kernels.ops.linear_nvfp4wo import nvfp4_block_scales
+from ..layouts.nvfp4 import NVFP4Layout
 from ..serialization.safetensors_file import CheckpointError
 from .hub_formats import (DecodedWeight, HubFormat, ModuleScheme, TensorProblem, act_spec, check_g_idx,
                           module_matcher, unsigned_codes)
@@ -19,7 +22,7 @@ from .int32_packing import PACKED_BITS
 
 __all__ = ["compressed_tensors_format"]
 
-_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "mxfp4-pack-quantized")
+_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "mxfp4-pack-quantized", "nvfp4-pack-quantized")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _INTS = (torch.int64, torch.int32)
 
@@ -77,8 +80,13 @@ def _scheme(fmt: str, w, acts, at: str) -> ModuleScheme:
                                           or w.get("group_size") != 32 or not symmetric or acts is not None):
         raise CheckpointError(f"{at}: mxfp4-pack-quantized weights {w!r:.160} (with input_activations "
                               f"{acts!r:.80}) are not MXFP4 weight-only (fp4, groups of 32), which torchqkit imports")
+    if fmt == "nvfp4-pack-quantized" and (kind != "float" or bits != 4 or strategy not in ("tensor_group", "group")
+                                          or w.get("group_size") != 16 or not symmetric or acts is not None):
+        raise CheckpointError(f"{at}: nvfp4-pack-quantized weights {w!r:.160} (with input_activations {acts!r:.80}) "
+                              f"are not NVFP4 weight-only (fp4, float8 scales per 16), which torchqkit imports (W4A4 "
+                              f"checkpoints' calibrated input_global_scale has no torchqkit form)")
     group = w.get("group_size")
-    if strategy == "group" and (type(group) is not int or group < 1):
+    if strategy in ("group", "tensor_group") and (type(group) is not int or group < 1):
         raise CheckpointError(f"{at}: group strategy needs an integer group_size >= 1, got {group!r:.40}")
     block = w.get("block_structure")
     if strategy == "block" and not (isinstance(block, list) and len(block) == 2
@@ -103,7 +111,7 @@ class _Layout:
         self.symmetric, self.actorder, self.static = symmetric, actorder, static
 
     def block_size(self, n: int, k: int) -> tuple[int, int]:
-        sizes = {"channel": (1, k), "group": (1, self.group), "tensor": (n, k)}
+        sizes = {"channel": (1, k), "group": (1, self.group), "tensor_group": (1, self.group), "tensor": (n, k)}
         return sizes.get(self.strategy, tuple(self.block or ()))
 
     def scale_shape(self, n: int, k: int) -> tuple[int, int]:
@@ -118,6 +126,12 @@ class _Layout:
             if k % 32:
                 raise CheckpointError(f"a Linear with in_features {k} can't hold MXFP4 blocks of 32")
             return {"weight_packed": ((n, k // 2), (torch.uint8,)), "weight_scale": ((n, k // 32), (torch.uint8,))}
+        if self.fmt == "nvfp4-pack-quantized":  # byte for byte NVFP4Layout's (compressed_tensors_schemes.py)
+            if k % 16:
+                raise CheckpointError(f"a Linear with in_features {k} can't hold NVFP4 blocks of 16")
+            return {"weight_packed": ((n, k // 2), (torch.uint8,)),
+                    "weight_scale": ((n, k // 16), (torch.float8_e4m3fn,)),
+                    "weight_global_scale": ([(1,), ()], (torch.float32,))}
         if self.fmt == "pack-quantized":
             out = {"weight_packed": ((n, -(-k * self.bits // 32)), (torch.int32,)), "weight_scale": (scale, _FLOATS),
                    "weight_shape": ((2,), _INTS)}
@@ -145,6 +159,8 @@ class _Layout:
             scale = torch.ldexp(torch.ones(n, k // 32), t["weight_scale"].to(torch.int32) - 127)
             return DecodedWeight(fp4_e2m1, codes, scale, None, block, None, None,
                                  "compressed-tensors mxfp4-pack-quantized fp4_e2m1 group 32", torch.bfloat16)
+        if self.fmt == "nvfp4-pack-quantized":
+            return _nvfp4(t, n, k, block)
         scale = t["weight_scale"].reshape(self.scale_shape(n, k))
         static = float(t["input_scale"].reshape(-1)[0]) if self.static else None
         act = act_spec(acts, at, static)
@@ -167,3 +183,16 @@ class _Layout:
         what = f"compressed-tensors {self.fmt} {qdtype.name} {self.strategy}"
         what += f" {self.group}" if self.strategy == "group" else ""
         return DecodedWeight(qdtype, codes, scale, zp, block, g_idx, act, what)
+
+
+def _nvfp4(t: dict, n: int, k: int, block) -> DecodedWeight:
+    """NVFP4Layout's own tensors (the oracle's form alongside, for the report): the global scale is a divisor."""
+    g = t["weight_global_scale"].reshape(1).float()
+    if not (bool(torch.isfinite(g).all()) and float(g) > 0):
+        raise TensorProblem("weight_global_scale", f"is {float(g):.4g}; a global scale must be finite and > 0")
+    tensors = {"qdata": t["weight_packed"].contiguous(), "scale": t["weight_scale"].contiguous(), "global_scale": g}
+    layout = NVFP4Layout()
+    codes = torch.stack([tensors["qdata"] & 0xF, tensors["qdata"] >> 4], dim=-1).reshape(n, k)
+    return DecodedWeight(fp4_e2m1, codes, nvfp4_block_scales(tensors["scale"], g), None, block, None, None,
+                         "compressed-tensors nvfp4-pack-quantized fp4_e2m1 float8 scales per 16", torch.bfloat16,
+                         stored=(layout, tensors))

@@ -16,6 +16,10 @@ with signed codes q. Three storage formats are mapped here, per module ``m``:
                    (N, K / 32): byte for byte MXLayout's ``qdata`` and ``scale`` (Note [MX bit layout] in
                    layouts/mx.py: element 2j in the low nibble, sign | 2 exponent bits | 1 mantissa bit, scale
                    2^(e - 127)). compressed-tensors dequantizes it in bfloat16.
+  nvfp4-pack-quantized  NVFP4 weight-only: ``m.weight_packed`` uint8 (N, K / 2) (MXFP4's nibble order),
+                   ``m.weight_scale`` float8_e4m3fn (N, K / 16), ``m.weight_global_scale`` float32 (1,), a divisor
+                   (w = e2m1 * weight_scale / weight_global_scale): byte for byte NVFP4Layout's ``qdata``, ``scale``
+                   and ``global_scale`` (Note [NVFP4 bit layout] in layouts/nvfp4.py).
 Every mapping is exact: torchqkit's codes and scales are written as they are (unsigned codes with an integer
 zero point shift by 2^(b-1) on both, which changes no difference q - z). What has no exact form (a float-domain
 zero point, as Int4WeightOnlyConfig's; groups that don't divide K; codebooks; an AWQ input scale) is refused.
@@ -30,6 +34,8 @@ from ..core.granularity import PerRow, PerTensor, PerToken
 from ..core.primitives import MappingType, ZeroPointDomain
 from ..core.qdtype import QKind, float8_e4m3fn, fp4_e2m1, int8
 from ..layouts.mx import MX_BLOCK, MXLayout
+from ..layouts.nvfp4 import NVFP4Layout
+from ..kernels.ops.linear_nvfp4wo import NVFP4_BLOCK
 from .int32_packing import PACKED_BITS, pack_int32
 
 __all__ = ["CTScheme", "ct_scheme", "ct_tensors", "MAPPABLE_CONFIGS"]
@@ -39,13 +45,19 @@ MXFP4_PACK_QUANTIZED = "mxfp4-pack-quantized"
 # compressed-tensors' MXFP4A16 preset: fp4 elements, groups of 32, uint8 (E8M0) scales.
 MXFP4_WEIGHTS = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "group", "group_size": MX_BLOCK,
                  "dynamic": False, "scale_dtype": "torch.uint8", "zp_dtype": "torch.uint8"}
+NVFP4_PACK_QUANTIZED = "nvfp4-pack-quantized"
+# compressed-tensors' NVFP4A16 preset: fp4 elements, float8 scales per 16 under a float32 global scale.
+NVFP4_WEIGHTS = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group",
+                 "group_size": NVFP4_BLOCK, "dynamic": False, "scale_dtype": "torch.float8_e4m3fn",
+                 "zp_dtype": "torch.float8_e4m3fn"}
 
 # What a user can choose instead, named in every refusal.
 MAPPABLE_CONFIGS = ("IntxWeightOnlyConfig(bits=2|4|8, granularity=PerGroup(g) or PerRow(), mapping='symmetric' or "
                     "'asymmetric') -> pack-quantized; Int8WeightOnlyConfig() -> pack-quantized; "
                     "Int8DynamicActivationInt8WeightConfig() -> int-quantized; Float8WeightOnlyConfig() / "
                     "Float8DynamicActivationFloat8WeightConfig() (float8_e4m3fn) -> float-quantized; "
-                    "MXFP4WeightOnlyConfig() -> mxfp4-pack-quantized; or keep the "
+                    "MXFP4WeightOnlyConfig() -> mxfp4-pack-quantized; NVFP4WeightOnlyConfig() -> "
+                    "nvfp4-pack-quantized; or keep the "
                     "module in float (ModuleConfigs({'<name>': None}))")
 
 
@@ -69,11 +81,16 @@ def ct_scheme(w) -> CTScheme | str:
         return f"a {kind} weight (compressed-tensors stores (N, K))"
     if w.input_scale is not None:
         return "it carries a per-input-feature scale (AWQ / SmoothQuant input_scale) that compressed-tensors can't hold"
+    if isinstance(w.qlayout, NVFP4Layout) and w.act_quant is not None:
+        return ("NVFP4 activations with a global scale chosen per call (compressed-tensors' NVFP4 reads a calibrated "
+                "input_global_scale; mapped: NVFP4WeightOnlyConfig)")
     acts = _activation_args(w.act_quant)
     if isinstance(acts, str):
         return acts
     if w.qdtype == fp4_e2m1 and isinstance(w.qlayout, MXLayout):
         return _mxfp4_scheme(w, acts)
+    if isinstance(w.qlayout, NVFP4Layout):
+        return _nvfp4_scheme(w, acts)
     if w.qdtype.kind is QKind.FLOAT8:
         return _float8_scheme(w, acts)
     if w.qdtype.kind is not QKind.INT:
@@ -144,6 +161,12 @@ def _mxfp4_scheme(w, acts) -> CTScheme | str:
     return CTScheme(MXFP4_PACK_QUANTIZED, dict(MXFP4_WEIGHTS), None)
 
 
+def _nvfp4_scheme(w, acts) -> CTScheme | str:
+    if w.logical_shape[1] % NVFP4_BLOCK:
+        return f"in_features {w.logical_shape[1]} is not a multiple of {NVFP4_BLOCK} (a partial NVFP4 block)"
+    return CTScheme(NVFP4_PACK_QUANTIZED, dict(NVFP4_WEIGHTS), None)
+
+
 def _activation_args(spec) -> dict | None | str:
     """QuantizationArgs of ``spec`` (an ActivationQuantSpec) as JSON, or why compressed-tensors has none."""
     if spec is None:
@@ -171,6 +194,9 @@ def ct_tensors(w, scheme: CTScheme) -> dict[str, torch.Tensor]:
     ``w``'s own codes and scales."""
     if scheme.format == MXFP4_PACK_QUANTIZED:  # the same bytes (module docstring)
         return {"weight_packed": w.qdata.contiguous(), "weight_scale": w.scale.contiguous()}
+    if scheme.format == NVFP4_PACK_QUANTIZED:  # the same bytes (module docstring)
+        return {"weight_packed": w.qdata.contiguous(), "weight_scale": w.scale.contiguous(),
+                "weight_global_scale": w.global_scale.float().contiguous()}
     parts = w.qlayout.unpack(w)
     n, k = w.logical_shape
     scale = parts.scale.reshape(-1, 1) if scheme.weights["strategy"] == "channel" else parts.scale

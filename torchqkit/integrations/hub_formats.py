@@ -50,6 +50,9 @@ class DecodedWeight(NamedTuple):
     act_quant: ActivationQuantSpec | None
     what: str
     dtype: torch.dtype | None = None  # what dequantize() returns; None: the scale's dtype
+    # (layout, its inner tensors) when the checkpoint holds a layout's bytes as they are and pack() can't rebuild them
+    # from codes and scale (NVFP4 with any float32 global scale); None: build_weight packs codes and scale.
+    stored: tuple | None = None
 
 
 class ModuleScheme(NamedTuple):

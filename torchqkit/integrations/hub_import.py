@@ -237,8 +237,11 @@ def build_weight(d: DecodedWeight, n: int, k: int):
     else:
         layout = PlainLayout() if d.qdtype.bits >= 8 else PackedIntxLayout()
     wfmt = WeightFormat.of(d.qdtype, d.block_size, (n, k), zpd)
-    layout = layout.for_weight(wfmt)
-    tensors = layout.pack(PlainParts(codes, d.scale.contiguous(), d.zero_point), wfmt)
+    if d.stored is not None:
+        layout, tensors = d.stored
+    else:
+        layout = layout.for_weight(wfmt)
+        tensors = layout.pack(PlainParts(codes, d.scale.contiguous(), d.zero_point), wfmt)
     weight = AffineQuantizedTensor(tensors, d.qdtype, d.block_size, (n, k), orig_dtype, layout, zpd,
                                    act_quant=d.act_quant)
     problem = weight.qparams_problem()

@@ -29,7 +29,7 @@ import torch
 
 from ..core.primitives import pad_to, padded_shape
 from ..core.qdtype import float8_e4m3fn, float8_e5m2, fp4_e2m1
-from ..kernels.ops.common import split_nibbles
+from ..kernels.ops.common import pack_nibbles, split_nibbles
 from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
 from .routes import Route
 
@@ -81,9 +81,8 @@ class MXLayout(Layout):
     def pack(self, parts: PlainParts, fmt: WeightFormat):
         qdtype, block_size = fmt.qdtype, fmt.block_size
         codes = pad_to(parts.qdata, padded_shape(parts.qdata.shape, block_size))
-        if qdtype is fp4_e2m1:
-            codes = (codes[:, 1::2] << 4) | codes[:, 0::2]
-        return {"qdata": codes.contiguous(), "scale": _to_e8m0(parts.scale)}
+        return {"qdata": pack_nibbles(codes) if qdtype is fp4_e2m1 else codes.contiguous(),
+                "scale": _to_e8m0(parts.scale)}
 
     def unpack(self, aqt) -> PlainParts:
         q = aqt.qdata

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind, int2, int4
-from ..kernels.ops.linear_intxwo import intx_fields
+from ..kernels.ops.linear_intxwo import intx_fields, pack_intx_fields
 from .base import (Layout, PackedSpec, PlainParts, WeightFormat, kernel_reach_problem, pad_features, register_layout,
                    scale_specs)
 from .routes import Route
@@ -155,7 +155,7 @@ class PackedIntxLayout(Layout):
             qdata = _pack_ternary(codes)
         else:
             fields = (codes.to(torch.int16) - int(qdtype.qmin)).to(torch.uint8)
-            qdata = _pack_bits(fields, qdtype.bits)
+            qdata = pack_intx_fields(fields, qdtype.bits)
         return {"qdata": qdata, "scale": parts.scale, "zero_point": parts.zero_point}
 
     def unpack(self, aqt) -> PlainParts:
@@ -171,18 +171,6 @@ class PackedIntxLayout(Layout):
 # ------------------------------------------------------------------------------------------------
 # bit packing, see Note [Packed intx bits] and Note [Ternary bit planes]
 # ------------------------------------------------------------------------------------------------
-
-def _pack_bits(fields: torch.Tensor, bits: int) -> torch.Tensor:
-    """(N, K) uint8 fields < 2**bits -> (N, ceil(K * bits / 8)) uint8."""
-    n, k = fields.shape
-    k8 = -(-k // 8) * 8
-    x = F.pad(fields.to(torch.int64), (0, k8 - k)).reshape(n, k8 // 8, 8)
-    dev = fields.device
-    words = (x << torch.arange(0, 8 * bits, bits, device=dev)).sum(-1)  # 8 fields = 8 * bits <= 56 bits
-    out = (words.unsqueeze(-1) >> torch.arange(0, 8 * bits, 8, device=dev)) & 0xFF
-    return out.reshape(n, k8 // 8 * bits)[:, : -(-k * bits // 8)].to(torch.uint8)
-
-
 
 def _pack_ternary(codes: torch.Tensor) -> torch.Tensor:
     """(N, K) int8 codes in {-1, 0, 1} -> (N, 2 * ceil(K / 8)) uint8: per 8 codes a nonzero and a negative byte."""

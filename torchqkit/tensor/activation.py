@@ -10,10 +10,12 @@ import torch
 from ..core.granularity import Granularity, PerGroup, PerRow, PerTensor, PerToken
 from ..core.primitives import (MappingType, ZeroPointDomain, choose_qparams_affine,
                                dequantize_affine, quantize_affine)
-from ..core.qdtype import QDType, QKind
+from ..core.qdtype import QDType, QKind, fp4_e2m1
 from ..kernels.preference import KernelPreference
 
 __all__ = ["ActivationQuantSpec", "KernelPreference", "QuantizedActivation"]
+
+NVFP4_ACT_GROUP = 16  # NVFP4 activations: one float8 scale per token and 16 features
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,11 @@ class ActivationQuantSpec:
       given ``static_scale``.
     - float8: ``PerTensor()`` or ``PerRow()`` / ``PerToken()`` (per token), symmetric, dynamic or with a given
       ``static_scale``.
+    - fp4_e2m1 (NVFP4): ``PerGroup(16)``, dynamic: float8 e4m3 scales per token and group of 16 features under one
+      power-of-two scale per call (the oracle's ``scale_rounding="float8_e4m3"``).
 
     Args:
-        qdtype (QDType): ``qk.qdtypes.int8``, ``float8_e4m3fn`` or ``float8_e5m2``.
+        qdtype (QDType): ``qk.qdtypes.int8``, ``float8_e4m3fn``, ``float8_e5m2`` or ``fp4_e2m1``.
         granularity (Granularity): the scale granularity; default ``PerToken()``.
         mapping (MappingType): ``MappingType.SYMMETRIC`` (default) or ``ASYMMETRIC`` (int8 per token only), or
             its value.
@@ -58,7 +62,7 @@ class ActivationQuantSpec:
             from each input.
 
     Raises:
-        ValueError: a qdtype other than int8 / float8, or a granularity, mapping or static scale outside the
+        ValueError: a qdtype other than int8 / float8 / fp4_e2m1, or a granularity, mapping or static scale outside the
             combinations above.
 
     Example:
@@ -97,8 +101,13 @@ class ActivationQuantSpec:
             if self.mapping is not MappingType.SYMMETRIC:
                 raise ValueError("float8 activations are quantized symmetrically")
             _check_static_scale(self.static_scale)
+        elif self.qdtype is fp4_e2m1:
+            if (not isinstance(self.granularity, PerGroup) or self.granularity.group_size != NVFP4_ACT_GROUP
+                    or self.mapping is not MappingType.SYMMETRIC or self.static_scale is not None):
+                raise ValueError(f"fp4_e2m1 activations are NVFP4: PerGroup({NVFP4_ACT_GROUP}), symmetric, dynamic "
+                                 f"(no static_scale)")
         else:
-            raise ValueError(f"activation quantization supports int8 or float8, got {self.qdtype.name}")
+            raise ValueError(f"activation quantization supports int8, float8 or fp4_e2m1, got {self.qdtype.name}")
 
     @property
     def group_size(self) -> int | None:
@@ -122,9 +131,11 @@ class ActivationQuantSpec:
             zp = None
         else:
             zpd = ZeroPointDomain.INT if self.mapping is MappingType.ASYMMETRIC else ZeroPointDomain.NONE
-            src = torch.where(finite, x2d, 0) if self.per_tensor else x2d
+            # NVFP4's per-call power-of-two scale spans every row: taken over the finite values only
+            src = torch.where(finite, x2d, 0) if self.per_tensor or self.qdtype is fp4_e2m1 else x2d
             scale, zp = choose_qparams_affine(src, self.qdtype, block, mapping=self.mapping,
                                               zero_point_domain=zpd, scale_dtype=torch.float32,
+                                              scale_rounding="float8_e4m3" if self.qdtype is fp4_e2m1 else None,
                                               check_finite=False, name="activation")
         if self.qdtype.kind is QKind.FLOAT8:
             x2d = torch.where(row_ok, x2d, float("nan"))  # NaN codes: float8 has them

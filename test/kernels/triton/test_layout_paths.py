@@ -54,6 +54,8 @@ def test_triton_preference_compiles_fullgraph(device):
     (qk.NF4WeightOnlyConfig, "linear_nf4wo"),
     (qk.Float8WeightOnlyConfig, "linear_fp8wo"),
     (qk.MXFP4WeightOnlyConfig, "linear_mxwo"),
+    (qk.NVFP4WeightOnlyConfig, "linear_nvfp4wo"),
+    (qk.FP6WeightOnlyConfig, "linear_fp6wo"),
     (qk.Float8DynamicActivationFloat8WeightConfig, "scaled_mm_fp8_rowwise"),
 ])
 def test_every_layout_with_a_triton_kernel_runs_it_when_asked(config, op, device):

@@ -25,6 +25,8 @@ def _samples(device="cpu"):
     mx = _weight(qk.MXFP4WeightOnlyConfig(), 37, 64, device)
     i8 = _weight(qk.Int8WeightOnlyConfig(), 37, 64, device)
     f8 = _weight(qk.Float8WeightOnlyConfig(), 37, 64, device)
+    nv = _weight(qk.NVFP4WeightOnlyConfig(), 37, 64, device)
+    f6 = _weight(qk.FP6WeightOnlyConfig(ebits=2, group_size=32), 37, 64, device)
     a = torch.randn(3, 64, device=device).to(torch.float8_e4m3fn)
     b = torch.randn(37, 64, device=device).to(torch.float8_e5m2)
     sa, sb = torch.rand(3, 1, device=device), torch.rand(37, 1, device=device)
@@ -33,6 +35,8 @@ def _samples(device="cpu"):
         "linear_nf4wo": (x, nf.qdata, None, nf.scale_codes, nf.scale_block_scale, nf.scale_offset, 64, bias),
         "linear_mxwo": (x, mx.qdata, mx.scale, bias),
         "linear_fp8wo": (x, f8.qdata, f8.scale, bias),
+        "linear_nvfp4wo": (x, nv.qdata, nv.scale, nv.global_scale, bias),
+        "linear_fp6wo": (x, f6.qdata, f6.scale, 2, bias),
         "linear_int8wo_plain": (x, i8.qdata, i8.scale, bias),
         "scaled_mm_fp8_rowwise": (a, b, sa, sb, bias, torch.float32),
     }
@@ -44,7 +48,8 @@ _NO_SCHEMA_CHECK = ("test_autograd_registration", "test_faketensor", "test_aot_d
 
 
 def _opcheck(op, name, device="cpu"):
-    utils = _NO_SCHEMA_CHECK if name in ("scaled_mm_fp8_rowwise", "linear_fp8wo") else torch.library._OPCHECK_DEFAULT_UTILS
+    float8_inputs = ("scaled_mm_fp8_rowwise", "linear_fp8wo", "linear_nvfp4wo")
+    utils = _NO_SCHEMA_CHECK if name in float8_inputs else torch.library._OPCHECK_DEFAULT_UTILS
     torch.library.opcheck(op, _samples(device)[name], test_utils=utils)
 
 
@@ -59,7 +64,7 @@ def test_reference_only_op(name):
 
 
 def test_the_interpreter_registers_every_triton_kernel():
-    assert sorted(TRITON_OPS) == ["torchqkit::linear_fp8wo", "torchqkit::linear_int4wo_tiled",
+    assert sorted(TRITON_OPS) == ["torchqkit::linear_fp6wo", "torchqkit::linear_fp8wo", "torchqkit::linear_int4wo_tiled",
                                   "torchqkit::linear_int8wo_plain",
-                                  "torchqkit::linear_mxwo", "torchqkit::linear_nf4wo",
+                                  "torchqkit::linear_mxwo", "torchqkit::linear_nf4wo", "torchqkit::linear_nvfp4wo",
                                   "torchqkit::scaled_mm_fp8_rowwise"]

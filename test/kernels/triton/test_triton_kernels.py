@@ -154,6 +154,24 @@ def test_mx(config, m, dtype, device):
     torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
 
 
+@pytest.mark.parametrize("config", [pytest.param(qk.NVFP4WeightOnlyConfig(), id="nvfp4"),
+                                    pytest.param(qk.FP6WeightOnlyConfig(), id="fp6-e3m2-row"),
+                                    pytest.param(qk.FP6WeightOnlyConfig(ebits=2, group_size=16), id="fp6-e2m3-g16")])
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nvfp4_and_fp6(config, m, dtype, device):
+    _check_case(device, m, dtype)
+    n, k = 37, 48  # K = three NVFP4 blocks, 36 bytes of FP6 codes: a 64-wide K step reads past K (masked)
+    w = _weight(config, n, k, dtype, device)
+    x, bias = _x(m, k, dtype, n, device)
+    if isinstance(w.qlayout, qk.NVFP4Layout):
+        out = torch.ops.torchqkit_triton.linear_nvfp4wo(x, w.qdata, w.scale, w.global_scale, bias)
+    else:
+        out = torch.ops.torchqkit_triton.linear_fp6wo(x, w.qdata, w.scale, 3 if w.qdtype.name == "fp6_e3m2" else 2,
+                                                      bias)
+    torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
+
+
 @pytest.mark.parametrize("config", [
     pytest.param(qk.Float8WeightOnlyConfig(), id="e4m3fn-per-row"),
     pytest.param(qk.Float8WeightOnlyConfig(weight_dtype=float8_e5m2, granularity=qk.PerTensor()), id="e5m2-tensor"),

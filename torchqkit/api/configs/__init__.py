@@ -4,7 +4,9 @@ from .dynamic_activation import Int8DynamicActivationInt8WeightConfig, Int8Dynam
 from .float8 import (Float8DynamicActivationFloat8WeightConfig, Float8StaticActivationFloat8WeightConfig,
                      Float8WeightOnlyConfig)
 from .integer import Int4WeightOnlyConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig
+from .fp6 import FP6WeightOnlyConfig
 from .mx import MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig
+from .nvfp4 import NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfig
 from .nf4 import NF4WeightOnlyConfig
 from .static_activation import Int8StaticActivationInt8WeightConfig
 from .calibrated import AWQConfig, CalibratedConfig, GPTQConfig, SmoothQuantConfig

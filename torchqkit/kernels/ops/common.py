@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from ...core.primitives import MappingType, ZeroPointDomain, choose_qparams_affine, quantize_affine
-from ...core.qdtype import int8
+from ...core.qdtype import fp4_e2m1, int8
 from ..registry import OpDef, define_weight_only_op
 
-__all__ = ["int8_activation_rows", "expand_blocks", "check_features", "split_nibbles", "define_qdata_scale_op"]
+__all__ = ["int8_activation_rows", "expand_blocks", "check_features", "split_nibbles", "pack_nibbles", "e2m1_values",
+           "define_qdata_scale_op"]
 
 
 def int8_activation_rows(x2: torch.Tensor, act_symmetric: bool, group_size: int = 0):
@@ -54,3 +55,16 @@ def split_nibbles(packed: torch.Tensor, high_first: bool) -> torch.Tensor:
     unpacks the whole tensor, where the shift fuses into the consumer (a gather then decodes only its rows)."""
     shifts = torch.tensor([4, 0] if high_first else [0, 4], dtype=torch.uint8, device=packed.device)
     return ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(packed.shape[0], -1)
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """(N, 2 B) 4-bit codes -> (N, B) uint8, code 2j in the low nibble of byte j (MXFP4 / NVFP4, e2m1's packing in
+    torch.float4_e2m1fn_x2): the inverse of ``split_nibbles(packed, high_first=False)``."""
+    return ((codes[:, 1::2] << 4) | codes[:, 0::2]).contiguous()
+
+
+def e2m1_values(packed: torch.Tensor) -> torch.Tensor:
+    """(N, B) uint8, two e2m1 codes per byte (low nibble first) -> (N, 2 B) float32 e2m1 values (core/qdtype's
+    table): the element decoder MXFP4 and NVFP4 share."""
+    table = torch.tensor(fp4_e2m1.levels, dtype=torch.float32, device=packed.device)
+    return table[split_nibbles(packed, high_first=False).long()]

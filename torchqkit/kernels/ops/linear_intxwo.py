@@ -9,12 +9,13 @@ Backends: csrc/cpu/linear_lowbit.cpp.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ...core.primitives import dequantize_affine
 from ...core.qdtype import INT, UINT
 from ..registry import define_weight_only_op
 
-__all__ = ["intx_fields", "intx_weight", "linear_intxwo_ref"]
+__all__ = ["intx_fields", "pack_intx_fields", "intx_weight", "linear_intxwo_ref"]
 
 
 def intx_fields(qdata, bits, k):
@@ -23,6 +24,17 @@ def intx_fields(qdata, bits, k):
     byte = bit // 8
     word = qdata[:, byte].long() | (qdata[:, (byte + 1).clamp(max=qdata.shape[1] - 1)].long() << 8)
     return (word >> (bit % 8)) & ((1 << bits) - 1)
+
+
+def pack_intx_fields(fields: torch.Tensor, bits: int) -> torch.Tensor:
+    """(N, K) uint8 fields < 2**bits -> (N, ceil(K * bits / 8)) uint8: the inverse of ``intx_fields``."""
+    n, k = fields.shape
+    k8 = -(-k // 8) * 8
+    x = F.pad(fields.to(torch.int64), (0, k8 - k)).reshape(n, k8 // 8, 8)
+    dev = fields.device
+    words = (x << torch.arange(0, 8 * bits, bits, device=dev)).sum(-1)  # 8 fields = 8 * bits <= 56 bits
+    out = (words.unsqueeze(-1) >> torch.arange(0, 8 * bits, 8, device=dev)) & 0xFF
+    return out.reshape(n, k8 // 8 * bits)[:, : -(-k * bits // 8)].to(torch.uint8)
 
 
 def intx_weight(qdata, scale, zero_point, bits, signed, zero_point_domain, k):

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ...core.qdtype import fp4_e2m1
-from .common import define_qdata_scale_op, split_nibbles
+from .common import define_qdata_scale_op, e2m1_values
 
 __all__ = ["mx_weight", "linear_mxwo_ref"]
 
@@ -18,8 +17,7 @@ MX_BLOCK = 32
 def mx_weight(qdata, scale, k=None):
     """MXLayout bytes -> (N, K) float32 weight (e2m1 levels from core/qdtype)."""
     if qdata.dtype == torch.uint8:  # MXFP4, low nibble first
-        codes = split_nibbles(qdata, high_first=False).long()
-        elems = torch.tensor(fp4_e2m1.levels, dtype=torch.float32, device=qdata.device)[codes]
+        elems = e2m1_values(qdata)
     else:
         elems = qdata.float()
     e = scale.to(torch.int32)
