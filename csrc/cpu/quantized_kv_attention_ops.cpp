@@ -130,7 +130,8 @@ at::Tensor sdpa_quantized_kv_cache(const at::Tensor& query, const at::Tensor& k_
     if (mask.scalar_type() == at::kBool) p.mask_bool = reinterpret_cast<const uint8_t*>(mask.data_ptr<bool>());
     else p.mask_add = mask.data_ptr<float>();
   }
-  const at::Tensor q = query.scalar_type() == at::kFloat && query.stride(3) == 1 ? query : query.to(at::kFloat).contiguous();
+  const at::Tensor q =
+      query.scalar_type() == at::kFloat && query.stride(3) == 1 ? query : query.to(at::kFloat).contiguous();
   const bool direct = query.scalar_type() == at::kFloat;
   at::Tensor o = direct ? out : at::empty({B, Hq, Lq, Dv}, query.options().dtype(at::kFloat));
   p.q = q.data_ptr<float>(); p.q_sb = q.stride(0); p.q_sh = q.stride(1); p.q_sl = q.stride(2);

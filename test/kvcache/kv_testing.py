@@ -1,4 +1,5 @@
-"""Helpers for the quantized KV cache tests: one side of a layer filled through the append op, and the op's arguments."""
+"""Helpers for the quantized KV cache tests: one side of a layer filled through the append op, and the attention op's
+arguments."""
 from __future__ import annotations
 
 import torch

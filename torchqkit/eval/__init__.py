@@ -16,7 +16,8 @@ from .perplexity import perplexity
 from ..progress import ProgressLine
 from .speed import DECODE_LOOPS, DecodeLoop, decode_tokens_per_second
 
-__all__ = ["perplexity", "cached_perplexity", "decode_tokens_per_second", "DecodeLoop", "DECODE_LOOPS", "greedy_decode", "LeanDecoder",
+__all__ = ["perplexity", "cached_perplexity", "decode_tokens_per_second", "DecodeLoop", "DECODE_LOOPS", "greedy_decode",
+           "LeanDecoder",
            "decode_breakdown", "DecodeBreakdown", "permute_llama_channels_",
            "ProgressLine", "ModelLoadError", "load_gguf", "load_hf", "smollm2_gguf_path", "eval_text",
            "EVAL_TEXT_SOURCE"]

@@ -105,8 +105,8 @@ def add_eval_parser(commands) -> None:
                              "can decode several times faster)")
     parser.add_argument("--kv-cache", choices=KV_DTYPES, default=None, metavar="DTYPE",
                         help="the quantized model decodes with a quantized KV cache of this format (int8, int4 with "
-                             "per-channel keys, float8_e4m3fn, float8_e5m2; groups of 64 or the head dim), and its perplexity "
-                             "through that cache, token by token over the first --kv-tokens tokens, is reported next "
+                             "per-channel keys, float8_e4m3fn, float8_e5m2; groups of 64 or the head dim), and its "
+                             "perplexity through that cache, token by token over the first --kv-tokens tokens, is reported next "
                              "to the float cache's; needs --decode lean")
     parser.add_argument("--kv-tokens", type=_int_at_least(2), default=256, metavar="N",
                         help="tokens scored token by token through the KV cache with --kv-cache (default: 256)")

@@ -193,7 +193,7 @@ class QuantizedKVCache(Cache):
     cropping and offloading are not supported.
 
     Args:
-        config: the model's transformers config (`model.config`): layer count, kv heads, head dim.
+        config (PretrainedConfig): the model's transformers config (`model.config`): layers, kv heads, head dim.
         kv_config (KVCacheConfig): the storage format; default int8 per token, groups of 64.
         max_length (int | None): most positions a layer holds (prompt + new tokens); None: no limit (dynamic only).
         static (bool): preallocate `max_length` positions (static shapes, for torch.compile); default False: grow as
