@@ -51,9 +51,9 @@ def test_generate_gives_the_float_cache_tokens(model, cfg):
 
 def test_int4_logits_stay_close_to_the_float_cache(model):
     """int4 on this random model (head dim 16, sharp attention; logits of mean magnitude 1.25), 40 positions:
-    per-channel keys (KIVI's layout) measure a mean |logit error| of 0.094 (max 0.85) against the float cache, per-token keys 0.19
-    with the same group size, int8 0.015 (max 0.10). Budgets above those; a wrong position or a garbled code gives
-    errors of the logits' own size."""
+    per-channel keys (KIVI's layout) measure a mean |logit error| of 0.094 (max 0.85) against the float cache,
+    per-token keys 0.19 with the same group size, int8 0.015 (max 0.10). Budgets above those; a wrong position or a
+    garbled code gives errors of the logits' own size."""
     ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(1))
     ref = _logits_loop(model, transformers.DynamicCache(config=model.config), ids)
     errors = {}
