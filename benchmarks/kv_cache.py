@@ -25,8 +25,13 @@ from torchqkit.eval import LeanDecoder, cached_perplexity, eval_text, load_gguf,
 
 CONFIGS = {  # row name -> KVCacheConfig
     "int8 per token g64": qk.KVCacheConfig("int8"),
+    "int8 per-channel keys g64, per-token values g64": qk.KVCacheConfig("int8", key_granularity="channel"),
     "int4 per-channel keys g64, per-token values g64": qk.KVCacheConfig("int4", key_granularity="channel"),
+    "int4 per-channel keys g64, per-token values g64, residual 128": qk.KVCacheConfig(
+        "int4", key_granularity="channel", residual_length=128),
     "float8_e4m3fn per token g64": qk.KVCacheConfig("float8_e4m3fn"),
+    "float8_e4m3fn per-channel keys g64, per-token values g64": qk.KVCacheConfig("float8_e4m3fn",
+                                                                                 key_granularity="channel"),
     "float8_e5m2 per token g64": qk.KVCacheConfig("float8_e5m2"),
 }
 PEERS = {  # row name -> transformers QuantizedCache arguments
