@@ -29,6 +29,8 @@ CONFIGS = {  # row name -> KVCacheConfig
     "int4 per-channel keys g64, per-token values g64": qk.KVCacheConfig("int4", key_granularity="channel"),
     "int4 per-channel keys g64, per-token values g64, residual 128": qk.KVCacheConfig(
         "int4", key_granularity="channel", residual_length=128),
+    "int8 per-channel keys g64, per-token values g64, residual 128": qk.KVCacheConfig(
+        "int8", key_granularity="channel", residual_length=128),
     "float8_e4m3fn per token g64": qk.KVCacheConfig("float8_e4m3fn"),
     "float8_e4m3fn per-channel keys g64, per-token values g64": qk.KVCacheConfig("float8_e4m3fn",
                                                                                  key_granularity="channel"),
@@ -54,6 +56,8 @@ def _rows(model, ids, args):
     float_bytes = text.num_hidden_layers * text.num_key_value_heads * 2 * head_dim * 4  # keys + values, float32
     yield "float32 cache (DynamicCache)", float_ppl, float_ppl, float_bytes, float_bytes, ""
     for name, cfg in CONFIGS.items():
+        if args.only and args.only not in name:
+            continue
         cache = qk.QuantizedKVCache(model.config, cfg, max_length=ids.numel())
         model.config._attn_implementation = "sdpa"
         ppl = cached_perplexity(model, ids, cfg, progress=not args.quiet)
@@ -88,6 +92,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=256, help="tokens scored through the cache (default 256)")
     parser.add_argument("--out", default=None, help="write the markdown table here as well")
     parser.add_argument("--no-peers", action="store_true", help="skip transformers' QuantizedCache rows")
+    parser.add_argument("--only", default=None, metavar="TEXT",
+                        help="only the torchqkit rows whose name contains TEXT (the float row and peers still run)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--timing", action="store_true", help="also decode tokens/s per cache (not for shared hosts)")
     parser.add_argument("--timing-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[2048, 8192])
@@ -99,7 +105,8 @@ def main(argv=None) -> int:
     ids = tokenizer(eval_text(), return_tensors="pt", verbose=False).input_ids[0][:args.tokens]
     lines = [f"SmolLM2-135M (float32 weights), {ids.numel()} tokens of torchqkit's eval text scored token by token "
              f"through the cache; torch {torch.__version__}, torchqkit {qk.__version__}",
-             f"command: python -m benchmarks kv_cache --tokens {args.tokens}{' --no-peers' if args.no_peers else ''}",
+             f"command: python -m benchmarks kv_cache --tokens {args.tokens}{' --no-peers' if args.no_peers else ''}"
+             + (f" --only '{args.only}'" if args.only else ""),
              "", "| cache | perplexity | vs float32 cache | bytes per position | vs float32 |",
              "|---|---|---|---|---|"]
     for name, ppl, float_ppl, nbytes, float_bytes, note in _rows(model, ids, args):
