@@ -18,7 +18,6 @@ GROUPS = {
     "calibration": "GPTQ / AWQ / SmoothQuant / static int8 against round-to-nearest; GPTQ memory",
     "load": "loading: GGUF two ways, transformers' from_pretrained five ways",
     "gguf_export": "llama.cpp reading save_gguf's files: perplexity next to torchqkit's and llama.cpp's Q4_0 / Q4_1",
-    "kv_cache": "perplexity through a quantized KV cache and its bytes per position, next to transformers' peers",
     "train": "QAT recovery on MiniLM, float8 training loss curves",
     "distributed": "tensor parallel, per-rank loading and FSDP2 QLoRA over 2 processes",
 }

@@ -1,4 +1,4 @@
-"""python -m benchmarks kv_cache: what a quantized KV cache costs SmolLM2-135M, next to transformers' QuantizedCache.
+"""python -m benchmarks.kv_cache: what a quantized KV cache costs SmolLM2-135M, next to transformers' QuantizedCache.
 
 Perplexity of the float32 model (SmolLM2-135M's GGUF dequantized; the KV cache is what is quantized, the weights stay
 float) on the first --tokens tokens of the text torchqkit ships, scored token by token through the cache
@@ -7,6 +7,8 @@ from the cache), and the cache's bytes per cached position (exact arithmetic: co
 against a float32 cache. Peers, where installed in this Python: transformers' QuantizedCache with the quanto (int4)
 and HQQ (int4, int8) backends, at transformers' defaults (per-token groups of 64 along the head dim, residual 128).
 Writes a markdown table (--out, rewritten after every row so a long run keeps what it measured) and prints it.
+A script of its own, not a group of the `python -m benchmarks` runner: its rows are perplexities through caches, not
+the runner's per-config records.
 
 --timing adds decode tokens/s of the lean loop (torchqkit.eval.LeanDecoder) at --timing-lengths positions with each
 torchqkit cache; the committed output carries no timings (shared machines)."""
@@ -88,7 +90,7 @@ def _timing(model, ids, args) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks kv_cache", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.kv_cache", description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=256, help="tokens scored through the cache (default 256)")
     parser.add_argument("--out", default=None, help="write the markdown table here as well")
     parser.add_argument("--no-peers", action="store_true", help="skip transformers' QuantizedCache rows")
@@ -105,7 +107,7 @@ def main(argv=None) -> int:
     ids = tokenizer(eval_text(), return_tensors="pt", verbose=False).input_ids[0][:args.tokens]
     lines = [f"SmolLM2-135M (float32 weights), {ids.numel()} tokens of torchqkit's eval text scored token by token "
              f"through the cache; torch {torch.__version__}, torchqkit {qk.__version__}",
-             f"command: python -m benchmarks kv_cache --tokens {args.tokens}{' --no-peers' if args.no_peers else ''}"
+             f"command: python -m benchmarks.kv_cache --tokens {args.tokens}{' --no-peers' if args.no_peers else ''}"
              + (f" --only '{args.only}'" if args.only else ""),
              "", "| cache | perplexity | vs float32 cache | bytes per position | vs float32 |",
              "|---|---|---|---|---|"]
@@ -129,3 +131,7 @@ def _write(path, lines) -> None:
         from torchqkit.files.atomic_write import atomic_write_bytes
 
         atomic_write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
