@@ -108,3 +108,21 @@ def test_config_rejects_what_it_cannot_store():
         KVCacheConfig(group_size=0)
     with pytest.raises(ValueError, match="residual_length must be an int >= 0"):
         KVCacheConfig(residual_length=-1)
+
+
+def test_append_op_opcheck_and_its_error_names_the_layer():
+    from torchqkit.kvcache.cache import KVStore
+
+    cfg = KVCacheConfig("int4", key_granularity="channel", group_size=8, residual_length=2)
+    store = KVStore.empty(1, 2, 16, 24, cfg, True, "cpu")
+    states = torch.randn(1, 2, 11, 16, generator=gen(4))
+    args = (store.codes, store.scale, store.zero, store.tail, store.counts, states, "int4", 8, True, 2, "layer 3 keys")
+    torch.library.opcheck(torch.ops.torchqkit.kv_cache_append.default, args)
+    fresh = KVStore.empty(1, 2, 16, 24, cfg, True, "cpu")
+    torch.ops.torchqkit.kv_cache_append(fresh.codes, fresh.scale, fresh.zero, fresh.tail, fresh.counts, states,
+                                        *args[6:])
+    with pytest.raises(ValueError, match="layer 3 keys: 14 new positions after 11 need 25, past the cache's "
+                                         "max_length=24"):
+        torch.ops.torchqkit.kv_cache_append(fresh.codes, fresh.scale, fresh.zero, fresh.tail, fresh.counts,
+                                            torch.randn(1, 2, 14, 16), *args[6:])
+    assert fresh.counts.tolist() == [11, 8]  # the refused call changed nothing
