@@ -37,7 +37,7 @@ def test_tutorial_runs(script):
 # Packages from the bottom up (docs/architecture.md): a module imports only from its own package or one of a
 # lower rank, and never another package's private (_underscore) names.
 _LAYERS = (("files", "version", "progress"), ("core",), ("kernels",), ("layouts",), ("tensor",), ("algorithms",), ("api",),
-           ("training", "distributed"), ("serialization",), ("hf",), ("integrations",), ("eval",), ("export",),
+           ("training", "distributed"), ("serialization",), ("hf",), ("integrations",), ("kvcache",), ("eval",), ("export",),
            ("demo", "cli"), ("__main__", "__init__"))
 _RANK = {name: rank for rank, names in enumerate(_LAYERS) for name in names}
 

@@ -35,6 +35,7 @@ from .training import (FakeQuantizedLinear, Float8TrainingLinear, LoRALinear, QA
                        enable_float8_training_, float8_training_status, prepare_qat_)
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
 from .distributed import ShardingError, shard_multiple
+from .kvcache import KVCacheConfig
 
 from .version import __version__
 
@@ -65,6 +66,7 @@ _PUBLIC = {
     "training": ["QATConfig", "prepare_qat_", "convert_qat_", "FakeQuantizedLinear", "add_lora_", "LoRALinear",
                  "enable_float8_training_", "float8_training_status", "Float8TrainingLinear"],
     "distributed": ["shard_multiple"],
+    "KV cache": ["KVCacheConfig", "QuantizedKVCache"],
     "errors and warnings": ["QuantizationError", "CheckpointError", "GGUFError", "ShardingError",
                             "UnsupportedOpError", "UnsupportedWeightError", "KernelsMissingWarning"],
 }
@@ -76,6 +78,10 @@ def __getattr__(name):
     if name == "TorchqkitConfig":
         from .integrations.transformers_quantizer import TorchqkitConfig
         return TorchqkitConfig
+    if name == "QuantizedKVCache":  # a transformers Cache subclass: imported on first use, as TorchqkitConfig
+        from .kvcache.cache import QuantizedKVCache
+        QuantizedKVCache.__module__ = "torchqkit"
+        return QuantizedKVCache
     raise AttributeError(f"module 'torchqkit' has no attribute {name!r}")
 
 
@@ -86,6 +92,6 @@ def __dir__():
 for _cls in (AffineQuantizedTensor, CalibrationData, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
              PackedIntxLayout, TensorCoreTiledLayout,
              QuantizationReport, Float8Layout, MXLayout, NVFP4Layout, FP6Layout, NF4Layout, QATConfig, FakeQuantizedLinear,
-             Float8TrainingLinear, KernelsMissingWarning):
+             Float8TrainingLinear, KernelsMissingWarning, KVCacheConfig):
     _cls.__module__ = "torchqkit"
 del _cls

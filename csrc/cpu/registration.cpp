@@ -285,6 +285,14 @@ bool amx_selected() { return selected_isa() == Isa::kAmx; }
 // Defined in decode_attention_ops.cpp (attention over the filled positions of a static KV cache).
 at::Tensor sdpa_over_filled_cache(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                   const at::Tensor& attn_mask, double scale, bool enable_gqa);
+// Defined in quantized_kv_attention_ops.cpp (attention over a quantized KV cache).
+at::Tensor sdpa_quantized_kv_cache(const at::Tensor& query, const at::Tensor& k_codes, const at::Tensor& k_scale,
+                                   const at::Tensor& k_zero, const at::Tensor& k_tail, const at::Tensor& k_counts,
+                                   const at::Tensor& v_codes, const at::Tensor& v_scale, const at::Tensor& v_zero,
+                                   const at::Tensor& v_tail, const at::Tensor& v_counts,
+                                   const std::optional<at::Tensor>& attn_mask, double scale, bool enable_gqa,
+                                   std::string k_format, int64_t k_group, bool k_per_channel, std::string v_format,
+                                   int64_t v_group);
 
 }  // namespace torchqkit_cpu
 
@@ -292,6 +300,7 @@ TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
   m.impl("linear_int8wo_plain", &torchqkit_cpu::linear_int8wo_plain);
   m.impl("linear_int8da_int8_plain", &torchqkit_cpu::linear_int8da_int8_plain);
   m.impl("sdpa_over_filled_cache", &torchqkit_cpu::sdpa_over_filled_cache);
+  m.impl("sdpa_quantized_kv_cache", &torchqkit_cpu::sdpa_quantized_kv_cache);
 }
 
 namespace torchqkit_cpu {

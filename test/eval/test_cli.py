@@ -56,6 +56,19 @@ def test_eval_float_vs_int8(checkpoint, capsys):
     assert "\rperplexity [####################] 79/79 tokens (100%)" in captured.err
 
 
+def test_eval_kv_cache_decodes_and_scores_through_the_quantized_cache(checkpoint, capsys):
+    directory, text = checkpoint
+    assert cli_main(["eval", "--hf", str(directory), "--config", "int8-wo", "--text", str(text), "--quiet",
+                     "--kv-cache", "int8", "--kv-tokens", "24", *FAST]) == 0
+    out = capsys.readouterr().out
+    assert "(quantized: int8 KV cache)" in out
+    float_ppl, kv_ppl, delta, ratio = _numbers("KV cache (24 tokens token by token", out)
+    assert kv_ppl == pytest.approx(float_ppl, rel=0.01) and math.isfinite(delta)
+    text_config = tiny_llama(8).config
+    head_dim = text_config.hidden_size // text_config.num_attention_heads  # one group per head and position
+    assert ratio == pytest.approx(round((head_dim + 4) / (4 * head_dim), 3))
+
+
 def test_eval_fuse_fuses_the_projections_and_keeps_the_perplexity(checkpoint, capsys):
     directory, text = checkpoint
     args = ["eval", "--hf", str(directory), "--config", "int4-wo-g32", "--text", str(text), "--quiet", *FAST]

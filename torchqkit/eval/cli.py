@@ -16,6 +16,8 @@ from torchqkit.files.open_checked import open_regular_file
 from torchqkit.serialization.cli import parse_config_arg
 
 from .float_layers import float_layer_time
+from ..kvcache import KV_DTYPES, KVCacheConfig
+from .cached_perplexity import cached_perplexity
 from .models import EVAL_TEXT_SOURCE, ModelLoadError, eval_text, load_gguf, load_hf
 from .permute import permute_llama_channels_
 from .perplexity import perplexity
@@ -102,6 +104,13 @@ def add_eval_parser(commands) -> None:
     parser.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
                         help="torch threads (default: torch's choice; on a busy machine fewer threads than cores "
                              "can decode several times faster)")
+    parser.add_argument("--kv-cache", choices=KV_DTYPES, default=None, metavar="DTYPE",
+                        help="the quantized model decodes with a quantized KV cache of this format (int8, int4 with "
+                             "per-channel keys, float8_e4m3fn, float8_e5m2; groups of 64 or the head dim), and its "
+                             "perplexity through that cache, token by token over the first --kv-tokens tokens, is reported next "
+                             "to the float cache's; needs --decode lean")
+    parser.add_argument("--kv-tokens", type=_int_at_least(2), default=256, metavar="N",
+                        help="tokens scored token by token through the KV cache with --kv-cache (default: 256)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     parser.set_defaults(run=_run_eval)
 
@@ -135,6 +144,8 @@ def _quiet_transformers():
 def _evaluate(args: argparse.Namespace) -> int:
     if args.compile and args.decode != "lean":
         raise ValueError("--compile compiles the lean loop's step: use it with --decode lean")
+    if args.kv_cache and args.decode != "lean":
+        raise ValueError("--kv-cache quantizes the lean loop's KV cache: use it with --decode lean")
     if args.stride is not None and args.stride > args.window:
         raise ValueError(f"--stride {args.stride} is larger than --window {args.window}: tokens in between would "
                          f"never be scored")
@@ -174,8 +185,11 @@ def _evaluate(args: argparse.Namespace) -> int:
           f"left alone at their float size)")
     print(f"perplexity: float32 {float_ppl:.4f}, quantized {q_ppl:.4f} "
           f"({q_ppl - float_ppl:+.4f}, {100 * (q_ppl / float_ppl - 1):+.2f}%)")
-    print(f"decode tokens/s: float32 {float_speed:.1f}, quantized {q_speed:.1f} ({q_speed / float_speed:.2f}x)")
+    print(f"decode tokens/s: float32 {float_speed:.1f}, quantized {q_speed:.1f} ({q_speed / float_speed:.2f}x)"
+          + (f" (quantized: {args.kv_cache} KV cache)" if args.kv_cache else ""))
     _print_float_layer_time(model, loop, q_speed, args)
+    if args.kv_cache:
+        _kv_cache_report(model, ids[:args.kv_tokens], args)
     return 0
 
 
@@ -191,16 +205,45 @@ def _print_float_layer_time(model, loop, speed: float, args: argparse.Namespace)
               f"{t.calls:.0f} matmul call{'s' if t.calls != 1 else ''} per step ({t.how})")
 
 
+def kv_cache_config(dtype: str, model) -> KVCacheConfig:
+    """The KV cache format --kv-cache names: groups of 64 (of the whole head dim where 64 does not divide it); int4
+    with per-channel keys (KIVI's layout)."""
+    text = model.config.get_text_config(decoder=True)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return KVCacheConfig(dtype, key_granularity="channel" if dtype == "int4" else "token",
+                         group_size=64 if head_dim % 64 == 0 else head_dim)
+
+
+def _kv_cache_report(model, ids, args: argparse.Namespace) -> None:
+    """The quantized model's perplexity token by token through a float and a quantized KV cache, and the bytes per
+    cached position of each."""
+    from ..kvcache.cache import QuantizedKVCache
+
+    cfg = kv_cache_config(args.kv_cache, model)
+    _status(f"quantized: perplexity through the float and the {args.kv_cache} KV cache", args.quiet)
+    float_ppl = cached_perplexity(model, ids, progress=not args.quiet)
+    kv_ppl = cached_perplexity(model, ids, cfg, progress=not args.quiet)
+    own = model.config._attn_implementation
+    cache = QuantizedKVCache(model.config, cfg)
+    model.config._attn_implementation = own
+    print(f"KV cache ({ids.numel()} tokens token by token, quantized model): perplexity float cache {float_ppl:.4f}, "
+          f"{args.kv_cache} cache {kv_ppl:.4f} ({100 * (kv_ppl / float_ppl - 1):+.2f}%); bytes per cached position "
+          f"{cache.bytes_per_token():g} vs {cache.float_bytes_per_token()} in float32 "
+          f"({cache.bytes_per_token() / cache.float_bytes_per_token():.3f}x)")
+
+
 def _measure(model, ids, window: int, stride: int | None, args: argparse.Namespace,
              label: str) -> tuple[float, float, DecodeLoop]:
     """(perplexity, decode tokens/s, the decode loop timed: warm, ready to run again)."""
+    kv_cache = kv_cache_config(args.kv_cache, model) if args.kv_cache and label == "quantized" else None
     _status(f"{label}: perplexity", args.quiet)
     ppl = perplexity(model, ids, window, stride=stride, progress=not args.quiet)
     _status(f"{label}: decode speed ({_loop_name(args)})", args.quiet)
     prompt = ids[:min(PROMPT_TOKENS, ids.numel())]
     # One loop for the warm-up (which compiles) and the timed runs, so the compile time can be reported
     # (the rate is decode_tokens_per_second's: the median run of `repeats` after one untimed run).
-    loop = DecodeLoop(model, prompt, args.new_tokens, decode=args.decode, compile=args.compile)
+    loop = DecodeLoop(model, prompt, args.new_tokens, decode=args.decode, compile=args.compile,
+                      kv_cache=kv_cache)
     loop.run()
     if args.compile:
         print(f"{label}: decode step compiled in {loop.compile_seconds:.1f} s (warm-up, not timed)")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..kvcache import register_quantized_kv_attention
 from .filled_cache_attention import filled_cache_pays, register_filled_cache_sdpa
 from .perplexity import check_token_ids, model_vocab_size
 from .step_replay import ReplayingInductor
@@ -80,7 +81,11 @@ class LeanDecoder:
     filled_cache_attention: while decoding, a model on transformers' "sdpa" attention attends over the filled
         cache positions only (Note [Filled-cache attention]); None (default): where that pays (filled_cache_pays:
         always with the C++ CPU kernel, from 256 positions on with the Python reference). Other attention
-        implementations are left as they are.
+        implementations are left as they are. Not used with `kv_cache`.
+    kv_cache: a torchqkit.KVCacheConfig: the cache is a static torchqkit.QuantizedKVCache of that format (keys and
+        values stored quantized, read by attention from their codes); the model must run "sdpa" attention, which
+        the decoder switches to the quantized cache's attention while it decodes. None (default): transformers'
+        StaticCache in the model's dtype.
 
     After generate(): `attention` names the attention implementation the call ran; `replayed_steps` is how many
     of its steps called the graph without dynamo; `replay_off` says why none could (None when they did, or when
@@ -90,7 +95,7 @@ class LeanDecoder:
 
     def __init__(self, model: nn.Module, max_length: int, *, compile: bool = False,
                  inductor_options: dict | None = None, skip_guards: bool = True,
-                 filled_cache_attention: bool | None = None):
+                 filled_cache_attention: bool | None = None, kv_cache=None):
         _check_model(model)
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
             raise ValueError(f"max_length must be an int >= 2 (prompt + new tokens), got {max_length!r}")
@@ -109,7 +114,12 @@ class LeanDecoder:
         self.filled_cache_attention = (filled_cache_pays(max_length, _device_of(model))
                                        if filled_cache_attention is None else bool(filled_cache_attention))
         self.attention: str | None = None
-        self._cache = StaticCache(config=model.config, max_cache_len=max_length)
+        self.kv_cache = kv_cache
+        if kv_cache is None:
+            self._cache = StaticCache(config=model.config, max_cache_len=max_length)
+        else:
+            self._cache = _quantized_cache(model, kv_cache, max_length)
+            self.filled_cache_attention = False
         self._cache_arg = cache_argument(model)
         device_defaults = CPU_STEP_INDUCTOR_DEFAULTS if _device_of(model).type == "cpu" else {}
         self._backend = ReplayingInductor({**device_defaults, **(inductor_options or {})}) if compile else None
@@ -136,7 +146,9 @@ class LeanDecoder:
         ids = ids.to(device)
         own = getattr(self.model.config, "_attn_implementation", None)
         try:
-            if self.filled_cache_attention and own == "sdpa":
+            if self.kv_cache is not None:
+                self.model.set_attn_implementation(register_quantized_kv_attention())
+            elif self.filled_cache_attention and own == "sdpa":
                 self.model.set_attn_implementation(register_filled_cache_sdpa())
             # What the model now runs (a model that cannot switch keeps its own, with transformers' warning).
             self.attention = getattr(self.model.config, "_attn_implementation", None)
@@ -203,14 +215,28 @@ class LeanDecoder:
 
 
 def greedy_decode(model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *, compile: bool = False,
-                  inductor_options: dict | None = None) -> torch.Tensor:
+                  inductor_options: dict | None = None, kv_cache=None) -> torch.Tensor:
     """Prompt + `new_tokens` greedy tokens, shape (1, T + new_tokens), as HF generate(do_sample=False) returns
-    them, through a LeanDecoder (see Note [Lean decode]). To decode several prompts with one compiled step,
-    build a LeanDecoder once and call its generate()."""
+    them, through a LeanDecoder (see Note [Lean decode]; `kv_cache`: a torchqkit.KVCacheConfig for a quantized KV
+    cache). To decode several prompts with one compiled step, build a LeanDecoder once and call its generate()."""
     ids = check_token_ids(input_ids, model_vocab_size(model)).unsqueeze(0)
-    decoder = LeanDecoder(model, ids.shape[1] + new_tokens, compile=compile, inductor_options=inductor_options)
+    decoder = LeanDecoder(model, ids.shape[1] + new_tokens, compile=compile, inductor_options=inductor_options,
+                          kv_cache=kv_cache)
     new = decoder.generate(ids, new_tokens)
     return torch.cat([ids.to(new.device), new.unsqueeze(0)], dim=1)
+
+
+def _quantized_cache(model: nn.Module, kv_cache, max_length: int):
+    """A static QuantizedKVCache for `model`, leaving the model's attention as it was (generate() switches it)."""
+    from ..kvcache import KVCacheConfig
+    from ..kvcache.cache import QuantizedKVCache
+
+    if not isinstance(kv_cache, KVCacheConfig):
+        raise TypeError(f"kv_cache must be a torchqkit.KVCacheConfig or None, got {type(kv_cache).__name__}")
+    own = getattr(model.config, "_attn_implementation", None)
+    cache = QuantizedKVCache(model.config, kv_cache, max_length=max_length, static=True)
+    model.config._attn_implementation = own
+    return cache
 
 
 def cache_argument(model: nn.Module) -> str:

@@ -41,11 +41,12 @@ class DecodeLoop:
     max_length: the lean loop's KV cache positions (default: prompt + new_tokens).
     filled_cache_attention: the lean loop's attention over the filled cache positions only (LeanDecoder's
     argument; None: its default, by max_length).
+    kv_cache: a torchqkit.KVCacheConfig: the lean loop's cache is a quantized one (LeanDecoder's argument).
     """
 
     def __init__(self, model: nn.Module, input_ids: torch.Tensor, new_tokens: int, *, decode: str = "lean",
                  compile: bool = False, inductor_options: dict | None = None, max_length: int | None = None,
-                 filled_cache_attention: bool | None = None):
+                 filled_cache_attention: bool | None = None, kv_cache=None):
         if decode not in DECODE_LOOPS:
             raise ValueError(f"decode must be one of {', '.join(DECODE_LOOPS)}, got {decode!r}")
         if compile and decode != "lean":
@@ -64,8 +65,11 @@ class DecodeLoop:
             raise ValueError(f"max_length sizes the lean loop's static KV cache; decode={decode!r} has none")
         if filled_cache_attention is not None and decode != "lean":
             raise ValueError(f"filled_cache_attention is the lean loop's; decode={decode!r} has no static KV cache")
+        if kv_cache is not None and decode != "lean":
+            raise ValueError(f"kv_cache quantizes the lean loop's KV cache; use decode='lean' (decode={decode!r})")
         self._decoder = (LeanDecoder(model, max_length or self.ids.shape[1] + new_tokens, compile=compile,
-                                     inductor_options=inductor_options, filled_cache_attention=filled_cache_attention)
+                                     inductor_options=inductor_options, filled_cache_attention=filled_cache_attention,
+                                     kv_cache=kv_cache)
                          if decode == "lean" else None)
 
     @property
@@ -111,18 +115,19 @@ class DecodeLoop:
 
 def decode_tokens_per_second(model: nn.Module, input_ids: torch.Tensor, new_tokens: int = 32,
                              repeats: int = 3, *, decode: str = "lean", compile: bool = False,
-                             inductor_options: dict | None = None) -> float:
+                             inductor_options: dict | None = None, kv_cache=None) -> float:
     """Median greedy decode rate (tokens/s, prefill excluded) of `model` after the prompt `input_ids`.
 
     input_ids: the prompt, 1-d or (1, T) integer ids (at least 2 tokens). new_tokens >= 2: tokens generated
     per run. repeats >= 1: timed runs after one untimed warm-up run. decode: "lean" (transformers causal LMs),
     "generate" or "recompute" (any module returning logits); compile / inductor_options: compile the lean
-    loop's step. See Note [Decode timing] and Note [Lean decode].
+    loop's step; kv_cache: a torchqkit.KVCacheConfig for the lean loop's cache. See Note [Decode timing] and
+    Note [Lean decode].
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
     loop = DecodeLoop(model, input_ids, new_tokens, decode=decode, compile=compile,
-                      inductor_options=inductor_options)
+                      inductor_options=inductor_options, kv_cache=kv_cache)
     loop.run()
     durations = []
     for _ in range(repeats):

@@ -1,0 +1,137 @@
+"""python -m benchmarks.kv_cache: what a quantized KV cache costs SmolLM2-135M, next to transformers' QuantizedCache.
+
+Perplexity of the float32 model (SmolLM2-135M's GGUF dequantized; the KV cache is what is quantized, the weights stay
+float) on the first --tokens tokens of the text torchqkit ships, scored token by token through the cache
+(torchqkit.eval.cached_perplexity: every token is predicted by a one-token forward that reads all earlier positions
+from the cache), and the cache's bytes per cached position (exact arithmetic: codes + float16 scales and zero points)
+against a float32 cache. Peers, where installed in this Python: transformers' QuantizedCache with the quanto (int4)
+and HQQ (int4, int8) backends, at transformers' defaults (per-token groups of 64 along the head dim, residual 128).
+Writes a markdown table (--out, rewritten after every row so a long run keeps what it measured) and prints it.
+A script of its own, not a group of the `python -m benchmarks` runner: its rows are perplexities through caches, not
+the runner's per-config records.
+
+--timing adds decode tokens/s of the lean loop (torchqkit.eval.LeanDecoder) at --timing-lengths positions with each
+torchqkit cache; the committed output carries no timings (shared machines)."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import traceback
+
+import torch
+
+import torchqkit as qk
+from torchqkit.eval import LeanDecoder, cached_perplexity, eval_text, load_gguf, smollm2_gguf_path
+
+CONFIGS = {  # row name -> KVCacheConfig
+    "int8 per token g64": qk.KVCacheConfig("int8"),
+    "int8 per-channel keys g64, per-token values g64": qk.KVCacheConfig("int8", key_granularity="channel"),
+    "int4 per-channel keys g64, per-token values g64": qk.KVCacheConfig("int4", key_granularity="channel"),
+    "int4 per-channel keys g64, per-token values g64, residual 128": qk.KVCacheConfig(
+        "int4", key_granularity="channel", residual_length=128),
+    "int8 per-channel keys g64, per-token values g64, residual 128": qk.KVCacheConfig(
+        "int8", key_granularity="channel", residual_length=128),
+    "float8_e4m3fn per token g64": qk.KVCacheConfig("float8_e4m3fn"),
+    "float8_e4m3fn per-channel keys g64, per-token values g64": qk.KVCacheConfig("float8_e4m3fn",
+                                                                                 key_granularity="channel"),
+    "float8_e5m2 per token g64": qk.KVCacheConfig("float8_e5m2"),
+}
+PEERS = {  # row name -> transformers QuantizedCache arguments
+    "transformers QuantizedCache quanto int4": {"backend": "quanto", "nbits": 4},
+    "transformers QuantizedCache HQQ int4": {"backend": "hqq", "nbits": 4},
+    "transformers QuantizedCache HQQ int8": {"backend": "hqq", "nbits": 8},
+}
+
+
+def _peer_cache(model, kwargs):
+    from transformers import QuantizedCache
+
+    return QuantizedCache(config=model.config, **kwargs)
+
+
+def _rows(model, ids, args):
+    float_ppl = cached_perplexity(model, ids, progress=not args.quiet)
+    text = model.config.get_text_config(decoder=True)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    float_bytes = text.num_hidden_layers * text.num_key_value_heads * 2 * head_dim * 4  # keys + values, float32
+    yield "float32 cache (DynamicCache)", float_ppl, float_ppl, float_bytes, float_bytes, ""
+    for name, cfg in CONFIGS.items():
+        if args.only and args.only not in name:
+            continue
+        cache = qk.QuantizedKVCache(model.config, cfg, max_length=ids.numel())
+        model.config._attn_implementation = "sdpa"
+        ppl = cached_perplexity(model, ids, cfg, progress=not args.quiet)
+        yield f"torchqkit {name}", ppl, float_ppl, cache.bytes_per_token(), float_bytes, ""
+    if args.no_peers:
+        return
+    for name, kwargs in PEERS.items():
+        try:
+            ppl = cached_perplexity(model, ids, cache=_peer_cache(model, kwargs), progress=not args.quiet)
+            yield name, ppl, float_ppl, None, float_bytes, ""
+        except Exception as err:  # a peer that is not installed or refuses: its row says why, the others still run
+            traceback.print_exc(limit=1)
+            yield name, None, float_ppl, None, float_bytes, f"not run: {type(err).__name__}: {str(err)[:120]}"
+
+
+def _timing(model, ids, args) -> list[str]:
+    lines = []
+    for length in args.timing_lengths:
+        prompt = ids[:length - 33] if ids.numel() >= length - 33 else ids.repeat(math.ceil(length / ids.numel()))[
+            :length - 33]
+        for name, cfg in [("float32 StaticCache", None), *CONFIGS.items()]:
+            decoder = LeanDecoder(model, length, kv_cache=cfg, compile=args.compile)
+            decoder.generate(prompt, 4)
+            start = time.perf_counter()
+            decoder.generate(prompt, 33)
+            lines.append(f"| {length} | {name} | {32 / (time.perf_counter() - start):.1f} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.kv_cache", description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, default=256, help="tokens scored through the cache (default 256)")
+    parser.add_argument("--out", default=None, help="write the markdown table here as well")
+    parser.add_argument("--no-peers", action="store_true", help="skip transformers' QuantizedCache rows")
+    parser.add_argument("--only", default=None, metavar="TEXT",
+                        help="only the torchqkit rows whose name contains TEXT (the float row and peers still run)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--timing", action="store_true", help="also decode tokens/s per cache (not for shared hosts)")
+    parser.add_argument("--timing-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[2048, 8192])
+    parser.add_argument("--compile", action="store_true", help="--timing with the compiled lean step")
+    args = parser.parse_args(argv)
+    model, tokenizer = load_gguf(smollm2_gguf_path())
+    model.eval()
+    model.set_attn_implementation("sdpa")
+    ids = tokenizer(eval_text(), return_tensors="pt", verbose=False).input_ids[0][:args.tokens]
+    lines = [f"SmolLM2-135M (float32 weights), {ids.numel()} tokens of torchqkit's eval text scored token by token "
+             f"through the cache; torch {torch.__version__}, torchqkit {qk.__version__}",
+             f"command: python -m benchmarks.kv_cache --tokens {args.tokens}{' --no-peers' if args.no_peers else ''}"
+             + (f" --only '{args.only}'" if args.only else ""),
+             "", "| cache | perplexity | vs float32 cache | bytes per position | vs float32 |",
+             "|---|---|---|---|---|"]
+    for name, ppl, float_ppl, nbytes, float_bytes, note in _rows(model, ids, args):
+        ppl_text = "-" if ppl is None else f"{ppl:.4f}"
+        rel = "-" if ppl is None else f"{100 * (ppl / float_ppl - 1):+.2f}%"
+        size = "-" if nbytes is None else f"{nbytes:g}"
+        ratio = "-" if nbytes is None else f"{nbytes / float_bytes:.4f}x"
+        lines.append(f"| {name} | {ppl_text} | {rel} | {size} | {ratio} |" + (f" {note}" if note else ""))
+        print(lines[-1], file=sys.stderr, flush=True)
+        _write(args.out, lines)
+    if args.timing:
+        lines += ["", "| positions | cache | decode tokens/s |", "|---|---|---|", *_timing(model, ids, args)]
+    print("\n".join(lines))
+    _write(args.out, lines)
+    return 0
+
+
+def _write(path, lines) -> None:
+    if path:
+        from torchqkit.files.atomic_write import atomic_write_bytes
+
+        atomic_write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

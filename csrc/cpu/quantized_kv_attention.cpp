@@ -1,0 +1,99 @@
+// Attention over a quantized KV cache (torchqkit::sdpa_quantized_kv_cache) for x86: scalar, AVX2 + FMA, AVX-512.
+// No torch header here (see kernels.h); the glue is quantized_kv_attention_ops.cpp.
+//
+// Note [Quantized KV attention kernel]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The cache keeps K and V as codes plus per-group scales (quantized_kv_attention.h has the layout), and the
+// newest positions as float rows. Per (batch, kv head) the kernel reads each K row once: its codes are decoded and
+// scaled into a D-float buffer on the stack of the thread (one row, in L1; never a dequantized copy of the
+// cache), dotted with every query row of the group (G query heads x Lq rows), then each V row once the same way,
+// accumulated into the R x Dv outputs. The math is sdpa's: softmax(q k^T * scale + mask) v with -inf for hidden
+// positions and 0 for rows that see nothing; without a mask the Lq queries are the last Lq positions, causal.
+// The source is plain loops, compiled once per ISA region below: GCC vectorizes the decode, scale and dot loops
+// at that region's width. Float8 codes are decoded through 256-entry tables built from the format's bits.
+#include "quantized_kv_attention.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace torchqkit_cpu {
+namespace {
+
+// float8 e4m3fn: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits, no infinities, 0x7f / 0xff are NaN.
+// float8 e5m2: 1 sign, 5 exponent bits (bias 15), 2 mantissa bits, IEEE-like (exponent 31: inf / NaN).
+std::array<float, 256> float8_table(int exp_bits, int man_bits, bool fn) {
+  std::array<float, 256> t{};
+  const int bias = (1 << (exp_bits - 1)) - 1, emax = (1 << exp_bits) - 1, mmax = (1 << man_bits) - 1;
+  for (int c = 0; c < 256; ++c) {
+    const int sign = c >> 7, e = (c >> man_bits) & emax, m = c & mmax;
+    float v;
+    if (e == 0) v = std::ldexp((float)m / (float)(1 << man_bits), 1 - bias);
+    else if (e == emax && (!fn || m == mmax)) v = (fn || m) ? std::numeric_limits<float>::quiet_NaN()
+                                                            : std::numeric_limits<float>::infinity();
+    else v = std::ldexp(1.f + (float)m / (float)(1 << man_bits), e - bias);
+    t[c] = sign ? -v : v;
+  }
+  return t;
+}
+
+const std::array<float, 256> kFloat8E4M3Table = float8_table(4, 3, true);
+const std::array<float, 256> kFloat8E5M2Table = float8_table(5, 2, false);
+
+// float16 bits to float: the 15 low bits moved into a float's exponent / mantissa place and scaled by 2^112 (the
+// exponent bias difference, 127 - 15) serve normal and subnormal halves alike; infinities and NaNs keep their
+// all-ones exponent.
+inline float half_to_float(uint16_t h) {
+  const uint32_t em = h & 0x7fffu;
+  uint32_t bits = em << 13;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  f *= 5.192296858534828e+33f;  // 2^112
+  std::memcpy(&bits, &f, 4);
+  if (em >= 0x7c00u) bits = 0x7f800000u | ((em & 0x3ffu) << 13);
+  bits |= (uint32_t)(h & 0x8000u) << 16;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Per-thread scratch, reused across calls: no allocation per call once grown.
+float* scratch(int64_t floats) {
+  thread_local std::vector<float> buf;
+  if ((int64_t)buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
+namespace scalar {
+#include "quantized_kv_attention_isa.h"
+}  // namespace scalar
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+namespace avx512 {
+#include "quantized_kv_attention_isa.h"
+}  // namespace avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+#include "quantized_kv_attention_isa.h"
+}  // namespace avx2
+#pragma GCC pop_options
+
+}  // namespace
+
+void quantized_kv_attention(Isa isa, const QuantizedAttentionArgs& p, int64_t item0, int64_t item1) {
+  const int64_t R = (p.Hq / p.Hkv) * p.Lq;
+  float* s = scratch(R * std::max<int64_t>(p.n, 1) + R * p.Dv + p.D + p.Dv);
+  switch (base_isa(isa)) {  // AVX512-BF16 -> AVX-512, AVX-VNNI -> AVX2
+    case Isa::kAvx512Vnni: return avx512::attend_items(p, item0, item1, s);
+    case Isa::kAvx2: return avx2::attend_items(p, item0, item1, s);
+    default: return scalar::attend_items(p, item0, item1, s);
+  }
+}
+
+}  // namespace torchqkit_cpu

@@ -1,0 +1,53 @@
+// Plain-C++ interface between the ATen glue (quantized_kv_attention_ops.cpp) and the kernels
+// (quantized_kv_attention.cpp) of torchqkit::sdpa_quantized_kv_cache: softmax(q k^T * scale + mask) v over the n
+// positions of a quantized KV cache, K and V read from their codes. No torch header (see kernels.h).
+//
+// One side of the cache (K or V), for batch b, kv head h and position j < n (see Note [Quantized KV cache layout]
+// in torchqkit/kvcache/quantize.py for what the Python side writes):
+//   j <  nq: codes row  codes + b * c_sb + h * c_sh + j * c_ss (bytes): D codes, one byte each (int8, float8), or
+//            two per byte for int4 (element 2i in the low nibble of byte i);
+//            scales  per token: scale[b, h, j, d / group]       per channel: scale[b, h, j / group, d]
+//            value   int: (code - mid) * scale + zero (mid 128 for int8, 8 for int4); float8: decoded * scale;
+//            scales and zeros are float16 (their bits, uint16)
+//   j >= nq: the float row tail + b * t_sb + h * t_sh + (j - nq) * t_ss
+#pragma once
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace torchqkit_cpu {
+
+enum class KvFormat : int { kInt8 = 0, kInt4 = 1, kFloat8E4M3 = 2, kFloat8E5M2 = 3 };
+
+struct QuantizedSide {
+  const uint8_t* codes;
+  int64_t c_sb, c_sh, c_ss;
+  const uint16_t* scale;  // float16 bits
+  const uint16_t* zero;   // float16 bits; null for float8
+  int64_t s_sb, s_sh, s_ss;  // scale / zero strides (same layout), s_ss per position or per block of `group`
+  const float* tail;
+  int64_t t_sb, t_sh, t_ss;
+  int64_t nq;             // positions [0, nq) are quantized, [nq, n) are in the tail
+  KvFormat format;
+  int64_t group;
+  bool per_channel;
+};
+
+struct QuantizedAttentionArgs {
+  const float* q;
+  int64_t B, Hq, Lq, D, q_sb, q_sh, q_sl;
+  QuantizedSide k, v;
+  int64_t Hkv, Dv;
+  const uint8_t* mask_bool;  // at most one of mask_bool / mask_add; none: causal, query l at position n - Lq + l
+  const float* mask_add;
+  int64_t m_sb, m_sh, m_sl;
+  float scale;
+  int64_t n;
+  float* out;
+  int64_t o_sb, o_sh, o_sl;
+};
+
+// Items are (b, kv head) pairs, item = b * Hkv + kv head; the glue splits [0, B * Hkv) across threads.
+void quantized_kv_attention(Isa isa, const QuantizedAttentionArgs& p, int64_t item0, int64_t item1);
+
+}  // namespace torchqkit_cpu

@@ -1,0 +1,100 @@
+"""torchqkit::sdpa_quantized_kv_cache: the C++ CPU kernel (csrc/cpu/quantized_kv_attention*.cpp) against its reference
+(decode the rows, sdpa) at every ISA level this CPU runs, for every format and granularity; opcheck; bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchqkit.kernels.reference import sdpa_quantized_kv_cache_ref
+from torchqkit.kvcache import KVCacheConfig
+
+from ..kernels.cpu_kernel_testing import cpu_levels, gen
+from .kv_testing import filled_store, op_args
+
+OP = torch.ops.torchqkit.sdpa_quantized_kv_cache
+LEVELS = cpu_levels("torchqkit::sdpa_quantized_kv_cache")
+needs_ext = pytest.mark.skipif(not LEVELS, reason="no C++ CPU kernel for torchqkit::sdpa_quantized_kv_cache")
+# Kernel vs reference on the same codes, both float32: the same decoded values up to one fused multiply-add (the
+# kernel's scale-and-zero step may contract), the same products summed in another order (D per score, n per output):
+# a few ulps of outputs of magnitude ~1 (values N(0, 1), weights summing to 1); budget 1e-5 absolute.
+ATOL = 1e-5
+
+
+def _mask(kind, lq, n, width):
+    """None (causal), or a (1, 1, Lq, width) mask: causal rows for the last Lq of n positions, with positions 2..4
+    hidden as well (a sliding window's kind of hole), bool or additive."""
+    if kind is None:
+        return None
+    rows = torch.arange(n - lq, n).unsqueeze(1)
+    visible = torch.arange(width).unsqueeze(0) <= rows
+    visible[:, 2:5] = False
+    visible = visible.reshape(1, 1, lq, width)
+    if kind == "bool":
+        return visible
+    return torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)
+
+
+CASES = [  # (config, hq, hkv, lq, n, d, chunks, mask)
+    pytest.param(KVCacheConfig("int8"), 9, 3, 1, 100, 64, (99, 1), None, id="int8-smollm2-decode"),
+    pytest.param(KVCacheConfig("int8", key_granularity="channel", group_size=16, residual_length=8), 4, 2, 3, 77, 64,
+                 (40, 1, 36), None, id="int8-channel-residual-lq3"),
+    pytest.param(KVCacheConfig("int4", key_granularity="channel", group_size=32), 6, 2, 1, 70, 64, (69, 1), "bool",
+                 id="int4-channel-boolmask"),
+    pytest.param(KVCacheConfig("int4", group_size=13, residual_length=3), 2, 1, 2, 30, 13, (None,), "float",
+                 id="int4-token-odd-d"),
+    pytest.param(KVCacheConfig("float8_e4m3fn", group_size=32), 4, 4, 1, 50, 64, (49, 1), "float", id="e4m3-mha"),
+    pytest.param(KVCacheConfig("float8_e5m2", key_granularity="channel", group_size=8, residual_length=4), 8, 2, 5, 45,
+                 16, (20, 25), None, id="e5m2-channel-lq5"),
+]
+
+
+def _inputs(cfg, hq, hkv, lq, n, d, chunks, mask_kind, seed=0):
+    g = gen(seed)
+    q = torch.randn(1, lq, hq, d, generator=g).transpose(1, 2)  # transformers' memory order
+    k = torch.randn(1, hkv, n, d, generator=g) + torch.linspace(-2, 2, d)  # per-channel offsets, as real keys have
+    v = torch.randn(1, hkv, n, d, generator=g)
+    ks = filled_store(k, cfg, cfg.key_per_channel, chunks, capacity=n + 5)
+    vs = filled_store(v, cfg, False, chunks, capacity=n + 5)
+    return op_args(q, ks, vs, _mask(mask_kind, lq, n, n + 5), cfg)
+
+
+@needs_ext
+@pytest.mark.parametrize("isa", LEVELS or ["none"])
+@pytest.mark.parametrize("cfg,hq,hkv,lq,n,d,chunks,mask", CASES)
+def test_kernel_equals_reference(isa, monkeypatch, cfg, hq, hkv, lq, n, d, chunks, mask):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    args = _inputs(cfg, hq, hkv, lq, n, d, chunks, mask)
+    got = OP(*args)
+    want = sdpa_quantized_kv_cache_ref(*args)
+    assert got.shape == (1, hq, lq, d)
+    torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
+
+
+@needs_ext
+def test_bfloat16_query_runs_in_float32_and_returns_bfloat16():
+    args = list(_inputs(KVCacheConfig("int8"), 9, 3, 1, 40, 64, (None,), None))
+    args[0] = args[0].bfloat16()
+    got = OP(*args)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, sdpa_quantized_kv_cache_ref(*args), rtol=0, atol=1e-2)  # bf16 output rounding
+
+
+@pytest.mark.parametrize("cfg,hq,hkv,lq,n,d,chunks,mask", [CASES[1], CASES[2]])
+def test_opcheck(cfg, hq, hkv, lq, n, d, chunks, mask):
+    torch.library.opcheck(OP, _inputs(cfg, hq, hkv, lq, n, d, chunks, mask))
+
+
+@needs_ext
+def test_bad_input_names_the_tensor():
+    args = list(_inputs(KVCacheConfig("int8"), 9, 3, 1, 40, 64, (None,), None))
+    args[2] = args[2].float()  # k_scale must be float16
+    with pytest.raises(RuntimeError, match="k_scale must be float16"):
+        OP(*args)
+    args = list(_inputs(KVCacheConfig("int8"), 9, 3, 1, 40, 64, (None,), None))
+    args[10] = torch.tensor([41, 40])  # value counts disagree with the key counts
+    with pytest.raises(RuntimeError, match="must hold one length"):
+        OP(*args)
+    args = list(_inputs(KVCacheConfig("int8"), 9, 3, 1, 40, 64, (None,), None))
+    args[14] = "int3"
+    with pytest.raises(RuntimeError, match="'int3' is not one of"):
+        OP(*args)
