@@ -91,7 +91,7 @@ def __dir__():
 # Public classes report their public path, so pickles and reprs don't depend on internal file names.
 for _cls in (AffineQuantizedTensor, CalibrationData, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
              PackedIntxLayout, TensorCoreTiledLayout,
-             QuantizationReport, Float8Layout, MXLayout, NVFP4Layout, FP6Layout, NF4Layout, QATConfig, FakeQuantizedLinear,
-             Float8TrainingLinear, KernelsMissingWarning, KVCacheConfig):
+             QuantizationReport, Float8Layout, MXLayout, NVFP4Layout, FP6Layout, NF4Layout, QATConfig,
+             FakeQuantizedLinear, Float8TrainingLinear, KernelsMissingWarning, KVCacheConfig):
     _cls.__module__ = "torchqkit"
 del _cls
