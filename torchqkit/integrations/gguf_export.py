@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ from ..files.atomic_write import (check_destination, fsync_directory, remove_sta
 from ..progress import ProgressLine, progress_enabled
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .gguf import GGUFError, gguf_dependencies, gguf_to_hf_names
+from .gguf_experts import ExpertSlot
 from .gguf_encode import BLOCK, encode_exact, requantize as requantize_float
 from .gguf_metadata import add_architecture, add_tokenizer, architecture_of, tokenizer_source
 
@@ -176,11 +177,15 @@ def save_gguf(model: nn.Module, path, tokenizer=None, *, requantize: bool = Fals
     source = tokenizer_source(tokenizer, model, GGUFError)
     plan = _plan(gguf, model, arch)
     bar = ProgressLine(f"save_gguf {Path(path).name}", len(plan), "tensors", enabled=progress_enabled(progress))
-    encoded, refused = [], []
-    for i, (gguf_name, hf_name, param) in enumerate(plan):
+    encoded, refused, stacks = [], [], {}
+    for i, (gguf_name, hf_name, param, slot) in enumerate(plan):
         bar.update(i, gguf_name)
-        item = _encode(gguf_name, hf_name, param, requantize, arch, config)
-        (refused if isinstance(item, str) else encoded).append(item)
+        if slot is None:
+            item = _encode(gguf_name, hf_name, param, requantize, arch, config)
+        else:
+            item = _encode_share(gguf_name, hf_name, param, slot, stacks, requantize, arch, config)
+        if item is not None:
+            (refused if isinstance(item, str) else encoded).append(item)
     bar.close()
     if refused:
         raise GGUFError(f"torchqkit.save_gguf: {len(refused)} weight(s) have no exact GGUF type, nothing was "
@@ -195,15 +200,20 @@ def save_gguf(model: nn.Module, path, tokenizer=None, *, requantize: bool = Fals
 
 def _plan(gguf, model, arch):
     """(gguf name, parameter name, parameter) of every parameter once (a tied lm_head is the embedding)."""
-    to_hf = gguf_to_hf_names(gguf, model, arch)
-    to_gguf = {hf: g for g, hf in to_hf.items()}
+    to_gguf = {}
+    for g, hf in gguf_to_hf_names(gguf, model, arch).items():
+        if isinstance(hf, ExpertSlot):  # gate and up of one fused Parameter: both, in row order
+            to_gguf.setdefault(hf.hf_name, []).append((g, hf))
+            to_gguf[hf.hf_name].sort(key=lambda item: item[1].index)
+        else:
+            to_gguf[hf] = [(g, None)]
     plan, unnamed = [], []
     for hf_name, param in model.named_parameters(remove_duplicate=True):
-        gguf_name = to_gguf.get(hf_name)
-        if gguf_name is None:
+        targets = to_gguf.get(hf_name)
+        if targets is None:
             unnamed.append(hf_name)
         else:
-            plan.append((gguf_name, hf_name, param))
+            plan += [(gguf_name, hf_name, param, slot) for gguf_name, slot in targets]
     if unnamed:
         raise GGUFError(f"torchqkit.save_gguf: parameter(s) {unnamed[:5]} of {type(model).__name__} have no GGUF "
                         f"tensor name in llama.cpp's {arch} architecture; nothing was written")
@@ -253,6 +263,23 @@ def _encode(gguf_name, hf_name, param, requantize, arch, config):
     entry = GGUFTensorExport(gguf_name, hf_name, type_name, _describe(param), "requantized", f"{how}: {why}",
                              data.nbytes)
     return gguf_name, data, gguf.GGMLQuantizationType[type_name], entry
+
+
+def _encode_share(gguf_name, hf_name, param, slot, stacks, requantize, arch, config):
+    """One GGUF tensor of an expert Parameter: its share of every expert's rows, cut from the whole stack's
+    encoding (encoded once; GGUF blocks lie within a row, so cutting rows re-rounds nothing). None: the stack was
+    already refused under its first GGUF name. Note [GGUF expert tensors]."""
+    whole = stacks.get(hf_name)
+    if whole is None:
+        whole = stacks[hf_name] = _encode(gguf_name, hf_name, param, requantize, arch, config)
+    if isinstance(whole, str):
+        return None if slot.index else whole
+    _, data, ggml_type, entry = whole
+    if slot.count > 1:
+        data = np.ascontiguousarray(data[:, slot.rows(data.shape[1])])
+    share = f"rows {slot.rows(param.shape[1]).start}..{slot.rows(param.shape[1]).stop - 1} of each expert"
+    note = f"{share}; {entry.note}" if slot.count > 1 and entry.note else (share if slot.count > 1 else entry.note)
+    return gguf_name, data, ggml_type, replace(entry, name=gguf_name, note=note, nbytes=int(data.nbytes))
 
 
 def _float_type(value: torch.Tensor) -> tuple[torch.Tensor, str]:
