@@ -1,0 +1,139 @@
+"""save_gguf / from_gguf on tiny Qwen3-MoE and Mixtral models: expert stacks as llama.cpp's ffn_*_exps tensors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ..integrations.tiny_gguf import VOCAB, add_tiny_tokenizer
+from .models import expert_stacks, tiny_moe
+
+gguf = pytest.importorskip("gguf")
+
+import torchqkit as qk  # noqa: E402
+from torchqkit.tensor.experts import expert_view  # noqa: E402
+
+IDS = torch.tensor([[1, 5, 9, 3, 7, 2, 40, 95]])
+# llama.cpp renormalizes the top-k routing weights of qwen3moe (save_gguf refuses a config that doesn't).
+OVERRIDES = {"qwen3_moe": {"norm_topk_prob": True}, "mixtral": {}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    add_tiny_tokenizer(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _model(name, config=None):
+    model = tiny_moe(name, vocab_size=VOCAB, **OVERRIDES[name])
+    if config is not None:
+        qk.quantize_(model, config)
+    return model
+
+
+def _logits(model):
+    with torch.no_grad():
+        return model(IDS).logits
+
+
+# (config, GGUF type of the expert tensors)
+CASES = [(qk.Int4WeightOnlyConfig(group_size=32), "Q4_1"), (qk.Int8WeightOnlyConfig(), "Q8_0"),
+         (qk.IntxWeightOnlyConfig(bits=4), "Q4_0")]
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("config, gguf_type", CASES, ids=[t for _, t in CASES])
+def test_round_trip_keeps_expert_codes_and_logits(name, config, gguf_type, tmp_path, tokenizer_gguf):
+    model = _model(name, config)
+    report = qk.save_gguf(model, tmp_path / "m.gguf", tokenizer_gguf)
+    assert report.architecture == ("qwen3moe" if name == "qwen3_moe" else "llama")
+    experts = model.config.num_experts if name == "qwen3_moe" else model.config.num_local_experts
+    for layer in range(2):
+        for kind in ("gate", "up", "down"):
+            entry = report[f"blk.{layer}.ffn_{kind}_exps.weight"]
+            assert (entry.gguf_type, entry.status) == (gguf_type, "exact"), entry
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    shapes = {t.name: [int(s) for s in t.shape] for t in reader.tensors}
+    # ggml dims (K, N, E): gate / up (H, I, E), down (I, H, E); the router (H, E) float.
+    inter = model.config.moe_intermediate_size if name == "qwen3_moe" else model.config.intermediate_size
+    assert shapes["blk.0.ffn_gate_exps.weight"] == [64, inter, experts] == shapes["blk.0.ffn_up_exps.weight"]
+    assert shapes["blk.0.ffn_down_exps.weight"] == [inter, 64, experts]
+    assert report["blk.0.ffn_gate_inp.weight"].status == "float"
+
+    again = qk.from_gguf(tmp_path / "m.gguf")
+    assert type(again).__name__ == type(model).__name__
+    src, back = expert_stacks(model), expert_stacks(again)
+    assert sorted(src) == sorted(back)
+    for pname, w in src.items():
+        b = back[pname]
+        assert b.logical_shape == w.logical_shape
+        for e in range(w.logical_shape[0]):
+            s_codes = w.qlayout.unpack(expert_view(w, e)).qdata.long()
+            b_codes = b.qlayout.unpack(expert_view(b, e)).qdata.long()
+            shift = (b_codes - s_codes).unique()  # the source's codes shifted by one integer (Q4_0 stores q + 8)
+            assert shift.numel() == 1, (pname, e)
+        # Only the scales' (and mins') float16 rounding moves a weight: far below one code step (max|w| / 8).
+        assert float((b.dequantize() - w.dequantize()).abs().max()) < 2e-3 * float(w.dequantize().abs().max())
+    ref = _logits(model)
+    torch.testing.assert_close(_logits(again), ref, rtol=0, atol=1e-2 * float(ref.abs().max()))
+    # Written back, the expert tensors are the same bytes.
+    qk.save_gguf(again, tmp_path / "again.gguf")
+    first = {t.name: np.asarray(t.data).tobytes() for t in reader.tensors if "_exps" in t.name}
+    second = {t.name: np.asarray(t.data).tobytes() for t in gguf.GGUFReader(tmp_path / "again.gguf").tensors
+              if "_exps" in t.name}
+    assert first == second and len(first) == 6
+
+
+def test_float_experts_round_trip_exactly(tmp_path, tokenizer_gguf):
+    model = _model("mixtral")
+    report = qk.save_gguf(model, tmp_path / "f.gguf", tokenizer_gguf)
+    assert report["blk.1.ffn_up_exps.weight"].gguf_type == "F32"
+    again = qk.from_gguf(tmp_path / "f.gguf")
+    gate_up = model.model.layers[1].mlp.experts.gate_up_proj
+    assert torch.equal(again.model.layers[1].mlp.experts.gate_up_proj, gate_up)
+    torch.testing.assert_close(_logits(again), _logits(model), rtol=0, atol=1e-5)
+
+
+def test_experts_without_an_exact_type_name_the_tensor_and_write_nothing(tmp_path, tokenizer_gguf):
+    model = _model("qwen3_moe", qk.IntxWeightOnlyConfig(bits=4, granularity=qk.PerGroup(16)))
+    out = tmp_path / "m.gguf"
+    with pytest.raises(qk.GGUFError, match=r"blk\.0\.ffn_gate_exps\.weight \(model\.layers\.0\.mlp\.experts\."
+                                           r"gate_up_proj.*expert 0: its groups of 16"):
+        qk.save_gguf(model, out, tokenizer_gguf)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    report = qk.save_gguf(model, out, tokenizer_gguf, requantize=True)
+    assert report["blk.0.ffn_up_exps.weight"].status == "requantized"
+    assert report["blk.0.ffn_up_exps.weight"].gguf_type == "Q4_0"
+    assert qk.from_gguf(out).model.layers[0].mlp.experts.gate_up_proj.shape == (8, 64, 64)
+
+
+def test_configs_llama_cpp_computes_differently_are_refused(tmp_path, tokenizer_gguf):
+    out = tmp_path / "m.gguf"
+    with pytest.raises(qk.GGUFError, match="norm_topk_prob=False"):
+        qk.save_gguf(tiny_moe("qwen3_moe", vocab_size=VOCAB), out, tokenizer_gguf)
+    with pytest.raises(qk.GGUFError, match="model_type 'olmoe' has no GGUF export"):
+        qk.save_gguf(tiny_moe("olmoe", vocab_size=VOCAB), out, tokenizer_gguf)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_llama_cpp_computes_the_same_logits(tmp_path, tokenizer_gguf):
+    """llama.cpp loads the exported files; its logits match torchqkit's on the read-back model. llama.cpp
+    quantizes activations to 8 bits for its Q4_1 matmuls, so the tolerance is 2% of the largest logit
+    (measured: 1.0% Qwen3-MoE, 0.9% Mixtral)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    for name in ("qwen3_moe", "mixtral"):
+        model = _model(name, qk.Int4WeightOnlyConfig(group_size=32))
+        path = tmp_path / f"{name}.gguf"
+        qk.save_gguf(model, path, tokenizer_gguf)
+        ref = _logits(qk.from_gguf(path))[0].numpy()
+        llm = llama_cpp.Llama(str(path), n_ctx=16, logits_all=True, verbose=False, n_threads=1)
+        llm.eval(IDS[0].tolist())
+        got = np.asarray(llm.scores[:IDS.shape[1]])
+        assert got.shape == ref.shape
+        assert float(np.abs(got - ref).max()) <= 2e-2 * float(np.abs(ref).max()), name
