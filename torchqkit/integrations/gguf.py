@@ -1,4 +1,5 @@
-"""from_gguf: a llama.cpp GGUF file to a transformers model whose Linear weights are torchqkit layouts.
+"""from_gguf: a llama.cpp GGUF file to a transformers model whose Linear weights (and expert stacks) are torchqkit
+layouts.
 
     model = qk.from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")     # Q4_1 Linears -> int4 g32 tiled, bit for bit
     print(model.torchqkit_report)                                # what each tensor became, bytes before/after
@@ -68,8 +69,9 @@ def from_gguf(path, *, progress: bool | None = None) -> nn.Module:
     The model is built on the meta device from the file's hyperparameters, and each tensor is read once: Linear
     and embedding weights in block formats torchqkit has a layout for become ``AffineQuantizedTensor``s holding
     the same codes and scales, F32 / F16 / BF16 tensors are loaded as float32, and other tensors are dequantized
-    to float32 (with a warning). The
-    returned model has ``torchqkit_report``, a ``QuantizationReport`` with one entry per imported tensor. Needs the
+    to float32 (with a warning). Mixture-of-experts files (``qwen3moe``, and ``llama`` with ``llama.expert_count``:
+    Mixtral) give a ``Qwen3MoeForCausalLM`` / ``MixtralForCausalLM`` whose ``ffn_*_exps`` tensors become (E, N, K)
+    expert stacks, gate and up joined into ``gate_up_proj``. The returned model has ``torchqkit_report``, a ``QuantizationReport`` with one entry per imported tensor. Needs the
     ``gguf`` and ``transformers`` packages (``pip install "torchqkit[gguf]"``).
 
     Args:

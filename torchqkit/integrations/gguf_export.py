@@ -1,4 +1,5 @@
-"""save_gguf: a llama / mistral / qwen2 model, quantized by torchqkit or read by from_gguf, as a llama.cpp GGUF file.
+"""save_gguf: a llama / mistral / qwen2 / qwen3-moe / mixtral model, quantized by torchqkit or read by from_gguf, as a
+llama.cpp GGUF file.
 
     report = qk.save_gguf(model, "model.gguf", tokenizer)   # every quantized weight in the GGUF type holding it
     print(report)                                            # per tensor: type written, source, exact or why not
@@ -128,7 +129,7 @@ class GGUFExportReport:
 
 def save_gguf(model: nn.Module, path, tokenizer=None, *, requantize: bool = False,
               progress: bool | None = None) -> GGUFExportReport:
-    """Write a llama / mistral / qwen2 causal LM as a GGUF file llama.cpp loads, quantized weights kept exactly.
+    """Write a llama / mistral / qwen2 / Qwen3-MoE / Mixtral causal LM as a GGUF file llama.cpp loads, exactly.
 
     Each quantized weight (an ``AffineQuantizedTensor`` from ``quantize_``, ``from_gguf`` or a checkpoint) is
     written in the GGUF block type that holds its codes: int4 asymmetric (any group size that is a multiple of 32)
@@ -139,8 +140,10 @@ def save_gguf(model: nn.Module, path, tokenizer=None, *, requantize: bool = Fals
     ``qk.from_gguf(path)`` gives back the same codes and (float16) scales.
 
     Args:
-        model (torch.nn.Module): a transformers ``LlamaForCausalLM``, ``MistralForCausalLM`` or
-            ``Qwen2ForCausalLM``, quantized or not.
+        model (torch.nn.Module): a transformers ``LlamaForCausalLM``, ``MistralForCausalLM``,
+            ``Qwen2ForCausalLM``, ``Qwen3MoeForCausalLM`` or ``MixtralForCausalLM``, quantized or not. Expert stacks
+            (E, N, K) are written as llama.cpp's ``ffn_*_exps`` tensors, every expert in one type; Qwen3-MoE
+            needs ``norm_topk_prob=True`` (llama.cpp always renormalizes the routing weights).
         path (str | os.PathLike): the ``.gguf`` file to write (replaced atomically if it exists).
         tokenizer (transformers.PreTrainedTokenizerBase | str | os.PathLike | None): a transformers tokenizer
             (BPE or SentencePiece), or the path of a ``.gguf`` file whose tokenizer is copied; None (default): the
@@ -172,7 +175,8 @@ def save_gguf(model: nn.Module, path, tokenizer=None, *, requantize: bool = Fals
     config = getattr(model, "config", None)
     if config is None:
         raise GGUFError(f"torchqkit.save_gguf: {type(model).__name__} has no transformers config; export a "
-                        f"transformers causal LM (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)")
+                        f"transformers causal LM (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                        f"Qwen3MoeForCausalLM, MixtralForCausalLM)")
     arch = architecture_of(config, GGUFError)
     source = tokenizer_source(tokenizer, model, GGUFError)
     plan = _plan(gguf, model, arch)
