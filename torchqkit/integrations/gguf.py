@@ -69,9 +69,10 @@ def from_gguf(path, *, progress: bool | None = None) -> nn.Module:
     The model is built on the meta device from the file's hyperparameters, and each tensor is read once: Linear
     and embedding weights in block formats torchqkit has a layout for become ``AffineQuantizedTensor``s holding
     the same codes and scales, F32 / F16 / BF16 tensors are loaded as float32, and other tensors are dequantized
-    to float32 (with a warning). Mixture-of-experts files (``qwen3moe``, and ``llama`` with ``llama.expert_count``:
-    Mixtral) give a ``Qwen3MoeForCausalLM`` / ``MixtralForCausalLM`` whose ``ffn_*_exps`` tensors become (E, N, K)
-    expert stacks, gate and up joined into ``gate_up_proj``. The returned model has ``torchqkit_report``, a ``QuantizationReport`` with one entry per imported tensor. Needs the
+    to float32 (with a warning). Mixture-of-experts files (``qwen3moe``, and ``llama`` with
+    ``llama.expert_count``: Mixtral) give a ``Qwen3MoeForCausalLM`` / ``MixtralForCausalLM`` whose ``ffn_*_exps``
+    tensors become (E, N, K) expert stacks, gate and up joined into ``gate_up_proj``. The returned model has
+    ``torchqkit_report``, a ``QuantizationReport`` with one entry per imported tensor. Needs the
     ``gguf`` and ``transformers`` packages (``pip install "torchqkit[gguf]"``).
 
     Args:
