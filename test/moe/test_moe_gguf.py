@@ -137,3 +137,58 @@ def test_llama_cpp_computes_the_same_logits(tmp_path, tokenizer_gguf):
         got = np.asarray(llm.scores[:IDS.shape[1]])
         assert got.shape == ref.shape
         assert float(np.abs(got - ref).max()) <= 2e-2 * float(np.abs(ref).max()), name
+
+
+def _int8_expert(codes, scale):
+    """A 2-d int8 g32 symmetric weight (PlainLayout) with the given codes (N, K) and scales (N, K / 32)."""
+    from torchqkit.core.primitives import ZeroPointDomain
+    from torchqkit.core.qdtype import int8
+    from torchqkit.layouts.base import PlainParts, WeightFormat
+    wfmt = WeightFormat.of(int8, (1, 32), codes.shape, ZeroPointDomain.NONE)
+    layout = qk.PlainLayout().for_weight(wfmt)
+    tensors = layout.pack(PlainParts(codes.to(torch.int8), scale, None), wfmt)
+    return qk.AffineQuantizedTensor(tensors, int8, (1, 32), tuple(codes.shape), torch.float32, layout,
+                                    ZeroPointDomain.NONE)
+
+
+def test_experts_that_would_pick_different_types_share_the_widest():
+    """Expert 0's codes fit Q4_0 (-8..7), expert 1's only Q8_0: a GGUF tensor has one type, so both are Q8_0 with
+    their own codes."""
+    from torchqkit.integrations.gguf_encode import encode_exact
+    from torchqkit.tensor.experts import stack_experts
+    g = torch.Generator().manual_seed(0)
+    small = torch.randint(-8, 8, (4, 64), generator=g)
+    wide = torch.randint(-100, 101, (4, 64), generator=g)
+    scale = torch.full((4, 2), 0.5, dtype=torch.float32)  # a float16 value: nothing rounded
+    alone, _ = encode_exact(_int8_expert(small, scale), "e0")
+    assert alone.type_name == "Q4_0"
+    stack = stack_experts([_int8_expert(small, scale), _int8_expert(wide, scale)], "experts.down_proj")
+    enc, why = encode_exact(stack, "blk.0.ffn_down_exps.weight")
+    assert why == "" and enc.type_name == "Q8_0" and enc.data.shape == (2, 4, 2 * 34) and enc.rounded == 0
+    from gguf.quants import dequantize
+    got = dequantize(enc.data.reshape(8, -1), gguf.GGMLQuantizationType.Q8_0).reshape(2, 4, 64)
+    assert np.array_equal(got, (torch.stack([small, wide]).float() * 0.5).numpy())
+
+
+def test_expert_metadata_that_disagrees_with_the_tensors_is_refused(tmp_path, tokenizer_gguf):
+    from torchqkit.integrations.gguf_checks import check_hyperparameters
+    qk.save_gguf(_model("qwen3_moe"), tmp_path / "m.gguf", tokenizer_gguf)
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    tensors = {t.name: tuple(int(s) for s in reversed(t.shape.tolist())) for t in reader.tensors}
+
+    def field(overrides):
+        def get(key):
+            if key in overrides:
+                return overrides[key]
+            f = reader.get_field(key)
+            return None if f is None else f.contents()
+        return get
+
+    check_hyperparameters(field({}), tensors, "qwen3moe", "m.gguf", qk.GGUFError)  # the file as written is fine
+    for key, value, match in (("qwen3moe.expert_count", 6, r"expert_count = 6 .* blk\.0\.ffn_up_exps\.weight is "
+                                                          r"\[8, 32, 64\]"),
+                              ("qwen3moe.expert_feed_forward_length", 64, "expert_feed_forward_length = 64"),
+                              ("qwen3moe.expert_used_count", 9, r"expert_used_count = 9: must be in \[1, 8\]"),
+                              ("qwen3moe.expert_count", None, "expert_count is missing")):
+        with pytest.raises(qk.GGUFError, match=match):
+            check_hyperparameters(field({key: value}), tensors, "qwen3moe", "m.gguf", qk.GGUFError)
