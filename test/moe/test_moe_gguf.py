@@ -192,3 +192,53 @@ def test_expert_metadata_that_disagrees_with_the_tensors_is_refused(tmp_path, to
                               ("qwen3moe.expert_count", None, "expert_count is missing")):
         with pytest.raises(qk.GGUFError, match=match):
             check_hyperparameters(field({key: value}), tensors, "qwen3moe", "m.gguf", qk.GGUFError)
+
+
+def _rewrite(src, dst, replace):
+    """``src`` copied to ``dst`` with the tensors named in ``replace`` (name -> (raw bytes, GGML type name))."""
+    reader = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), reader.get_field("general.architecture").contents())
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(key, f.contents())
+        else:
+            w.add_key_value(key, f.contents(), f.types[0])
+    for t in reader.tensors:
+        data, type_name = replace.get(t.name, (np.asarray(t.data), t.tensor_type.name))
+        w.add_tensor(t.name, data, raw_dtype=gguf.GGMLQuantizationType[type_name])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_k_quant_experts_as_llama_cpp_writes_them(tmp_path, tokenizer_gguf):
+    """A Q4_K_M-like file: gate / up Q4_K stacks (K = hidden 256) become uint4 g32 expert stacks equal to gguf-py's
+    dequantization; a layer whose gate and up decode to different formats is read as float32, with the warning."""
+    from ..integrations.tiny_gguf import _random_block_bytes
+    model = tiny_moe("qwen3_moe", vocab_size=VOCAB, hidden_size=256, norm_topk_prob=True)
+    qk.save_gguf(model, tmp_path / "f.gguf", tokenizer_gguf)
+    rng = np.random.default_rng(0)
+    formats = {"blk.0.ffn_gate_exps.weight": "Q4_K", "blk.0.ffn_up_exps.weight": "Q4_K",
+               "blk.1.ffn_gate_exps.weight": "Q4_K", "blk.1.ffn_up_exps.weight": "Q5_K"}
+    replace = {}
+    for name, fmt in formats.items():
+        raw = _random_block_bytes(rng, 8 * 32, 256, fmt)                      # 8 experts x 32 rows, K = 256
+        replace[name] = (raw.reshape(8, 32, -1), fmt)
+    _rewrite(tmp_path / "f.gguf", tmp_path / "k.gguf", replace)
+    with pytest.warns(UserWarning, match=r"model\.layers\.1\.mlp\.experts\.gate_up_proj .*decode to different "
+                                         r"formats \(Q4_K, Q5_K\)"):
+        again = qk.from_gguf(tmp_path / "k.gguf")
+    from gguf.quants import dequantize
+    want = [torch.from_numpy(dequantize(replace[n][0].reshape(256, -1), gguf.GGMLQuantizationType[f]))
+            for n, f in formats.items()]
+    stack = again.model.layers[0].mlp.experts.gate_up_proj
+    assert isinstance(stack, qk.AffineQuantizedTensor) and stack.logical_shape == (8, 64, 256)
+    expected0 = torch.cat([want[0].reshape(8, 32, 256), want[1].reshape(8, 32, 256)], dim=1)
+    torch.testing.assert_close(stack.dequantize(), expected0, rtol=1e-6, atol=1e-6)
+    float1 = again.model.layers[1].mlp.experts.gate_up_proj
+    assert not isinstance(float1, qk.AffineQuantizedTensor)
+    torch.testing.assert_close(float1, torch.cat([want[2].reshape(8, 32, 256), want[3].reshape(8, 32, 256)], dim=1),
+                               rtol=0, atol=0)
