@@ -194,12 +194,13 @@ def test_expert_metadata_that_disagrees_with_the_tensors_is_refused(tmp_path, to
             check_hyperparameters(field({key: value}), tensors, "qwen3moe", "m.gguf", qk.GGUFError)
 
 
-def _rewrite(src, dst, replace):
-    """``src`` copied to ``dst`` with the tensors named in ``replace`` (name -> (raw bytes, GGML type name))."""
+def _rewrite(src, dst, replace, drop=()):
+    """``src`` copied to ``dst`` with the tensors named in ``replace`` (name -> (raw bytes, GGML type name)) and
+    without the metadata keys in ``drop``."""
     reader = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(str(dst), reader.get_field("general.architecture").contents())
     for key, f in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop:
             continue
         if f.types[0] == gguf.GGUFValueType.ARRAY:
             w.add_array(key, f.contents())
@@ -227,13 +228,16 @@ def test_k_quant_experts_as_llama_cpp_writes_them(tmp_path, tokenizer_gguf):
     for name, fmt in formats.items():
         raw = _random_block_bytes(rng, 8 * 32, 256, fmt)                      # 8 experts x 32 rows, K = 256
         replace[name] = (raw.reshape(8, 32, -1), fmt)
-    _rewrite(tmp_path / "f.gguf", tmp_path / "k.gguf", replace)
+    # llama.cpp's converter gives Qwen3's head size (16 here, not 256 / 4) as key_length, no rope.dimension_count.
+    assert gguf.GGUFReader(tmp_path / "f.gguf").get_field("qwen3moe.attention.key_length").contents() == 16
+    _rewrite(tmp_path / "f.gguf", tmp_path / "k.gguf", replace, drop=("qwen3moe.rope.dimension_count",))
     with pytest.warns(UserWarning, match=r"model\.layers\.1\.mlp\.experts\.gate_up_proj .*decode to different "
                                          r"formats \(Q4_K, Q5_K\)"):
         again = qk.from_gguf(tmp_path / "k.gguf")
     from gguf.quants import dequantize
     want = [torch.from_numpy(dequantize(replace[n][0].reshape(256, -1), gguf.GGMLQuantizationType[f]))
             for n, f in formats.items()]
+    assert again.config.head_dim == 16
     stack = again.model.layers[0].mlp.experts.gate_up_proj
     assert isinstance(stack, qk.AffineQuantizedTensor) and stack.logical_shape == (8, 64, 256)
     expected0 = torch.cat([want[0].reshape(8, 32, 256), want[1].reshape(8, 32, 256)], dim=1)

@@ -117,6 +117,8 @@ def check_hyperparameters(field, tensors: dict[str, tuple[int, ...]], arch: str,
                     f"{arch}.attention.head_count_kv = {kv_heads} (each KV head serves a whole group of query heads)")
     q, k = shape("blk.0.attn_q.weight", "attention.head_count"), shape("blk.0.attn_k.weight", "attention.head_count")
     head_dim = field(f"{arch}.rope.dimension_count") if arch != "qwen2" else None
+    if head_dim is None:  # llama.cpp's converter writes the head size of Qwen3 models as key_length
+        head_dim = field(f"{arch}.attention.key_length")
     if head_dim is None:
         if hidden % heads:
             raise error(f"{path}: metadata {arch}.embedding_length = {hidden} is not a multiple of "

@@ -80,7 +80,7 @@ def moe_config(field, arch: str, tensors: dict, transformers):
                   tie_word_embeddings="output.weight" not in tensors)
     if arch == "qwen3moe":
         return transformers.Qwen3MoeConfig(
-            **common, head_dim=get("attention.key_length", hidden // heads),
+            **common, head_dim=get("attention.key_length", get("rope.dimension_count", hidden // heads)),
             intermediate_size=get("feed_forward_length"), moe_intermediate_size=get("expert_feed_forward_length"),
             num_experts=get("expert_count"), norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
     return transformers.MixtralConfig(**common, head_dim=get("rope.dimension_count", hidden // heads),

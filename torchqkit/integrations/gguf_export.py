@@ -282,7 +282,8 @@ def _encode_share(gguf_name, hf_name, param, slot, stacks, requantize, arch, con
     if slot.count > 1:
         data = np.ascontiguousarray(data[:, slot.rows(data.shape[1])])
     share = f"rows {slot.rows(param.shape[1]).start}..{slot.rows(param.shape[1]).stop - 1} of each expert"
-    note = f"{share}; {entry.note}" if slot.count > 1 and entry.note else (share if slot.count > 1 else entry.note)
+    note = f"{share}; whole stack: {entry.note}" if slot.count > 1 and entry.note else (
+        share if slot.count > 1 else entry.note)
     return gguf_name, data, ggml_type, replace(entry, name=gguf_name, note=note, nbytes=int(data.nbytes))
 
 
