@@ -203,7 +203,8 @@ def save_gguf(model: nn.Module, path, tokenizer=None, *, requantize: bool = Fals
 
 
 def _plan(gguf, model, arch):
-    """(gguf name, parameter name, parameter) of every parameter once (a tied lm_head is the embedding)."""
+    """(gguf name, parameter name, parameter, ExpertSlot or None) of every parameter once (a tied lm_head is the
+    embedding); a fused gate_up_proj twice, one entry per GGUF tensor (Note [GGUF expert tensors])."""
     to_gguf = {}
     for g, hf in gguf_to_hf_names(gguf, model, arch).items():
         if isinstance(hf, ExpertSlot):  # gate and up of one fused Parameter: both, in row order
