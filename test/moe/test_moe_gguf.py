@@ -271,3 +271,16 @@ def test_llama_cpp_quantized_moe_file_reads_back(tmp_path, tokenizer_gguf):
         llm.eval(IDS[0].tolist())
         got = np.asarray(llm.scores[:IDS.shape[1]])
         assert float(np.abs(got - ref).max()) <= 2e-2 * float(np.abs(ref).max()), name
+
+
+def test_moe_architecture_without_an_import_is_named(tmp_path):
+    path = tmp_path / "olmoe.gguf"
+    w = gguf.GGUFWriter(str(path), "olmoe")
+    w.add_expert_count(8)
+    w.add_tensor("blk.0.ffn_up_exps.weight", np.zeros((8, 32, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(qk.GGUFError, match=r"architecture 'olmoe' is not supported .*qwen3moe"):
+        qk.from_gguf(path)
