@@ -5,24 +5,34 @@ reads (attention, router-chosen experts, lm_head) next to the bytes the model st
     python -m benchmarks moe_decode                                   # ~1B MoE, every config and implementation
     python -m benchmarks moe_decode --quick                           # a tiny MoE (seconds): checks the code only
     python -m benchmarks moe_decode --configs int4-wo-g32 --experts-impl grouped_mm --new-tokens 64
+    python -m benchmarks moe_decode --peers-python PEERS_VENV/bin/python  # + llama.cpp on each config's save_gguf file
 
 The weights are random (no MoE checkpoint ships with the machine): the rate depends on the shapes and the bytes
 read, not on the values, but which experts the router picks does, so every row decodes the same prompt with the
 same seed and "routed expert MB per token" is computed from the router's actual choices during the timed run
 (distinct experts per layer per decode step x each expert's stored bytes). Timing: torchqkit.eval's DecodeLoop through HF
 generate (Note [Decode timing] in torchqkit/eval/speed.py), one warm-up run, the median of --repeats runs.
+
+llama.cpp column (--peers-python: a Python with llama-cpp-python): each config's model written by qk.save_gguf (its
+codes exactly; a config with no exact GGUF type, e.g. NF4, gets no llama.cpp row and says why) with a placeholder
+tokenizer, decoded by peer_llama_cpp.py with the same thread count and token counts. Its prompt is the placeholder
+tokenizer's reading of a short text, not the ids above, so the routed experts differ from torchqkit's run (same
+shapes and bytes per expert).
 """
 from __future__ import annotations
 
 import copy
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 
 import torchqkit as qk
 from torchqkit.eval import DecodeLoop
 
-from .common import cli
+from .common import cli, peers
 from .common.configs import build
 from .common.llm import tensor_bytes
 from .common.memory import QUICK_BYTES, read_bandwidth
@@ -45,6 +55,7 @@ def _args(argv):
     p.add_argument("--new-tokens", type=int, default=32, help="tokens decoded per run (default: %(default)s)")
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt length (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs after a warm-up (default: %(default)s)")
+    peers.add_option(p)
     args, rec = cli.start(GROUP, p, argv)
     cli.quick(args, argv, new_tokens=4, repeats=1, prompt_tokens=4)
     args.experts_impl = [i for i in args.experts_impl.split(",") if i]
@@ -57,8 +68,9 @@ def _args(argv):
 def random_moe(quick: bool) -> torch.nn.Module:
     import transformers
     torch.manual_seed(0)
+    # norm_topk_prob: as Qwen3-30B-A3B, and what llama.cpp's qwen3moe graph computes (save_gguf checks it).
     config = transformers.Qwen3MoeConfig(**(QUICK_SHAPE if quick else SHAPE), decoder_sparse_step=1,
-                                         mlp_only_layers=[], tie_word_embeddings=False)
+                                         mlp_only_layers=[], tie_word_embeddings=False, norm_topk_prob=True)
     return transformers.Qwen3MoeForCausalLM(config).eval()
 
 
@@ -106,11 +118,55 @@ def measure(model, ids, args) -> dict:
     return {"s_per_token": durations[len(durations) // 2], "routed_mb": routed.total / steps / 1e6}
 
 
+PEER_PROMPT = "ab " * 8  # the placeholder tokenizer's tokens: llama.cpp needs text to tokenize
+
+
+def placeholder_tokenizer(path: Path, vocab: int) -> Path:
+    """A GGUF holding only ``vocab`` placeholder BPE tokens and one merge (the random model reads any ids)."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(["a", "b", "ab", " "] + [f"<t{i}>" for i in range(4, vocab)])
+    w.add_token_types([1] * vocab)
+    w.add_token_merges(["a b"])  # llama.cpp refuses a BPE vocabulary without merges
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def llama_cpp_row(rec, name, model, folder: Path, args) -> None:
+    """The config's model through save_gguf and llama.cpp's decode: a 'llama.cpp' row, or why there is none."""
+    if not args.peers_python:
+        return
+    path = folder / f"{name}.gguf"
+    try:
+        report = qk.save_gguf(model, path, placeholder_tokenizer(folder / "tokenizer.gguf", model.config.vocab_size))
+    except qk.GGUFError as e:
+        print(f"[{GROUP}] llama.cpp {name}: no GGUF export: {str(e)[:240]} ...", file=sys.stderr)
+        return
+    row = peers.run(args.peers_python, path, "--prompt", PEER_PROMPT, "--new-tokens", str(args.new_tokens),
+                    "--threads", str(torch.get_num_threads()), "--repeats", str(args.repeats))
+    if "tok_s" not in row:
+        print(f"[{GROUP}] llama.cpp {name}: {row['note']}", file=sys.stderr)
+        return
+    types = ", ".join(f"{n} {k}" for k, n in sorted(report.types.items()))
+    shape = {"model": "qwen3-moe random " + ("tiny" if args.quick else "1B"), "experts_impl": "llama.cpp",
+             "new_tokens": args.new_tokens, "gguf": types, "llama_cpp": row["version"],
+             "simd": peers.simd(row["system_info"])}
+    rec.add("llama.cpp", name, shape, "decode", row["tok_s"], "tok/s")
+    rec.add("llama.cpp", name, shape, "weights stored", path.stat().st_size / 1e6, "MB")
+    path.unlink()
+
+
 def main(argv=None) -> int:
     args, rec = _args(argv)
     base = random_moe(args.quick)
     ids = torch.randint(0, base.config.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(1))
     rec.read_bw_gbs = read_bandwidth(nbytes=QUICK_BYTES) if args.quick else read_bandwidth()
+    folder = Path(tempfile.mkdtemp(prefix="moe_decode_gguf_"))
     for name in args.configs:
         model, config = copy.deepcopy(base), build(name)
         if config is not None:
@@ -129,7 +185,9 @@ def main(argv=None) -> int:
                                         ("weights read per token", read, "MB"),
                                         ("weights stored", stored, "MB")):
                 rec.add("generate", name, shape, metric, value, unit)
+        llama_cpp_row(rec, name, model, folder, args)
         del model
+    shutil.rmtree(folder, ignore_errors=True)
     rec.print_table()
     return 0
 

@@ -1,4 +1,5 @@
-"""from_gguf: a llama.cpp GGUF file to a transformers model whose Linear weights are torchqkit layouts.
+"""from_gguf: a llama.cpp GGUF file to a transformers model whose Linear weights (and expert stacks) are torchqkit
+layouts.
 
     model = qk.from_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")     # Q4_1 Linears -> int4 g32 tiled, bit for bit
     print(model.torchqkit_report)                                # what each tensor became, bytes before/after
@@ -32,12 +33,13 @@ from ..layouts.base import WeightFormat
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .gguf_blocks import BLOCK_FORMATS, decode_blocks
 from .gguf_checks import check_hyperparameters, check_tensor_ranges
+from .gguf_experts import ExpertSlot, expert_slots, is_moe_file, load_expert_stack, moe_config
 
 __all__ = ["from_gguf", "GGUFError", "SUPPORTED_ARCHITECTURES", "open_gguf_reader", "gguf_to_hf_names",
            "gguf_dependencies"]
 
 # Architectures whose GGUF tensor names and q/k row order transformers maps to a LLaMA-style model.
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3moe")  # llama with llama.expert_count: Mixtral
 _FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
@@ -67,8 +69,10 @@ def from_gguf(path, *, progress: bool | None = None) -> nn.Module:
     The model is built on the meta device from the file's hyperparameters, and each tensor is read once: Linear
     and embedding weights in block formats torchqkit has a layout for become ``AffineQuantizedTensor``s holding
     the same codes and scales, F32 / F16 / BF16 tensors are loaded as float32, and other tensors are dequantized
-    to float32 (with a warning). The
-    returned model has ``torchqkit_report``, a ``QuantizationReport`` with one entry per imported tensor. Needs the
+    to float32 (with a warning). Mixture-of-experts files (``qwen3moe``, and ``llama`` with
+    ``llama.expert_count``: Mixtral) give a ``Qwen3MoeForCausalLM`` / ``MixtralForCausalLM`` whose ``ffn_*_exps``
+    tensors become (E, N, K) expert stacks, gate and up joined into ``gate_up_proj``. The returned model has
+    ``torchqkit_report``, a ``QuantizationReport`` with one entry per imported tensor. Needs the
     ``gguf`` and ``transformers`` packages (``pip install "torchqkit[gguf]"``).
 
     Args:
@@ -97,18 +101,28 @@ def from_gguf(path, *, progress: bool | None = None) -> nn.Module:
     arch = _architecture(reader, path)
     tensors = {t.name: tuple(int(s) for s in reversed(t.shape.tolist())) for t in reader.tensors}
     check_hyperparameters(lambda key: _field(reader, key), tensors, arch, path, GGUFError)  # 2: before building
-    config = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    if is_moe_file(lambda key: _field(reader, key), arch):  # Note [GGUF expert tensors]
+        config = moe_config(lambda key: _field(reader, key), arch, tensors, transformers)
+    else:
+        config = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     names = gguf_to_hf_names(gguf, model, arch)
     plan = _plan(reader, names, model, path)  # every check before any tensor is read
     _materialize_buffers(model)
-    entries = []
+    entries, pending = [], {}
     bar = ProgressLine(f"from_gguf {path.name}", len(plan), "tensors", enabled=progress_enabled(progress))
     for i, (tensor, hf_name) in enumerate(plan):
         bar.update(i, tensor.name)
         try:
-            entries.append(_load_tensor(model, tensor, hf_name, arch, config, path))
+            if isinstance(hf_name, ExpertSlot):  # loaded once all its GGUF tensors (gate and up) are read
+                parts = pending.setdefault(hf_name.hf_name, [None] * hf_name.count)
+                parts[hf_name.index] = tensor
+                if all(t is not None for t in parts):
+                    entries.append(load_expert_stack(model, hf_name.hf_name, pending.pop(hf_name.hf_name), path,
+                                                     GGUFError))
+            else:
+                entries.append(_load_tensor(model, tensor, hf_name, arch, config, path))
         except GGUFError:
             raise
         except (ValueError, RuntimeError, IndexError) as e:  # gguf-py's and the decoders' own errors
@@ -179,8 +193,9 @@ def _architecture(reader, path) -> str:
     return arch
 
 
-def gguf_to_hf_names(gguf, model, arch) -> dict[str, str]:
-    """GGUF tensor name -> the model's parameter name, from gguf-py's own table of each architecture's names."""
+def gguf_to_hf_names(gguf, model, arch) -> dict[str, str | ExpertSlot]:
+    """GGUF tensor name -> the model's parameter name, from gguf-py's own table of each architecture's names; a
+    MoE expert tensor -> its ExpertSlot (the Parameter and its share of rows, Note [GGUF expert tensors])."""
     arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     table = gguf.get_tensor_name_map(arch_id, model.config.num_hidden_layers)
     names = {}
@@ -189,6 +204,7 @@ def gguf_to_hf_names(gguf, model, arch) -> dict[str, str]:
         gguf_base = table.get_name(base)
         if gguf_base is not None:
             names[f"{gguf_base}.{suffix}"] = hf_name
+    names.update(expert_slots(table, model))
     return names
 
 
@@ -197,13 +213,18 @@ def _plan(reader, names, model, path):
     plan, unknown = [], []
     for t in reader.tensors:
         hf_name = names.get(t.name)
-        if hf_name is None or hf_name not in params:
+        param = params.get(hf_name.hf_name if isinstance(hf_name, ExpertSlot) else hf_name)
+        if param is None:
             unknown.append(t.name)
             continue
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # ggml lists ne0 (the contiguous K) first
-        expected = tuple(params[hf_name].shape)
+        expected = tuple(param.shape)
+        if isinstance(hf_name, ExpertSlot):  # gate and up each hold half of every expert's rows
+            expected = (expected[0], expected[1] // hf_name.count, *expected[2:])
         if shape != expected:
-            raise GGUFError(f"{path}: tensor {t.name} has shape {shape} but {hf_name} of the model the metadata "
+            target = f"{hf_name.hf_name} (its share {hf_name.index + 1} of {hf_name.count})" if isinstance(
+                hf_name, ExpertSlot) else hf_name
+            raise GGUFError(f"{path}: tensor {t.name} has shape {shape} but {target} of the model the metadata "
                             f"describes is {expected}; the file's metadata and tensors disagree")
         plan.append((t, hf_name))
     if unknown:

@@ -25,6 +25,7 @@ __all__ = ["check_tensor_ranges", "check_hyperparameters", "MAX_LAYERS"]
 
 MAX_LAYERS = 4096          # far above any released model (hundreds of layers); a bound, so a bad count fails fast
 MAX_POSITIONS = 1 << 31
+MAX_EXPERTS = 1 << 16      # released MoE models have up to a few hundred experts per layer
 
 
 def check_tensor_ranges(gguf, fields, data_start: int, alignment: int, file_size: int, path, error) -> None:
@@ -100,10 +101,13 @@ def check_hyperparameters(field, tensors: dict[str, tuple[int, ...]], arch: str,
     vocab = field(f"{arch}.vocab_size")
     if vocab is not None and _number(vocab, f"{arch}.vocab_size", path, error, low=1) != embed[0]:
         raise error(f"{path}: metadata {arch}.vocab_size = {vocab}, but token_embd.weight has {embed[0]} rows")
-    ffn = need("feed_forward_length", low=1)
-    up = shape("blk.0.ffn_up.weight", "feed_forward_length")
-    if up[0] != ffn:
-        raise error(f"{path}: metadata {arch}.feed_forward_length = {ffn}, but blk.0.ffn_up.weight is {list(up)}")
+    if "blk.0.ffn_up_exps.weight" in tensors or arch == "qwen3moe":
+        _check_experts(need, shape, arch, path, error)
+    else:
+        ffn = need("feed_forward_length", low=1)
+        up = shape("blk.0.ffn_up.weight", "feed_forward_length")
+        if up[0] != ffn:
+            raise error(f"{path}: metadata {arch}.feed_forward_length = {ffn}, but blk.0.ffn_up.weight is {list(up)}")
     heads = need("attention.head_count", low=1, high=hidden)
     kv_heads = field(f"{arch}.attention.head_count_kv")
     kv_heads = heads if kv_heads is None else _number(kv_heads, f"{arch}.attention.head_count_kv", path, error,
@@ -113,6 +117,8 @@ def check_hyperparameters(field, tensors: dict[str, tuple[int, ...]], arch: str,
                     f"{arch}.attention.head_count_kv = {kv_heads} (each KV head serves a whole group of query heads)")
     q, k = shape("blk.0.attn_q.weight", "attention.head_count"), shape("blk.0.attn_k.weight", "attention.head_count")
     head_dim = field(f"{arch}.rope.dimension_count") if arch != "qwen2" else None
+    if head_dim is None:  # llama.cpp's converter writes the head size of Qwen3 models as key_length
+        head_dim = field(f"{arch}.attention.key_length")
     if head_dim is None:
         if hidden % heads:
             raise error(f"{path}: metadata {arch}.embedding_length = {hidden} is not a multiple of "
@@ -130,3 +136,16 @@ def check_hyperparameters(field, tensors: dict[str, tuple[int, ...]], arch: str,
         if value is not None:
             _number(value, f"{arch}.{key}", path, error, kind=float, low=low, high=high)
 
+
+
+def _check_experts(need, shape, arch, path, error) -> None:
+    """A MoE file (Note [GGUF expert tensors]): expert count, experts per token and expert width against
+    blk.0.ffn_up_exps (E, I, H)."""
+    experts = need("expert_count", low=1, high=MAX_EXPERTS)
+    need("expert_used_count", low=1, high=experts)
+    width_key = "expert_feed_forward_length" if arch == "qwen3moe" else "feed_forward_length"
+    width = need(width_key, low=1)
+    up = shape("blk.0.ffn_up_exps.weight", width_key)
+    if len(up) != 3 or up[0] != experts or up[1] != width:
+        raise error(f"{path}: metadata {arch}.expert_count = {experts} and {arch}.{width_key} = {width}, but "
+                    f"blk.0.ffn_up_exps.weight is {list(up)} (experts, width, hidden)")

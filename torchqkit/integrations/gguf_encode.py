@@ -159,8 +159,12 @@ def _expected(target: GGUFTarget, u, d16, m16) -> torch.Tensor:
     return out.reshape(n, k)
 
 
-def encode_exact(w, name: str) -> tuple[EncodedTensor | None, str]:
-    """The GGUF encoding of an AffineQuantizedTensor ``w`` that keeps its codes, or (None, why there is none)."""
+def encode_exact(w, name: str, targets=TARGETS) -> tuple[EncodedTensor | None, str]:
+    """The GGUF encoding of an AffineQuantizedTensor ``w`` that keeps its codes, or (None, why there is none). A
+    stack of experts (E, N, K) gives data (E, N, row bytes), every expert in one type (Note [GGUF expert tensors]).
+    ``targets``: the types to try, fewest bits first."""
+    if w.is_experts:
+        return _encode_experts(w, name, targets)
     n, k = w.logical_shape[0], w.logical_shape[-1]
     problem = _layout_problem(w, k)
     if problem is not None:
@@ -170,7 +174,7 @@ def encode_exact(w, name: str) -> tuple[EncodedTensor | None, str]:
     q = parts.qdata.to(torch.int64)
     s_g, b_g, shift_g = _affine_form(w, parts)
     shift = None if shift_g is None else _per_block(shift_g, n, k, w.block_size)
-    for target in TARGETS:
+    for target in targets:
         u = _codes_fit(target, q, shift, int(w.qdtype.qmin))
         if u is None:
             continue
@@ -193,6 +197,29 @@ def encode_exact(w, name: str) -> tuple[EncodedTensor | None, str]:
         change = float((got - w.dequantize(torch.float32).cpu()).abs().max()) if got.numel() else 0.0
         return EncodedTensor(target.name, data, rounded, s_g.numel() * (1 if m_g is None else 2), change), ""
     return None, _no_fit_reason(w, shift)
+
+
+def _encode_experts(w, name: str, targets) -> tuple[EncodedTensor | None, str]:
+    """Each expert with the 2-d encoder; a GGUF tensor has one type, so when experts pick different types all are
+    encoded again from the widest one picked (every later type holds more codes; one that can't hold some expert
+    ends the search with that expert's reason)."""
+    from ..tensor.experts import expert_view
+    if w.transposed:
+        return None, "a transposed expert stack (GGUF holds (E, N, K) experts)"
+    start = 0
+    while True:
+        encoded = []
+        for e in range(w.logical_shape[0]):
+            enc, why = encode_exact(expert_view(w, e), f"{name}[{e}]", targets[start:])
+            if enc is None:
+                return None, f"expert {e}: {why}"
+            encoded.append(enc)
+        picked = {targets.index(next(t for t in targets if t.name == enc.type_name)) for enc in encoded}
+        if len(picked) == 1:
+            return EncodedTensor(encoded[0].type_name, np.stack([enc.data for enc in encoded]),
+                                 sum(enc.rounded for enc in encoded), sum(enc.qparams for enc in encoded),
+                                 max(enc.max_abs_change for enc in encoded)), ""
+        start = max(picked)
 
 
 def _no_fit_reason(w, shift) -> str:

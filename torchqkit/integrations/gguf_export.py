@@ -1,4 +1,5 @@
-"""save_gguf: a llama / mistral / qwen2 model, quantized by torchqkit or read by from_gguf, as a llama.cpp GGUF file.
+"""save_gguf: a llama / mistral / qwen2 / qwen3-moe / mixtral model, quantized by torchqkit or read by from_gguf, as a
+llama.cpp GGUF file.
 
     report = qk.save_gguf(model, "model.gguf", tokenizer)   # every quantized weight in the GGUF type holding it
     print(report)                                            # per tensor: type written, source, exact or why not
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from ..files.atomic_write import (check_destination, fsync_directory, remove_sta
 from ..progress import ProgressLine, progress_enabled
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .gguf import GGUFError, gguf_dependencies, gguf_to_hf_names
+from .gguf_experts import ExpertSlot
 from .gguf_encode import BLOCK, encode_exact, requantize as requantize_float
 from .gguf_metadata import add_architecture, add_tokenizer, architecture_of, tokenizer_source
 
@@ -127,7 +129,7 @@ class GGUFExportReport:
 
 def save_gguf(model: nn.Module, path, tokenizer=None, *, requantize: bool = False,
               progress: bool | None = None) -> GGUFExportReport:
-    """Write a llama / mistral / qwen2 causal LM as a GGUF file llama.cpp loads, quantized weights kept exactly.
+    """Write a llama / mistral / qwen2 / Qwen3-MoE / Mixtral causal LM as a GGUF file llama.cpp loads, exactly.
 
     Each quantized weight (an ``AffineQuantizedTensor`` from ``quantize_``, ``from_gguf`` or a checkpoint) is
     written in the GGUF block type that holds its codes: int4 asymmetric (any group size that is a multiple of 32)
@@ -138,8 +140,10 @@ def save_gguf(model: nn.Module, path, tokenizer=None, *, requantize: bool = Fals
     ``qk.from_gguf(path)`` gives back the same codes and (float16) scales.
 
     Args:
-        model (torch.nn.Module): a transformers ``LlamaForCausalLM``, ``MistralForCausalLM`` or
-            ``Qwen2ForCausalLM``, quantized or not.
+        model (torch.nn.Module): a transformers ``LlamaForCausalLM``, ``MistralForCausalLM``,
+            ``Qwen2ForCausalLM``, ``Qwen3MoeForCausalLM`` or ``MixtralForCausalLM``, quantized or not. Expert stacks
+            (E, N, K) are written as llama.cpp's ``ffn_*_exps`` tensors, every expert in one type; Qwen3-MoE
+            needs ``norm_topk_prob=True`` (llama.cpp always renormalizes the routing weights).
         path (str | os.PathLike): the ``.gguf`` file to write (replaced atomically if it exists).
         tokenizer (transformers.PreTrainedTokenizerBase | str | os.PathLike | None): a transformers tokenizer
             (BPE or SentencePiece), or the path of a ``.gguf`` file whose tokenizer is copied; None (default): the
@@ -171,16 +175,21 @@ def save_gguf(model: nn.Module, path, tokenizer=None, *, requantize: bool = Fals
     config = getattr(model, "config", None)
     if config is None:
         raise GGUFError(f"torchqkit.save_gguf: {type(model).__name__} has no transformers config; export a "
-                        f"transformers causal LM (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)")
+                        f"transformers causal LM (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                        f"Qwen3MoeForCausalLM, MixtralForCausalLM)")
     arch = architecture_of(config, GGUFError)
     source = tokenizer_source(tokenizer, model, GGUFError)
     plan = _plan(gguf, model, arch)
     bar = ProgressLine(f"save_gguf {Path(path).name}", len(plan), "tensors", enabled=progress_enabled(progress))
-    encoded, refused = [], []
-    for i, (gguf_name, hf_name, param) in enumerate(plan):
+    encoded, refused, stacks = [], [], {}
+    for i, (gguf_name, hf_name, param, slot) in enumerate(plan):
         bar.update(i, gguf_name)
-        item = _encode(gguf_name, hf_name, param, requantize, arch, config)
-        (refused if isinstance(item, str) else encoded).append(item)
+        if slot is None:
+            item = _encode(gguf_name, hf_name, param, requantize, arch, config)
+        else:
+            item = _encode_share(gguf_name, hf_name, param, slot, stacks, requantize, arch, config)
+        if item is not None:
+            (refused if isinstance(item, str) else encoded).append(item)
     bar.close()
     if refused:
         raise GGUFError(f"torchqkit.save_gguf: {len(refused)} weight(s) have no exact GGUF type, nothing was "
@@ -194,16 +203,22 @@ def save_gguf(model: nn.Module, path, tokenizer=None, *, requantize: bool = Fals
 
 
 def _plan(gguf, model, arch):
-    """(gguf name, parameter name, parameter) of every parameter once (a tied lm_head is the embedding)."""
-    to_hf = gguf_to_hf_names(gguf, model, arch)
-    to_gguf = {hf: g for g, hf in to_hf.items()}
+    """(gguf name, parameter name, parameter, ExpertSlot or None) of every parameter once (a tied lm_head is the
+    embedding); a fused gate_up_proj twice, one entry per GGUF tensor (Note [GGUF expert tensors])."""
+    to_gguf = {}
+    for g, hf in gguf_to_hf_names(gguf, model, arch).items():
+        if isinstance(hf, ExpertSlot):  # gate and up of one fused Parameter: both, in row order
+            to_gguf.setdefault(hf.hf_name, []).append((g, hf))
+            to_gguf[hf.hf_name].sort(key=lambda item: item[1].index)
+        else:
+            to_gguf[hf] = [(g, None)]
     plan, unnamed = [], []
     for hf_name, param in model.named_parameters(remove_duplicate=True):
-        gguf_name = to_gguf.get(hf_name)
-        if gguf_name is None:
+        targets = to_gguf.get(hf_name)
+        if targets is None:
             unnamed.append(hf_name)
         else:
-            plan.append((gguf_name, hf_name, param))
+            plan += [(gguf_name, hf_name, param, slot) for gguf_name, slot in targets]
     if unnamed:
         raise GGUFError(f"torchqkit.save_gguf: parameter(s) {unnamed[:5]} of {type(model).__name__} have no GGUF "
                         f"tensor name in llama.cpp's {arch} architecture; nothing was written")
@@ -253,6 +268,24 @@ def _encode(gguf_name, hf_name, param, requantize, arch, config):
     entry = GGUFTensorExport(gguf_name, hf_name, type_name, _describe(param), "requantized", f"{how}: {why}",
                              data.nbytes)
     return gguf_name, data, gguf.GGMLQuantizationType[type_name], entry
+
+
+def _encode_share(gguf_name, hf_name, param, slot, stacks, requantize, arch, config):
+    """One GGUF tensor of an expert Parameter: its share of every expert's rows, cut from the whole stack's
+    encoding (encoded once; GGUF blocks lie within a row, so cutting rows re-rounds nothing). None: the stack was
+    already refused under its first GGUF name. Note [GGUF expert tensors]."""
+    whole = stacks.get(hf_name)
+    if whole is None:
+        whole = stacks[hf_name] = _encode(gguf_name, hf_name, param, requantize, arch, config)
+    if isinstance(whole, str):
+        return None if slot.index else whole
+    _, data, ggml_type, entry = whole
+    if slot.count > 1:
+        data = np.ascontiguousarray(data[:, slot.rows(data.shape[1])])
+    share = f"rows {slot.rows(param.shape[1]).start}..{slot.rows(param.shape[1]).stop - 1} of each expert"
+    note = f"{share}; whole stack: {entry.note}" if slot.count > 1 and entry.note else (
+        share if slot.count > 1 else entry.note)
+    return gguf_name, data, ggml_type, replace(entry, name=gguf_name, note=note, nbytes=int(data.nbytes))
 
 
 def _float_type(value: torch.Tensor) -> tuple[torch.Tensor, str]:

@@ -16,7 +16,8 @@ import numpy as np
 __all__ = ["architecture_of", "add_architecture", "add_tokenizer", "tokenizer_source", "TokenizerSource"]
 
 # transformers model_type -> the GGUF architecture written
-_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+# (Mixtral is ``llama`` with expert keys, as llama.cpp's converter writes it: Note [GGUF expert tensors]).
+_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
 
 
 def architecture_of(config, error) -> str:
@@ -51,6 +52,7 @@ def add_architecture(writer, config, arch: str, error) -> None:
     if head_dim * heads != config.hidden_size:
         writer.add_key_length(int(head_dim))
         writer.add_value_length(int(head_dim))
+    _add_experts(writer, config, arch, error)
     rope = _rope_parameters(config)
     writer.add_rope_freq_base(float(rope["rope_theta"]))
     kind = rope.get("rope_type", rope.get("type", "default"))
@@ -66,6 +68,27 @@ def add_architecture(writer, config, arch: str, error) -> None:
         raise error(f"torchqkit.save_gguf: the model attends within a sliding window of {window} tokens, which "
                     f"llama.cpp's {arch} architecture doesn't do; set config.sliding_window = None first if the "
                     f"model is only used on contexts up to {window} tokens")
+
+
+def _add_experts(writer, config, arch: str, error) -> None:
+    """Expert count, experts per token and (qwen3moe) the expert width. llama.cpp's qwen3moe and llama (Mixtral)
+    graphs always renormalize the top-k routing weights and put every layer's MLP through the experts, so a config
+    that does otherwise is refused: the file would compute other outputs than the model."""
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    if not experts:
+        return
+    name = config.model_type
+    if not getattr(config, "norm_topk_prob", True):
+        raise error(f"torchqkit.save_gguf: the {name} model's config has norm_topk_prob=False, but llama.cpp's "
+                    f"{arch} graph always renormalizes the top-{config.num_experts_per_tok} routing weights; the file "
+                    f"would compute other logits than the model")
+    if getattr(config, "mlp_only_layers", None) or getattr(config, "decoder_sparse_step", 1) != 1:
+        raise error(f"torchqkit.save_gguf: the {name} model has dense MLP layers between its MoE layers "
+                    f"(mlp_only_layers / decoder_sparse_step), which llama.cpp's {arch} architecture doesn't have")
+    writer.add_expert_count(int(experts))
+    writer.add_expert_used_count(int(config.num_experts_per_tok))
+    if arch == "qwen3moe":
+        writer.add_expert_feed_forward_length(int(config.moe_intermediate_size))
 
 
 class TokenizerSource:
