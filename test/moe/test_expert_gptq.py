@@ -134,3 +134,45 @@ def test_structure_gptq_does_not_know_is_skipped_with_the_reason():
     assert entry.status == "skipped"
     assert "GptOssExperts is another structure" in entry.reason and "weight-only config" in entry.reason
     assert not expert_stacks(model)
+
+
+def test_layer0_stacks_do_not_depend_on_the_experts_implementation():
+    # the first layer's inputs (and so its Hessians) are the same whichever implementation runs the experts
+    stacks = {}
+    for impl in ("eager", "grouped_mm", "batched_mm"):
+        model = tiny_moe("qwen3_moe")
+        model.set_experts_implementation(impl)
+        qk.quantize_(model, _experts(qk.GPTQConfig(BASE)), calibration_data=BATCHES[:2])
+        stacks[impl] = {n: p for n, p in expert_stacks(model).items() if ".layers.0." in n}
+    for impl in ("grouped_mm", "batched_mm"):
+        for fqn, stack in stacks["eager"].items():
+            for name, t in stack.inner_tensors().items():
+                if t is not None:
+                    assert torch.equal(t, stacks[impl][fqn].inner_tensors()[name]), (impl, fqn, name)
+
+
+class _LinearRouter(torch.nn.Linear):
+    """A router that is an nn.Linear (as in some MoE models): logits, top-k weights and ids."""
+
+    def __init__(self, router):
+        super().__init__(router.weight.shape[1], router.weight.shape[0], bias=False)
+        self.weight = router.weight
+        self.top_k = router.top_k
+
+    def forward(self, x):
+        logits = super().forward(x)
+        weights, ids = torch.softmax(logits.float(), dim=-1).topk(self.top_k, dim=-1)
+        return logits, (weights / weights.sum(-1, keepdim=True)).to(x.dtype), ids
+
+
+def test_linear_router_stays_float_while_calibrating():
+    model = tiny_moe("qwen3_moe")
+    seen = []
+    for layer in model.model.layers:
+        layer.mlp.gate = _LinearRouter(layer.mlp.gate)
+        layer.mlp.gate.register_forward_pre_hook(
+            lambda m, a: seen.append(isinstance(m.weight, qk.AffineQuantizedTensor)))
+    report = qk.quantize_(model, qk.GPTQConfig(BASE), calibration_data=BATCHES[:1])
+    assert seen and not any(seen)  # float on every call, during calibration and after
+    assert report["model.layers.1.mlp.gate"].status == "kept"
+    assert report["model.layers.1.mlp.experts.down_proj"].config == "gptq (int4 weight-only g32)"
