@@ -1,7 +1,8 @@
 """python -m benchmarks <group> [options]   (python -m benchmarks <group> --help for each group's own)
 
-Groups: kernels, targets, decode, prefill, moe_decode, quality, calibration, formats, load, gguf_export, train,
-distributed; then plot (PNG figures from the JSON lines) and report (markdown tables of the latest run per case).
+Groups: kernels, targets, decode, prefill, moe_decode, moe_calibration, quality, calibration, formats, load,
+gguf_export, train, distributed; then plot (PNG figures from the JSON lines) and report (markdown tables of the latest
+run per case).
 
 Run it from the repository root: the benchmarks package sits next to torchqkit, not inside the installed package."""
 from __future__ import annotations
@@ -15,6 +16,7 @@ GROUPS = {
     "decode": "LLM greedy decode tokens/s, next to llama.cpp",
     "prefill": "LLM prompt processing tokens/s, next to llama.cpp",
     "moe_decode": "a random ~1B mixture-of-experts model's decode tokens/s and bytes read, per experts implementation",
+    "moe_calibration": "GPTQ of a random mixture-of-experts model's experts against round-to-nearest",
     "quality": "perplexity per config (and peers), a synthetic decoder's tok/s, MiniLM throughput",
     "calibration": "GPTQ / AWQ / SmoothQuant / static int8 against round-to-nearest; GPTQ memory",
     "formats": "NVFP4 / MXFP4 / FP6 / int4 g128 side by side: SmolLM2 perplexity, MiniLM cosine, the format targets",

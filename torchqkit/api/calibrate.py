@@ -37,6 +37,7 @@ from ..core.granularity import PerTensor
 from ..core.qdtype import int8
 from ..tensor.activation import ActivationQuantSpec
 from ..tensor.affine_quantized_tensor import INPUT_SCALE, AffineQuantizedTensor
+from .calibrate_experts import calibrate_experts, expert_targets, router_fqns
 from .calibration_grid import ConfigGrid
 from .configs.base import handler_for
 from .configs.calibrated import AWQConfig, GPTQConfig, SmoothQuantConfig
@@ -123,13 +124,18 @@ class _Undo:
 
 
 def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: ModuleConfigs, selected,
-                    calibration_data) -> CalibrationPlan:
+                    calibration_data, expert_filter=None) -> CalibrationPlan:
     """The quantized weights (and folded float parameters) of every selected Linear inside the model's decoder
-    blocks, when some config needs calibration data; an empty plan otherwise (data, if any, is ignored)."""
+    blocks, and of expert Parameters with a GPTQ config (Note [Expert calibration], calibrate_experts.py; selected
+    by ``expert_filter`` when given), when some config needs calibration data; an empty plan otherwise (data, if
+    any, is ignored)."""
     exact = set(configs.exact_keys())
+    routers = router_fqns(modules, exact)  # they stay float (expert_weights.py), during calibration too
     chosen = {fqn: configs.lookup(fqn)[1] for fqn, m in modules.items()
-              if isinstance(m, nn.Linear) and (fqn in exact or selected(m, fqn))}
-    needing = sorted({type(c).__name__ for c in chosen.values() if c is not None and c.needs_calibration_data()})
+              if isinstance(m, nn.Linear) and (fqn in exact or selected(m, fqn)) and fqn not in routers}
+    experts = expert_targets(modules, configs, expert_filter)
+    needing = sorted({type(c).__name__ for c in [*chosen.values(), *(c for _, c in experts.values())]
+                      if c is not None and c.needs_calibration_data()})
     if not needing:
         return CalibrationPlan()
     if calibration_data is None:
@@ -151,8 +157,11 @@ def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: Mo
                        if _inside(fqn, prefix) and chosen[fqn] is not None}
             if linears:
                 _calibrate_block(block, prefix, linears, inputs, data, plan, undo, shared)
+            stacks = {fqn: t for fqn, t in experts.items() if _inside(fqn, prefix)}
+            if stacks:  # after the block's Linears: the experts see the quantized attention's outputs
+                calibrate_experts(block, stacks, inputs, plan, undo)
             inputs = run_block(block, inputs) if i + 1 < len(blocks) else []
-            progress.update(i + 1, f"({len(linears)} Linears)")
+            progress.update(i + 1, f"({len(linears)} Linears, {len(stacks)} expert Parameters)")
         progress.close()
         outside = {fqn: (modules[fqn], c) for fqn, c in chosen.items()
                    if c is not None and blocks[0] is not model and not any(_inside(fqn, p) for p in block_names)}
@@ -162,8 +171,8 @@ def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: Mo
                 print(f"calibrate: outside the blocks: {', '.join(outside)}", file=sys.stderr, flush=True)
     finally:
         changed = undo.restore()
-    quantized = {id(m) for fqn, w in plan.weights.items() if isinstance(w, AffineQuantizedTensor)
-                 for m in [modules[fqn]]}
+    quantized = {id(modules[fqn]) for fqn, w in plan.weights.items()
+                 if isinstance(w, AffineQuantizedTensor) and fqn in modules}  # not expert Parameters' names
     plan.float_updates = [(m, a, p) for m, a, p in changed
                           if not (a == "weight" and id(m) in quantized) and not isinstance(p, AffineQuantizedTensor)]
     return plan

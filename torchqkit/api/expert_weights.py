@@ -29,6 +29,7 @@ from torch import nn
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from ..tensor.experts import stack_experts
 from .configs.base import handler_for
+from .configs.calibrated import GPTQConfig
 from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
 from .report import LayerReport
@@ -71,8 +72,10 @@ def expert_parameters(modules: dict[str, nn.Module]) -> list[ExpertParameter]:
     return found
 
 
-def plan_experts(modules: dict[str, nn.Module], configs: ModuleConfigs, filter_fn, device) -> ExpertPlan:
-    """Phase 1 for expert Parameters and their routers: report entries and the stacks to swap in. Touches nothing."""
+def plan_experts(modules: dict[str, nn.Module], configs: ModuleConfigs, filter_fn, device,
+                 calibrated=None) -> ExpertPlan:
+    """Phase 1 for expert Parameters and their routers: report entries and the stacks to swap in. Touches nothing.
+    ``calibrated``: calibrate_model's CalibrationPlan, holding the GPTQ stacks (Note [Expert calibration])."""
     params = expert_parameters(modules)
     exact = set(configs.exact_keys())
     entries, swaps, routers, anchor = [], [], set(), {}
@@ -86,7 +89,7 @@ def plan_experts(modules: dict[str, nn.Module], configs: ModuleConfigs, filter_f
     for p in params:
         if filter_fn is not None and p.fqn not in exact and not filter_fn(p.module, p.fqn):
             continue
-        entry, stack = quantize_expert_parameter(p, configs, device)
+        entry, stack = quantize_expert_parameter(p, configs, device, calibrated)
         entries.append(entry)
         anchor[p.fqn] = p.module_fqn
         if stack is not None:
@@ -112,8 +115,9 @@ def _router_entry(modules, experts_fqn: str, exact: set) -> tuple[LayerReport | 
                        f"None to keep it float, or pass a filter_fn that leaves {experts_fqn} out", 0, 0), None
 
 
-def quantize_expert_parameter(p: ExpertParameter, configs: ModuleConfigs, device):
-    """(report entry, quantized stack or None) for one expert Parameter, as its config says."""
+def quantize_expert_parameter(p: ExpertParameter, configs: ModuleConfigs, device, calibrated=None):
+    """(report entry, quantized stack or None) for one expert Parameter, as its config says (or as calibration
+    made it: ``calibrated``, a CalibrationPlan)."""
     weight = getattr(p.module, p.attr)
     nbytes = weight.numel() * weight.element_size()
     key, config = configs.lookup(p.fqn)
@@ -121,6 +125,11 @@ def quantize_expert_parameter(p: ExpertParameter, configs: ModuleConfigs, device
         why = "no config matched (no exact name, pattern or _default)" if key is None else f"ModuleConfigs[{key!r}] is None"
         return LayerReport(p.fqn, "kept", "-", why, nbytes, nbytes), None
     desc = config.describe()
+    done = None if calibrated is None else calibrated.weights.get(p.fqn)
+    if isinstance(done, UnsupportedWeight):
+        return LayerReport(p.fqn, "skipped", desc, str(done), nbytes, nbytes), None
+    if done is not None:
+        return _stack_entry(p.fqn, desc, nbytes, done, calibrated.notes.get(p.fqn, "")), done
     problem = _parameter_problem(weight, config)
     if problem is not None:
         return LayerReport(p.fqn, "skipped", desc, problem, nbytes, nbytes), None
@@ -132,9 +141,13 @@ def quantize_expert_parameter(p: ExpertParameter, configs: ModuleConfigs, device
         return LayerReport(p.fqn, "skipped", desc, str(e), nbytes, nbytes), None
     if transposed:
         stack = stack.with_changes(transposed=True)
+    return _stack_entry(p.fqn, desc, nbytes, stack), stack
+
+
+def _stack_entry(fqn: str, desc: str, nbytes: int, stack, note: str = "") -> LayerReport:
     e, n, k = stack.logical_shape
-    note = f"{e} experts of ({n}, {k}), {stack.packed_nbytes() // e:,} bytes each"
-    return LayerReport(p.fqn, "quantized", desc, note, nbytes, stack.packed_nbytes()), stack
+    what = f"{e} experts of ({n}, {k}), {stack.packed_nbytes() // e:,} bytes each" + (f"; {note}" if note else "")
+    return LayerReport(fqn, "quantized", desc, what, nbytes, stack.packed_nbytes())
 
 
 def quantize_experts(config, weight: torch.Tensor, name: str):
@@ -148,8 +161,12 @@ def _parameter_problem(weight: torch.Tensor, config) -> str | None:
         return "weight is already quantized"
     if weight.is_meta:
         return "weight is on the meta device: load real weights first"
+    if isinstance(config, GPTQConfig):  # needs data, and calibrate_model didn't reach it: outside the blocks
+        return ("GPTQConfig calibrates expert Parameters inside the decoder blocks only, and this one is outside "
+                "them; pass CalibrationData(blocks=...) naming the block list that holds it, or give it a "
+                "weight-only config")
     if config.needs_calibration_data():
-        return (f"{type(config).__name__} needs calibration data, and calibration of expert Parameters is not "
-                f"supported yet; use a weight-only or dynamic-activation config for the experts (ModuleConfigs "
-                f"with a 're:.*experts.*' key)")
+        return (f"{type(config).__name__} needs calibration data, and only GPTQConfig calibrates expert "
+                f"Parameters (inside the decoder blocks); use GPTQConfig, or a weight-only or dynamic-activation "
+                f"config for the experts (ModuleConfigs with a 're:.*experts.*' key)")
     return None

@@ -193,7 +193,8 @@ def _plan(model, config, filter_fn, device, done, calibration_data=None, progres
             handler_for(c)  # unknown config types fail before anything happens
     configs.check_patterns(modules)  # a pattern too slow for a name fails now, not after calibration
     selected = filter_fn or _default_filter
-    calibrated = calibrate_model(model, modules, configs, selected, calibration_data)  # changes nothing
+    expert_filter = None if selected is _default_filter else selected
+    calibrated = calibrate_model(model, modules, configs, selected, calibration_data, expert_filter)  # changes nothing
     report, swaps = _plan_model(modules, holders, configs, selected, device, done, calibrated, progress)
     report.notes = float_read_notes(report, modules, holders, configs)
     return report, swaps, calibrated
@@ -208,7 +209,7 @@ def _plan_model(modules: dict[str, nn.Module], holders: dict[int, list[_Holder]]
     entries: dict[str, LayerReport] = {}
     owned: dict[int, _Owned] = {}  # id(Parameter) -> its owner's plan, see Note [Shared weights]
     # 3-d expert Parameters and their routers: Note [Expert Parameters in quantize_] (expert_weights.py)
-    experts = plan_experts(modules, configs, None if selected is _default_filter else selected, device)
+    experts = plan_experts(modules, configs, None if selected is _default_filter else selected, device, calibrated)
     chosen = [fqn for fqn, module in modules.items()
               if (fqn in exact or selected(module, fqn)) and fqn not in experts.routers]
     bar = ProgressLine("quantize_", len(chosen), "layers",
