@@ -15,7 +15,7 @@ import torch
 import torchqkit as qk
 from torchqkit.core.primitives import ZeroPointDomain
 
-from .tiny_gguf import FFN, HIDDEN, KV_HEADS, HEADS, VOCAB, add_tiny_tokenizer, write_tiny_llama
+from .tiny_gguf import FFN, HIDDEN, KV_HEADS, HEADS, VOCAB, write_tiny_llama, write_tokenizer_gguf
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -26,15 +26,7 @@ LEGACY = {"attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "Q8_0", "attn_output": "
 
 @pytest.fixture(scope="module")
 def tokenizer_gguf(tmp_path_factory):
-    """A GGUF holding only a tiny tokenizer, to copy into exports of models that don't come from a GGUF."""
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    add_tiny_tokenizer(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_tokenizer_gguf(tmp_path_factory.mktemp("tok") / "tokenizer.gguf")
 
 
 def _tiny_model(seed=0):

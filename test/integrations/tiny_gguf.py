@@ -38,6 +38,18 @@ def add_tiny_tokenizer(writer, vocab=VOCAB):
     writer.add_eos_token_id(2)
 
 
+def write_tokenizer_gguf(path):
+    """A GGUF holding only the tiny tokenizer, to copy into exports of models that don't come from a GGUF."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), "llama")
+    add_tiny_tokenizer(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def write_tiny_llama(path, *, seed=0, down_format_override=None, architecture="llama", tied=True, tokenizer=False,
                      layer_formats=None):
     import gguf

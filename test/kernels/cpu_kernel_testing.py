@@ -9,6 +9,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import torchqkit as qk
 from torchqkit import kernels
 
 ISA_LEVELS = ["scalar", "avx2", "avx_vnni", "avx512_vnni", "avx512_bf16", "amx"]
@@ -58,6 +59,16 @@ def isa_param(levels: list[str]):
 
 def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def quantized_linear(config, dtype=torch.float32) -> torch.nn.Linear:
+    """A Linear(96, 48) with a fixed weight (randn * 0.05, seed 0), quantized by ``config``: what the config-level
+    tests of each format's op run."""
+    lin = torch.nn.Linear(96, 48).to(dtype)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(48, 96, generator=gen(0)) * 0.05)
+    qk.quantize_(lin, config)
+    return lin
 
 
 def assert_rel(out, ref, tol, what=""):

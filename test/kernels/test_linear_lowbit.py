@@ -13,7 +13,7 @@ import torchqkit as qk
 from torchqkit import kernels
 from torchqkit.kernels.precision import float32_matmul_precision
 
-from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen
+from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen, quantized_linear
 from cpu_kernel_testing import isa_param as isa_param_for
 from cpu_kernel_testing import needs_kernel, running_level, unaligned
 from torchqkit.core import qdtypes as Q
@@ -467,6 +467,9 @@ LAYOUT_CASES = {
     "nf4": (lambda: qk.NF4WeightOnlyConfig(block_size=32), "linear_nf4wo"),
     "nf4_dq": (lambda: qk.NF4WeightOnlyConfig(block_size=32, double_quant=True), "linear_nf4wo"),
     "fp8_row": (lambda: qk.Float8WeightOnlyConfig(), "linear_fp8wo"),
+    "nvfp4": (lambda: qk.NVFP4WeightOnlyConfig(), "linear_nvfp4wo"),
+    "fp6_e3m2": (lambda: qk.FP6WeightOnlyConfig(), "linear_fp6wo"),
+    "fp6_e2m3_g32": (lambda: qk.FP6WeightOnlyConfig(ebits=2, group_size=32), "linear_fp6wo"),
     "fp8_e5m2_block": (lambda: qk.Float8WeightOnlyConfig(weight_dtype=Q.float8_e5m2, granularity=qk.PerBlock((16, 32))),
                        "linear_fp8wo"),
     "int3_g32": (lambda: qk.IntxWeightOnlyConfig(bits=3, granularity=qk.PerGroup(32)), "linear_intxwo"),
@@ -477,19 +480,11 @@ LAYOUT_CASES = {
 }
 
 
-def _linear(config, dtype=torch.float32):
-    lin = torch.nn.Linear(96, 48).to(dtype)
-    with torch.no_grad():
-        lin.weight.copy_(_float_weight(48, 96))
-    qk.quantize_(lin, config)
-    return lin
-
-
 @pytest.mark.parametrize("case", list(LAYOUT_CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_layout_linear_uses_op_and_matches_dequantized(case, dtype):
     make, op = LAYOUT_CASES[case]
-    lin = _linear(make(), dtype)
+    lin = quantized_linear(make(), dtype)
     x = _act(5, 96, dtype)
     log = OpLog()
     with torch.no_grad(), log:
@@ -504,7 +499,7 @@ def test_layout_linear_uses_op_and_matches_dequantized(case, dtype):
 @pytest.mark.parametrize("case", ["nf4", "int3_g32", "mxfp4"])
 def test_reference_preference_keeps_the_reference(case):
     make, op = LAYOUT_CASES[case]
-    lin = _linear(type(make())(**{**make().__dict__, "kernel_preference": qk.KernelPreference.REFERENCE}))
+    lin = quantized_linear(type(make())(**{**make().__dict__, "kernel_preference": qk.KernelPreference.REFERENCE}))
     log = OpLog()
     with torch.no_grad(), log:
         lin(_act(2, 96, torch.float32))
@@ -514,7 +509,7 @@ def test_reference_preference_keeps_the_reference(case):
 @pytest.mark.parametrize("double_quant", [False, True], ids=["nf4", "nf4_dq"])
 def test_qlora_gradients_reach_input_bias_and_adapter(double_quant):
     # Frozen NF4 base + trainable low-rank adapter: gradients equal those of the dequantized float weight.
-    lin = _linear(qk.NF4WeightOnlyConfig(block_size=32, double_quant=double_quant))
+    lin = quantized_linear(qk.NF4WeightOnlyConfig(block_size=32, double_quant=double_quant))
     w = lin.weight.dequantize()
     a = torch.randn(4, 96, generator=gen(5), requires_grad=True)
     x = _act(3, 96, torch.float32).requires_grad_()
@@ -530,4 +525,4 @@ def test_qlora_gradients_reach_input_bias_and_adapter(double_quant):
 @pytest.mark.parametrize("case", ["nf4_dq", "fp8_row", "int3_g32"])
 def test_compile_fullgraph_calls_the_custom_op(case):
     make, op = LAYOUT_CASES[case]
-    assert_compiled_calls_op(_linear(make()), _act(4, 96, torch.float32), op)
+    assert_compiled_calls_op(quantized_linear(make()), _act(4, 96, torch.float32), op)

@@ -12,7 +12,7 @@ from torchqkit.core import qdtypes as Q
 
 from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen
 from cpu_kernel_testing import isa_param as isa_param_for
-from cpu_kernel_testing import needs_kernel, running_level
+from cpu_kernel_testing import needs_kernel, quantized_linear, running_level
 from torchqkit import kernels
 
 NVFP4 = torch.ops.torchqkit.linear_nvfp4wo
@@ -134,37 +134,8 @@ def test_opcheck(weights, name, dtype):
     torch.library.opcheck(op, args, test_utils=list(utils))
 
 
-CONFIGS = {
-    "nvfp4": (lambda: qk.NVFP4WeightOnlyConfig(), "linear_nvfp4wo"),
-    "fp6_e3m2": (lambda: qk.FP6WeightOnlyConfig(), "linear_fp6wo"),
-    "fp6_e2m3_g32": (lambda: qk.FP6WeightOnlyConfig(ebits=2, group_size=32), "linear_fp6wo"),
-}
-
-
-def _linear(config, dtype=torch.float32):
-    lin = torch.nn.Linear(96, 48).to(dtype)
-    with torch.no_grad():
-        lin.weight.copy_(_w(48, 96))
-    qk.quantize_(lin, config)
-    return lin
-
-
-@pytest.mark.parametrize("case", list(CONFIGS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_config_linear_uses_op_and_matches_dequantized(case, dtype):
-    make, op = CONFIGS[case]
-    lin = _linear(make(), dtype)
-    x = (torch.randn(5, 96, generator=gen(4))).to(dtype)
-    log = OpLog()
-    with torch.no_grad(), log:
-        out = lin(x)
-    assert log.ops == [op]
-    # bf16: the reference multiplies in bf16, the op in fp32 rounded once: a few bf16 ulps of the output.
-    assert_rel(out, F.linear(x, lin.weight.dequantize(), lin.bias), 2e-5 if dtype == torch.float32 else 2.0 ** -5, case)
-
-
 def test_nvfp4_activations_run_the_reference_with_fake_quantized_inputs():
-    lin = _linear(qk.NVFP4DynamicActivationNVFP4WeightConfig())
+    lin = quantized_linear(qk.NVFP4DynamicActivationNVFP4WeightConfig())
     x = torch.randn(4, 96, generator=gen(6))
     log = OpLog()
     with torch.no_grad(), log:
@@ -175,10 +146,11 @@ def test_nvfp4_activations_run_the_reference_with_fake_quantized_inputs():
                                rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("case", ["nvfp4", "fp6_e2m3_g32"])
-def test_compile_fullgraph_calls_the_custom_op(case):
-    make, op = CONFIGS[case]
-    assert_compiled_calls_op(_linear(make()), torch.randn(4, 96, generator=gen(7)), op)
+@pytest.mark.parametrize("make, op", [(lambda: qk.NVFP4WeightOnlyConfig(), "linear_nvfp4wo"),
+                                      (lambda: qk.FP6WeightOnlyConfig(ebits=2, group_size=32), "linear_fp6wo")],
+                         ids=["nvfp4", "fp6_e2m3_g32"])
+def test_compile_fullgraph_calls_the_custom_op(make, op):
+    assert_compiled_calls_op(quantized_linear(make()), torch.randn(4, 96, generator=gen(7)), op)
 
 
 @needs_ext

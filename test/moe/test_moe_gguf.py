@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from ..integrations.tiny_gguf import VOCAB, add_tiny_tokenizer
+from ..integrations.tiny_gguf import VOCAB, write_tokenizer_gguf
 from .models import expert_stacks, tiny_moe
 
 gguf = pytest.importorskip("gguf")
@@ -20,14 +20,7 @@ OVERRIDES = {"qwen3_moe": {"norm_topk_prob": True}, "mixtral": {}}
 
 @pytest.fixture(scope="module")
 def tokenizer_gguf(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    add_tiny_tokenizer(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_tokenizer_gguf(tmp_path_factory.mktemp("tok") / "tokenizer.gguf")
 
 
 def _model(name, config=None):
