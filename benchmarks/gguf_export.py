@@ -33,6 +33,7 @@ from torchqkit.eval import perplexity, smollm2_gguf_path
 from . import calibration
 from .common import cli, llm, peers
 from .common.configs import build
+from .common.placeholder_tokenizer import placeholder_tokenizer
 
 GROUP = "gguf_export"
 DEFAULT_CONFIGS = ["int4-wo-g32", "int4-wo-g64", "int4-wo-g64+hqq", "int4-wo-g64+gptq", "int4-wo-g64+awq"]
@@ -50,22 +51,6 @@ def _peer(python: str, *args: str) -> dict:
         err = done.stderr.strip()
         return {"note": f"failed: {err.splitlines()[-1] if err else done.returncode}"}
     return json.loads(done.stdout)
-
-
-def _tiny_tokenizer(path: Path, vocab: int) -> Path:
-    """--quick's tokenizer: a GGUF holding only ``vocab`` placeholder tokens (the tiny model reads byte ids)."""
-    import gguf
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(["a", "b", "ab"] + [f"<t{i}>" for i in range(3, vocab)])
-    w.add_token_types([1] * vocab)
-    w.add_token_merges(["a b"])  # llama.cpp refuses a BPE vocabulary without merges
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def _file_bytes(path: Path) -> int:
@@ -100,7 +85,7 @@ def main(argv=None) -> int:
     shape = {"model": model_llm.name, "tokens": ids.numel(), "window": window}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        tokenizer = _tiny_tokenizer(folder / "tokenizer.gguf", llm.TINY_VOCAB) if args.quick else smollm2_gguf_path()
+        tokenizer = placeholder_tokenizer(folder / "tokenizer.gguf", llm.TINY_VOCAB) if args.quick else smollm2_gguf_path()
         ids_file = folder / "ids.json"
         ids_file.write_text(json.dumps(ids.tolist()))
 

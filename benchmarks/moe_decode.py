@@ -36,6 +36,7 @@ from .common import cli, peers
 from .common.configs import build
 from .common.llm import tensor_bytes
 from .common.memory import QUICK_BYTES, read_bandwidth
+from .common.placeholder_tokenizer import placeholder_tokenizer
 
 GROUP = "moe_decode"
 DEFAULT_CONFIGS = ["float32", "int4-wo-g32", "int8-wo", "nf4-b64", "int8-dyn-int8"]
@@ -121,29 +122,13 @@ def measure(model, ids, args) -> dict:
 PEER_PROMPT = "ab " * 8  # the placeholder tokenizer's tokens: llama.cpp needs text to tokenize
 
 
-def placeholder_tokenizer(path: Path, vocab: int) -> Path:
-    """A GGUF holding only ``vocab`` placeholder BPE tokens and one merge (the random model reads any ids)."""
-    import gguf
-    w = gguf.GGUFWriter(str(path), "qwen3moe")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(["a", "b", "ab", " "] + [f"<t{i}>" for i in range(4, vocab)])
-    w.add_token_types([1] * vocab)
-    w.add_token_merges(["a b"])  # llama.cpp refuses a BPE vocabulary without merges
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 def llama_cpp_row(rec, name, model, folder: Path, args) -> None:
     """The config's model through save_gguf and llama.cpp's decode: a 'llama.cpp' row, or why there is none."""
     if not args.peers_python:
         return
     path = folder / f"{name}.gguf"
     try:
-        report = qk.save_gguf(model, path, placeholder_tokenizer(folder / "tokenizer.gguf", model.config.vocab_size))
+        report = qk.save_gguf(model, path, placeholder_tokenizer(folder / "tokenizer.gguf", model.config.vocab_size, "qwen3moe"))
     except qk.GGUFError as e:
         print(f"[{GROUP}] llama.cpp {name}: no GGUF export: {str(e)[:240]} ...", file=sys.stderr)
         return
