@@ -1,10 +1,15 @@
-"""Shared test helpers: SQNR, the SQNR threshold table, small models with realistic module names, and what a
-compiled graph's code calls."""
+"""Shared test helpers: SQNR, the SQNR threshold table, small models with realistic module names, what a compiled
+graph's code calls, which ops run (OpLog), and a quantized model's float twin (dequantized_copy)."""
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchqkit import AffineQuantizedTensor
 
 
 @pytest.fixture(autouse=True)
@@ -142,3 +147,32 @@ def small_hf_llama(seed: int = 0, init_std: float | None = 0.2):
                 if p.dim() > 1:
                     p.normal_(0, init_std)
     return model
+
+
+class OpLog(TorchDispatchMode):
+    """The ops (overload packets) dispatched while active, in order: their names ("linear_int4wo_tiled"), or with
+    ``qualified=True`` namespace and name ("torchqkit_triton.linear_int4wo_tiled"), to tell backends apart."""
+
+    def __init__(self, qualified: bool = False):
+        super().__init__()
+        self.ops, self.qualified = [], qualified
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket) if self.qualified else func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def dequantized_copy(model: nn.Module) -> nn.Module:
+    """The same model with every quantized weight (Linear, expert stack, convolution, embedding) replaced by its
+    dequantize(): the float model the quantized one must compute, the reference of the kernels."""
+    float_model = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in float_model.modules():
+            for attr, p in list(module._parameters.items()):
+                if isinstance(p, AffineQuantizedTensor):
+                    w = p.dequantize()
+                    if isinstance(module, (nn.Conv1d, nn.Conv2d)):  # stored (out, in): Note [Weight-bearing modules]
+                        w = w.reshape(w.shape[0], w.shape[1], *module.kernel_size)
+                    setattr(module, attr, nn.Parameter(w, requires_grad=False))
+    return float_model
+

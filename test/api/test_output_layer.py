@@ -3,28 +3,16 @@ weight), logits match the dequantized model, and the report notes a float weight
 than the quantized Linears (Note [Float reads per token])."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 import torchqkit as qk
 from torchqkit.api.float_reads import FLOAT_SHARE_NOTED
 
-from ..common import small_hf_llama
+from ..common import dequantized_copy, small_hf_llama
 
 pytest.importorskip("transformers")
 
-
-def _dequantized_copy(model):
-    """The float model computing with every quantized weight's dequantization: the reference of the kernels."""
-    ref = copy.deepcopy(model)
-    with torch.no_grad():
-        for module in ref.modules():
-            w = module._parameters.get("weight")
-            if isinstance(w, qk.AffineQuantizedTensor):
-                module.weight = torch.nn.Parameter(w.dequantize(), requires_grad=False)
-    return ref
 
 
 def test_out8_quantizes_the_tied_weight_once_and_matches_the_dequantized_model():
@@ -39,7 +27,7 @@ def test_out8_quantizes_the_tied_weight_once_and_matches_the_dequantized_model()
     assert report["model.layers.0.mlp.up_proj"].config == "int4 weight-only g32"
     assert report.notes == [] and "note:" not in str(report)
     ids = torch.tensor([[3, 17, 127, 0, 17, 64]])
-    ref = _dequantized_copy(model)
+    ref = dequantized_copy(model)
     with torch.no_grad():
         assert torch.equal(model.model.embed_tokens(ids), ref.model.embed_tokens(ids))  # the rows, exactly
         logits, expected = model(ids).logits, ref(ids).logits

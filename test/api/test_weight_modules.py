@@ -3,8 +3,6 @@ convolutions served as a Linear on the channel dim, standalone embeddings (``emb
 convolutions no path serves, reported with the reason or refused with strict=True before anything changes."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,18 +10,8 @@ from torch import nn
 
 import torchqkit as qk
 
+from ..common import dequantized_copy, small_hf_llama
 
-def _dequantized_copy(model):
-    ref = copy.deepcopy(model)
-    with torch.no_grad():
-        for module in ref.modules():
-            w = module._parameters.get("weight")
-            if isinstance(w, qk.AffineQuantizedTensor):
-                float_w = w.dequantize()
-                if isinstance(module, (nn.Conv1d, nn.Conv2d)):
-                    float_w = float_w.reshape(module.weight.shape[0], module.weight.shape[1], *module.kernel_size)
-                module.weight = nn.Parameter(float_w, requires_grad=False)
-    return ref
 
 
 # ----------------------------------------------------------------------------------------- GPT-2 Conv1D
@@ -53,7 +41,7 @@ def test_gpt2_conv1d_quantized_along_in_and_served_through_the_transposed_view(t
     qk.quantize_(lin, qk.Int4WeightOnlyConfig(group_size=32))
     assert torch.equal(inner.dequantize(), lin.weight.dequantize())             # the same codes as W^T quantized
     ids = torch.tensor([[1, 5, 9, 127, 0, 64]])
-    ref = _dequantized_copy(model)
+    ref = dequantized_copy(model)
     with torch.no_grad():
         logits, want = model(ids).logits, ref(ids).logits
     torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
@@ -99,7 +87,7 @@ def test_1x1_convolutions_run_as_quantized_linears_and_the_others_are_reported()
     assert report["pw1"].bytes_before == 64 * 32 * 4 and report["pw1"].bytes_after == 64 * 32 + 64 * 4
     assert tuple(model.pw1.weight.shape) == (64, 32) and model.pw1.weight.qdtype is qk.qdtypes.int8
     x = torch.randn(2, 32, 7, 9, generator=torch.Generator().manual_seed(1))
-    ref = _dequantized_copy(model)
+    ref = dequantized_copy(model)
     with torch.no_grad():
         out, want = model(x), ref(x)
     assert out.shape == want.shape == (2, 64, 15)  # 7 x 9 -> 5 x 6 (stride 2, padding 1) -> 30 -> 15
@@ -185,7 +173,6 @@ def test_embedding_named_in_module_configs_and_left_alone_by_default():
 
 def test_embeddings_argument_leaves_a_tied_embedding_to_its_output_layer():
     pytest.importorskip("transformers")
-    from ..common import small_hf_llama
     model = small_hf_llama()
     report = qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=32), embeddings=qk.Int8WeightOnlyConfig())
     assert report["lm_head"].status == "kept" and "tied to model.embed_tokens.weight" in report["lm_head"].reason
@@ -204,7 +191,6 @@ def test_bad_embedding_inputs():
 
 def test_a_tied_embedding_named_in_module_configs_takes_its_output_layer_along():
     pytest.importorskip("transformers")
-    from ..common import small_hf_llama
     model = small_hf_llama()
     report = qk.quantize_(model, qk.ModuleConfigs({"model.embed_tokens": qk.Int8WeightOnlyConfig(), "lm_head": None,
                                                    "_default": qk.Int4WeightOnlyConfig(group_size=32)}))
@@ -225,7 +211,6 @@ def test_a_quantized_1x1_convolution_compiles_to_the_eager_result():
 
 def test_a_tied_embedding_selected_but_not_named_follows_its_named_output_layer():
     pytest.importorskip("transformers")
-    from ..common import small_hf_llama
     model = small_hf_llama()
     configs = qk.ModuleConfigs({"lm_head": qk.Int8WeightOnlyConfig(),
                                 "_default": qk.Int4WeightOnlyConfig(group_size=32)})

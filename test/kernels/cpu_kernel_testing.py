@@ -7,10 +7,10 @@ import os
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchqkit as qk
 from torchqkit import kernels
+from test.common import OpLog  # noqa: F401  (the kernel tests import it from here)
 
 ISA_LEVELS = ["scalar", "avx2", "avx_vnni", "avx512_vnni", "avx512_bf16", "amx"]
 
@@ -89,16 +89,6 @@ def unaligned(t: torch.Tensor, offset_bytes: int) -> torch.Tensor:
     return out
 
 
-class OpLog(TorchDispatchMode):
-    """Names of the ops (overload packets) dispatched while active, in order."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def assert_compiled_calls_op(module, x, op: str):

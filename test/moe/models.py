@@ -1,8 +1,6 @@
 """Tiny random mixture-of-experts models built from transformers' own configs (hidden 64, top-2, 2 layers)."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from torch import nn
@@ -41,16 +39,6 @@ def tiny_moe(name: str, seed: int = 0, **overrides) -> nn.Module:
     config = transformers.OlmoeConfig(**common, intermediate_size=32, num_experts=8)
     return transformers.OlmoeForCausalLM(config).eval()
 
-
-def dequantized_copy(model: nn.Module) -> nn.Module:
-    """The same model with every quantized weight (Linear or expert stack) replaced by its dequantize(): the
-    float model the quantized one must compute."""
-    float_model = copy.deepcopy(model)
-    for module in float_model.modules():
-        for attr, p in list(module._parameters.items()):
-            if isinstance(p, qk.AffineQuantizedTensor):
-                setattr(module, attr, nn.Parameter(p.dequantize(), requires_grad=False))
-    return float_model
 
 
 def expert_stacks(model: nn.Module) -> dict[str, qk.AffineQuantizedTensor]:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchqkit as qk
 from torchqkit.api.expert_weights import quantize_experts
 from torchqkit.tensor.activation import KernelPreference
+from test.common import OpLog
 
 E, N, K = 3, 40, 64
 OFFS = (2, 2, 5)  # expert 1 gets no tokens
@@ -24,14 +24,6 @@ CASES = [
 ]
 
 
-class _OpLog(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("pref", [KernelPreference.AUTO, KernelPreference.TRITON, KernelPreference.REFERENCE],
@@ -48,7 +40,7 @@ def test_grouped_experts_run_the_preferred_backend(config, kwargs, op, pref, dev
     for e, (start, end) in enumerate(zip(starts, OFFS)):
         if end == start:
             continue
-        with _OpLog() as log:
+        with OpLog(qualified=True) as log:
             one = F.linear(x[start:end], stack[e])
         torch.testing.assert_close(out[start:end], one, atol=0, rtol=0)
         torch.testing.assert_close(out[start:end].float(), x[start:end].float() @ w[e].T, atol=1e-2, rtol=1e-2)

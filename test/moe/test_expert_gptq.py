@@ -16,7 +16,8 @@ import torch
 
 import torchqkit as qk
 
-from .models import dequantized_copy, expert_stacks, tiny_moe
+from ..common import dequantized_copy
+from .models import expert_stacks, tiny_moe
 
 BASE = qk.Int4WeightOnlyConfig(group_size=32)
 BATCHES = [torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(i)) for i in range(4)]

@@ -18,8 +18,8 @@ import torch
 
 import torchqkit as qk
 
-from ..common import sqnr
-from .models import IMPLEMENTATIONS, MODELS, dequantized_copy, expert_stacks, tiny_moe
+from ..common import dequantized_copy, sqnr
+from .models import IMPLEMENTATIONS, MODELS, expert_stacks, tiny_moe
 
 WEIGHT_ONLY = {
     "int4": qk.Int4WeightOnlyConfig(group_size=32),

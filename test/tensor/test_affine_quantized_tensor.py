@@ -4,28 +4,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from expecttest import assert_expected_inline
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchqkit as qk
 from torchqkit.core import qdtypes as Q
+from test.common import OpLog
 
 
 def _w(shape=(16, 64)):
     return torch.randn(shape, generator=torch.Generator().manual_seed(0))
 
 
-class _OpLog(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket.__name__))
-        return func(*args, **(kwargs or {}))
 
 
 def _trace(fn):
-    log = _OpLog()
+    log = OpLog()
     with log:
         fn()
     return log.ops

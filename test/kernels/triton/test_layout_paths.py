@@ -7,20 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchqkit as qk
 from torchqkit.tensor.activation import KernelPreference
+from test.common import OpLog
 
 
-class _OpLog(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
 
 
 def _model(pref, device):
@@ -33,7 +25,7 @@ def _model(pref, device):
 def test_int4_linear_with_triton_preference_runs_the_triton_kernel(device):
     lin = _model(KernelPreference.TRITON, device)
     x = torch.randn(3, 64, dtype=torch.float16, device=device)
-    with _OpLog() as log:
+    with OpLog(qualified=True) as log:
         out = lin(x)
     assert "torchqkit_triton.linear_int4wo_tiled" in log.ops and "torchqkit.linear_int4wo_tiled" not in log.ops
     ref = F.linear(x.float(), lin.weight.dequantize().float(), lin.bias.float())
@@ -65,7 +57,7 @@ def test_every_layout_with_a_triton_kernel_runs_it_when_asked(config, op, device
     kwargs = {"granularity": qk.PerRow()} if config is qk.Float8DynamicActivationFloat8WeightConfig else {}
     qk.quantize_(lin, config(kernel_preference=KernelPreference.TRITON, **kwargs))
     x = torch.randn(3, 64, dtype=torch.float16, device=device)
-    with _OpLog() as log, torch.no_grad():
+    with OpLog(qualified=True) as log, torch.no_grad():
         out = lin(x)
     assert f"torchqkit_triton.{op}" in log.ops, log.ops
     ref = qk.layouts.routes.reference_linear(lin.weight, x, lin.bias).float()
