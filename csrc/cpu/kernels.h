@@ -156,8 +156,8 @@ struct LowbitArgs {
   int64_t N, ldw;
   const float* scale;     // (N / bn, G) fp32 contiguous; nullptr: E8M0 or nf4 double quant (below)
   const uint8_t* scale_e8m0;  // MX: (N / bn, G) E8M0 exponents e instead of scale, s = 2^(e - 127)
-  const uint8_t* scale_e4m3 = nullptr;  // NVFP4: (N / bn, G) float8 e4m3fn bytes E instead of scale, s = E / scale_div
-  float scale_div = 1.f;
+  const uint8_t* scale_e4m3 = nullptr;  // NVFP4: (N / bn, G) float8 e4m3fn bytes E instead of scale,
+  const float* e4m3_scales = nullptr;   //   s = e4m3_scales[E]: each byte's value / the global scale (256 floats)
   float scale_mul = 1.f;  // every s times this (e4m3: the decoder's 1/256 folded back)
   const float* offset;    // (N / bn, G) or nullptr (no offset)
   int64_t G, g, bn;       // g = K / G weights per group along K; bn rows share a scale row

@@ -42,24 +42,10 @@ alignas(64) constexpr float kFp4[16] = {TORCHQKIT_FP4_E2M1_LEVELS};
 // double-quantized NF4 absmax decoded here, per group: no per-call scale tensor). The loops compute base
 // once per row: no division per group.
 inline int64_t scale_base(const LowbitArgs& p, int64_t n) { return (n / p.bn) * p.G; }
-// A float8 e4m3fn byte's value, exactly (bits, no calls): sign | 4 exponent bits, bias 7 | 3 mantissa bits.
-inline float e4m3_value(uint8_t b) {
-  const uint32_t e = (b >> 3) & 15, m = b & 7;
-  float v;
-  if ((b & 0x7F) == 0x7F) {
-    v = std::numeric_limits<float>::quiet_NaN();
-  } else if (e == 0) {
-    v = static_cast<float>(m) * 0x1p-9f;
-  } else {
-    const uint32_t bits = ((e + 120) << 23) | (m << 20);
-    std::memcpy(&v, &bits, 4);
-  }
-  return (b & 0x80) ? -v : v;
-}
 inline float scale_at(const LowbitArgs& p, int64_t base, int64_t gi) {
   const int64_t i = base + gi;
   if (p.scale) return p.scale[i] * p.scale_mul;
-  if (p.scale_e4m3) return e4m3_value(p.scale_e4m3[i]) / p.scale_div * p.scale_mul;
+  if (p.scale_e4m3) return p.e4m3_scales[p.scale_e4m3[i]] * p.scale_mul;
   if (p.scale_e8m0) {  // 2^(e - 127): float bits e << 23; e = 0 is the subnormal 2^-127 (bits 0x00400000)
     const uint32_t e = p.scale_e8m0[i], bits = e ? e << 23 : 0x00400000u;
     float s;

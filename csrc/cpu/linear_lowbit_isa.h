@@ -529,8 +529,8 @@ __attribute__((always_inline)) inline int64_t whole_groups_fixed(F (&acc)[1][NB]
 // compiler vectorizes, so the dot loop reads one float per group and row).
 inline const float* scale_row(const LowbitArgs& p, int64_t base, float* dst) {
   if (p.scale) return p.scale + base;
-  if (p.scale_e4m3) {  // NVFP4: float8 block scale / global scale, the reference's quotient
-    for (int64_t g = 0; g < p.G; ++g) dst[g] = e4m3_value(p.scale_e4m3[base + g]) / p.scale_div;
+  if (p.scale_e4m3) {  // NVFP4: float8 block scale / global scale, the reference's quotient, looked up by byte
+    for (int64_t g = 0; g < p.G; ++g) dst[g] = p.e4m3_scales[p.scale_e4m3[base + g]];
     return dst;
   }
   if (p.scale_e8m0) {
