@@ -3,6 +3,7 @@ SmolLM2-135M perplexity and all-MiniLM-L6-v2 embedding cosine, with the two targ
 
     python -m benchmarks formats                      # SmolLM2 (2048 tokens) + MiniLM; prints a markdown table
     python -m benchmarks formats --tokens 512 --no-minilm
+    python -m benchmarks formats --quick              # a tiny random LLaMA, 128 tokens: checks the code only
 
 SmolLM2: the GGUF dequantized to float32, channels permuted first (Note: its Linears sit on a Q4_1 grid otherwise,
 docs/platform.md), every Linear but the tied lm_head quantized, perplexity over tokens [0, --tokens) of the text
@@ -31,6 +32,7 @@ DEFAULT_CONFIGS = ["float32", "int4-wo-g128", "mxfp4", "nvfp4", "fp6-e3m2", "fp6
 # (config, its reference, the largest allowed loss ratio): the targets.
 TARGETS = [("nvfp4", "mxfp4", 1.0), ("fp6-e3m2", "int4-wo-g128", 0.3), ("fp6-e2m3", "int4-wo-g128", 0.3),
            ("fp6-e2m3+g32", "int4-wo-g128", 0.3)]
+QUICK_CONFIGS = ["float32", "mxfp4", "nvfp4", "fp6-e2m3"]  # the tiny model's K = 64 has no group of 128
 
 
 def _quantize(model, name: str, keep: str | None):
@@ -45,7 +47,7 @@ def _quantize(model, name: str, keep: str | None):
 
 
 def smollm2_losses(args) -> dict[str, tuple[float, float | None]]:
-    model_llm = llm.load(False)
+    model_llm = llm.load(args.quick)
     ids = model_llm.tokenize(eval_text())[:args.tokens]
     with torch.no_grad():
         permute_llama_channels_(model_llm.model, seed=0)
@@ -53,7 +55,7 @@ def smollm2_losses(args) -> dict[str, tuple[float, float | None]]:
     for name in args.configs:
         print(f"[formats] {model_llm.name} {name}", file=sys.stderr, flush=True)
         q, bits = _quantize(model_llm.model, name, "lm_head")
-        ppl[name] = perplexity(q, ids, 512, progress=False)
+        ppl[name] = perplexity(q, ids, min(512, args.tokens), progress=False)
         out[name] = (ppl[name], ppl[name] - ppl["float32"], bits)
         del q
     return out
@@ -96,6 +98,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-minilm", action="store_true", help="SmolLM2 rows only")
     p.set_defaults(threads=1)
     args, rec = cli.start(GROUP, p, argv)
+    cli.quick(args, argv, tokens=128, configs=QUICK_CONFIGS, no_minilm=True)
     if "float32" not in args.configs:
         args.configs = ["float32", *args.configs]
     lines = []
@@ -103,7 +106,8 @@ def main(argv=None) -> int:
     for name, (value, loss, bits) in smol.items():
         rec.add("SmolLM2 perplexity", name, {"tokens": args.tokens, "permuted": True}, "perplexity", value, "",
                 increase=loss, bits_per_weight=bits)
-    lines += _table(f"SmolLM2-135M, {args.tokens} tokens, channels permuted", "perplexity", smol)
+    model_name = "a tiny random LLaMA (--quick)" if args.quick else "SmolLM2-135M"
+    lines += _table(f"{model_name}, {args.tokens} tokens, channels permuted", "perplexity", smol)
     if not args.no_minilm:
         mini = minilm_losses(args)
         for name, (value, _, bits) in mini.items():

@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     shape["calibration tokens"] = size["batches"] * size["tokens"]
     for group in (32, 128):
         base = qk.Int4WeightOnlyConfig(group_size=group)
-        for name, config in ((f"int4-g{group} rtn", base), (f"int4-g{group} gptq", qk.GPTQConfig(base))):
+        for name, config in ((f"int4-wo-g{group}", base), (f"int4-wo-g{group}+gptq", qk.GPTQConfig(base))):
             q = copy.deepcopy(model)
             report = qk.quantize_(q, qk.ModuleConfigs({"re:.*experts.*": config, "_default": None}),
                                   calibration_data=calib if "gptq" in name else None, strict=True)
