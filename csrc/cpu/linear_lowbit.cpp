@@ -117,11 +117,11 @@ float fp8_e5m2(uint8_t b) {
   return (b & 0x80) ? -v : v;
 }
 
-// An FP6 code's value times 2^-12 (e3m2) / 2^-14 (e2m3): what the vector decoders yield (Note [FP6 through fp16]).
+// An FP6 code's value (e3m2: mant = 2, e2m3: mant = 3), as the vector decoders yield (Note [FP6 through fp16]).
 float fp6(uint32_t f, int mant) {
   const int bias = mant == 2 ? 3 : 1, mag = f & 31, e = mag >> mant, m = mag & ((1 << mant) - 1);
   const float v = e ? std::ldexp((float)((1 << mant) + m), e - bias - mant) : std::ldexp((float)m, 1 - bias - mant);
-  return ((f & 32) ? -v : v) * (mant == 2 ? 0x1p-12f : 0x1p-14f);
+  return (f & 32) ? -v : v;
 }
 
 uint32_t field(const uint8_t* row, int64_t k, int bits) {

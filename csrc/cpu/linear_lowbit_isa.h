@@ -313,8 +313,9 @@ struct F32 {
 // Note [FP6 through fp16]: an FP6 code s eee mm (e3m2) / s ee mmm (e2m3) is read as the fp16 with sign s, exponent
 // 00eee / 000ee and mantissa mm00000000 / mmm0000000: the same fields shifted into place, whose value is the FP6 value
 // times 2^(bias - 15) (2^-12 for e3m2, 2^-14 for e2m3), subnormals included (vcvtph2ps converts fp16 subnormals
-// exactly, and no fp32 subnormal is formed, so denormals-are-zero modes can't touch it); the glue folds 2^12 / 2^14
-// into scale_mul. The 6-bit fields come from the packed intx decoder at B = 6 with code_offset 0 (exact floats
+// exactly, and no fp32 subnormal is formed, so denormals-are-zero modes can't touch it); one multiply by 2^12 / 2^14
+// per vector gives the FP6 values themselves. (Not folded into scale_mul like float8's 256: e3m2's largest value is
+// 28, so a weight near float32's maximum has a scale near 2^123, and 2^12 more overflows.) The 6-bit fields come from the packed intx decoder at B = 6 with code_offset 0 (exact floats
 // 0..63, in its k order and its dot order), so FP6 shares its byte handling and its permuted activations.
 template <class Base, int kMant>
 struct Fp6 : Base {
@@ -323,7 +324,7 @@ struct Fp6 : Base {
     const V::I f = V::cvt_i(field);
     const V::I mag = V::template slli_i<10 - kMant>(V::and_i(f, V::set1_i(31)));
     const V::I sign = V::template slli_i<10>(V::and_i(f, V::set1_i(32)));
-    return V::half_to_f(V::narrow16(V::or_i(mag, sign)));
+    return V::mul(V::half_to_f(V::narrow16(V::or_i(mag, sign))), V::set1(kMant == 2 ? 0x1p12f : 0x1p14f));
   }
   void operator()(const uint8_t* b, F (&w)[W]) const {
     Base::operator()(b, w);

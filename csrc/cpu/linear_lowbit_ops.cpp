@@ -321,7 +321,7 @@ at::Tensor linear_nvfp4wo(const at::Tensor& x, const at::Tensor& qdata, const at
 }
 
 // FP6Layout bytes (torchqkit/layouts/fp6.py): 6-bit fields as packed intx stores them, decoded through fp16
-// (Note [FP6 through fp16] in linear_lowbit_isa.h: scale_mul puts back 2^12 / 2^14).
+// (Note [FP6 through fp16] in linear_lowbit_isa.h).
 at::Tensor linear_fp6wo(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale, int64_t ebits,
                         const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "torchqkit::linear_fp6wo";
@@ -337,7 +337,6 @@ at::Tensor linear_fp6wo(const at::Tensor& x, const at::Tensor& qdata, const at::
   LowbitArgs p = weight_args(w, ebits == 3 ? LowbitFormat::kFp6E3m2 : LowbitFormat::kFp6E2m3, N, K);
   p.bits = 6;
   p.code_offset = 0;
-  p.scale_mul = ebits == 3 ? 4096.f : 16384.f;
   p.scale = s.data_ptr<float>();
   p.G = s.size(1);
   p.g = K / p.G;
