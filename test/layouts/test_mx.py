@@ -52,8 +52,9 @@ def test_e8m0_codec_exact_over_every_code():
 
 @pytest.mark.parametrize("bad", [3.0, 0.0, -1.0, float("inf")])
 def test_pack_refuses_scales_that_are_not_powers_of_two(bad):
-    with pytest.raises(ValueError, match="scale_rounding='power_of_two'"):
+    with pytest.raises(ValueError, match="scale_rounding='power_of_two'") as err:
         _to_e8m0(torch.tensor([[1.0, bad]]))
+    assert f"e.g. [{bad}]" in str(err.value)  # the offending scale is named, infinity included
 
 
 @pytest.mark.parametrize("qdtype,bits_per_weight", [(Q.fp4_e2m1, 4), (Q.float8_e4m3fn, 8)])

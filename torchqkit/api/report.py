@@ -55,7 +55,7 @@ class QuantizationReport:
     """What ``quantize_`` (or ``quantize_checkpoint``, ``from_gguf``) did to each layer: one ``LayerReport``
     per Linear, and per module a config named.
 
-    ``entries`` lists them in module order; ``report[fqn]`` finds one (``KeyError`` if absent); ``by_status(s)``
+    ``entries`` lists them in module order (iterating the report yields them too); ``report[fqn]`` finds one (``KeyError`` if absent); ``by_status(s)``
     and the ``quantized`` / ``skipped`` / ``shared`` properties filter them; ``bytes_before`` / ``bytes_after``
     total the weight bytes (a shared weight once); ``print(report)`` shows a table and a summary line. ``notes``
     holds what the table alone would hide: a float weight left in the model that reads at least half as many
@@ -110,6 +110,10 @@ class QuantizationReport:
 
     def __len__(self):
         return len(self.entries)
+
+    def __iter__(self):
+        """The entries in module order (``for e in report``), like iterating ``report.entries``."""
+        return iter(self.entries)
 
     def __str__(self) -> str:
         rows = [("layer", "status", "config / reason", "bytes before", "after")]

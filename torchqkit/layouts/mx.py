@@ -106,8 +106,10 @@ def _to_e8m0(scale: torch.Tensor) -> torch.Tensor:
     bits = scale.float().contiguous().view(torch.int32)
     normal = ((bits & 0x807FFFFF) == 0) & (bits != 0)  # positive, mantissa zero, not 0.0
     subnormal = bits == _FLOAT32_2_POW_M127
-    if not scale.is_meta and (not bool((normal | subnormal).all()) or bool(((bits >> 23) == 0xFF).any())):
-        bad = scale[~(normal | subnormal)].flatten()[:4].tolist()
+    # An infinite or NaN scale has a zero mantissa too (exponent field 0xFF): refused with the others.
+    ok = (normal | subnormal) & ((bits >> 23) != 0xFF)
+    if not scale.is_meta and not bool(ok.all()):
+        bad = scale[~ok].flatten()[:4].tolist()
         raise ValueError(f"MXLayout stores E8M0 scales: every scale must be a power of two in 2^-127..2^127, got "
                          f"e.g. {bad}. Quantize with scale_rounding='power_of_two' (MXFP8WeightOnlyConfig / "
                          f"MXFP4WeightOnlyConfig do).")

@@ -37,7 +37,18 @@ _GRANULARITIES = {c.__name__: c for c in (_granularity.PerTensor, _granularity.P
 
 
 def expert_spec(w) -> str:
-    """The format of one expert of the stack ``w`` as a JSON string (the op's ``spec`` argument)."""
+    """The format of one expert of the stack ``w`` as a JSON string (the op's ``spec`` argument).
+
+    Kept on the stack after the first call: the fields it encodes are fixed when a tensor is built, and every
+    decode step of every MoE layer asks for it (the JSON encoding costs about as much as the per-expert call of a
+    small expert's kernel)."""
+    spec = w.__dict__.get("_expert_spec")
+    if spec is None:
+        spec = w.__dict__["_expert_spec"] = _encode_spec(w)
+    return spec
+
+
+def _encode_spec(w) -> str:
     act = w.act_quant
     return json.dumps({
         "qdtype": w.qdtype.name, "block_size": list(w.block_size[1:]), "shape": list(w.logical_shape[1:]),
