@@ -79,6 +79,18 @@ def assert_rel(out, ref, tol, what=""):
     assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g} (tol {tol:g} x max |ref|)"
 
 
+def assert_every_token_count(call, reference, w, tol, what: str, counts=range(1, 10)):
+    """``call(w, x, bias)`` = ``reference(w, x, bias)`` (``assert_rel`` with ``tol[dtype]``) for M = each of ``counts``
+    tokens (default 1..9: every tile remainder of the dot kernels, AVX-512 tiles of 4, AVX2 of 2, and the first
+    count past them) in float32 and bfloat16; activations randn * 3 seeded by M, a fixed bias."""
+    n, k = w.shape
+    bias = torch.randn(n, generator=gen(2))
+    for m in counts:
+        for dtype in (torch.float32, torch.bfloat16):
+            x = (torch.randn(m, k, generator=gen(m)) * 3).to(dtype)
+            assert_rel(call(w, x, bias.to(dtype)), reference(w, x, bias.to(dtype)), tol[dtype], f"{what} M={m} {dtype}")
+
+
 def unaligned(t: torch.Tensor, offset_bytes: int) -> torch.Tensor:
     """A copy of t whose data starts `offset_bytes` past a 64-byte boundary (as safetensors can return)."""
     nbytes = t.numel() * t.element_size()

@@ -13,7 +13,7 @@ import torchqkit as qk
 from torchqkit import kernels
 from torchqkit.kernels.precision import float32_matmul_precision
 
-from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen, quantized_linear
+from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_every_token_count, assert_rel, cpu_levels, gen, quantized_linear
 from cpu_kernel_testing import isa_param as isa_param_for
 from cpu_kernel_testing import needs_kernel, running_level, unaligned
 from torchqkit.core import qdtypes as Q
@@ -175,14 +175,7 @@ def dot_weights():
 @pytest.mark.parametrize("name", list(DOT_WEIGHTS))
 def test_dot_kernel_every_token_count(monkeypatch, dot_weights, isa, name):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
-    w = dot_weights[name]
-    n, k = w.shape
-    bias = torch.randn(n, generator=gen(2))
-    for m in range(1, 10):
-        for dtype in (torch.float32, torch.bfloat16):
-            x = _act(m, k, dtype, seed=m)
-            assert_rel(_call(w, x, bias.to(dtype)), _reference(w, x, bias.to(dtype)), TOL[dtype],
-                       f"{isa} {name} M={m} {dtype}")
+    assert_every_token_count(_call, _reference, dot_weights[name], TOL, f"{isa} {name}")
 
 
 @needs_ext

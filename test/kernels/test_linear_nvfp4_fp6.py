@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import torchqkit as qk
 from torchqkit.core import qdtypes as Q
 
-from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_rel, cpu_levels, gen
+from cpu_kernel_testing import OpLog, assert_compiled_calls_op, assert_every_token_count, assert_rel, cpu_levels, gen
 from cpu_kernel_testing import isa_param as isa_param_for
 from cpu_kernel_testing import needs_kernel, quantized_linear, running_level
 from torchqkit import kernels
@@ -160,13 +160,7 @@ def test_half_step_groups_in_the_dot_kernel_every_token_count(monkeypatch, weigh
     # Note [Groups of half a step]: 1..9 tokens (AVX-512 tiles of 4, AVX2 of 2; the fp32 blocks from 9 on), K an odd
     # multiple of 16 (a last step whose second half has no group), N odd (a short last tile of rows).
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
-    w = weights[name]
-    n, k = w.shape
-    bias = torch.randn(n, generator=gen(2))
-    for m in range(1, 10):
-        for dtype in (torch.float32, torch.bfloat16):
-            x = (torch.randn(m, k, generator=gen(m)) * 3).to(dtype)
-            assert_rel(_call(w, x, bias.to(dtype)), _reference(w, x, bias.to(dtype)), TOL[dtype], f"{isa} {name} M={m}")
+    assert_every_token_count(_call, _reference, weights[name], TOL, f"{isa} {name}")
 
 
 @needs_ext
