@@ -61,14 +61,12 @@ def test_cuda_preference_on_cpu_tensors_raises_naming_layout_case_op_and_reason(
 
 
 def test_named_backend_for_a_case_no_op_serves_raises_instead_of_the_reference():
-    # ternary bit planes: no kernel reads them, so TRITON can't be honoured
+    # int8 dynamic activations x int3 weights: no kernel reads them (the int8 x int kernels take int8 and packed
+    # int4), so TRITON can't be honoured
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 24)
-    with torch.no_grad():
-        lin.weight.copy_(torch.randint(-1, 2, (24, 64)).float() * 0.05)
-    qk.quantize_(lin, qk.IntxWeightOnlyConfig(bits=2, granularity=qk.PerGroup(32), layout=qk.PackedIntxLayout(ternary=True),
-                                              mapping="symmetric_no_clipping_err",
-                                              kernel_preference=KernelPreference.TRITON))
+    qk.quantize_(lin, qk.Int8DynamicActivationIntxWeightConfig(weight_bits=3, weight_granularity=qk.PerGroup(32),
+                                                               kernel_preference=KernelPreference.TRITON))
     with pytest.raises(RuntimeError, match="no torchqkit op serves this case; it runs on the reference"), torch.no_grad():
         lin(torch.randn(2, 64))
 

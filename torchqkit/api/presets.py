@@ -35,6 +35,7 @@ from .configs import (Float8DynamicActivationFloat8WeightConfig, Float8WeightOnl
                       Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig,
                       MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig, NF4WeightOnlyConfig,
                       NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfig, QuantConfig)
+from ..layouts import PackedIntxLayout
 from .module_configs import ModuleConfigs
 
 __all__ = ["PRESETS", "get", "names", "OUTPUT_LAYER"]
@@ -67,6 +68,10 @@ PRESETS: dict[str, Callable[[], QuantConfig | ModuleConfigs]] = {
                                                Int8WeightOnlyConfig(group_size=32)),
     "int4-wo-g32-bf16-scales": lambda: Int4WeightOnlyConfig(group_size=32, scale_dtype=torch.bfloat16),
     "intx4-wo-sym-g32": lambda: IntxWeightOnlyConfig(bits=4, granularity=PerGroup(32)),
+    # ternary (BitNet b1.58-style {-1, 0, 1} codes, absmax scale per 32) in bit planes: Note [Ternary bit planes]
+    "ternary-g32": lambda: IntxWeightOnlyConfig(bits=2, granularity=PerGroup(32),
+                                                mapping="symmetric_no_clipping_err",
+                                                layout=PackedIntxLayout(ternary=True)),
     "int8-dyn-int8": lambda: Int8DynamicActivationInt8WeightConfig(),
     "int8-dyn-int4-g32": lambda: Int8DynamicActivationIntxWeightConfig(weight_bits=4, weight_granularity=PerGroup(32)),
     # GGUF Q4_1's weights (float16 scale and float minimum per 32) x int8 activations per token, or per token and

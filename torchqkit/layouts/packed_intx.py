@@ -9,7 +9,8 @@ See Note [Packed intx bits] and Note [Ternary bit planes] for the byte formats. 
 byte boundary, so slicing out_features is a row view; slices along in_features cut at whole bytes.
 
 Linear (routes below): weight-only, not ternary: ``torchqkit::linear_intxwo`` on these bytes (C++ CPU kernels);
-int8 dynamic activations x int4: ``torchqkit::linear_int8da_int4_packed``; ternary planes and other activation
+ternary planes weight-only: ``torchqkit::linear_ternarywo`` (table lookups, no multiplies by weights);
+int8 dynamic activations x int4: ``torchqkit::linear_int8da_int4_packed``; ternary planes with activation
 quantization run the reference (dequantize + F.linear). ``torchqkit.kernels.status()`` reports which.
 
 Note [Packed intx bits]
@@ -61,7 +62,8 @@ class PackedIntxLayout(Layout):
     (uint8), ``scale`` and ``zero_point`` (None without a zero point). It is the default layout of
     ``IntxWeightOnlyConfig`` below 8 bits and of ``Int8DynamicActivationIntxWeightConfig`` at 4 bits. Weight-only
     linears run ``torchqkit::linear_intxwo``, int8 dynamic activations x int4 ``torchqkit::linear_int8da_int4_packed``;
-    ternary planes and other activation quantization run the reference.
+    ternary planes ``torchqkit::linear_ternarywo`` (additions of table entries, no multiplies by weights);
+    ternary planes with activation quantization and other activation quantization run the reference.
 
     Args:
         ternary (bool): store int2 codes that are all in {-1, 0, 1} as two bit planes per 8 codes (still 2 bits
@@ -223,9 +225,16 @@ def _intx_call(fn, w, x, bias):
               ZeroPointDomain(w.zero_point_domain).value, bias)
 
 
+def _ternary_call(fn, w, x, bias):
+    return fn(pad_features(x, _stored_k(w)), w.qdata, w.scale, bias)
+
+
 PackedIntxLayout.routes = (
     Route("1..7-bit int weight-only (any zero point domain, per-group / per-row), not ternary",
           lambda w, x: w.act_quant is None and not w.qlayout.ternary, op="torchqkit::linear_intxwo", call=_intx_call),
+    Route("ternary weight-only (int2 codes in {-1, 0, 1} as bit planes), per-group / per-row",
+          lambda w, x: w.act_quant is None and w.qlayout.ternary, op="torchqkit::linear_ternarywo",
+          call=_ternary_call),
     Route("int8 dynamic act (per token, or per token and weight group) x int4 (symmetric / int or float zero "
           "point), per group of 8..128 (dividing 128) or multiples of 128, or per channel", _int8_int4_applies,
           op="torchqkit::linear_int8da_int4_packed", call=_int8_int4_call),
