@@ -16,7 +16,23 @@
 
 #include "aligned_vector.h"  // Note [scratch on cache lines]
 
+#include <cmath>
+#include <limits>
+
 namespace torchqkit_cpu {
+
+// An NVFP4 block scale: the float8 e4m3fn byte's value (NaN for 0x7F / 0xFF) divided by the tensor's global scale
+// in float32, the reference's quotient bit for bit (one correctly rounded division; the vector kernels divide the
+// same values: scale_row in linear_lowbit_isa.h).
+inline float nvfp4_block_scale(uint8_t b, float global) {
+  const int e = (b >> 3) & 0xF, m = b & 7;
+  float v = (b & 0x7F) == 0x7F ? std::numeric_limits<float>::quiet_NaN()
+            : e == 0           ? std::ldexp(static_cast<float>(m), -9)
+                               : std::ldexp(1.f + m / 8.f, e - 7);
+  if (b & 0x80) v = -v;
+  return v / global;
+}
+
 
 // Instruction-set levels. The values are names, not an order: AVX-VNNI (256-bit vpdpbusd: Intel Alder Lake
 // and later clients) and AVX-512 VNNI each exist without the other. TORCHQKIT_CPU_ISA can force any level the
@@ -157,7 +173,7 @@ struct LowbitArgs {
   const float* scale;     // (N / bn, G) fp32 contiguous; nullptr: E8M0 or nf4 double quant (below)
   const uint8_t* scale_e8m0;  // MX: (N / bn, G) E8M0 exponents e instead of scale, s = 2^(e - 127)
   const uint8_t* scale_e4m3 = nullptr;  // NVFP4: (N / bn, G) float8 e4m3fn bytes E instead of scale,
-  const float* e4m3_scales = nullptr;   //   s = e4m3_scales[E]: each byte's value / the global scale (256 floats)
+  float e4m3_global = 1.f;              //   s = nvfp4_block_scale(E, e4m3_global): E's value / the global scale
   float scale_mul = 1.f;  // every s times this (e4m3: the decoder's 1/256 folded back)
   const float* offset;    // (N / bn, G) or nullptr (no offset)
   int64_t G, g, bn;       // g = K / G weights per group along K; bn rows share a scale row

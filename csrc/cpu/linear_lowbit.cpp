@@ -45,7 +45,7 @@ inline int64_t scale_base(const LowbitArgs& p, int64_t n) { return (n / p.bn) * 
 inline float scale_at(const LowbitArgs& p, int64_t base, int64_t gi) {
   const int64_t i = base + gi;
   if (p.scale) return p.scale[i] * p.scale_mul;
-  if (p.scale_e4m3) return p.e4m3_scales[p.scale_e4m3[i]] * p.scale_mul;
+  if (p.scale_e4m3) return nvfp4_block_scale(p.scale_e4m3[i], p.e4m3_global) * p.scale_mul;
   if (p.scale_e8m0) {  // 2^(e - 127): float bits e << 23; e = 0 is the subnormal 2^-127 (bits 0x00400000)
     const uint32_t e = p.scale_e8m0[i], bits = e ? e << 23 : 0x00400000u;
     float s;

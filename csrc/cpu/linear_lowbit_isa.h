@@ -530,8 +530,19 @@ __attribute__((always_inline)) inline int64_t whole_groups_fixed(F (&acc)[1][NB]
 // compiler vectorizes, so the dot loop reads one float per group and row).
 inline const float* scale_row(const LowbitArgs& p, int64_t base, float* dst) {
   if (p.scale) return p.scale + base;
-  if (p.scale_e4m3) {  // NVFP4: float8 block scale / global scale, the reference's quotient, looked up by byte
-    for (int64_t g = 0; g < p.G; ++g) dst[g] = p.e4m3_scales[p.scale_e4m3[base + g]];
+  if (p.scale_e4m3) {  // NVFP4: float8 block scale / global scale, the reference's quotient (nvfp4_block_scale)
+    // V::L bytes at a time through fp16 as F8's e4m3 decode (value / 256, NaN codes given an all-ones exponent),
+    // times 256 (exact), divided by the global scale: one correctly rounded division, as the reference's.
+    const uint8_t* e = p.scale_e4m3 + base;
+    const F g256 = V::set1(256.f), global = V::set1(p.e4m3_global);
+    int64_t g = 0;
+    for (; g + V::L <= p.G; g += V::L) {
+      const V::H u = V::hi16<0>(e + g);
+      V::H h = V::and_h(V::srai1_h(u), V::set1_h(static_cast<int16_t>(0xBFFF)));
+      h = V::or_h(h, V::and_h(V::cmpeq_h(V::and_h(u, V::set1_h(0x7F00)), V::set1_h(0x7F00)), V::set1_h(0x7C00)));
+      V::storeu(dst + g, V::div(V::mul(V::half_to_f(h), g256), global));
+    }
+    for (; g < p.G; ++g) dst[g] = nvfp4_block_scale(e[g], p.e4m3_global);
     return dst;
   }
   if (p.scale_e8m0) {

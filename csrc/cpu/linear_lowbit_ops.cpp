@@ -289,9 +289,10 @@ at::Tensor linear_mxwo(const at::Tensor& x, const at::Tensor& qdata, const at::T
 }
 
 // NVFP4Layout bytes (torchqkit/layouts/nvfp4.py): the e2m1 decoder of MXFP4 with float8 e4m3 scales per 16 k. A
-// block scale is its byte's value divided by the global scale: the 256 quotients are computed once per call (the
-// reference's float32 division, so bit for bit its scales) and the kernels look each byte up, rather than decode
-// and divide K / 16 scales per row. Groups of 16 are half a decode step of 32: the dot kernel scales each half
+// block scale is its byte's value divided by the global scale (the reference's float32 division, so bit for bit its
+// scales): the kernels decode a block of rows' scale bytes with vector ops and divide them once per block
+// (scale_row in linear_lowbit_isa.h), instead of building a table of the 256 quotients with ATen calls per product
+// and looking each byte up in a scalar loop. Groups of 16 are half a decode step of 32: the dot kernel scales each half
 // (Note [Groups of half a step] in linear_lowbit_isa.h).
 at::Tensor linear_nvfp4wo(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
                           const at::Tensor& global_scale, const std::optional<at::Tensor>& bias) {
@@ -308,12 +309,7 @@ at::Tensor linear_nvfp4wo(const at::Tensor& x, const at::Tensor& qdata, const at
   const at::Tensor w = rows(qdata), e = scale.contiguous();
   LowbitArgs p = weight_args(w, LowbitFormat::kFp4E2m1, N, K);
   p.scale_e4m3 = reinterpret_cast<const uint8_t*>(e.data_ptr());
-  // every e4m3 byte's value (NaN for 0x7F / 0xFF, as the reference gives) over the global scale, in float32
-  const at::Tensor e4m3_scales =
-      at::arange(256, at::TensorOptions().dtype(at::kInt)).to(at::kByte).view(at::kFloat8_e4m3fn).to(at::kFloat)
-          .div(global_scale.to(at::kFloat).reshape({}).cpu())
-          .contiguous();
-  p.e4m3_scales = e4m3_scales.data_ptr<float>();
+  p.e4m3_global = global_scale.to(at::kFloat).reshape({}).cpu().item<float>();
   p.G = K / 16;
   p.g = 16;
   p.bn = 1;
