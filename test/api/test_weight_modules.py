@@ -101,6 +101,31 @@ def test_1x1_convolutions_run_as_quantized_linears_and_the_others_are_reported()
         assert torch.equal(again(x), out)
 
 
+def test_a_quantized_1x1_convolution_loads_into_a_float_or_meta_model(tmp_path):
+    # save_quantized stores the 1x1 weight 2-d; load_quantized puts it into the model's (out, in, 1, 1) conv
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    with pytest.warns(UserWarning, match="2 selected layer"):
+        qk.quantize_(model, qk.Int8WeightOnlyConfig(), filter_fn=_convs)
+    path = tmp_path / "convnet.safetensors"
+    qk.save_quantized(model, path)
+    x = torch.randn(2, 32, 7, 9, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(x)
+    for device in ("cpu", "meta"):
+        with torch.device(device):
+            fresh = ConvNet().eval()
+        qk.load_quantized(fresh, path)
+        assert isinstance(fresh.pw1.weight, qk.AffineQuantizedTensor) and tuple(fresh.pw1.weight.shape) == (64, 32)
+        with torch.no_grad():
+            assert torch.equal(fresh(x), want)
+    # a 3x3 conv's weight is not a 1x1 one: the shape mismatch is still refused
+    with pytest.raises(qk.CheckpointError, match=r"'pw1.weight' has shape \[64, 32\], the model's is \[64, 32, 3, 3\]"):
+        broken = ConvNet().eval()
+        broken.pw1 = nn.Conv2d(32, 64, 3)
+        qk.load_quantized(broken, path)
+
+
 def test_strict_refuses_unserved_convolutions_before_anything_changes():
     model = ConvNet().eval()
     before = {name: p for name, p in model.named_parameters()}

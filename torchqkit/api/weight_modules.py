@@ -17,8 +17,9 @@ Parameter to that and stores the quantized weight so that the module's unchanged
                     (Note [Quantized embedding]). Quantized when ModuleConfigs names it or ``quantize_``'s
                     ``embeddings=`` covers it; a ``max_norm`` embedding (it renormalizes rows in place) is
                     refused.
-A quantized 1x1 convolution's weight is 2-d, so its state dict or checkpoint loads into a model quantized the
-same way first (``load_state_dict`` copies into the quantized weight), not into a float model (the shapes differ).
+A quantized 1x1 convolution's weight is 2-d: ``load_quantized`` puts it into a float (or meta) model's (out, in,
+1[, 1]) conv weight; a plain ``load_state_dict`` needs a model quantized the same way first (it copies into the
+quantized weight; the shapes differ from the float conv's).
 Which modules are considered by default (``quantize_`` without ``filter_fn``): nn.Linear and GPT-2's Conv1D.
 Convolutions are quantized when ``filter_fn`` selects them or ModuleConfigs names them; embeddings as above.
 """

@@ -546,11 +546,19 @@ def check_model_shapes(ckpt: _Checkpoint, expected: dict) -> None:
         else:
             reader = ckpt.readers[ckpt.where[name]]
             shape, dtype = reader.shape(name), reader.dtype(name)
-        if tuple(cur.shape) != tuple(shape):
+        if tuple(cur.shape) != tuple(shape) and not (name in ckpt.weights and _is_1x1_conv_of(cur.shape, shape)):
             raise CheckpointError(f"{ckpt.path}: tensor {name!r} has shape {list(shape)}, "
                                   f"the model's is {list(cur.shape)}")
         if dtype.is_floating_point != cur.dtype.is_floating_point:
             raise CheckpointError(f"{ckpt.path}: tensor {name!r} has dtype {dtype}, the model's is {cur.dtype}")
+
+
+def _is_1x1_conv_of(model_shape, stored_shape) -> bool:
+    """A float 1x1 convolution's weight (out, in, 1[, 1]) that the stored quantized (out, in) weight replaces:
+    quantize_ stores a 1x1 conv's weight 2-d (Note [Weight-bearing modules] in api/weight_modules.py), so a float
+    model loads it as a model quantized first would."""
+    return (len(model_shape) in (3, 4) and len(stored_shape) == 2 and tuple(model_shape[:2]) == tuple(stored_shape)
+            and all(d == 1 for d in model_shape[2:]))
 
 
 def _read_one(ckpt: _Checkpoint, name: str, given: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
