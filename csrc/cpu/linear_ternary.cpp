@@ -114,6 +114,8 @@ void decode_rows(const TernaryArgs& a, int64_t r0, int64_t r1, float* dst, int64
   void rows_lookup(const TernaryArgs& a, int64_t r0, int64_t r1) {                                            \
     constexpr int L = V::L;                                                                                     \
     const int64_t J = a.K / 4, steps = a.K / 16, spg = a.g / 16;                                                \
+    /* prefetch (into L2) what the next block of rows reads at the same column: Note [decode prefetch distance] */ \
+    const int64_t ahead = L * a.row_bytes;                                                                        \
     const uint8_t* rows_at[L];                                                                                  \
     const uint8_t* scales_at[L];                                                                                \
     alignas(64) float res[L];                                                                                   \
@@ -128,7 +130,7 @@ void decode_rows(const TernaryArgs& a, int64_t r0, int64_t r1, float* dst, int64
       for (int m = 0; m < M; ++m) out[m] = pos[m] = neg[m] = V::zero();                                   \
       for (int64_t st = 0; st < steps; ++st) {                                                                  \
         const int j = (int)(st % L);                                                                            \
-        if (j == 0) load_words(rows_at, lanes, st, std::min<int64_t>(L, steps - st), words);                    \
+        if (j == 0) load_words(rows_at, lanes, st, std::min<int64_t>(L, steps - st), ahead, words);             \
         const V::I w = words[j];                                                                                \
         const V::I w4 = V::srli_i<4>(w), w8 = V::srli_i<8>(w), w12 = V::srli_i<12>(w);                          \
         const V::I w16 = V::srli_i<16>(w), w20 = V::srli_i<20>(w), w24 = V::srli_i<24>(w), w28 = V::srli_i<28>(w); \
@@ -142,7 +144,7 @@ void decode_rows(const TernaryArgs& a, int64_t r0, int64_t r1, float* dst, int64
         }                                                                                                       \
         if ((st + 1) % spg == 0) { /* the group ends: its sums times the rows' scales */                        \
           const int64_t gi = st / spg;                                                                          \
-          if (gi % L == 0) load_words(scales_at, lanes, gi, std::min<int64_t>(L, a.G - gi), scales);            \
+          if (gi % L == 0) load_words(scales_at, lanes, gi, std::min<int64_t>(L, a.G - gi), 0, scales);         \
           const V::F s = cast_f(scales[gi % L]);                                                                \
           for (int m = 0; m < M; ++m) {                                                                   \
             out[m] = V::fmadd(V::sub(pos[m], V::add(neg[m], neg[m])), s, out[m]);                               \
@@ -175,10 +177,13 @@ void decode_rows(const TernaryArgs& a, int64_t r0, int64_t r1, float* dst, int64
 namespace avx512 {
 using V = Vec512;
 // out[s] lane i = 32-bit word w0 + s of at[i] (i < lanes; other lanes and words past n are 0).
-inline void load_words(const uint8_t* const* at, int lanes, int64_t w0, int64_t n, __m512i (&out)[16]) {
+inline void load_words(const uint8_t* const* at, int lanes, int64_t w0, int64_t n, int64_t ahead,
+                       __m512i (&out)[16]) {
   const __mmask16 k = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
-  for (int i = 0; i < 16; ++i)
+  for (int i = 0; i < 16; ++i) {
+    if (ahead) _mm_prefetch(reinterpret_cast<const char*>(at[i] + 4 * w0 + ahead), _MM_HINT_T1);
     out[i] = i < lanes ? _mm512_maskz_loadu_epi32(k, at[i] + 4 * w0) : _mm512_setzero_si512();
+  }
   transpose16(out);
 }
 inline __m512 cast_f(__m512i v) { return _mm512_castsi512_ps(v); }
@@ -190,10 +195,13 @@ TQK_TERNARY_ROWS
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 using V = Vec256;
-inline void load_words(const uint8_t* const* at, int lanes, int64_t w0, int64_t n, __m256i (&out)[8]) {
+inline void load_words(const uint8_t* const* at, int lanes, int64_t w0, int64_t n, int64_t ahead,
+                       __m256i (&out)[8]) {
   const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < 8; ++i) {
+    if (ahead) _mm_prefetch(reinterpret_cast<const char*>(at[i] + 4 * w0 + ahead), _MM_HINT_T1);
     out[i] = i < lanes ? _mm256_maskload_epi32(reinterpret_cast<const int*>(at[i] + 4 * w0), k) : _mm256_setzero_si256();
+  }
   transpose8(out);
 }
 inline __m256 cast_f(__m256i v) { return _mm256_castsi256_ps(v); }
