@@ -126,3 +126,17 @@ def test_append_op_opcheck_and_its_error_names_the_layer():
         torch.ops.torchqkit.kv_cache_append(fresh.codes, fresh.scale, fresh.zero, fresh.tail, fresh.counts,
                                             torch.randn(1, 2, 14, 16), *args[6:])
     assert fresh.counts.tolist() == [11, 8]  # the refused call changed nothing
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "float8_e4m3fn"])
+@pytest.mark.parametrize("per_channel,residual", [(True, 0), (False, 8)])
+def test_reference_reads_a_cache_with_nothing_quantized_yet(fmt, per_channel, residual):
+    # the first positions of a per-channel (block not full) or residual cache live in the tail only: the reference
+    # decoder returns them as they are (it used to hand core a 0-row tile, which core refuses)
+    cfg = KVCacheConfig(fmt, key_granularity="channel" if per_channel else "token", group_size=16,
+                        residual_length=residual)
+    states = torch.randn(1, 2, 5, 32, generator=gen(0))
+    store = filled_store(states, cfg, per_channel, chunks=(1, 1, 3), capacity=40)
+    assert store.counts.tolist() == [5, 0]
+    rows = kv_rows(store.codes, store.scale, store.zero, store.tail, store.counts, fmt, 16, per_channel, 32)
+    assert torch.equal(rows, states)

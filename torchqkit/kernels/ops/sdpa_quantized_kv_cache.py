@@ -40,7 +40,8 @@ KV_FORMATS = {"int8": qdtypes.uint8, "int4": qdtypes.uint4, "float8_e4m3fn": qdt
 def unpack_int4_codes(packed: torch.Tensor, d: int) -> torch.Tensor:
     """(..., ceil(d / 2)) bytes -> (..., d) codes 0..15: element 2i from the low nibble of byte i."""
     both = torch.stack([packed & 15, packed >> 4], dim=-1)
-    return both.reshape(*packed.shape[:-1], -1)[..., :d]
+    # the explicit width: a cache with no quantized position yet hands over 0 rows, where -1 is ambiguous
+    return both.reshape(*packed.shape[:-1], 2 * packed.shape[-1])[..., :d]
 
 
 def kv_rows(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, tail: torch.Tensor, counts, fmt: str,
@@ -49,6 +50,8 @@ def kv_rows(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, tail: 
     codes by core's dequantize_affine, [nq, n) taken from the tail."""
     n, nq = (int(c) for c in counts.tolist())
     d = tail.shape[-1] if d is None else d
+    if nq == 0:  # nothing quantized yet (the first positions of a per-channel or residual cache): core can't tile 0
+        return tail[:, :, :n].float()
     qdtype = KV_FORMATS[fmt]
     c = codes[:, :, :nq]
     if fmt == "int4":
