@@ -10,20 +10,17 @@ Writes a markdown table (--out, rewritten after every row so a long run keeps wh
 A script of its own, not a group of the `python -m benchmarks` runner: its rows are perplexities through caches, not
 the runner's per-config records.
 
---timing adds decode tokens/s of the lean loop (torchqkit.eval.LeanDecoder) at --timing-lengths positions with each
-torchqkit cache; the committed output carries no timings (shared machines)."""
+Decode speed with a long cached context is python -m benchmarks.kv_cache_speed (prefill excluded, llama.cpp beside)."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-import time
 import traceback
 
 import torch
 
 import torchqkit as qk
-from torchqkit.eval import LeanDecoder, cached_perplexity, eval_text, load_gguf, smollm2_gguf_path
+from torchqkit.eval import cached_perplexity, eval_text, load_gguf, smollm2_gguf_path
 
 CONFIGS = {  # row name -> KVCacheConfig
     "int8 per token g64": qk.KVCacheConfig("int8"),
@@ -75,20 +72,6 @@ def _rows(model, ids, args):
             yield name, None, float_ppl, None, float_bytes, f"not run: {type(err).__name__}: {str(err)[:120]}"
 
 
-def _timing(model, ids, args) -> list[str]:
-    lines = []
-    for length in args.timing_lengths:
-        prompt = ids[:length - 33] if ids.numel() >= length - 33 else ids.repeat(math.ceil(length / ids.numel()))[
-            :length - 33]
-        for name, cfg in [("float32 StaticCache", None), *CONFIGS.items()]:
-            decoder = LeanDecoder(model, length, kv_cache=cfg, compile=args.compile)
-            decoder.generate(prompt, 4)
-            start = time.perf_counter()
-            decoder.generate(prompt, 33)
-            lines.append(f"| {length} | {name} | {32 / (time.perf_counter() - start):.1f} |")
-    return lines
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.kv_cache", description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=256, help="tokens scored through the cache (default 256)")
@@ -97,9 +80,6 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default=None, metavar="TEXT",
                         help="only the torchqkit rows whose name contains TEXT (the float row and peers still run)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    parser.add_argument("--timing", action="store_true", help="also decode tokens/s per cache (not for shared hosts)")
-    parser.add_argument("--timing-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[2048, 8192])
-    parser.add_argument("--compile", action="store_true", help="--timing with the compiled lean step")
     args = parser.parse_args(argv)
     model, tokenizer = load_gguf(smollm2_gguf_path())
     model.eval()
@@ -119,8 +99,6 @@ def main(argv=None) -> int:
         lines.append(f"| {name} | {ppl_text} | {rel} | {size} | {ratio} |" + (f" {note}" if note else ""))
         print(lines[-1], file=sys.stderr, flush=True)
         _write(args.out, lines)
-    if args.timing:
-        lines += ["", "| positions | cache | decode tokens/s |", "|---|---|---|", *_timing(model, ids, args)]
     print("\n".join(lines))
     _write(args.out, lines)
     return 0
