@@ -57,7 +57,8 @@ class QuantizationReport:
 
     ``entries`` lists them in module order (iterating the report yields them too); ``report[fqn]`` finds one
     (``KeyError`` if absent); ``by_status(s)`` and the ``quantized`` / ``skipped`` / ``shared`` properties filter
-    them; ``bytes_before`` / ``bytes_after`` total the weight bytes (a shared weight once); ``print(report)`` shows a table and a summary line. ``notes``
+    them; ``bytes_before`` / ``bytes_after`` total the weight bytes (a shared weight once); ``print(report)`` shows
+    a table and a summary line. ``notes``
     holds what the table alone would hide: a float weight left in the model that reads at least half as many
     bytes per token as the quantized Linears together (Note [Float reads per token] in api/float_reads.py).
 
