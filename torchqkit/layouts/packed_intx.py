@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind, int2, int4
 from ..kernels.ops.linear_intxwo import intx_fields, pack_intx_fields
+from ..kernels.ops.linear_ternarywo import ternary_codes
 from .base import (Layout, PackedSpec, PlainParts, WeightFormat, kernel_reach_problem, pad_features, register_layout,
                    scale_specs)
 from .routes import Route
@@ -163,7 +164,7 @@ class PackedIntxLayout(Layout):
     def unpack(self, aqt) -> PlainParts:
         k = aqt.logical_shape[1]
         if self.ternary:
-            codes = _unpack_ternary(aqt.qdata, k)
+            codes = ternary_codes(aqt.qdata, k)  # the op reference's decoder
         else:
             fields = intx_fields(aqt.qdata, aqt.qdtype.bits, k)  # the op references' decoder
             codes = (fields.to(torch.int16) + int(aqt.qdtype.qmin)).to(aqt.qdtype.storage_dtype)
@@ -182,14 +183,6 @@ def _pack_ternary(codes: torch.Tensor) -> torch.Tensor:
     planes = F.pad(planes, (0, 0, 0, k8 - k)).reshape(n, k8 // 8, 8, 2)
     weights = (1 << torch.arange(8, device=codes.device)).reshape(8, 1)
     return (planes * weights).sum(-2).reshape(n, k8 // 4).to(torch.uint8)
-
-
-def _unpack_ternary(packed: torch.Tensor, k: int) -> torch.Tensor:
-    n = packed.shape[0]
-    planes = packed.to(torch.int64).reshape(n, -1, 1, 2) >> torch.arange(8, device=packed.device).reshape(8, 1)
-    planes = planes & 1  # (N, K8 / 8, 8, 2)
-    codes = planes[..., 0] * (1 - 2 * planes[..., 1])
-    return codes.reshape(n, -1)[:, :k].to(torch.int8)
 
 
 # ------------------------------------------------------------------------------------------------
