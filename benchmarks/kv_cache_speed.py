@@ -57,7 +57,7 @@ def _rows(model, ids, args):
             f.write(",".join(str(int(t)) for t in prompt))
         try:
             for cache in PEER_CACHES:
-                out = peers.run(args.peers_python, gguf, "--prompt", "-", "--prompt-ids", f.name, "--context",
+                out = peers.run(args.peers_python, gguf, "--prompt-ids", f.name, "--context",
                                 str(length), "--cache-type", cache, "--new-tokens", str(args.new_tokens),
                                 "--repeats", str(args.repeats), "--threads", str(threads), "--batch",
                                 str(args.peer_batch))

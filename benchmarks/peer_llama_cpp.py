@@ -35,7 +35,7 @@ CACHE_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # llama.cpp's GGML_TYPE_* number
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("gguf")
-    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--prompt", default=None, help="the prompt text (or --prompt-ids)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
@@ -45,6 +45,10 @@ def main() -> int:
     parser.add_argument("--prompt-ids", default=None, help="a file of comma-separated token ids instead of --prompt")
     parser.add_argument("--batch", type=int, default=1, help="prompt tokens per llama.cpp batch (decode: 1)")
     args = parser.parse_args()
+    if (args.prompt is None) == (args.prompt_ids is None):
+        parser.error("give --prompt or --prompt-ids (one of them)")
+    if args.prefill_tokens and args.prompt_ids:
+        parser.error("--prefill-tokens reads --prompt text, not --prompt-ids")
     import llama_cpp
 
     if args.prefill_tokens:

@@ -33,7 +33,6 @@ inline float nvfp4_block_scale(uint8_t b, float global) {
   return v / global;
 }
 
-
 // Instruction-set levels. The values are names, not an order: AVX-VNNI (256-bit vpdpbusd: Intel Alder Lake
 // and later clients) and AVX-512 VNNI each exist without the other. TORCHQKIT_CPU_ISA can force any level the
 // CPU supports (isa_supported), never one it lacks.

@@ -12,12 +12,12 @@
 // in one zmm) looks up 16 rows' nibbles at once, each from its own lane's index, and reads only the index's low 4
 // bits. So one step takes 32 bits from each of 16 rows (16 codes: nonzero byte, negative byte, twice; read 16 steps at
 // a time and transposed), and a shift puts each of the 8 nibbles into the lanes' low bits: per 16 codes of 16 rows 7
-// shifts, 8 lookups and 8 additions, where the int2 kernel decodes and multiplies every code. A group's sum is scaled once per row
-// (one FMA per group). AVX2 looks up 8 rows with two 8-entry vpermps and a blend (simd.h, Vec256::lookup).
-// The tables take 16 floats per 4 activations (64 KiB per token at K = 4096, in L2). The vector kernels need whole
-// steps of 16 codes in every group (K and the group size multiples of 16); other shapes, and the scalar level, run
-// the same sums a row at a time. From kMaxDotTokens tokens on, rows are dequantized once for an fp32 GEMM
-// (prefill_dequantized, sgemm_prefill.h).
+// shifts, 8 lookups and 8 additions, where the int2 kernel decodes and multiplies every code. A group's sum is
+// scaled once per row (one FMA per group). AVX2 looks up 8 rows with two 8-entry vpermps and a blend (simd.h,
+// Vec256::lookup). The tables take 16 floats per 4 activations (64 KiB per token at K = 4096, in L2). The vector
+// kernels need whole steps of 16 codes in every group (K and the group size multiples of 16); other shapes, and the
+// scalar level, run the same sums a row at a time. From kMaxDotTokens tokens on, rows are dequantized once for an
+// fp32 GEMM (prefill_dequantized, sgemm_prefill.h).
 #include <ATen/ATen.h>
 #include "parallel.h"
 #include <torch/library.h>
@@ -109,67 +109,67 @@ void decode_rows(const TernaryArgs& a, int64_t r0, int64_t r1, float* dst, int64
 // plane words (4 bytes = 16 codes, one step) and group scales are read V::L at a time from each row and transposed
 // (load_words), so lane i of a step's vector is row i's word: with a vpgatherdd per step instead the kernel took 1.5x
 // as long (Xeon, AVX-512, 1 thread, 4096^2 weight in cache).
-#define TQK_TERNARY_ROWS                                                                                         \
-  template <int M> /* tokens, a constant: the accumulators stay in registers */                               \
-  void rows_lookup(const TernaryArgs& a, int64_t r0, int64_t r1) {                                            \
-    constexpr int L = V::L;                                                                                     \
-    const int64_t J = a.K / 4, steps = a.K / 16, spg = a.g / 16;                                                \
-    /* prefetch (into L2) what the next block of rows reads at the same column: Note [decode prefetch distance] */ \
-    const int64_t ahead = L * a.row_bytes;                                                                        \
-    const uint8_t* rows_at[L];                                                                                  \
-    const uint8_t* scales_at[L];                                                                                \
-    alignas(64) float res[L];                                                                                   \
-    for (int64_t rb = r0; rb < r1; rb += L) {                                                                   \
-      const int lanes = (int)std::min<int64_t>(L, r1 - rb);                                                     \
-      for (int i = 0; i < lanes; ++i) {                                                                         \
-        rows_at[i] = a.planes + (rb + i) * a.row_bytes;                                                         \
-        scales_at[i] = reinterpret_cast<const uint8_t*>(a.scale + ((rb + i) / a.bn) * a.G);                     \
-      }                                                                                                         \
-      V::I words[L], scales[L];                                                                                 \
-      V::F out[M], pos[M], neg[M];                                          \
-      for (int m = 0; m < M; ++m) out[m] = pos[m] = neg[m] = V::zero();                                   \
-      for (int64_t st = 0; st < steps; ++st) {                                                                  \
-        const int j = (int)(st % L);                                                                            \
-        if (j == 0) load_words(rows_at, lanes, st, std::min<int64_t>(L, steps - st), ahead, words);             \
-        const V::I w = words[j];                                                                                \
-        const V::I w4 = V::srli_i<4>(w), w8 = V::srli_i<8>(w), w12 = V::srli_i<12>(w);                          \
-        const V::I w16 = V::srli_i<16>(w), w20 = V::srli_i<20>(w), w24 = V::srli_i<24>(w), w28 = V::srli_i<28>(w); \
-        const float* t = a.tables + st * 4 * kTable; /* the step's 4 tables: activations 16 st .. 16 st + 15 */ \
-        for (int m = 0; m < M; ++m, t += J * kTable) {                                                    \
-          const V::Lut16 t0 = V::lut16(t), t1 = V::lut16(t + 16), t2 = V::lut16(t + 32), t3 = V::lut16(t + 48); \
-          pos[m] = V::add(pos[m], V::add(V::add(V::lookup(t0, w), V::lookup(t1, w4)),                           \
-                                         V::add(V::lookup(t2, w16), V::lookup(t3, w20))));                       \
-          neg[m] = V::add(neg[m], V::add(V::add(V::lookup(t0, w8), V::lookup(t1, w12)),                         \
-                                         V::add(V::lookup(t2, w24), V::lookup(t3, w28))));                       \
-        }                                                                                                       \
-        if ((st + 1) % spg == 0) { /* the group ends: its sums times the rows' scales */                        \
-          const int64_t gi = st / spg;                                                                          \
-          if (gi % L == 0) load_words(scales_at, lanes, gi, std::min<int64_t>(L, a.G - gi), 0, scales);         \
-          const V::F s = cast_f(scales[gi % L]);                                                                \
-          for (int m = 0; m < M; ++m) {                                                                   \
-            out[m] = V::fmadd(V::sub(pos[m], V::add(neg[m], neg[m])), s, out[m]);                               \
-            pos[m] = neg[m] = V::zero();                                                                        \
-          }                                                                                                     \
-        }                                                                                                       \
-      }                                                                                                         \
-      for (int m = 0; m < M; ++m) {                                                                       \
-        V::storeu(res, out[m]);                                                                                 \
-        float* o = a.out + m * a.ldo + rb;                                                                      \
-        for (int i = 0; i < lanes; ++i) o[i] = res[i] + (a.bias ? a.bias[rb + i] : 0.f);                        \
-      }                                                                                                         \
-    }                                                                                                           \
-  }                                                                                                            \
-  void rows_lookup_any(const TernaryArgs& a, int64_t r0, int64_t r1) {                                        \
-    switch (a.M) {                                                                                              \
-      case 1: return rows_lookup<1>(a, r0, r1);                                                                 \
-      case 2: return rows_lookup<2>(a, r0, r1);                                                                 \
-      case 3: return rows_lookup<3>(a, r0, r1);                                                                 \
-      case 4: return rows_lookup<4>(a, r0, r1);                                                                 \
-      case 5: return rows_lookup<5>(a, r0, r1);                                                                 \
-      case 6: return rows_lookup<6>(a, r0, r1);                                                                 \
-      case 7: return rows_lookup<7>(a, r0, r1);                                                                 \
-      default: return rows_lookup<8>(a, r0, r1); /* M <= kMaxDotTokens here */                                  \
-    }                                                                                                           \
+#define TQK_TERNARY_ROWS                                                                                               \
+  template <int M> /* tokens, a constant: the accumulators stay in registers */                                        \
+  void rows_lookup(const TernaryArgs& a, int64_t r0, int64_t r1) {                                                     \
+    constexpr int L = V::L;                                                                                            \
+    const int64_t J = a.K / 4, steps = a.K / 16, spg = a.g / 16;                                                       \
+    /* prefetch (into L2) what the next block of rows reads at the same column: Note [decode prefetch distance] */     \
+    const int64_t ahead = L * a.row_bytes;                                                                             \
+    const uint8_t* rows_at[L];                                                                                         \
+    const uint8_t* scales_at[L];                                                                                       \
+    alignas(64) float res[L];                                                                                          \
+    for (int64_t rb = r0; rb < r1; rb += L) {                                                                          \
+      const int lanes = (int)std::min<int64_t>(L, r1 - rb);                                                            \
+      for (int i = 0; i < lanes; ++i) {                                                                                \
+        rows_at[i] = a.planes + (rb + i) * a.row_bytes;                                                                \
+        scales_at[i] = reinterpret_cast<const uint8_t*>(a.scale + ((rb + i) / a.bn) * a.G);                            \
+      }                                                                                                                \
+      V::I words[L], scales[L];                                                                                        \
+      V::F out[M], pos[M], neg[M];                                                                                     \
+      for (int m = 0; m < M; ++m) out[m] = pos[m] = neg[m] = V::zero();                                                \
+      for (int64_t st = 0; st < steps; ++st) {                                                                         \
+        const int j = (int)(st % L);                                                                                   \
+        if (j == 0) load_words(rows_at, lanes, st, std::min<int64_t>(L, steps - st), ahead, words);                    \
+        const V::I w = words[j];                                                                                       \
+        const V::I w4 = V::srli_i<4>(w), w8 = V::srli_i<8>(w), w12 = V::srli_i<12>(w);                                 \
+        const V::I w16 = V::srli_i<16>(w), w20 = V::srli_i<20>(w), w24 = V::srli_i<24>(w), w28 = V::srli_i<28>(w);     \
+        const float* t = a.tables + st * 4 * kTable; /* the step's 4 tables: activations 16 st .. 16 st + 15 */        \
+        for (int m = 0; m < M; ++m, t += J * kTable) {                                                                 \
+          const V::Lut16 t0 = V::lut16(t), t1 = V::lut16(t + 16), t2 = V::lut16(t + 32), t3 = V::lut16(t + 48);        \
+          pos[m] = V::add(pos[m], V::add(V::add(V::lookup(t0, w), V::lookup(t1, w4)),                                  \
+                                         V::add(V::lookup(t2, w16), V::lookup(t3, w20))));                             \
+          neg[m] = V::add(neg[m], V::add(V::add(V::lookup(t0, w8), V::lookup(t1, w12)),                                \
+                                         V::add(V::lookup(t2, w24), V::lookup(t3, w28))));                             \
+        }                                                                                                              \
+        if ((st + 1) % spg == 0) { /* the group ends: its sums times the rows' scales */                               \
+          const int64_t gi = st / spg;                                                                                 \
+          if (gi % L == 0) load_words(scales_at, lanes, gi, std::min<int64_t>(L, a.G - gi), 0, scales);                \
+          const V::F s = cast_f(scales[gi % L]);                                                                       \
+          for (int m = 0; m < M; ++m) {                                                                                \
+            out[m] = V::fmadd(V::sub(pos[m], V::add(neg[m], neg[m])), s, out[m]);                                      \
+            pos[m] = neg[m] = V::zero();                                                                               \
+          }                                                                                                            \
+        }                                                                                                              \
+      }                                                                                                                \
+      for (int m = 0; m < M; ++m) {                                                                                    \
+        V::storeu(res, out[m]);                                                                                        \
+        float* o = a.out + m * a.ldo + rb;                                                                             \
+        for (int i = 0; i < lanes; ++i) o[i] = res[i] + (a.bias ? a.bias[rb + i] : 0.f);                               \
+      }                                                                                                                \
+    }                                                                                                                  \
+  }                                                                                                                    \
+  void rows_lookup_any(const TernaryArgs& a, int64_t r0, int64_t r1) {                                                 \
+    switch (a.M) {                                                                                                     \
+      case 1: return rows_lookup<1>(a, r0, r1);                                                                        \
+      case 2: return rows_lookup<2>(a, r0, r1);                                                                        \
+      case 3: return rows_lookup<3>(a, r0, r1);                                                                        \
+      case 4: return rows_lookup<4>(a, r0, r1);                                                                        \
+      case 5: return rows_lookup<5>(a, r0, r1);                                                                        \
+      case 6: return rows_lookup<6>(a, r0, r1);                                                                        \
+      case 7: return rows_lookup<7>(a, r0, r1);                                                                        \
+      default: return rows_lookup<8>(a, r0, r1); /* M <= kMaxDotTokens here */                                         \
+    }                                                                                                                  \
   }
 
 #pragma GCC push_options
@@ -200,7 +200,8 @@ inline void load_words(const uint8_t* const* at, int lanes, int64_t w0, int64_t 
   const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   for (int i = 0; i < 8; ++i) {
     if (ahead) _mm_prefetch(reinterpret_cast<const char*>(at[i] + 4 * w0 + ahead), _MM_HINT_T1);
-    out[i] = i < lanes ? _mm256_maskload_epi32(reinterpret_cast<const int*>(at[i] + 4 * w0), k) : _mm256_setzero_si256();
+    out[i] = i < lanes ? _mm256_maskload_epi32(reinterpret_cast<const int*>(at[i] + 4 * w0), k)
+                       : _mm256_setzero_si256();
   }
   transpose8(out);
 }
@@ -285,7 +286,7 @@ at::Tensor linear_ternarywo(const at::Tensor& x, const at::Tensor& planes, const
   a.N = N;
   a.bias = b.defined() ? b.data_ptr<float>() : nullptr;
   const Isa isa = selected_isa_for_ops();
-  if (M > kMaxDotTokens && M > 0 && N > 0) {
+  if (M > kMaxDotTokens && N > 0) {
     const bool vector_decode = isa != Isa::kScalar && a.g % 8 == 0;
     prefill_dequantized(isa, xf, N, K, 16, a.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
       vector_decode ? avx2::decode_rows(a, r0, std::min(r1, N), dst, K) : decode_rows(a, r0, std::min(r1, N), dst, K);

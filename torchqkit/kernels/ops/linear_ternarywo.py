@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from ...core.primitives import ZeroPointDomain, dequantize_affine
+from ...core.qdtype import int2
 from ..registry import define_weight_only_op
 
 
@@ -18,16 +20,16 @@ def ternary_codes(planes: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def ternary_weight(planes, scale, k):
-    codes = ternary_codes(planes, k).float()
     block = (planes.shape[0] // scale.shape[0], k // scale.shape[1])
-    s = scale.float().repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
-    return codes * s
+    return dequantize_affine(ternary_codes(planes, k), int2, block, scale, None,
+                             zero_point_domain=ZeroPointDomain.NONE, name="ternary weight")
 
 
 def _check(x, planes, scale, *_):
     k = x.shape[-1]
     torch._check(planes.dim() == 2 and planes.shape[1] == 2 * -(-k // 8),
-                 lambda: f"linear_ternarywo: planes must be (N, 2 * ceil(K / 8)) for K = {k}, got {tuple(planes.shape)}")
+                 lambda: f"linear_ternarywo: planes must be (N, 2 * ceil(K / 8)) for K = {k}, "
+                         f"got {tuple(planes.shape)}")
 
 
 OP = define_weight_only_op(
