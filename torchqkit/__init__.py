@@ -18,6 +18,7 @@ from .api.calibrate import CalibrationData
 from .api.fuse import fuse_shared_input_linears
 from .api.module_configs import ModuleConfigs
 from .api.quantize import QuantizationError, quantize_
+from .algorithms.rotation import RotationError
 from .api.rotate import RotationConfig, RotationReport, rotate_
 from .api.quantize_weight import UnsupportedWeight, UnsupportedWeightError, quantize_weight
 from .api.report import LayerReport, QuantizationReport
@@ -71,7 +72,7 @@ _PUBLIC = {
                  "enable_float8_training_", "float8_training_status", "Float8TrainingLinear"],
     "distributed": ["shard_multiple"],
     "KV cache": ["KVCacheConfig", "QuantizedKVCache"],
-    "errors and warnings": ["QuantizationError", "CheckpointError", "GGUFError", "ShardingError",
+    "errors and warnings": ["QuantizationError", "CheckpointError", "GGUFError", "ShardingError", "RotationError",
                             "UnsupportedOpError", "UnsupportedWeightError", "KernelsMissingWarning"],
 }
 __all__ = [name for names in _PUBLIC.values() for name in names] + ["__version__"]
