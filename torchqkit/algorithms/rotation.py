@@ -38,7 +38,21 @@ __all__ = ["DecoderParts", "OnlineRotation", "RotationError", "decoder_parts", "
 
 
 class RotationError(ValueError):
-    """A model ``rotate_`` can't rotate (an unknown architecture, quantized weights, ...): the model is unchanged."""
+    """A model ``rotate_`` can't rotate: the model is unchanged, and the message names the module and why.
+
+    Raised for an architecture other than a LLaMA-family causal LM (post-LayerNorm encoders such as BERT, fused
+    q / k / v projections, Gemma's (1 + weight) norms), quantized, wrapped or meta weights (rotate the float model
+    before ``quantize_``), parameters outside that layout, or a model rotated already. A ``ValueError``.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        try:
+            qk.rotate_(model)
+        except qk.RotationError as e:
+            print(e)   # e.g. "rotate_: BertModel is not a LLaMA-family causal LM (...)"
+        ```
+    """
 
 
 @dataclass
