@@ -6,9 +6,10 @@
 from . import kernels
 from .kernels import KernelsMissingWarning
 from .api.configs import (AWQConfig, Float8DynamicActivationFloat8WeightConfig,
-                          Float8StaticActivationFloat8WeightConfig, Float8WeightOnlyConfig, GPTQConfig,
+                          Float8DynamicActivationInt4WeightConfig, Float8StaticActivationFloat8WeightConfig,
+                          Float8WeightOnlyConfig, GPTQConfig, Int4DynamicActivationInt4WeightConfig,
                           Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
-                          Int8DynamicActivationIntxWeightConfig, Int8StaticActivationInt8WeightConfig,
+                          Int8DynamicActivationIntxWeightConfig, MXDynamicActivationMXWeightConfig, Int8StaticActivationInt8WeightConfig,
                           Int8WeightOnlyConfig, IntxWeightOnlyConfig, MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig,
                           NF4WeightOnlyConfig, NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfig,
                           FP6WeightOnlyConfig, QuantConfig, SmoothQuantConfig, config_from_dict, known_configs)
@@ -17,6 +18,8 @@ from .api.calibrate import CalibrationData
 from .api.fuse import fuse_shared_input_linears
 from .api.module_configs import ModuleConfigs
 from .api.quantize import QuantizationError, quantize_
+from .algorithms.rotation import RotationError
+from .api.rotate import RotationConfig, RotationReport, rotate_
 from .api.quantize_weight import UnsupportedWeight, UnsupportedWeightError, quantize_weight
 from .api.report import LayerReport, QuantizationReport
 from .core import (MappingType, PerAxis, PerBlock, PerGroup, PerRow, PerTensor, PerToken, ZeroPointDomain,
@@ -45,12 +48,14 @@ _hf_registration.install()  # transformers learns quant_method "torchqkit" (free
 # The public names, by what they are for. dir(torchqkit) lists these (TorchqkitConfig included, imported lazily).
 _PUBLIC = {
     "quantize": ["quantize_", "ModuleConfigs", "QuantizationReport", "LayerReport", "CalibrationData",
-                 "fuse_shared_input_linears", "quantize_weight"],
+                 "fuse_shared_input_linears", "quantize_weight", "rotate_", "RotationConfig", "RotationReport"],
     "configs": ["presets", "QuantConfig", "Int8WeightOnlyConfig", "Int4WeightOnlyConfig", "IntxWeightOnlyConfig",
                 "NF4WeightOnlyConfig", "MXFP8WeightOnlyConfig", "MXFP4WeightOnlyConfig", "NVFP4WeightOnlyConfig",
                 "NVFP4DynamicActivationNVFP4WeightConfig", "FP6WeightOnlyConfig", "Float8WeightOnlyConfig",
                 "Int8DynamicActivationInt8WeightConfig", "Int8DynamicActivationIntxWeightConfig",
-                "Float8DynamicActivationFloat8WeightConfig", "Int8StaticActivationInt8WeightConfig",
+                "Float8DynamicActivationFloat8WeightConfig", "Int4DynamicActivationInt4WeightConfig",
+                "Float8DynamicActivationInt4WeightConfig", "MXDynamicActivationMXWeightConfig",
+                "Int8StaticActivationInt8WeightConfig",
                 "Float8StaticActivationFloat8WeightConfig", "GPTQConfig", "AWQConfig", "SmoothQuantConfig",
                 "config_from_dict", "known_configs"],
     "granularity and numerics": ["PerTensor", "PerAxis", "PerGroup", "PerRow", "PerToken", "PerBlock",
@@ -67,7 +72,7 @@ _PUBLIC = {
                  "enable_float8_training_", "float8_training_status", "Float8TrainingLinear"],
     "distributed": ["shard_multiple"],
     "KV cache": ["KVCacheConfig", "QuantizedKVCache"],
-    "errors and warnings": ["QuantizationError", "CheckpointError", "GGUFError", "ShardingError",
+    "errors and warnings": ["QuantizationError", "CheckpointError", "GGUFError", "ShardingError", "RotationError",
                             "UnsupportedOpError", "UnsupportedWeightError", "KernelsMissingWarning"],
 }
 __all__ = [name for names in _PUBLIC.values() for name in names] + ["__version__"]

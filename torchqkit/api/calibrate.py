@@ -33,6 +33,7 @@ from ..algorithms.blockwise import (capture_block_inputs, check_finite_activatio
 from ..algorithms.gptq import gptq_codes
 from ..algorithms.observers import InputStats, static_range
 from ..algorithms.smoothquant import smoothing_scales
+from ..algorithms.rotation import online_rotation_of
 from ..core.granularity import PerTensor
 from ..core.qdtype import int8
 from ..tensor.activation import ActivationQuantSpec
@@ -306,8 +307,9 @@ def _is_norm(m: nn.Module) -> bool:
 
 
 def _mlp_up_proj(fqn, linears, block, prefix):
-    """A gated MLP's down_proj reads act(gate_proj(x)) * up_proj(x): its input scales fold into up_proj's rows."""
-    if not fqn.endswith(".down_proj"):
+    """A gated MLP's down_proj reads act(gate_proj(x)) * up_proj(x): its input scales fold into up_proj's rows,
+    unless rotate_ rotates down_proj's input on every call (a channel of up_proj is no channel of down_proj then)."""
+    if not fqn.endswith(".down_proj") or online_rotation_of(linears[fqn][0]) is not None:
         return None
     up = fqn[: -len("down_proj")] + "up_proj"
     mods = dict(block.named_modules())

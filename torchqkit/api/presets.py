@@ -30,8 +30,9 @@ from collections.abc import Callable
 import torch
 
 from ..core import PerGroup, PerRow, PerToken
-from .configs import (Float8DynamicActivationFloat8WeightConfig, Float8WeightOnlyConfig, FP6WeightOnlyConfig,
-                      Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
+from .configs import (Float8DynamicActivationFloat8WeightConfig, Float8DynamicActivationInt4WeightConfig,
+                      Float8WeightOnlyConfig, FP6WeightOnlyConfig, Int4DynamicActivationInt4WeightConfig,
+                      Int4WeightOnlyConfig, MXDynamicActivationMXWeightConfig, Int8DynamicActivationInt8WeightConfig,
                       Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig,
                       MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig, NF4WeightOnlyConfig,
                       NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfig, QuantConfig)
@@ -88,6 +89,11 @@ PRESETS: dict[str, Callable[[], QuantConfig | ModuleConfigs]] = {
     "mxfp8": lambda: MXFP8WeightOnlyConfig(),
     "fp8-wo": lambda: Float8WeightOnlyConfig(),
     "fp8-dyn-row": lambda: Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+    # 4-bit activations: on an LLM after qk.rotate_ (QuaRot); reference path on every backend so far
+    "int4-dyn-int4-g32": lambda: Int4DynamicActivationInt4WeightConfig(group_size=32),
+    "fp8-dyn-int4-g32": lambda: Float8DynamicActivationInt4WeightConfig(group_size=32),
+    "mxfp8-dyn-mxfp4": lambda: MXDynamicActivationMXWeightConfig(weight="mxfp4"),
+    "mxfp8-dyn-mxfp8": lambda: MXDynamicActivationMXWeightConfig(weight="mxfp8"),
 }
 
 

@@ -178,7 +178,7 @@ def _activation_args(spec) -> dict | None | str:
     elif spec.qdtype == float8_e4m3fn:
         kind = "float"
     else:
-        return f"{spec.qdtype.name} activations (compressed-tensors' float8 is float8_e4m3fn)"
+        return f"{spec.qdtype.name} activations (exported: int8 and float8_e4m3fn ones)"
     symmetric = spec.mapping is not MappingType.ASYMMETRIC
     if spec.static_scale is not None:
         return {"num_bits": 8, "type": kind, "symmetric": symmetric, "strategy": "tensor", "dynamic": False}

@@ -44,12 +44,12 @@ import torch
 import torch.nn.functional as F
 
 from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
-from ..core.qdtype import QKind, int2, int4
+from ..core.qdtype import QKind, int2, int4, int8
 from ..kernels.ops.linear_intxwo import intx_fields, pack_intx_fields
 from ..kernels.ops.linear_ternarywo import ternary_codes
 from .base import (Layout, PackedSpec, PlainParts, WeightFormat, kernel_reach_problem, pad_features, register_layout,
                    scale_specs)
-from .routes import Route
+from .routes import Route, reference_linear
 
 
 
@@ -103,7 +103,7 @@ class PackedIntxLayout(Layout):
         return None
 
     def kernel_range_problem(self, parts: PlainParts, fmt: WeightFormat, act_quant) -> str | None:
-        if act_quant is None or act_quant.qdtype.kind is not QKind.INT or not parts.scale.numel():
+        if act_quant is None or act_quant.qdtype != int8 or not parts.scale.numel():
             return None
         # torchqkit::linear_int8da_int4_packed sums int8 activation codes (|q| <= 128, and as much again for an
         # asymmetric activation's zero-point term) times the weight, and applies the activation scale last: the
@@ -198,7 +198,7 @@ def _int8_int4_applies(w, x) -> bool:
     per group of 8 k dividing 128 (or a multiple of 128) or per channel: the torchqkit::linear_int8da_int4_packed
     kernel takes it."""
     spec = w.act_quant
-    if (spec is None or w.qlayout.ternary or w.qdtype != int4 or spec.qdtype.kind is not QKind.INT
+    if (spec is None or w.qlayout.ternary or w.qdtype != int4 or spec.qdtype != int8
             or spec.static_scale is not None or spec.mapping not in (MappingType.SYMMETRIC, MappingType.ASYMMETRIC)
             or w.block_size[0] != 1):
         return False
@@ -231,4 +231,9 @@ PackedIntxLayout.routes = (
     Route("int8 dynamic act (per token, or per token and weight group) x int4 (symmetric / int or float zero "
           "point), per group of 8..128 (dividing 128) or multiples of 128, or per channel", _int8_int4_applies,
           op="torchqkit::linear_int8da_int4_packed", call=_int8_int4_call),
+    Route("int4 or float8 dynamic act x 1..7-bit int weight", lambda w, x: w.act_quant is not None and
+          w.act_quant.qdtype != int8, aten=reference_linear,
+          aten_name="reference (activations fake-quantized, then dequantize + F.linear)",
+          why="no int4 x int4 or float8 x int4 kernel yet on any backend; the reference computes the same product "
+              "in float32"),
 )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
-from ..core.qdtype import QKind
+from ..core.qdtype import QKind, int8
 from .base import Layout, PlainParts, WeightFormat, pad_features, register_layout
 from .routes import Route, flatten_tokens, in_dtype_of
 from .scaled_mm import SCALED_MM_ROUTE
@@ -82,7 +82,7 @@ def _symmetric_int8_codes(w) -> bool:
 def _int_act_per_row_weight(w) -> bool:
     """int activations x a symmetric signed int weight with one scale per row: an integer matmul applies."""
     spec = w.act_quant
-    return (spec is not None and spec.qdtype.kind is QKind.INT and spec.group_size is None
+    return (spec is not None and spec.qdtype == int8 and spec.group_size is None
             and w.qdtype.kind is QKind.INT and w.qdtype.signed
             and w.zero_point_domain is ZeroPointDomain.NONE and w.block_size == (1, w.logical_shape[1]))
 

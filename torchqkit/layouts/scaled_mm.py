@@ -24,7 +24,8 @@ def scaled_mm_applies(w, x=None) -> bool:
         return False
     per_row = w.block_size == (1, w.logical_shape[1])
     per_tensor = w.block_size == w.logical_shape
-    return spec.qdtype.kind is QKind.FLOAT8 and w.qdtype.kind is QKind.FLOAT8 and (per_row or per_tensor)
+    return (spec.qdtype.kind is QKind.FLOAT8 and spec.group_size is None and w.qdtype.kind is QKind.FLOAT8
+            and (per_row or per_tensor))
 
 
 def _quantized_rows(w, x: torch.Tensor):

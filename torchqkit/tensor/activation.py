@@ -10,7 +10,8 @@ import torch
 from ..core.granularity import Granularity, PerGroup, PerRow, PerTensor, PerToken
 from ..core.primitives import (MappingType, ZeroPointDomain, choose_qparams_affine,
                                dequantize_affine, quantize_affine)
-from ..core.qdtype import QDType, QKind, fp4_e2m1
+from ..core.qdtype import QDType, QKind, fp4_e2m1, int4
+from ..layouts.mx import MX_BLOCK
 from ..kernels.preference import KernelPreference
 
 __all__ = ["ActivationQuantSpec", "KernelPreference", "QuantizedActivation"]
@@ -48,22 +49,25 @@ class ActivationQuantSpec:
     - int8: ``PerToken()`` (or ``PerRow()``), symmetric or asymmetric dynamic scales; ``PerGroup(n)``, symmetric
       dynamic scales per token and group of n features (llama.cpp's Q8_1); or ``PerTensor()`` symmetric with a
       given ``static_scale``.
+    - int4: ``PerToken()`` (or ``PerRow()``), symmetric or asymmetric, or ``PerGroup(n)`` symmetric; dynamic only
+      (4-bit activations keep their quality after a rotation: ``rotate_``).
     - float8: ``PerTensor()`` or ``PerRow()`` / ``PerToken()`` (per token), symmetric, dynamic or with a given
-      ``static_scale``.
+      ``static_scale``; or ``PerGroup(32)``, dynamic: MXFP8, one power-of-two (E8M0) scale per token and 32
+      features, chosen as the OCP MX spec says (the oracle's ``scale_rounding="power_of_two"``).
     - fp4_e2m1 (NVFP4): ``PerGroup(16)``, dynamic: float8 e4m3 scales per token and group of 16 features under one
       power-of-two scale per call (the oracle's ``scale_rounding="float8_e4m3"``).
 
     Args:
-        qdtype (QDType): ``qk.qdtypes.int8``, ``float8_e4m3fn``, ``float8_e5m2`` or ``fp4_e2m1``.
+        qdtype (QDType): ``qk.qdtypes.int8``, ``int4``, ``float8_e4m3fn``, ``float8_e5m2`` or ``fp4_e2m1``.
         granularity (Granularity): the scale granularity; default ``PerToken()``.
-        mapping (MappingType): ``MappingType.SYMMETRIC`` (default) or ``ASYMMETRIC`` (int8 per token only), or
+        mapping (MappingType): ``MappingType.SYMMETRIC`` (default) or ``ASYMMETRIC`` (int8 / int4 per token only), or
             its value.
         static_scale (float | None): a fixed scale, a finite number > 0; None (default): dynamic scales computed
             from each input.
 
     Raises:
-        ValueError: a qdtype other than int8 / float8 / fp4_e2m1, or a granularity, mapping or static scale outside the
-            combinations above.
+        ValueError: a qdtype other than int8 / int4 / float8 / fp4_e2m1, or a granularity, mapping or static scale
+            outside the combinations above.
 
     Example:
         ```python
@@ -82,13 +86,16 @@ class ActivationQuantSpec:
     def __post_init__(self):
         object.__setattr__(self, "mapping", MappingType(self.mapping))
         if self.qdtype.kind is QKind.INT:
-            if self.qdtype.name != "int8":
-                raise ValueError(f"activation quantization supports int8 or float8, got {self.qdtype.name}")
+            if self.qdtype.name not in ("int8", "int4"):
+                raise ValueError(f"integer activation quantization supports int8 or int4, got {self.qdtype.name}")
+            if self.qdtype == int4 and self.static_scale is not None:
+                raise ValueError("int4 activations are quantized with dynamic scales (no static_scale)")
             if self.static_scale is None and not isinstance(self.granularity, (PerToken, PerRow, PerGroup)):
-                raise ValueError("dynamic int8 activation quantization is per token: use PerToken() (or PerGroup(n) "
+                raise ValueError(f"dynamic {self.qdtype.name} activation quantization is per token: use PerToken() (or "
+                                 f"PerGroup(n) "
                                  "for a scale per token and group of n features)")
             if isinstance(self.granularity, PerGroup) and self.mapping is not MappingType.SYMMETRIC:
-                raise ValueError("int8 activations per group (PerGroup) are quantized symmetrically: use "
+                raise ValueError(f"{self.qdtype.name} activations per group (PerGroup) are quantized symmetrically: use "
                                  "MappingType.SYMMETRIC")
             if self.static_scale is not None and (not isinstance(self.granularity, PerTensor)
                                                   or self.mapping is not MappingType.SYMMETRIC):
@@ -96,8 +103,12 @@ class ActivationQuantSpec:
                                  "and MappingType.SYMMETRIC")
             _check_static_scale(self.static_scale)
         elif self.qdtype.kind is QKind.FLOAT8:
-            if not isinstance(self.granularity, (PerTensor, PerRow, PerToken)):
-                raise ValueError("float8 activation quantization is PerTensor or PerRow")
+            if isinstance(self.granularity, PerGroup):
+                if self.granularity.group_size != MX_BLOCK or self.static_scale is not None:
+                    raise ValueError(f"float8 activations per group are MXFP8: PerGroup({MX_BLOCK}), dynamic (no "
+                                     f"static_scale)")
+            elif not isinstance(self.granularity, (PerTensor, PerRow, PerToken)):
+                raise ValueError(f"float8 activation quantization is PerTensor, PerRow or PerGroup({MX_BLOCK}) (MXFP8)")
             if self.mapping is not MappingType.SYMMETRIC:
                 raise ValueError("float8 activations are quantized symmetrically")
             _check_static_scale(self.static_scale)
@@ -107,12 +118,19 @@ class ActivationQuantSpec:
                 raise ValueError(f"fp4_e2m1 activations are NVFP4: PerGroup({NVFP4_ACT_GROUP}), symmetric, dynamic "
                                  f"(no static_scale)")
         else:
-            raise ValueError(f"activation quantization supports int8, float8 or fp4_e2m1, got {self.qdtype.name}")
+            raise ValueError(f"activation quantization supports int8, int4, float8 or fp4_e2m1, got {self.qdtype.name}")
 
     @property
     def group_size(self) -> int | None:
         """Features per scale within a token (PerGroup), or None: one scale per token or per tensor."""
         return self.granularity.group_size if isinstance(self.granularity, PerGroup) else None
+
+    @property
+    def scale_rounding(self) -> str | None:
+        """The oracle's scale rounding: E8M0 for MXFP8 (float8 per 32), float8 for NVFP4, None otherwise."""
+        if self.qdtype is fp4_e2m1:
+            return "float8_e4m3"
+        return "power_of_two" if self.qdtype.kind is QKind.FLOAT8 and self.group_size is not None else None
 
     @property
     def per_tensor(self) -> bool:
@@ -135,7 +153,7 @@ class ActivationQuantSpec:
             src = torch.where(finite, x2d, 0) if self.per_tensor or self.qdtype is fp4_e2m1 else x2d
             scale, zp = choose_qparams_affine(src, self.qdtype, block, mapping=self.mapping,
                                               zero_point_domain=zpd, scale_dtype=torch.float32,
-                                              scale_rounding="float8_e4m3" if self.qdtype is fp4_e2m1 else None,
+                                              scale_rounding=self.scale_rounding,
                                               check_finite=False, name="activation")
         if self.qdtype.kind is QKind.FLOAT8:
             x2d = torch.where(row_ok, x2d, float("nan"))  # NaN codes: float8 has them

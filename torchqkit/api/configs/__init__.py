@@ -5,7 +5,8 @@ from .float8 import (Float8DynamicActivationFloat8WeightConfig, Float8StaticActi
                      Float8WeightOnlyConfig)
 from .integer import Int4WeightOnlyConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig
 from .fp6 import FP6WeightOnlyConfig
-from .mx import MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig
+from .int4_dynamic_activation import Float8DynamicActivationInt4WeightConfig, Int4DynamicActivationInt4WeightConfig
+from .mx import MXDynamicActivationMXWeightConfig, MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig
 from .nvfp4 import NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfig
 from .nf4 import NF4WeightOnlyConfig
 from .static_activation import Int8StaticActivationInt8WeightConfig

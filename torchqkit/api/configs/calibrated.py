@@ -14,6 +14,7 @@ from ..quantize_weight import UnsupportedWeight
 from .base import QuantConfig, register_config
 from .dynamic_activation import Int8DynamicActivationInt8WeightConfig
 from .float8 import Float8DynamicActivationFloat8WeightConfig, Float8StaticActivationFloat8WeightConfig
+from .int4_dynamic_activation import Float8DynamicActivationInt4WeightConfig, Int4DynamicActivationInt4WeightConfig
 from .integer import Int4WeightOnlyConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig
 from .nf4 import NF4WeightOnlyConfig
 from .static_activation import Int8StaticActivationInt8WeightConfig
@@ -55,8 +56,10 @@ class GPTQConfig(CalibratedConfig):
 
     Args:
         base (QuantConfig): the weight config whose grid GPTQ fills: an ``Int4WeightOnlyConfig`` (default
-            ``Int4WeightOnlyConfig()``), ``IntxWeightOnlyConfig``, ``Int8WeightOnlyConfig`` or
-            ``Int8DynamicActivationInt8WeightConfig``. The only argument that may be given by position.
+            ``Int4WeightOnlyConfig()``), ``IntxWeightOnlyConfig``, ``Int8WeightOnlyConfig``,
+            ``Int8DynamicActivationInt8WeightConfig``, ``Int4DynamicActivationInt4WeightConfig`` or
+            ``Float8DynamicActivationInt4WeightConfig`` (the Hessian comes from the float inputs; the activations
+            are quantized at run time as the base says). The only argument that may be given by position.
         damp (float): fraction of the mean Hessian diagonal added to the diagonal, in (0, 1]; default 0.01.
         block (int): columns per lazy batch update, >= 1; default 128.
         act_order (bool): process columns by decreasing Hessian diagonal (implies static groups); default False.
@@ -83,7 +86,8 @@ class GPTQConfig(CalibratedConfig):
     act_order: bool = False
     static_groups: bool = False
     true_sequential: bool = False
-    BASES = (Int4WeightOnlyConfig, IntxWeightOnlyConfig, Int8WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig)
+    BASES = (Int4WeightOnlyConfig, IntxWeightOnlyConfig, Int8WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
+             Int4DynamicActivationInt4WeightConfig, Float8DynamicActivationInt4WeightConfig)
 
     def describe(self):
         order = (" act-order" if self.act_order else "") + (" true-sequential" if self.true_sequential else "")

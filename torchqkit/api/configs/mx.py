@@ -1,21 +1,25 @@
-"""OCP microscaling weight-only configs: MXFP8WeightOnlyConfig, MXFP4WeightOnlyConfig (MXLayout).
+"""OCP microscaling configs: MXFP8WeightOnlyConfig, MXFP4WeightOnlyConfig (MXLayout), and
+MXDynamicActivationMXWeightConfig (MX weights x MXFP8 activations).
 
 One power-of-two (E8M0) scale per 32 weights along K, chosen as the MX spec says (the oracle's
 ``scale_rounding="power_of_two"``); weights whose in_features isn't a multiple of 32 get a partial last block (padded inside MXLayout).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from ...core.granularity import PerGroup
 from ...core.qdtype import QDType, float8_e4m3fn, float8_e5m2, fp4_e2m1
 from ...layouts.mx import MX_BLOCK, MXLayout
+from ...tensor.activation import ActivationQuantSpec
 from ..quantize_weight import WeightRecipe
 from .base import QuantConfig, as_qdtype, register_recipe_config
 
-__all__ = ["MXFP8WeightOnlyConfig", "MXFP4WeightOnlyConfig"]
+__all__ = ["MXFP8WeightOnlyConfig", "MXFP4WeightOnlyConfig", "MXDynamicActivationMXWeightConfig"]
 
 
 def _mx_weight(element: QDType, config):
@@ -89,3 +93,43 @@ class MXFP4WeightOnlyConfig(QuantConfig):
 
     def describe(self):
         return "mxfp4 (fp4_e2m1) weight-only"
+
+
+_MX_WEIGHTS = {"mxfp4": fp4_e2m1, "mxfp8": float8_e4m3fn}
+
+
+def _mx_dynamic_activation_recipe(config):
+    recipe = _mx_weight(_MX_WEIGHTS[config.weight], config)
+    return dataclasses.replace(recipe, act_quant=ActivationQuantSpec(float8_e4m3fn, PerGroup(MX_BLOCK)))
+
+
+@register_recipe_config(_mx_dynamic_activation_recipe)
+@dataclass(frozen=True, kw_only=True)
+class MXDynamicActivationMXWeightConfig(QuantConfig):
+    """MX weights x MXFP8 activations quantized at run time (one E8M0 scale per token and 32 features).
+
+    Weights as ``MXFP4WeightOnlyConfig`` (``weight="mxfp4"``) or ``MXFP8WeightOnlyConfig`` (``"mxfp8"``, e4m3
+    elements). Each Linear's input is quantized on every call to float8 e4m3 with one power-of-two scale per token
+    and block of 32 input features, chosen as the OCP MX spec says (the MX block runs along K for activations as
+    for weights). Runs on the reference path (no MX x MX kernel yet; ``torchqkit.kernels.status()`` lists it).
+
+    Args:
+        activation (str): the activation format: ``"mxfp8"`` (default; the only one).
+        weight (str): the weight format: ``"mxfp4"`` (default) or ``"mxfp8"``.
+        kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
+            ``KernelPreference.AUTO``; its value is accepted.
+
+    Raises:
+        ValueError: another activation or weight format.
+
+    Example:
+        ```python
+        import torchqkit as qk
+        qk.quantize_(model, qk.MXDynamicActivationMXWeightConfig(activation="mxfp8", weight="mxfp4"))
+        ```
+    """
+    activation: Literal["mxfp8"] = "mxfp8"
+    weight: Literal["mxfp4", "mxfp8"] = "mxfp4"
+
+    def describe(self):
+        return f"{self.weight} weights x {self.activation} dynamic activations (per 32)"
