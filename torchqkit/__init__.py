@@ -11,7 +11,8 @@ from .api.configs import (AWQConfig, Float8DynamicActivationFloat8WeightConfig,
                           Int8DynamicActivationIntxWeightConfig, Int8StaticActivationInt8WeightConfig,
                           Int8WeightOnlyConfig, IntxWeightOnlyConfig, MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig,
                           NF4WeightOnlyConfig, NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfig,
-                          FP6WeightOnlyConfig, QuantConfig, SmoothQuantConfig, config_from_dict, known_configs)
+                          FP6WeightOnlyConfig, QuantConfig, SmoothQuantConfig, SparsityConfig, config_from_dict,
+                          known_configs)
 from .api import presets
 from .api.calibrate import CalibrationData
 from .api.fuse import fuse_shared_input_linears
@@ -52,7 +53,7 @@ _PUBLIC = {
                 "Int8DynamicActivationInt8WeightConfig", "Int8DynamicActivationIntxWeightConfig",
                 "Float8DynamicActivationFloat8WeightConfig", "Int8StaticActivationInt8WeightConfig",
                 "Float8StaticActivationFloat8WeightConfig", "GPTQConfig", "AWQConfig", "SmoothQuantConfig",
-                "config_from_dict", "known_configs"],
+                "SparsityConfig", "config_from_dict", "known_configs"],
     "granularity and numerics": ["PerTensor", "PerAxis", "PerGroup", "PerRow", "PerToken", "PerBlock",
                                  "MappingType", "ZeroPointDomain", "qdtypes", "choose_qparams_affine",
                                  "quantize_affine", "dequantize_affine"],
