@@ -1,6 +1,6 @@
 """python -m benchmarks <group> [options]   (python -m benchmarks <group> --help for each group's own)
 
-Groups: kernels, targets, decode, prefill, moe_decode, moe_calibration, quality, calibration, formats, load,
+Groups: kernels, targets, decode, prefill, moe_decode, moe_calibration, quality, calibration, formats, sparsity, load,
 gguf_export, train, distributed; then plot (PNG figures from the JSON lines) and report (markdown tables of the latest
 run per case).
 
@@ -20,6 +20,7 @@ GROUPS = {
     "quality": "perplexity per config (and peers), a synthetic decoder's tok/s, MiniLM throughput",
     "calibration": "GPTQ / AWQ / SmoothQuant / static int8 against round-to-nearest; GPTQ memory",
     "formats": "NVFP4 / MXFP4 / FP6 / int4 g128 side by side: SmolLM2 perplexity, MiniLM cosine, the format targets",
+    "sparsity": "2:4 magnitude / Wanda / SparseGPT, float and int4 g32: SmolLM2 perplexity, MiniLM cosine, the targets",
     "load": "loading: GGUF two ways, transformers' from_pretrained five ways",
     "gguf_export": "llama.cpp reading save_gguf's files: perplexity next to torchqkit's and llama.cpp's Q4_0 / Q4_1",
     "train": "QAT recovery on MiniLM, float8 training loss curves",

@@ -34,7 +34,7 @@ from .configs import (Float8DynamicActivationFloat8WeightConfig, Float8WeightOnl
                       Int4WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
                       Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig,
                       MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig, NF4WeightOnlyConfig,
-                      NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfig, QuantConfig)
+                      NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfig, QuantConfig, SparsityConfig)
 from .module_configs import ModuleConfigs
 
 __all__ = ["PRESETS", "get", "names", "OUTPUT_LAYER"]
@@ -83,6 +83,8 @@ PRESETS: dict[str, Callable[[], QuantConfig | ModuleConfigs]] = {
     "mxfp8": lambda: MXFP8WeightOnlyConfig(),
     "fp8-wo": lambda: Float8WeightOnlyConfig(),
     "fp8-dyn-row": lambda: Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+    # 2:4 magnitude pruning, float values kept (no calibration data; Wanda / SparseGPT need it)
+    "sparse-2of4": lambda: SparsityConfig(pattern=(2, 4)),
 }
 
 
