@@ -96,7 +96,7 @@ def test_sparsegpt_with_int4_beats_magnitude_and_round_to_nearest():
     lin.weight = torch.nn.Parameter(w, requires_grad=False)
     qk.quantize_(torch.nn.Sequential(lin), qk.SparsityConfig(base=base))  # magnitude + int4 round-to-nearest
     sgpt, mag = _output_error(x, w, deq), _output_error(x, w, lin.weight.dequantize())
-    assert sgpt < 0.5 * mag, (sgpt, mag)  # measured 0.160 vs 0.406
+    assert sgpt < 0.5 * mag, (sgpt, mag)  # measured 0.175 vs 0.389
 
 
 @pytest.mark.parametrize("n,m", [(2, 4), (1, 4), (4, 8)])
