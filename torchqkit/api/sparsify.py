@@ -48,8 +48,8 @@ def _check_weight(weight, name: str) -> None:
     if isinstance(weight, AffineQuantizedTensor):
         raise UnsupportedWeight(f"{name} is already quantized ({weight!r})")
     if not weight.dtype.is_floating_point or weight.dim() != 2:
-        raise UnsupportedWeight(f"{name} is a {weight.dtype} tensor of shape {tuple(weight.shape)}; pruning takes a 2-d "
-                                f"(out, in) float weight")
+        raise UnsupportedWeight(f"{name} is a {weight.dtype} tensor of shape {tuple(weight.shape)}; pruning takes a "
+                                f"2-d (out, in) float weight")
 
 
 def magnitude_sparse_weight(config, weight: torch.Tensor, name: str) -> AffineQuantizedTensor:

@@ -52,8 +52,9 @@ class QDType:
     """A quantized dtype: what a code means, independent of how a layout stores it.
 
     The registered instances are module attributes of ``torchqkit.qdtypes`` (``int1`` .. ``int8``, ``uint1`` ..
-    ``uint8``, ``float8_e4m3fn``, ``float8_e5m2``, ``nf4``, ``fp4_e2m1``, ``fp6_e3m2``, ``fp6_e2m3``, and the identity
-    formats ``float32``, ``bfloat16``, ``float16``); configs and the primitives take them (or their names). Instances are frozen, compare by value, print as ``torchqkit.<name>`` and pickle by name.
+    ``uint8``, ``float8_e4m3fn``, ``float8_e5m2``, ``nf4``, ``fp4_e2m1``, ``fp6_e3m2``, ``fp6_e2m3``, and the
+    identity formats ``float32``, ``bfloat16``, ``float16``); configs and the primitives take them (or their names).
+    Instances are frozen, compare by value, print as ``torchqkit.<name>`` and pickle by name.
     Building a new one does not register it: ``qdtype_from_name`` knows only the registered ones.
 
     Args:

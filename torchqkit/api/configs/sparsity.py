@@ -97,8 +97,8 @@ class SparsityConfig(QuantConfig):
                              f"weight config, or base=None")
         granularity = recipe.granularity
         if isinstance(granularity, PerGroup) and granularity.group_size % m:
-            raise ValueError(f"SparsityConfig: base {name} has groups of {granularity.group_size} input features, which "
-                             f"don't hold whole blocks of {m}; use a group size that is a multiple of {m}")
+            raise ValueError(f"SparsityConfig: base {name} has groups of {granularity.group_size} input features, "
+                             f"which don't hold whole blocks of {m}; use a group size that is a multiple of {m}")
 
     @property
     def layout(self) -> NMSparseLayout:
