@@ -137,3 +137,24 @@ def test_a_weight_the_layout_cannot_take_is_named_and_nothing_changes():
 def test_status_lists_the_layouts_reference_path():
     rows = [r for r in qk.kernels.status() if r["layout"] == "nm_sparse"]
     assert rows and rows[-1]["path"] == "reference"
+
+
+@torch.no_grad()
+def test_fusing_shared_input_linears_keeps_the_kept_entries():
+    model = small_hf_llama()
+    qk.quantize_(model, qk.SparsityConfig(base=INT4))
+    expected = model(IDS).logits
+    fused = qk.fuse_shared_input_linears(model)
+    assert set(fused.values()) == {"fused"}
+    assert torch.equal(model(IDS).logits, expected)
+
+
+def test_gguf_export_refuses_int4_float_zero_points_it_cannot_hold():
+    from torchqkit.integrations.gguf_encode import encode_exact
+    lin = nn.Linear(64, 8)
+    qk.quantize_(nn.Sequential(lin), qk.SparsityConfig(base=INT4))
+    assert encode_exact(lin.weight, "w")[1].startswith("it is N:M sparse with float zero points")
+    int8 = nn.Linear(64, 8)
+    qk.quantize_(nn.Sequential(int8), qk.SparsityConfig(base=qk.Int8WeightOnlyConfig(group_size=32)))
+    encoded, _ = encode_exact(int8.weight, "w")  # symmetric codes: the pruned entries are code 0, exactly 0.0
+    assert encoded is not None and encoded.type_name == "Q8_0" and encoded.max_abs_change < 1e-3  # float16 scales
