@@ -1,7 +1,7 @@
 """python -m benchmarks <group> [options]   (python -m benchmarks <group> --help for each group's own)
 
-Groups: kernels, targets, decode, prefill, moe_decode, moe_calibration, quality, calibration, formats, rotation, load,
-gguf_export, train, distributed; then plot (PNG figures from the JSON lines) and report (markdown tables of the latest
+Groups: kernels, targets, decode, prefill, moe_decode, moe_calibration, quality, calibration, formats, rotation,
+sparsity, load, gguf_export, train, distributed; then plot (PNG figures from the JSON lines) and report (markdown tables of the latest
 run per case).
 
 Run it from the repository root: the benchmarks package sits next to torchqkit, not inside the installed package."""
@@ -21,6 +21,7 @@ GROUPS = {
     "calibration": "GPTQ / AWQ / SmoothQuant / static int8 against round-to-nearest; GPTQ memory",
     "formats": "NVFP4 / MXFP4 / FP6 / int4 g128 side by side: SmolLM2 perplexity, MiniLM cosine, the format targets",
     "rotation": "rotate_ (QuaRot) with W4A8 / W4A4 / MX activations: SmolLM2 perplexity with and without, the targets",
+    "sparsity": "2:4 magnitude / Wanda / SparseGPT, float and int4 g32: SmolLM2 perplexity, MiniLM cosine, the targets",
     "load": "loading: GGUF two ways, transformers' from_pretrained five ways",
     "gguf_export": "llama.cpp reading save_gguf's files: perplexity next to torchqkit's and llama.cpp's Q4_0 / Q4_1",
     "train": "QAT recovery on MiniLM, float8 training loss curves",

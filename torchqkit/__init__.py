@@ -12,7 +12,8 @@ from .api.configs import (AWQConfig, Float8DynamicActivationFloat8WeightConfig,
                           Int8DynamicActivationIntxWeightConfig, MXDynamicActivationMXWeightConfig, Int8StaticActivationInt8WeightConfig,
                           Int8WeightOnlyConfig, IntxWeightOnlyConfig, MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig,
                           NF4WeightOnlyConfig, NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfig,
-                          FP6WeightOnlyConfig, QuantConfig, SmoothQuantConfig, config_from_dict, known_configs)
+                          FP6WeightOnlyConfig, QuantConfig, SmoothQuantConfig, SparsityConfig, config_from_dict,
+                          known_configs)
 from .api import presets
 from .api.calibrate import CalibrationData
 from .api.fuse import fuse_shared_input_linears
@@ -25,7 +26,7 @@ from .api.report import LayerReport, QuantizationReport
 from .core import (MappingType, PerAxis, PerBlock, PerGroup, PerRow, PerTensor, PerToken, ZeroPointDomain,
                    choose_qparams_affine, dequantize_affine, qdtypes, quantize_affine)
 from .layouts import FP6Layout, Float8Layout, Layout, MXLayout, NF4Layout, NVFP4Layout, PlainLayout
-from .layouts import PackedIntxLayout, TensorCoreTiledLayout
+from .layouts import NMSparseLayout, PackedIntxLayout, TensorCoreTiledLayout
 from .hf import from_pretrained, save_pretrained
 from .integrations import hf_registration as _hf_registration
 from .integrations.gguf import GGUFError, from_gguf
@@ -57,12 +58,12 @@ _PUBLIC = {
                 "Float8DynamicActivationInt4WeightConfig", "MXDynamicActivationMXWeightConfig",
                 "Int8StaticActivationInt8WeightConfig",
                 "Float8StaticActivationFloat8WeightConfig", "GPTQConfig", "AWQConfig", "SmoothQuantConfig",
-                "config_from_dict", "known_configs"],
+                "SparsityConfig", "config_from_dict", "known_configs"],
     "granularity and numerics": ["PerTensor", "PerAxis", "PerGroup", "PerRow", "PerToken", "PerBlock",
                                  "MappingType", "ZeroPointDomain", "qdtypes", "choose_qparams_affine",
                                  "quantize_affine", "dequantize_affine"],
     "tensor, layouts and kernels": ["AffineQuantizedTensor", "ActivationQuantSpec", "KernelPreference", "Layout",
-                                    "PlainLayout", "TensorCoreTiledLayout", "PackedIntxLayout", "NF4Layout",
+                                    "PlainLayout", "TensorCoreTiledLayout", "PackedIntxLayout", "NMSparseLayout", "NF4Layout",
                                     "Float8Layout", "MXLayout", "NVFP4Layout", "FP6Layout", "kernels"],
     "checkpoints and integrations": ["save_quantized", "load_quantized", "quantize_checkpoint", "save_pretrained",
                                      "from_pretrained", "from_gguf", "save_gguf", "GGUFExportReport",
@@ -95,7 +96,7 @@ def __dir__():
 
 # Public classes report their public path, so pickles and reprs don't depend on internal file names.
 for _cls in (AffineQuantizedTensor, CalibrationData, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
-             PackedIntxLayout, TensorCoreTiledLayout,
+             PackedIntxLayout, NMSparseLayout, TensorCoreTiledLayout,
              QuantizationReport, Float8Layout, MXLayout, NVFP4Layout, FP6Layout, NF4Layout, QATConfig,
              FakeQuantizedLinear, Float8TrainingLinear, KernelsMissingWarning, KVCacheConfig):
     _cls.__module__ = "torchqkit"

@@ -58,6 +58,20 @@ def _on_static(**fields) -> Callable:
     return change
 
 
+def _sparse(c):
+    if isinstance(c, qk.SparsityConfig):
+        raise ValueError("+2of4: the config is already a SparsityConfig")
+    return qk.SparsityConfig(pattern=(2, 4), base=c)
+
+
+def _pruning(method: str) -> Callable:
+    def change(c):
+        if not isinstance(c, qk.SparsityConfig):
+            raise ValueError(f"+{method}: a SparsityConfig only (a sparse-* preset, or +2of4 before it)")
+        return dataclasses.replace(c, method=method)
+    return change
+
+
 # change name -> (what it does, config -> config)
 CHANGES: dict[str, tuple[str, Callable]] = {
     "hqq": ("zero points optimised by HQQ", _replace(algorithm="hqq")),
@@ -76,6 +90,9 @@ CHANGES: dict[str, tuple[str, Callable]] = {
     "mse": ("static scales by the MSE observer", _on_static(observer="mse")),
     "percentile": ("static scales by the percentile observer", _on_static(observer="percentile")),
     "no-smoothing": ("static scales without SmoothQuant", _on_static(smoothing=None)),
+    "2of4": ("2:4 magnitude pruning, the kept values quantized by the config", _sparse),
+    "wanda": ("pruning by Wanda's |w| * ||x|| on calibration data", _pruning("wanda")),
+    "sparsegpt": ("pruning (and quantizing) by SparseGPT on calibration data", _pruning("sparsegpt")),
     "smoothing0.5": ("static scales after SmoothQuant 0.5", _on_static(smoothing=0.5)),
 }
 PATTERNS = {r"g(\d+)": ("group (block) size N", _group), r"bits(\d+)": ("N-bit codes", _bits)}

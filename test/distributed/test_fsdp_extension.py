@@ -15,6 +15,7 @@ CONFIGS = {
     "mxfp4": qk.MXFP4WeightOnlyConfig(),
     "nvfp4": qk.NVFP4WeightOnlyConfig(),  # a per-tensor global scale: shared, not gathered
     "fp6": qk.FP6WeightOnlyConfig(ebits=2, group_size=32),
+    "nm_sparse_int4": qk.SparsityConfig(base=qk.Int4WeightOnlyConfig(group_size=64)),
 }
 
 

@@ -24,6 +24,8 @@ CONFIGS = {
     "mxfp4": qk.MXFP4WeightOnlyConfig(),
     "nvfp4": qk.NVFP4WeightOnlyConfig(),
     "fp6": qk.FP6WeightOnlyConfig(),
+    "nm_sparse_int4": qk.SparsityConfig(base=qk.Int4WeightOnlyConfig(group_size=64)),
+    "nm_sparse_float": qk.SparsityConfig(),
 }
 
 
@@ -38,7 +40,8 @@ def test_chunk_gives_views_that_dequantize_to_the_slices(name, dim):
         assert isinstance(piece, qk.AffineQuantizedTensor)
         assert torch.equal(piece.dequantize(), full.narrow(dim, i * full.shape[dim] // 2, full.shape[dim] // 2))
         # The codes are views of the original's storage: nothing is dequantized or copied to cut.
-        assert piece.qdata.untyped_storage().data_ptr() == w.qdata.untyped_storage().data_ptr()
+        first = w.qlayout.tensor_names[0]  # qdata, or an N:M layout's kept values
+        assert getattr(piece, first).untyped_storage().data_ptr() == getattr(w, first).untyped_storage().data_ptr()
 
 
 def test_shard_multiple_is_the_layouts_cut_rule():

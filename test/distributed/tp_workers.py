@@ -22,6 +22,8 @@ TP_CONFIGS = {
     "mxfp8": lambda: qk.MXFP8WeightOnlyConfig(),
     "nvfp4": lambda: qk.NVFP4WeightOnlyConfig(),
     "fp6": lambda: qk.FP6WeightOnlyConfig(ebits=2, group_size=32),
+    "nm_sparse_int4": lambda: qk.SparsityConfig(base=qk.Int4WeightOnlyConfig(group_size=64)),
+    "nm_sparse_float": lambda: qk.SparsityConfig(),
     "int8_dynamic": lambda: qk.Int8DynamicActivationInt8WeightConfig(),
 }
 

@@ -125,6 +125,24 @@ CASES: dict[str, list[tuple[str, tuple[int, int], dict]]] = {
                                             scale_rounding="float8_e4m3",
                                             act_quant=qk.ActivationQuantSpec(Q.fp4_e2m1, qk.PerGroup(16)))),
     ],
+    # Given dense weights, NMSparseLayout keeps the n largest dequantized magnitudes of each block of m
+    "nm_sparse": [
+        ("2of4-int8-row", (48, 64), dict(qdtype=Q.int8, granularity=qk.PerRow())),
+        # int4's float zero point: pruned entries have no code of 0.0, the mask makes them exactly 0
+        ("2of4-uint4-g32-floatzp", (48, 96), dict(qdtype=Q.uint4, granularity=qk.PerGroup(32),
+                                                  mapping=qk.MappingType.ASYMMETRIC,
+                                                  zero_point_domain=qk.ZeroPointDomain.FLOAT)),
+        ("2of4-int3-g16-asym", (40, 64), dict(qdtype=Q.int3, granularity=qk.PerGroup(16),
+                                              mapping=qk.MappingType.ASYMMETRIC)),
+        ("2of4-fp8e4m3-row", (24, 64), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerRow())),
+        ("2of4-float32-values", (24, 64), dict(qdtype=Q.float32, granularity=qk.PerRow())),
+        ("4of8-int4-g64-k200-partial-group", (24, 200), dict(qdtype=Q.int4, granularity=qk.PerGroup(64),
+                                                             layout=qk.NMSparseLayout(4, 8))),
+        # K = 70: the last block of 4 holds two real columns; one scale per row along K
+        ("2of4-int8-row-k70-partial-block", (16, 70), dict(qdtype=Q.int8, granularity=qk.PerRow())),
+        ("1of4-int8-dynact", (16, 64), dict(qdtype=Q.int8, granularity=qk.PerRow(), layout=qk.NMSparseLayout(1, 4),
+                                            act_quant=qk.ActivationQuantSpec(Q.int8, qk.PerToken()))),
+    ],
     "fp6": [
         ("e3m2-row", (48, 128), dict(qdtype=Q.fp6_e3m2, granularity=qk.PerRow())),
         ("e2m3-g32", (40, 96), dict(qdtype=Q.fp6_e2m3, granularity=qk.PerGroup(32))),

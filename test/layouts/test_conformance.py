@@ -60,12 +60,17 @@ class TestLayoutConformance:
         codes = quantize_affine(w, q, aqt.block_size, scale, zp, zero_point_domain=aqt.zero_point_domain)
         scale = aqt.qlayout.stored_scale(scale)  # what a layout keeps of the oracle's scale (Layout.stored_scale)
         parts = aqt.qlayout.unpack(aqt)
+        oracle = dequantize_affine(codes, q, aqt.block_size, scale, zp, zero_point_domain=aqt.zero_point_domain)
+        if parts.mask is not None:  # a layout storing some entries: the others read as the code of 0.0, and as 0
+            zero_codes = quantize_affine(torch.zeros(shape), q, aqt.block_size, scale, zp,
+                                         zero_point_domain=aqt.zero_point_domain)
+            codes = torch.where(parts.mask, codes, zero_codes)
+            oracle = torch.where(parts.mask, oracle, torch.zeros(()))
         assert torch.equal(parts.qdata.view(torch.uint8), codes.view(torch.uint8))
         assert torch.equal(parts.scale, scale)
         assert (parts.zero_point is None) == (zp is None)
         if zp is not None:
             assert torch.equal(parts.zero_point, zp)
-        oracle = dequantize_affine(codes, q, aqt.block_size, scale, zp, zero_point_domain=aqt.zero_point_domain)
         torch.testing.assert_close(aqt.dequantize(), oracle, rtol=0, atol=0)
 
     def test_linear_matches_reference(self, layout, kwargs, shape):

@@ -49,8 +49,10 @@ def test_kernels_agree_with_the_reference_on_the_logical_k(layout, kwargs, shape
 def test_padding_is_storage_only(layout, kwargs, shape):
     aqt = _quantize(layout, kwargs, shape)
     assert tuple(aqt.shape) == shape and aqt.dequantize().shape == shape
-    # Bytes: at least the codes of the logical weight, and the padding is counted (not hidden).
-    assert aqt.packed_nbytes() >= shape[0] * shape[1] * aqt.qdtype.bits // 8
+    # Bytes: at least the codes of the logical weight (of its kept n / m for an N:M layout), and the padding is
+    # counted (not hidden).
+    kept = aqt.qlayout.n / aqt.qlayout.m if isinstance(aqt.qlayout, qk.NMSparseLayout) else 1
+    assert aqt.packed_nbytes() >= shape[0] * shape[1] * kept * aqt.qdtype.bits // 8
     specs = aqt.qlayout.packed_specs(aqt.weight_format)
     for name, t in aqt.inner_tensors().items():
         if t is not None:

@@ -1,7 +1,8 @@
 """Observers: what a Linear's inputs looked like during calibration, for static scales and the algorithms.
 
 ``InputStats`` keeps, over every calibration token row x (K,) of one Linear input: the per-channel max |x|
-(static min/max scales, SmoothQuant), the per-channel mean |x| (AWQ), optionally the Hessian 2/n sum x x^T
+(static min/max scales, SmoothQuant), the per-channel mean |x| (AWQ), the per-channel sum of x^2 (Wanda's
+||X_col||_2), optionally the Hessian 2/n sum x x^T
 (GPTQ), and a seeded sample of at most ``max_rows`` rows (AWQ's searches, percentile and MSE ranges).
 
 A static per-tensor activation range is chosen by ``static_range``: "minmax" (max |x|, nothing clipped),
@@ -37,6 +38,7 @@ class InputStats:
                  seed: int = 0):
         self.absmax = torch.zeros(in_features)
         self.abs_sum = torch.zeros(in_features, dtype=torch.float64)
+        self.sq_sum = torch.zeros(in_features, dtype=torch.float64)
         self.rows = 0
         self.hessian = HessianAccumulator(in_features) if hessian else None
         self.keep = min(1.0, max_rows / max(total_rows, 1))
@@ -50,6 +52,7 @@ class InputStats:
         a = x.abs()
         self.absmax = torch.maximum(self.absmax, a.amax(dim=0))
         self.abs_sum += a.sum(dim=0, dtype=torch.float64)
+        self.sq_sum += a.square().sum(dim=0, dtype=torch.float64)
         self.rows += x.shape[0]
         if self.hessian is not None:
             self.hessian.add(x)

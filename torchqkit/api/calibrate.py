@@ -42,8 +42,10 @@ from .calibrate_experts import calibrate_experts, expert_targets, router_fqns
 from .calibration_grid import ConfigGrid
 from .configs.base import handler_for
 from .configs.calibrated import AWQConfig, GPTQConfig, SmoothQuantConfig
+from .configs.sparsity import SparsityConfig
 from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
+from .sparsify import calibrated_sparse_weight
 
 __all__ = ["CalibrationData", "CalibrationPlan", "calibrate_model"]
 
@@ -140,8 +142,12 @@ def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: Mo
     if not needing:
         return CalibrationPlan()
     if calibration_data is None:
-        raise ValueError(f"{', '.join(needing)} need(s) calibration data: pass calibration_data=<iterable of model "
-                         f"inputs> to quantize_ (e.g. a few tokenized text batches); the model was not changed")
+        fqns = [fqn for fqn, c in [*chosen.items(), *((f, c) for f, (_, c) in experts.items())]
+                if c is not None and c.needs_calibration_data()]
+        more = f" and {len(fqns) - 3} more" if len(fqns) > 3 else ""
+        raise ValueError(f"{', '.join(needing)} need(s) calibration data (for {', '.join(fqns[:3])}{more}): pass "
+                         f"calibration_data=<iterable of model inputs> to quantize_ (e.g. a few tokenized text "
+                         f"batches); the model was not changed")
     data = calibration_data if isinstance(calibration_data, CalibrationData) else CalibrationData(calibration_data)
     list_fqn, blocks = find_blocks(model, data.blocks)
     block_names = [_name_of(modules, b) for b in blocks]
@@ -225,8 +231,8 @@ def _calibrate_groups(block, groups, linears, inputs, data, plan, undo, shared, 
     for g in groups:  # statistics only for inputs some config needs them for
         if any(linears[f][1].needs_calibration_data() for f in g.members):
             k = linears[g.members[0]][0].in_features
-            gptq = any(isinstance(linears[f][1], GPTQConfig) for f in g.members)
-            g.stats = InputStats(k, total_rows, hessian=gptq, max_rows=data.max_rows)
+            hessian = any(_needs_hessian(linears[f][1]) for f in g.members)
+            g.stats = InputStats(k, total_rows, hessian=hessian, max_rows=data.max_rows)
     if any(g.stats is not None for g in groups):
         _collect(block, linears, groups, inputs)
     if any(_scaler(g, linears)[0] is not None for g in groups):
@@ -247,6 +253,11 @@ def _calibrate_groups(block, groups, linears, inputs, data, plan, undo, shared, 
                 plan.notes[fqn] = g.note
             undo.set(module, "weight", qweight)
         g.stats = None  # free this block's statistics before the next block
+
+
+def _needs_hessian(config) -> bool:
+    """GPTQ and SparseGPT read the Hessian of a Linear's inputs (K x K); the other algorithms per-channel statistics."""
+    return isinstance(config, GPTQConfig) or (isinstance(config, SparsityConfig) and config.needs_hessian())
 
 
 def _rows(inp) -> int:
@@ -442,6 +453,8 @@ def _quantize_member(fqn: str, module: nn.Linear, config, g: _Group) -> AffineQu
 
 def _quantize_weight(fqn: str, weight: torch.Tensor, config, g: _Group) -> AffineQuantizedTensor:
     name = f"{fqn}.weight"
+    if isinstance(config, SparsityConfig) and config.needs_calibration_data():
+        return calibrated_sparse_weight(config, weight, g.stats, name)
     if isinstance(config, GPTQConfig):
         grid = ConfigGrid(config.base, weight, name)
         codes, scale, zero = gptq_codes(weight, g.stats.hessian.h, grid, damp=config.damp, block=config.block,

@@ -115,7 +115,8 @@ def _fused_weight(weights: list[AffineQuantizedTensor]) -> AffineQuantizedTensor
             if t is not None and (t.dim() != 2 or t.shape[0] != w.shape[0]):
                 raise ValueError(f"{name} of shape {tuple(t.shape)} is not one row per weight row")
     cat = PlainParts(torch.cat([p.qdata for p in parts]), torch.cat([p.scale for p in parts]),
-                     None if parts[0].zero_point is None else torch.cat([p.zero_point for p in parts]))
+                     None if parts[0].zero_point is None else torch.cat([p.zero_point for p in parts]),
+                     None if parts[0].mask is None else torch.cat([p.mask for p in parts]))  # N:M: the same entries
     shape = (n, first.shape[1])
     fmt = WeightFormat.of(first.qdtype, first.block_size, shape, first.zero_point_domain)
     layout = first.qlayout

@@ -35,7 +35,8 @@ from .configs import (Float8DynamicActivationFloat8WeightConfig, Float8DynamicAc
                       Int4WeightOnlyConfig, MXDynamicActivationMXWeightConfig, Int8DynamicActivationInt8WeightConfig,
                       Int8DynamicActivationIntxWeightConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig,
                       MXFP4WeightOnlyConfig, MXFP8WeightOnlyConfig, NF4WeightOnlyConfig,
-                      NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfig, QuantConfig)
+                      NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfig, QuantConfig,
+                      SparsityConfig)
 from ..layouts import PackedIntxLayout
 from .module_configs import ModuleConfigs
 
@@ -94,6 +95,8 @@ PRESETS: dict[str, Callable[[], QuantConfig | ModuleConfigs]] = {
     "fp8-dyn-int4-g32": lambda: Float8DynamicActivationInt4WeightConfig(group_size=32),
     "mxfp8-dyn-mxfp4": lambda: MXDynamicActivationMXWeightConfig(weight="mxfp4"),
     "mxfp8-dyn-mxfp8": lambda: MXDynamicActivationMXWeightConfig(weight="mxfp8"),
+    # 2:4 magnitude pruning, float values kept (no calibration data; Wanda / SparseGPT need it)
+    "sparse-2of4": lambda: SparsityConfig(pattern=(2, 4)),
 }
 
 

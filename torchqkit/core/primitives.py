@@ -337,6 +337,8 @@ def choose_qparams_affine(
     limit = finite_limit(x.dtype)  # Note [Finite range]
     if qdtype.kind is QKind.INT:
         scale, zero_point = _int_qparams(lo, hi, qdtype, mapping, zero_point_domain, eps, limit, scale_dtype)
+    elif qdtype.kind is QKind.FLOAT:
+        scale = torch.ones_like(hi)  # the values are their own codes: Note [Float identity codes] (core/qdtype.py)
     elif scale_rounding == POWER_OF_TWO:
         scale = _power_of_two_scale(torch.maximum(-lo, hi), qdtype)  # codes * 2^e stay below 2^128: no cap
     elif scale_rounding == FLOAT8_E4M3:
@@ -385,7 +387,7 @@ def _check_scale_rounding(scale_rounding, qdtype: QDType, eps, scale_dtype, name
         raise ValueError(f"{name}: scale_rounding must be one of {SCALE_ROUNDINGS}, got {scale_rounding!r}")
     if scale_rounding is None:
         return
-    if qdtype.kind is QKind.INT:
+    if qdtype.kind in (QKind.INT, QKind.FLOAT):
         raise ValueError(f"{name}: {scale_rounding} scales are defined for float8 and codebook (fp4 / fp6 / nf4) "
                          f"elements (OCP MX, NVFP4), not {qdtype.name}")
     if eps is not None:
@@ -591,6 +593,8 @@ def quantize_affine(
         return _crop((xb / s).clamp(-fmax, fmax).to(qdtype.storage_dtype).reshape(padded), x.shape)
     if qdtype.kind is QKind.CODEBOOK:
         return _crop(_nearest_level(xb / s, qdtype).reshape(padded), x.shape)
+    if qdtype.kind is QKind.FLOAT:  # a cast (exact for values already in that dtype): Note [Float identity codes]
+        return _crop((xb / s).to(qdtype.storage_dtype).reshape(padded), x.shape)
     if stochastic and generator is None:
         raise ValueError(f"{name}: stochastic rounding needs a seeded torch.Generator (generator=...)")
     if zpd is ZeroPointDomain.FLOAT:

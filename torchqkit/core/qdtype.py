@@ -30,6 +30,9 @@ class QKind(str, Enum):
         FLOAT8: IEEE-like 8-bit floats stored in torch's float8 dtypes (``float8_e4m3fn``, ``float8_e5m2``).
         CODEBOOK: an index into a fixed table of levels (``nf4``, ``fp4_e2m1``: 16 levels; ``fp6_e3m2``,
             ``fp6_e2m3``: 64).
+        FLOAT: the values themselves in a torch float dtype (``float32``, ``bfloat16``, ``float16``): scale 1, no
+            rounding. Only a layout that compresses by other means stores it (``NMSparseLayout`` keeps the float
+            values of a pruned weight that is not quantized).
 
     Example:
         ```python
@@ -41,6 +44,7 @@ class QKind(str, Enum):
     INT = "int"          # affine integer codes, signed or unsigned
     FLOAT8 = "float8"    # IEEE-like 8-bit floats, stored in torch's float8 dtypes
     CODEBOOK = "codebook"  # index into a fixed table of levels (nf4, fp4_e2m1: 16; fp6: 64)
+    FLOAT = "float"      # the float values themselves (scale 1): Note [Float identity codes]
 
 
 @dataclass(frozen=True)
@@ -48,20 +52,20 @@ class QDType:
     """A quantized dtype: what a code means, independent of how a layout stores it.
 
     The registered instances are module attributes of ``torchqkit.qdtypes`` (``int1`` .. ``int8``, ``uint1`` ..
-    ``uint8``, ``float8_e4m3fn``, ``float8_e5m2``, ``nf4``, ``fp4_e2m1``, ``fp6_e3m2``, ``fp6_e2m3``); configs and the
-    primitives take them (or
-    their names). Instances are frozen, compare by value, print as ``torchqkit.<name>`` and pickle by name.
+    ``uint8``, ``float8_e4m3fn``, ``float8_e5m2``, ``nf4``, ``fp4_e2m1``, ``fp6_e3m2``, ``fp6_e2m3``, and the
+    identity formats ``float32``, ``bfloat16``, ``float16``); configs and the primitives take them (or their names).
+    Instances are frozen, compare by value, print as ``torchqkit.<name>`` and pickle by name.
     Building a new one does not register it: ``qdtype_from_name`` knows only the registered ones.
 
     Args:
         name (str): the format's name, e.g. ``"int4"``.
         bits (int): bits per code.
-        kind (QKind): ``QKind.INT``, ``QKind.FLOAT8`` or ``QKind.CODEBOOK``.
+        kind (QKind): ``QKind.INT``, ``QKind.FLOAT8``, ``QKind.CODEBOOK`` or ``QKind.FLOAT``.
         signed (bool): whether codes (or values) are signed.
         qmin (float): the smallest code (INT), index (CODEBOOK: 0) or finite value (FLOAT8: -max).
         qmax (float): the largest code (INT), index (CODEBOOK: 15, fp6: 63) or finite value (FLOAT8: max).
         storage_dtype (torch.dtype): the torch dtype holding one unpacked code (``torch.int8``, ``torch.uint8``,
-            or a float8 dtype).
+            a float8 dtype, or for ``QKind.FLOAT`` the float dtype itself).
         levels (tuple[float, ...]): CODEBOOK only: the value of each code, indexed by code; default ``()``.
 
     Example:
@@ -167,8 +171,28 @@ def _fp6_levels(ebits: int) -> tuple[float, ...]:
 fp6_e3m2 = _register(QDType("fp6_e3m2", 6, QKind.CODEBOOK, True, 0, 63, torch.uint8, _fp6_levels(3)))
 fp6_e2m3 = _register(QDType("fp6_e2m3", 6, QKind.CODEBOOK, True, 0, 63, torch.uint8, _fp6_levels(2)))
 
+# Note [Float identity codes]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A pruned weight that is not quantized (SparsityConfig(base=None)) still goes through the affine machinery, so that
+# one AffineQuantizedTensor, one dequantize and one checkpoint format serve it: its "codes" are its float values in
+# their own dtype, with scale 1 and no zero point. choose_qparams_affine gives scale 1, quantize_affine casts and
+# dequantize_affine multiplies by 1: exact for values already in that dtype. Only NMSparseLayout stores them.
+FLOAT = {name: _register(QDType(name, torch.finfo(dtype).bits, QKind.FLOAT, True, torch.finfo(dtype).min,
+                                torch.finfo(dtype).max, dtype))
+         for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16))}
+
+
+def float_qdtype(dtype: torch.dtype) -> QDType:
+    """The identity qdtype (Note [Float identity codes]) of a float dtype; ValueError for any other dtype."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in FLOAT:
+        raise ValueError(f"no identity qdtype for {dtype}: weights kept as values must be float32, bfloat16 or float16")
+    return FLOAT[name]
+
+
 globals().update({f"int{b}": q for b, q in INT.items()})
 globals().update({f"uint{b}": q for b, q in UINT.items()})
+globals().update(FLOAT)
 __all__ += list(_REGISTRY)
 
 
@@ -180,7 +204,8 @@ def qdtype_from_name(name: str) -> QDType:
 
     Args:
         name (str): a registered name: ``"int1"`` .. ``"int8"``, ``"uint1"`` .. ``"uint8"``, ``"float8_e4m3fn"``,
-            ``"float8_e5m2"``, ``"nf4"``, ``"fp4_e2m1"``, ``"fp6_e3m2"`` or ``"fp6_e2m3"``.
+            ``"float8_e5m2"``, ``"nf4"``, ``"fp4_e2m1"``, ``"fp6_e3m2"``, ``"fp6_e2m3"``, or an identity format
+            ``"float32"``, ``"bfloat16"``, ``"float16"``.
 
     Returns:
         QDType: the registered instance (the same object each call).
@@ -204,7 +229,8 @@ def all_qdtypes() -> list[QDType]:
     """Every registered quantized dtype, in registration order.
 
     Returns:
-        list[QDType]: int1..int8, uint1..uint8, float8_e4m3fn, float8_e5m2, nf4, fp4_e2m1, fp6_e3m2 and fp6_e2m3.
+        list[QDType]: int1..int8, uint1..uint8, float8_e4m3fn, float8_e5m2, nf4, fp4_e2m1, fp6_e3m2, fp6_e2m3 and
+        the identity formats float32, bfloat16, float16.
 
     Example:
         ```python

@@ -191,7 +191,7 @@ def _fold_negative_scales(parts: PlainParts, qmin: int) -> PlainParts:
     """Q6_K's and Q3_K's sub-scales may be negative. (q, s) and (-q, -s) are the same weights; flip such groups
     so the stored scales are >= 0, where the flipped codes still fit (int6's -32 can't become +32, int3's -4
     can't become +4)."""
-    codes, scale, _ = parts
+    codes, scale = parts.qdata, parts.scale
     g = codes.shape[1] // scale.shape[1]
     neg = scale < 0
     flip = neg.repeat_interleave(g, dim=1)

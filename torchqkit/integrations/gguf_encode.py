@@ -31,6 +31,7 @@ import torch
 
 from ..core.primitives import ZeroPointDomain, code_midpoint
 from ..core.qdtype import QKind
+from ..layouts.nm_sparse import NMSparseLayout
 
 __all__ = ["GGUFTarget", "TARGETS", "EncodedTensor", "encode_exact", "requantize", "BLOCK"]
 
@@ -83,6 +84,9 @@ def _layout_problem(w, k: int) -> str | None:
     if w.input_scale is not None:
         return ("it carries a per-input-channel input_scale (AWQ / SmoothQuant) that GGUF has no place for; fold "
                 "it into the preceding norm before quantizing, or pass requantize=True")
+    if isinstance(w.qlayout, NMSparseLayout) and w.zero_point_domain is ZeroPointDomain.FLOAT:
+        return ("it is N:M sparse with float zero points, where no code means 0.0 (Note [Pruned entries read as "
+                "zero]): GGUF's dense blocks can't hold its pruned weights exactly; pass requantize=True")
     if len(w.block_size) != 2:
         return f"a {len(w.block_size)}-d weight (GGUF export takes 2-d Linear / embedding weights)"
     if k % BLOCK:

@@ -5,6 +5,7 @@ from .float8 import Float8Layout
 from .fp6 import FP6Layout
 from .mx import MXLayout
 from .nf4 import NF4Layout
+from .nm_sparse import NMSparseLayout
 from .nvfp4 import NVFP4Layout
 from .packed_intx import PackedIntxLayout
 from .plain import PlainLayout

@@ -25,10 +25,14 @@ __all__ = ["Layout", "WeightFormat", "PlainParts", "PackedSpec", "scale_specs", 
 
 
 class PlainParts(NamedTuple):
-    """The oracle's form: codes with the logical shape, scale/zero_point with shape // block_size."""
+    """The oracle's form: codes with the logical shape, scale/zero_point with shape // block_size, and for a layout
+    that stores only some entries (NMSparseLayout) ``mask``: bool, the logical shape, True where an entry is stored.
+    ``dequantize`` gives exactly 0 where ``mask`` is False (Note [Pruned entries read as zero], layouts/nm_sparse.py);
+    a mask handed to ``pack`` says which entries to keep."""
     qdata: torch.Tensor
     scale: torch.Tensor
     zero_point: torch.Tensor | None
+    mask: torch.Tensor | None = None
 
 
 class WeightFormat(NamedTuple):

@@ -53,7 +53,7 @@ class PlainLayout(Layout):
 
     def supports(self, fmt: WeightFormat):
         qdtype = fmt.qdtype
-        if qdtype.kind is QKind.CODEBOOK:
+        if qdtype.kind in (QKind.CODEBOOK, QKind.FLOAT):
             return f"PlainLayout stores integer and float8 codes, not {qdtype.name} (use its own layout)"
         return None
 

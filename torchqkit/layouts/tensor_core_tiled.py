@@ -172,7 +172,7 @@ class TensorCoreTiledLayout(Layout):
         if self.inner_k_tiles is None:
             return self.for_weight(fmt).pack(parts, fmt)
         block_size = fmt.block_size
-        codes, scale, zero = parts
+        codes, scale, zero = parts.qdata, parts.scale, parts.zero_point
         if zero is None or zero.dtype != scale.dtype or not scale.dtype.is_floating_point:
             got = "none" if zero is None else zero.dtype
             raise ValueError(f"TensorCoreTiledLayout packs scale and zero point together in one float dtype; got "

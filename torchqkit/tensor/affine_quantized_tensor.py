@@ -183,6 +183,8 @@ class AffineQuantizedTensor(torch.Tensor):
         w = dequantize_affine(parts.qdata, self.qdtype, self.block_size, parts.scale, parts.zero_point,
                               zero_point_domain=self.zero_point_domain,
                               output_dtype=output_dtype or self.orig_dtype, name="weight")
+        if parts.mask is not None:  # entries the layout doesn't store: Note [Pruned entries read as zero]
+            w = torch.where(parts.mask, w, torch.zeros((), dtype=w.dtype, device=w.device))
         if self.input_scale is not None:  # the weight the Linear computes with, see Note [Input scale]
             w = (w.float() * self.input_scale.float()).to(w.dtype)
         return w.transpose(-2, -1) if self.transposed else w

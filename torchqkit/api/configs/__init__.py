@@ -11,3 +11,4 @@ from .nvfp4 import NVFP4DynamicActivationNVFP4WeightConfig, NVFP4WeightOnlyConfi
 from .nf4 import NF4WeightOnlyConfig
 from .static_activation import Int8StaticActivationInt8WeightConfig
 from .calibrated import AWQConfig, CalibratedConfig, GPTQConfig, SmoothQuantConfig
+from .sparsity import SparsityConfig
