@@ -97,6 +97,9 @@ PRESETS: dict[str, Callable[[], QuantConfig | ModuleConfigs]] = {
     "mxfp8-dyn-mxfp8": lambda: MXDynamicActivationMXWeightConfig(weight="mxfp8"),
     # 2:4 magnitude pruning, float values kept (no calibration data; Wanda / SparseGPT need it)
     "sparse-2of4": lambda: SparsityConfig(pattern=(2, 4)),
+    # 2:4 magnitude pruning, kept values as int8 per row / int4 g32 codes (torchqkit::linear_nm_sparse_wo)
+    "sparse-2of4-int8": lambda: SparsityConfig(pattern=(2, 4), base=Int8WeightOnlyConfig()),
+    "sparse-2of4-int4-g32": lambda: SparsityConfig(pattern=(2, 4), base=Int4WeightOnlyConfig(group_size=32)),
 }
 
 

@@ -17,18 +17,12 @@ positions per weight (2:4 with int8 values: 0.625 of the dense int8 bytes).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..kernels.ops.linear_intxwo import intx_fields, pack_intx_fields
+from ..kernels.ops.linear_nm_sparse_wo import position_bits
 
 __all__ = ["position_bits", "check_pattern", "nm_mask", "check_nm_mask", "pack_nm", "unpack_nm", "nm_columns"]
-
-
-def position_bits(m: int) -> int:
-    """Bits of one stored position for blocks of ``m``: ceil(log2 m), at least 1 (2:4 -> 2, 4:8 -> 3)."""
-    return max(1, math.ceil(math.log2(m)))
 
 
 def check_pattern(n: int, m: int, what: str = "sparsity pattern") -> None:

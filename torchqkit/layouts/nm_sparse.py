@@ -13,7 +13,9 @@ Note [Partial blocks] in core/primitives.py; E = Kp / m * n kept entries per row
 Every block of M columns keeps exactly N entries (a block whose weight has fewer nonzeros keeps some zeros). Rows
 start on byte boundaries, so slicing out_features is a row view; slices along K cut whole M-blocks, bytes and groups.
 
-Linear: the reference (dequantize + F.linear) for every case; ``torchqkit.kernels.status()`` lists it.
+Linear (routes below): integer codes weight-only: ``torchqkit::linear_nm_sparse_wo`` on the kept codes and positions
+(C++ CPU kernels that read only the stored bytes); float values, float8 codes and dynamic activations: the reference
+(dequantize, pruned entries 0, F.linear); ``torchqkit.kernels.status()`` lists both.
 
 Note [Pruned entries read as zero]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -38,8 +40,9 @@ import torch
 from ..core.primitives import ZeroPointDomain, dequantize_affine, quantize_affine
 from ..core.qdtype import QKind
 from ..kernels.ops.linear_intxwo import pack_intx_fields
-from .base import Layout, PackedSpec, PlainParts, WeightFormat, register_layout, scale_specs
+from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout, scale_specs
 from .nm_format import check_nm_mask, check_pattern, nm_mask, pack_nm, position_bits
+from .routes import Route, reference_linear
 
 __all__ = ["NMSparseLayout"]
 
@@ -203,6 +206,23 @@ class NMSparseLayout(Layout):
 
     def __repr__(self) -> str:
         return f"NMSparseLayout(n={self.n}, m={self.m})"
+
+
+def _nm_sparse_call(fn, w, x, bias):
+    layout = w.qlayout
+    return fn(pad_features(x, layout.stored_k(w.weight_format)), w.kept, w.positions, w.scale, w.zero_point,
+              layout.n, layout.m, w.qdtype.bits, w.qdtype.signed, ZeroPointDomain(w.zero_point_domain).value, bias)
+
+
+NMSparseLayout.routes = (
+    Route("integer codes of 1..8 bits, weight-only (any zero point domain, per-group / per-row)",
+          lambda w, x: w.act_quant is None and w.qdtype.kind is QKind.INT, op="torchqkit::linear_nm_sparse_wo",
+          call=_nm_sparse_call),
+    Route("float values, float8 codes, or dynamic activations", lambda w, x: True, aten=reference_linear,
+          aten_name="reference (dequantize with pruned entries 0, activations fake-quantized, then F.linear)",
+          why="no N:M kernel reads float / float8 kept values or quantized activations yet; the reference computes "
+              "the same product in float32"),
+)
 
 
 def _fields(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:

@@ -1,0 +1,439 @@
+// CPU backend of torchqkit::linear_nm_sparse_wo: N:M sparse integer weights (NMSparseLayout, Note [N:M sparse
+// storage] in torchqkit/layouts/nm_format.py) times float activations, reading only the kept codes and their
+// positions. The op (schema, fake, reference) is defined in torchqkit/kernels/ops/linear_nm_sparse_wo.py.
+//
+// Note [Gathering activations by position]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The lanes of a step are kept entries of one row, in storage order: with 2:4, 16 entries (AVX-512) cover 8 blocks =
+// 32 columns, and entry l sits at column 4 (l / 2) + p_l, p_l its 2-bit position. The step's 16 positions are one
+// 32-bit word of the positions row; a variable shift by 2 l, a mask and the per-lane block base give each lane its
+// column, and one two-source permute (vpermt2ps) of the 32 activations gathers the 16 x values the kept entries
+// multiply: no gather instruction, no dense weight. The codes are widened to floats (int8: one sign extension;
+// int4: the two nibbles of each byte interleaved, then zero-extended) and dequantized exactly as the oracle does
+// (Note [Kept codes as (u + o) s + z] below), then one FMA per token. AVX2 takes 8 entries (16 columns) per step and gathers with two vpermps and a blend on bit 3 of the column.
+// Per 32 columns of a row the kernel reads 16 + 4 bytes for int8 (dense int8: 32) and 8 + 4 for int4 (dense: 16).
+// Two rows run interleaved so the accumulation chains overlap. Patterns other than 2:4, code widths other than 4
+// and 8 bits, groups that don't hold whole steps, and the scalar level run the same sums an entry at a time. From
+// kMaxDotTokens tokens on, rows are decoded into dense float rows for an fp32 GEMM (prefill_dequantized).
+//
+// Note [Kept codes as (u + o) s + z]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A kept entry stores u: the code itself for 8 bits, code - qmin (offset binary) below 8 bits. Per group, with s the
+// scale, z the zero point and c = u + qmin the code, the oracle's w is c s (no zero point), (c - z) s (integer zero
+// point) or (c - mid) s + z (float zero point, mid = the code midpoint). So w = (u + o) s [+ z] with o = qmin,
+// qmin - z or qmin - mid: u + o is an exact small integer, then the same multiply (and add) as the oracle, so every
+// kept weight is the dequantized weight bit for bit (one add and one multiply per entry, a second add with a float
+// zero point, instead of one FMA that would round once where the oracle rounds twice).
+#include <ATen/ATen.h>
+#include "parallel.h"
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+
+#include "avx2_reduce.h"
+#include "kernel_descriptions.h"
+#include "kernels.h"
+#include "sgemm_prefill.h"
+#include "../common/aten_glue.h"
+
+// GCC 12's AVX-512 headers initialise _mm512_undefined_* from themselves, which -Wall reports as maybe-uninitialized
+// wherever such an intrinsic is inlined (GCC bug 105593); nothing here reads an uninitialized value.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace torchqkit_cpu {
+namespace {
+
+constexpr const char* kOp = "torchqkit::linear_nm_sparse_wo";
+constexpr int64_t kMaxDotTokens = 8;  // tokens per pass of the dot kernels (their accumulators are registers)
+
+enum class ZeroDomain { kNone, kInt, kFloat };
+
+struct NmArgs {
+  const uint8_t* kept;       // (N, kept_bytes): codes (8 bits) or packed offset-binary fields
+  int64_t kept_bytes;
+  const uint8_t* positions;  // (N, pos_bytes): position_bits(m)-bit fields
+  int64_t pos_bytes;
+  const float* scale;        // (N / bn, G) contiguous
+  const float* zero;         // same shape, or null
+  int64_t G, g, bn;
+  int n, m, bits, pbits;
+  bool is_signed;
+  ZeroDomain domain;
+  float qmin, mid;           // the code offset of stored fields (0 for 8-bit codes) and the float-domain midpoint
+  const float* x;            // (M, K) contiguous
+  int64_t M, K, N;
+  float* out;                // (M, N)
+  const float* bias;         // (N) or null
+};
+
+// Group gi of row r: w = (u + off) * mul + add (Note [Kept codes as (u + o) s + z]).
+struct GroupAffine {
+  float off = 0.f, mul = 0.f, add = 0.f;
+  float operator()(float u) const { return (u + off) * mul + add; }
+};
+
+inline GroupAffine group_affine(const NmArgs& a, int64_t r, int64_t gi) {
+  const int64_t i = (r / a.bn) * a.G + gi;
+  GroupAffine ga;
+  ga.mul = a.scale[i];
+  switch (a.domain) {
+    case ZeroDomain::kNone: ga.off = a.qmin; break;
+    case ZeroDomain::kInt: ga.off = a.qmin - a.zero[i]; break;
+    case ZeroDomain::kFloat: ga.off = a.qmin - a.mid; ga.add = a.zero[i]; break;
+  }
+  return ga;
+}
+
+// Field j of a row's little-endian stream of `bits`-bit fields (Note [Packed intx bits]); bytes past the row's end
+// are not read.
+inline uint32_t field(const uint8_t* row, int64_t row_bytes, int64_t j, int bits) {
+  const int64_t bit = j * bits, byte = bit >> 3;
+  uint32_t w = row[byte];
+  if (byte + 1 < row_bytes) w |= (uint32_t)row[byte + 1] << 8;
+  return (w >> (bit & 7)) & ((1u << bits) - 1);
+}
+
+// Stored value u of kept entry j (Note [Kept codes as (u + o) s + z]).
+inline float kept_value(const NmArgs& a, const uint8_t* row, int64_t j) {
+  if (a.bits == 8) return a.is_signed ? (float)(int8_t)row[j] : (float)row[j];
+  return (float)field(row, a.kept_bytes, j, a.bits);
+}
+
+// Rows [r0, r1), an entry at a time: any pattern, code width and group size.
+void rows_scalar(const NmArgs& a, int64_t r0, int64_t r1) {
+  const int64_t E = a.K / a.m * a.n;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* kr = a.kept + r * a.kept_bytes;
+    const uint8_t* pr = a.positions + r * a.pos_bytes;
+    for (int64_t t = 0; t < a.M; ++t) {
+      const float* x = a.x + t * a.K;
+      float y = 0.f;
+      GroupAffine ga;
+      int64_t group = -1;
+      for (int64_t j = 0; j < E; ++j) {
+        const int64_t c0 = j / a.n * a.m;  // the block's first column: groups hold whole blocks
+        if (c0 / a.g != group) ga = group_affine(a, r, group = c0 / a.g);
+        const int64_t col = c0 + field(pr, a.pos_bytes, j, a.pbits);
+        y += ga(kept_value(a, kr, j)) * x[col];
+      }
+      a.out[t * a.N + r] = y + (a.bias ? a.bias[r] : 0.f);
+    }
+  }
+}
+
+// Dense dequantized rows [r0, r1) (zeros at pruned entries) for the prefill GEMM.
+void decode_rows(const NmArgs& a, int64_t r0, int64_t r1, float* dst, int64_t ldd) {
+  const int64_t E = a.K / a.m * a.n;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* kr = a.kept + r * a.kept_bytes;
+    const uint8_t* pr = a.positions + r * a.pos_bytes;
+    float* d = dst + (r - r0) * ldd;
+    std::fill(d, d + a.K, 0.f);
+    GroupAffine ga;
+    int64_t group = -1;
+    for (int64_t j = 0; j < E; ++j) {
+      const int64_t c0 = j / a.n * a.m;
+      if (c0 / a.g != group) ga = group_affine(a, r, group = c0 / a.g);
+      d[c0 + field(pr, a.pos_bytes, j, a.pbits)] = ga(kept_value(a, kr, j));
+    }
+  }
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+namespace avx512 {
+
+// 16 stored values u of step st (16 kept entries) as floats.
+template <int BITS, bool SIGNED>
+__attribute__((always_inline)) inline __m512 step_values(const uint8_t* row, int64_t st) {
+  if constexpr (BITS == 8) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * st));
+    return _mm512_cvtepi32_ps(SIGNED ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
+  } else {  // 4 bits: byte i holds fields 2 i (low nibble) and 2 i + 1
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * st));
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+  }
+}
+
+// Rows [r0, r1) for 2:4, BITS in {4, 8}, groups of whole 32-column steps (Note [Gathering activations by position]).
+template <int BITS, bool SIGNED, bool ADD_ZERO, int M>
+void rows_dot(const NmArgs& a, int64_t r0, int64_t r1) {
+  constexpr int R = 2;  // rows interleaved
+  const int64_t steps = a.K / 32, spg = a.g / 32;
+  const __m512i lane_shift = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i lane_base = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
+  const __m512i three = _mm512_set1_epi32(3);
+  for (int64_t rb = r0; rb < r1; rb += R) {
+    const int rows = (int)std::min<int64_t>(R, r1 - rb);
+    const uint8_t* kr[R];
+    const uint8_t* pr[R];
+    for (int i = 0; i < R; ++i) {  // a missing second row repeats the first (its sums are not stored)
+      const int64_t r = rb + std::min(i, rows - 1);
+      kr[i] = a.kept + r * a.kept_bytes;
+      pr[i] = a.positions + r * a.pos_bytes;
+    }
+    const int64_t ahead = R * a.kept_bytes;  // the next row pair's bytes at the same column, into L2
+    __m512 acc[R][M];
+    for (int i = 0; i < R; ++i)
+      for (int t = 0; t < M; ++t) acc[i][t] = _mm512_setzero_ps();
+    __m512 off[R] = {}, mul[R] = {}, add[R] = {};  // set at step 0, a group's first step
+    for (int64_t st = 0; st < steps; ++st) {
+      if (st % spg == 0)
+        for (int i = 0; i < R; ++i) {
+          const GroupAffine ga = group_affine(a, rb + std::min(i, rows - 1), st / spg);
+          off[i] = _mm512_set1_ps(ga.off);
+          mul[i] = _mm512_set1_ps(ga.mul);
+          add[i] = _mm512_set1_ps(ga.add);
+        }
+      __m512 x0[M], x1[M];
+      for (int t = 0; t < M; ++t) {
+        x0[t] = _mm512_loadu_ps(a.x + t * a.K + 32 * st);
+        x1[t] = _mm512_loadu_ps(a.x + t * a.K + 32 * st + 16);
+      }
+      for (int i = 0; i < R; ++i) {
+        _mm_prefetch(reinterpret_cast<const char*>(kr[i] + st * 2 * BITS + ahead), _MM_HINT_T1);
+        uint32_t p;
+        __builtin_memcpy(&p, pr[i] + 4 * st, 4);
+        const __m512i idx = _mm512_add_epi32(
+            _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)p), lane_shift), three), lane_base);
+        __m512 w = _mm512_mul_ps(_mm512_add_ps(step_values<BITS, SIGNED>(kr[i], st), off[i]), mul[i]);
+        if constexpr (ADD_ZERO) w = _mm512_add_ps(w, add[i]);
+        for (int t = 0; t < M; ++t)
+          acc[i][t] = _mm512_fmadd_ps(w, _mm512_permutex2var_ps(x0[t], idx, x1[t]), acc[i][t]);
+      }
+    }
+    for (int i = 0; i < rows; ++i)
+      for (int t = 0; t < M; ++t)
+        a.out[t * a.N + rb + i] = _mm512_reduce_add_ps(acc[i][t]) + (a.bias ? a.bias[rb + i] : 0.f);
+  }
+}
+
+}  // namespace avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+
+// 8 stored values u of step st (8 kept entries) as floats.
+template <int BITS, bool SIGNED>
+__attribute__((always_inline)) inline __m256 step_values(const uint8_t* row, int64_t st) {
+  if constexpr (BITS == 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * st));
+    return _mm256_cvtepi32_ps(SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+  } else {
+    uint32_t v;
+    __builtin_memcpy(&v, row + 4 * st, 4);
+    const __m128i b = _mm_cvtsi32_si128((int)v);
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+  }
+}
+
+// The AVX2 twin of avx512::rows_dot: 8 entries (16 columns) per step, groups of whole 16-column steps.
+template <int BITS, bool SIGNED, bool ADD_ZERO, int M>
+void rows_dot(const NmArgs& a, int64_t r0, int64_t r1) {
+  constexpr int R = 2;
+  const int64_t steps = a.K / 16, spg = a.g / 16;
+  const __m256i lane_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m256i lane_base = _mm256_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12);
+  const __m256i three = _mm256_set1_epi32(3);
+  for (int64_t rb = r0; rb < r1; rb += R) {
+    const int rows = (int)std::min<int64_t>(R, r1 - rb);
+    const uint8_t* kr[R];
+    const uint8_t* pr[R];
+    for (int i = 0; i < R; ++i) {
+      const int64_t r = rb + std::min(i, rows - 1);
+      kr[i] = a.kept + r * a.kept_bytes;
+      pr[i] = a.positions + r * a.pos_bytes;
+    }
+    const int64_t ahead = R * a.kept_bytes;
+    __m256 acc[R][M];
+    for (int i = 0; i < R; ++i)
+      for (int t = 0; t < M; ++t) acc[i][t] = _mm256_setzero_ps();
+    __m256 off[R] = {}, mul[R] = {}, add[R] = {};
+    for (int64_t st = 0; st < steps; ++st) {
+      if (st % spg == 0)
+        for (int i = 0; i < R; ++i) {
+          const GroupAffine ga = group_affine(a, rb + std::min(i, rows - 1), st / spg);
+          off[i] = _mm256_set1_ps(ga.off);
+          mul[i] = _mm256_set1_ps(ga.mul);
+          add[i] = _mm256_set1_ps(ga.add);
+        }
+      __m256 x0[M], x1[M];
+      for (int t = 0; t < M; ++t) {
+        x0[t] = _mm256_loadu_ps(a.x + t * a.K + 16 * st);
+        x1[t] = _mm256_loadu_ps(a.x + t * a.K + 16 * st + 8);
+      }
+      for (int i = 0; i < R; ++i) {
+        if (st % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(kr[i] + st * BITS + ahead), _MM_HINT_T1);
+        uint16_t p;
+        __builtin_memcpy(&p, pr[i] + 2 * st, 2);
+        const __m256i idx = _mm256_add_epi32(
+            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(p), lane_shift), three), lane_base);
+        // vpermps reads the low 3 bits of each index; bit 3 (column >= 8) picks x1, through blendv's sign bit
+        const __m256 high = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+        __m256 w = _mm256_mul_ps(_mm256_add_ps(step_values<BITS, SIGNED>(kr[i], st), off[i]), mul[i]);
+        if constexpr (ADD_ZERO) w = _mm256_add_ps(w, add[i]);
+        for (int t = 0; t < M; ++t) {
+          const __m256 xg = _mm256_blendv_ps(_mm256_permutevar8x32_ps(x0[t], idx),
+                                             _mm256_permutevar8x32_ps(x1[t], idx), high);
+          acc[i][t] = _mm256_fmadd_ps(w, xg, acc[i][t]);
+        }
+      }
+    }
+    for (int i = 0; i < rows; ++i)
+      for (int t = 0; t < M; ++t) a.out[t * a.N + rb + i] = hsum(acc[i][t]) + (a.bias ? a.bias[rb + i] : 0.f);
+  }
+}
+
+}  // namespace avx2
+#pragma GCC pop_options
+
+// The dot kernel for (ISA, bits, signed, tokens), or null where only the entry-at-a-time loop serves.
+using RowsFn = void (*)(const NmArgs&, int64_t, int64_t);
+
+template <int BITS, bool SIGNED, bool ADD_ZERO, int M>
+RowsFn pick_tokens(Isa isa) {
+  return isa == Isa::kAvx512Vnni ? &avx512::rows_dot<BITS, SIGNED, ADD_ZERO, M>
+                                 : &avx2::rows_dot<BITS, SIGNED, ADD_ZERO, M>;
+}
+
+template <int BITS, bool SIGNED, bool ADD_ZERO>
+RowsFn pick_m(Isa isa, int64_t M) {
+  switch (M) {
+    case 1: return pick_tokens<BITS, SIGNED, ADD_ZERO, 1>(isa);
+    case 2: return pick_tokens<BITS, SIGNED, ADD_ZERO, 2>(isa);
+    case 3: return pick_tokens<BITS, SIGNED, ADD_ZERO, 3>(isa);
+    case 4: return pick_tokens<BITS, SIGNED, ADD_ZERO, 4>(isa);
+    case 5: return pick_tokens<BITS, SIGNED, ADD_ZERO, 5>(isa);
+    case 6: return pick_tokens<BITS, SIGNED, ADD_ZERO, 6>(isa);
+    case 7: return pick_tokens<BITS, SIGNED, ADD_ZERO, 7>(isa);
+    default: return pick_tokens<BITS, SIGNED, ADD_ZERO, 8>(isa);  // M <= kMaxDotTokens here
+  }
+}
+
+template <int BITS, bool SIGNED>
+RowsFn pick_domain(Isa isa, const NmArgs& a) {
+  return a.domain == ZeroDomain::kFloat ? pick_m<BITS, SIGNED, true>(isa, a.M) : pick_m<BITS, SIGNED, false>(isa, a.M);
+}
+
+RowsFn dot_kernel(Isa isa, const NmArgs& a) {
+  if (isa == Isa::kScalar || a.n != 2 || a.m != 4 || (a.bits != 4 && a.bits != 8)) return nullptr;
+  const int64_t step = isa == Isa::kAvx512Vnni ? 32 : 16;  // columns per step
+  if (a.K % step != 0 || a.g % step != 0) return nullptr;
+  if (a.bits == 4) return pick_domain<4, false>(isa, a);  // below 8 bits the stored fields are offset binary
+  return a.is_signed ? pick_domain<8, true>(isa, a) : pick_domain<8, false>(isa, a);
+}
+
+ZeroDomain parse_domain(const std::string& d) {
+  if (d == "none") return ZeroDomain::kNone;
+  if (d == "int") return ZeroDomain::kInt;
+  TORCH_CHECK(d == "float", kOp, ": zero_point_domain must be \"none\", \"int\" or \"float\", got \"", d, "\"");
+  return ZeroDomain::kFloat;
+}
+
+const DescribeOp kDescribed(
+    OpDescription(kOp)
+        .at("avx512_vnni",
+            "2:4 with int8 / int4 codes: 16 kept entries of a row per step, their activations gathered by one "
+            "vpermt2ps on the decoded positions (Note [Gathering activations by position]), one FMA per entry "
+            "and token, two rows interleaved, up to 8 tokens per pass; from 9 tokens rows decoded for an fp32 GEMM; "
+            "other patterns / widths, or groups not a multiple of 32: an entry at a time")
+        .at("avx2", "the same, 8 kept entries per step gathered with two vpermps and a blend; groups a multiple of 16")
+        .at("scalar", "an entry at a time (the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it)"));
+
+}  // namespace
+
+at::Tensor linear_nm_sparse_wo(const at::Tensor& x, const at::Tensor& kept, const at::Tensor& positions,
+                               const at::Tensor& scale, const std::optional<at::Tensor>& zero_point, int64_t n,
+                               int64_t m, int64_t bits, bool is_signed, c10::string_view zero_point_domain,
+                               const std::optional<at::Tensor>& bias) {
+  const int64_t K = x.size(-1), N = kept.size(0);
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, kOp,
+              ": activations must be float32, bfloat16 or float16, got ", dt);
+  TORCH_CHECK(1 <= n && n < m && m <= 128, kOp, ": (n, m) = (", n, ", ", m, ") is not an N:M pattern");
+  TORCH_CHECK(1 <= bits && bits <= 8, kOp, ": bits must be 1..8, got ", bits);
+  TORCH_CHECK(K % m == 0, kOp, ": K = ", K, " is not a multiple of m = ", m, " (pad x to the stored in_features)");
+  const int64_t E = K / m * n;
+  int pbits = 1;
+  while ((1 << pbits) < m) ++pbits;
+  const int64_t kept_width = bits == 8 ? E : (E * bits + 7) / 8;
+  TORCH_CHECK(kept.dim() == 2 && kept.element_size() == 1 && kept.size(1) == kept_width, kOp, ": kept must be (N, ",
+              kept_width, ") bytes for K = ", K, ", ", n, ":", m, ", bits = ", bits, ", got ", kept.scalar_type(),
+              " of shape ", kept.sizes());
+  TORCH_CHECK(positions.dim() == 2 && positions.scalar_type() == at::kByte && positions.size(0) == N &&
+                  positions.size(1) == (E * pbits + 7) / 8,
+              kOp, ": positions must be (N, ", (E * pbits + 7) / 8, ") uint8, got ", positions.scalar_type(),
+              " of shape ", positions.sizes());
+  TORCH_CHECK(scale.dim() == 2 && scale.size(0) >= 1 && scale.size(1) >= 1 && N % scale.size(0) == 0 &&
+                  K % scale.size(1) == 0 && (K / scale.size(1)) % m == 0,
+              kOp, ": scale must be 2-d (N / bn, K / bk) dividing (N, K) = (", N, ", ", K,
+              ") with groups of whole blocks of ", m, ", got ", scale.sizes());
+  const ZeroDomain domain = parse_domain(std::string(zero_point_domain));
+  TORCH_CHECK((domain == ZeroDomain::kNone) == !zero_point.has_value(), kOp, ": zero_point_domain \"",
+              std::string(zero_point_domain), "\" ", zero_point.has_value() ? "takes no" : "needs a", " zero_point");
+  const at::Tensor s = scale.to(at::kFloat).contiguous();
+  at::Tensor z;
+  if (zero_point.has_value()) {
+    TORCH_CHECK(zero_point->sizes() == scale.sizes(), kOp, ": zero_point must have the scale's shape ",
+                scale.sizes(), ", got ", zero_point->sizes());
+    z = zero_point->to(at::kFloat).contiguous();
+  }
+  const at::Tensor b = torchqkit_glue::float_bias(bias, N, kOp);
+  const at::Tensor kr = torchqkit_glue::rows(kept), pr = torchqkit_glue::rows(positions);
+  const at::Tensor xf = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  const int64_t M = xf.size(0);
+  at::Tensor out = at::empty({M, N}, xf.options());
+  NmArgs a{};
+  a.kept = reinterpret_cast<const uint8_t*>(kr.data_ptr());
+  a.kept_bytes = kr.stride(0);
+  a.positions = pr.data_ptr<uint8_t>();
+  a.pos_bytes = pr.stride(0);
+  a.scale = s.data_ptr<float>();
+  a.zero = z.defined() ? z.data_ptr<float>() : nullptr;
+  a.G = s.size(1);
+  a.g = K / a.G;
+  a.bn = N / s.size(0);
+  a.n = (int)n;
+  a.m = (int)m;
+  a.bits = (int)bits;
+  a.pbits = pbits;
+  a.is_signed = is_signed;
+  a.domain = domain;
+  // stored fields below 8 bits are offset binary (u = code - qmin); 8-bit codes are stored as themselves
+  a.qmin = bits < 8 && is_signed ? -(float)(1 << (bits - 1)) : 0.f;
+  // the code midpoint of the FLOAT domain: (qmin + qmax + 1) / 2 of the codes (core/qdtype.py code_midpoint)
+  a.mid = is_signed ? 0.f : (float)(1 << (bits - 1));
+  a.x = xf.data_ptr<float>();
+  a.K = K;
+  a.N = N;
+  a.bias = b.defined() ? b.data_ptr<float>() : nullptr;
+  a.out = out.data_ptr<float>();
+  const Isa isa = selected_isa_for_ops();
+  if (M > kMaxDotTokens && N > 0) {
+    prefill_dequantized(isa, xf, N, K, 16, a.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
+      decode_rows(a, r0, std::min(r1, N), dst, K);
+    });
+    return out.reshape(torchqkit_glue::out_shape(x, N)).to(dt);
+  }
+  a.M = M;
+  const RowsFn dot = M >= 1 ? dot_kernel(isa, a) : nullptr;
+  const int64_t block = balanced_rows(N, 256, 16);
+  at::parallel_for(0, (N + block - 1) / block, 1, [&](int64_t b0, int64_t b1) {
+    const int64_t r0 = b0 * block, r1 = std::min(N, b1 * block);
+    dot ? dot(a, r0, r1) : rows_scalar(a, r0, r1);
+  });
+  return out.reshape(torchqkit_glue::out_shape(x, N)).to(dt);
+}
+
+}  // namespace torchqkit_cpu
+
+TORCH_LIBRARY_IMPL(torchqkit, CPU, m) { m.impl("linear_nm_sparse_wo", &torchqkit_cpu::linear_nm_sparse_wo); }
