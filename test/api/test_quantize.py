@@ -23,6 +23,8 @@ CONFIGS = {
     "Float8DynamicActivationFloat8WeightConfig": qk.Float8DynamicActivationFloat8WeightConfig(),
     "Float8StaticActivationFloat8WeightConfig": qk.Float8StaticActivationFloat8WeightConfig(act_scale=0.02),
     "Int8StaticActivationInt8WeightConfig": qk.Int8StaticActivationInt8WeightConfig(act_scale=0.02),
+    "Int4DynamicActivationInt4WeightConfig": qk.Int4DynamicActivationInt4WeightConfig(group_size=32),
+    "Float8DynamicActivationInt4WeightConfig": qk.Float8DynamicActivationInt4WeightConfig(group_size=32),
 }
 MODELS = ["mlp", "transformer"]
 
@@ -55,8 +57,9 @@ def test_quality_compile_and_state_dict(kind, name):
     if "Activation" in name:
         # Inductor fuses the activation quantization (x / scale, round) into one kernel with its own
         # float rounding, so a value on a .5 code boundary may land one step away: agreement is at the
-        # level of one activation code in a few, not bitwise.
-        assert sqnr(out, compiled) >= 35.0
+        # level of one activation code in a few, not bitwise. A flipped int4 activation code moves its value by
+        # 1/7 of the row's range rather than 1/127, and the transformer compounds it over its layers.
+        assert sqnr(out, compiled) >= (20.0 if name.startswith("Int4DynamicActivation") else 35.0)
     else:
         torch.testing.assert_close(compiled, out, rtol=1e-4, atol=1e-4)
 
