@@ -43,6 +43,8 @@
 // wherever such an intrinsic is inlined (GCC bug 105593); nothing here reads an uninitialized value.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+
+
 namespace torchqkit_cpu {
 namespace {
 
@@ -142,13 +144,103 @@ void decode_rows(const NmArgs& a, int64_t r0, int64_t r1, float* dst, int64_t ld
   }
 }
 
+// The dot kernel over vector traits (the namespaces below): F, kStep columns (kStep / 2 kept entries) per step,
+// zero / set1 / bcast / add / sub / fma / hsum, load_x, gather_index and gather (Note [Gathering activations by
+// position]), step_values (the stored values u as floats). DOMAIN: 0 no zero point, 1 integer, 2 float. Per group
+// the sums of (u + o [- z]) x are scaled once per row and token; a float zero point adds z times the sum of the
+// gathered x (Note [Kept codes as (u + o) s + z]). Two rows run interleaved at M = 1 (their chains overlap), one row
+// with more tokens (the accumulators stay in registers).
+#define TQK_NM_ROWS                                                                                                    \
+  template <int BITS, bool SIGNED, int DOMAIN, int M>                                                                  \
+  void rows_dot(const NmArgs& a, int64_t r0, int64_t r1) {                                                             \
+    constexpr int R = M == 1 ? 2 : 1;                                                                                  \
+    constexpr bool kOffset = BITS < 8 || DOMAIN == 2; /* o = 0 for 8-bit codes without a float zero point */          \
+    const int64_t steps = a.K / kStep, spg = a.g / kStep;                                                              \
+    const F off = set1(DOMAIN == 2 ? a.qmin - a.mid : a.qmin);                                                         \
+    for (int64_t rb = r0; rb < r1; rb += R) {                                                                          \
+      const int rows = (int)std::min<int64_t>(R, r1 - rb);                                                             \
+      const uint8_t* kr[R];                                                                                            \
+      const uint8_t* pr[R];                                                                                            \
+      const float* sr[R];                                                                                              \
+      const float* zr[R];                                                                                              \
+      for (int i = 0; i < R; ++i) { /* a missing second row repeats the first (its sums are not stored) */           \
+        const int64_t r = rb + std::min(i, rows - 1);                                                                  \
+        kr[i] = a.kept + r * a.kept_bytes;                                                                             \
+        pr[i] = a.positions + r * a.pos_bytes;                                                                         \
+        sr[i] = a.scale + (r / a.bn) * a.G;                                                                            \
+        zr[i] = a.zero ? a.zero + (r / a.bn) * a.G : nullptr;                                                          \
+      }                                                                                                                \
+      const int64_t ahead = kPfRows * a.kept_bytes, pahead = kPfRows * a.pos_bytes; /* rows ahead, same column */      \
+      F out[R][M], outz[R][M];                                                                                         \
+      for (int i = 0; i < R; ++i)                                                                                      \
+        for (int t = 0; t < M; ++t) out[i][t] = outz[i][t] = zero();                                                   \
+      for (int64_t gi = 0, st = 0; st < steps; ++gi) {                                                                 \
+        F acc[R][M], accx[R][M];                                                                                       \
+        for (int i = 0; i < R; ++i)                                                                                    \
+          for (int t = 0; t < M; ++t) acc[i][t] = accx[i][t] = zero();                                                 \
+        for (const int64_t end = st + spg; st < end; ++st) {                                                           \
+          for (int i = 0; i < R; ++i) {                                                                                \
+            if (st % kPrefetchEvery == 0)                                                                              \
+              _mm_prefetch(reinterpret_cast<const char*>(kr[i] + st * (kStep * BITS / 16) + ahead), _MM_HINT_T1);  \
+            if (st % (kPrefetchEvery * 2) == 0)                                                                        \
+              _mm_prefetch(reinterpret_cast<const char*>(pr[i] + st * (kStep / 8) + pahead), _MM_HINT_T1);             \
+            const auto idx = gather_index(pr[i], st);                                                                  \
+            F v = step_values<BITS, SIGNED>(kr[i], st);                                                                \
+            if constexpr (kOffset) v = add(v, off);                                                                    \
+            if constexpr (DOMAIN == 1) v = sub(v, bcast(zr[i] + gi));                                                  \
+            for (int t = 0; t < M; ++t) {                                                                              \
+              const F xg = gather(load_x(a.x + t * a.K + kStep * st), load_x(a.x + t * a.K + kStep * st + kStep / 2),  \
+                                  idx);                                                                                \
+              acc[i][t] = fma(v, xg, acc[i][t]);                                                                       \
+              if constexpr (DOMAIN == 2) { /* a group of one step (int4 g32): z x straight into the sums */             \
+                if (spg == 1) outz[i][t] = fma(bcast(zr[i] + gi), xg, outz[i][t]);                                     \
+                else accx[i][t] = add(accx[i][t], xg);                                                                 \
+              }                                                                                                        \
+            }                                                                                                          \
+          }                                                                                                            \
+        }                                                                                                              \
+        for (int i = 0; i < R; ++i)                                                                                    \
+          for (int t = 0; t < M; ++t) {                                                                                \
+            out[i][t] = fma(bcast(sr[i] + gi), acc[i][t], out[i][t]);                                                  \
+            if constexpr (DOMAIN == 2)                                                                                 \
+              if (spg != 1) outz[i][t] = fma(bcast(zr[i] + gi), accx[i][t], outz[i][t]);                               \
+          }                                                                                                            \
+      }                                                                                                                \
+      for (int i = 0; i < rows; ++i)                                                                                   \
+        for (int t = 0; t < M; ++t)                                                                                    \
+          a.out[t * a.N + rb + i] = hsum(add(out[i][t], outz[i][t])) + (a.bias ? a.bias[rb + i] : 0.f);                \
+    }                                                                                                                  \
+  }
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
 namespace avx512 {
+using F = __m512;
+constexpr int64_t kStep = 32, kPrefetchEvery = 1, kPfRows = 2;
+inline F zero() { return _mm512_setzero_ps(); }
+inline F set1(float v) { return _mm512_set1_ps(v); }
+inline F bcast(const float* p) { return _mm512_set1_ps(*p); }  // a load with broadcast: no shuffle
+inline F add(F a, F b) { return _mm512_add_ps(a, b); }
+inline F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+inline F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+inline float hsum(F v) { return _mm512_reduce_add_ps(v); }
+inline F load_x(const float* p) { return _mm512_loadu_ps(p); }
+
+// Lane l's column within the step's 32: 4 (l / 2) + its 2-bit position (the step's positions are one 32-bit word).
+inline __m512i gather_index(const uint8_t* positions_row, int64_t st) {
+  uint32_t p;
+  __builtin_memcpy(&p, positions_row + 4 * st, 4);
+  const __m512i shift = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i base = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
+  // (shifted & 3) | base in one vpternlogd: the base has its low two bits clear
+  return _mm512_ternarylogic_epi32(_mm512_srlv_epi32(_mm512_set1_epi32((int)p), shift), _mm512_set1_epi32(3), base,
+                                   0xEA);
+}
+inline F gather(F x0, F x1, __m512i idx) { return _mm512_permutex2var_ps(x0, idx, x1); }
 
 // 16 stored values u of step st (16 kept entries) as floats.
 template <int BITS, bool SIGNED>
-__attribute__((always_inline)) inline __m512 step_values(const uint8_t* row, int64_t st) {
+__attribute__((always_inline)) inline F step_values(const uint8_t* row, int64_t st) {
   if constexpr (BITS == 8) {
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * st));
     return _mm512_cvtepi32_ps(SIGNED ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
@@ -159,70 +251,41 @@ __attribute__((always_inline)) inline __m512 step_values(const uint8_t* row, int
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
   }
 }
-
-// Rows [r0, r1) for 2:4, BITS in {4, 8}, groups of whole 32-column steps (Note [Gathering activations by position]).
-template <int BITS, bool SIGNED, bool ADD_ZERO, int M>
-void rows_dot(const NmArgs& a, int64_t r0, int64_t r1) {
-  constexpr int R = 2;  // rows interleaved
-  const int64_t steps = a.K / 32, spg = a.g / 32;
-  const __m512i lane_shift = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i lane_base = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
-  const __m512i three = _mm512_set1_epi32(3);
-  for (int64_t rb = r0; rb < r1; rb += R) {
-    const int rows = (int)std::min<int64_t>(R, r1 - rb);
-    const uint8_t* kr[R];
-    const uint8_t* pr[R];
-    for (int i = 0; i < R; ++i) {  // a missing second row repeats the first (its sums are not stored)
-      const int64_t r = rb + std::min(i, rows - 1);
-      kr[i] = a.kept + r * a.kept_bytes;
-      pr[i] = a.positions + r * a.pos_bytes;
-    }
-    const int64_t ahead = R * a.kept_bytes;  // the next row pair's bytes at the same column, into L2
-    __m512 acc[R][M];
-    for (int i = 0; i < R; ++i)
-      for (int t = 0; t < M; ++t) acc[i][t] = _mm512_setzero_ps();
-    __m512 off[R] = {}, mul[R] = {}, add[R] = {};  // set at step 0, a group's first step
-    for (int64_t st = 0; st < steps; ++st) {
-      if (st % spg == 0)
-        for (int i = 0; i < R; ++i) {
-          const GroupAffine ga = group_affine(a, rb + std::min(i, rows - 1), st / spg);
-          off[i] = _mm512_set1_ps(ga.off);
-          mul[i] = _mm512_set1_ps(ga.mul);
-          add[i] = _mm512_set1_ps(ga.add);
-        }
-      __m512 x0[M], x1[M];
-      for (int t = 0; t < M; ++t) {
-        x0[t] = _mm512_loadu_ps(a.x + t * a.K + 32 * st);
-        x1[t] = _mm512_loadu_ps(a.x + t * a.K + 32 * st + 16);
-      }
-      for (int i = 0; i < R; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(kr[i] + st * 2 * BITS + ahead), _MM_HINT_T1);
-        uint32_t p;
-        __builtin_memcpy(&p, pr[i] + 4 * st, 4);
-        const __m512i idx = _mm512_add_epi32(
-            _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)p), lane_shift), three), lane_base);
-        __m512 w = _mm512_mul_ps(_mm512_add_ps(step_values<BITS, SIGNED>(kr[i], st), off[i]), mul[i]);
-        if constexpr (ADD_ZERO) w = _mm512_add_ps(w, add[i]);
-        for (int t = 0; t < M; ++t)
-          acc[i][t] = _mm512_fmadd_ps(w, _mm512_permutex2var_ps(x0[t], idx, x1[t]), acc[i][t]);
-      }
-    }
-    for (int i = 0; i < rows; ++i)
-      for (int t = 0; t < M; ++t)
-        a.out[t * a.N + rb + i] = _mm512_reduce_add_ps(acc[i][t]) + (a.bias ? a.bias[rb + i] : 0.f);
-  }
-}
-
+TQK_NM_ROWS
 }  // namespace avx512
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace avx2 {
+using F = __m256;
+constexpr int64_t kStep = 16, kPrefetchEvery = 4, kPfRows = 2;  // a cache line of int8 codes per 4 steps
+inline F zero() { return _mm256_setzero_ps(); }
+inline F set1(float v) { return _mm256_set1_ps(v); }
+inline F bcast(const float* p) { return _mm256_broadcast_ss(p); }
+inline F add(F a, F b) { return _mm256_add_ps(a, b); }
+inline F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+inline F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+inline F load_x(const float* p) { return _mm256_loadu_ps(p); }
+
+// Lane l's column within the step's 16 (the step's positions are one 16-bit word).
+inline __m256i gather_index(const uint8_t* positions_row, int64_t st) {
+  uint16_t p;
+  __builtin_memcpy(&p, positions_row + 2 * st, 2);
+  const __m256i shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m256i base = _mm256_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12);
+  return _mm256_add_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(p), shift), _mm256_set1_epi32(3)),
+                          base);
+}
+// vpermps reads the low 3 bits of each index; bit 3 (column >= 8) picks x1, through blendv's sign bit
+inline F gather(F x0, F x1, __m256i idx) {
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(x0, idx), _mm256_permutevar8x32_ps(x1, idx),
+                          _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
 
 // 8 stored values u of step st (8 kept entries) as floats.
 template <int BITS, bool SIGNED>
-__attribute__((always_inline)) inline __m256 step_values(const uint8_t* row, int64_t st) {
+__attribute__((always_inline)) inline F step_values(const uint8_t* row, int64_t st) {
   if constexpr (BITS == 8) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * st));
     return _mm256_cvtepi32_ps(SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
@@ -235,93 +298,42 @@ __attribute__((always_inline)) inline __m256 step_values(const uint8_t* row, int
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
   }
 }
-
-// The AVX2 twin of avx512::rows_dot: 8 entries (16 columns) per step, groups of whole 16-column steps.
-template <int BITS, bool SIGNED, bool ADD_ZERO, int M>
-void rows_dot(const NmArgs& a, int64_t r0, int64_t r1) {
-  constexpr int R = 2;
-  const int64_t steps = a.K / 16, spg = a.g / 16;
-  const __m256i lane_shift = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-  const __m256i lane_base = _mm256_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12);
-  const __m256i three = _mm256_set1_epi32(3);
-  for (int64_t rb = r0; rb < r1; rb += R) {
-    const int rows = (int)std::min<int64_t>(R, r1 - rb);
-    const uint8_t* kr[R];
-    const uint8_t* pr[R];
-    for (int i = 0; i < R; ++i) {
-      const int64_t r = rb + std::min(i, rows - 1);
-      kr[i] = a.kept + r * a.kept_bytes;
-      pr[i] = a.positions + r * a.pos_bytes;
-    }
-    const int64_t ahead = R * a.kept_bytes;
-    __m256 acc[R][M];
-    for (int i = 0; i < R; ++i)
-      for (int t = 0; t < M; ++t) acc[i][t] = _mm256_setzero_ps();
-    __m256 off[R] = {}, mul[R] = {}, add[R] = {};
-    for (int64_t st = 0; st < steps; ++st) {
-      if (st % spg == 0)
-        for (int i = 0; i < R; ++i) {
-          const GroupAffine ga = group_affine(a, rb + std::min(i, rows - 1), st / spg);
-          off[i] = _mm256_set1_ps(ga.off);
-          mul[i] = _mm256_set1_ps(ga.mul);
-          add[i] = _mm256_set1_ps(ga.add);
-        }
-      __m256 x0[M], x1[M];
-      for (int t = 0; t < M; ++t) {
-        x0[t] = _mm256_loadu_ps(a.x + t * a.K + 16 * st);
-        x1[t] = _mm256_loadu_ps(a.x + t * a.K + 16 * st + 8);
-      }
-      for (int i = 0; i < R; ++i) {
-        if (st % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(kr[i] + st * BITS + ahead), _MM_HINT_T1);
-        uint16_t p;
-        __builtin_memcpy(&p, pr[i] + 2 * st, 2);
-        const __m256i idx = _mm256_add_epi32(
-            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(p), lane_shift), three), lane_base);
-        // vpermps reads the low 3 bits of each index; bit 3 (column >= 8) picks x1, through blendv's sign bit
-        const __m256 high = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
-        __m256 w = _mm256_mul_ps(_mm256_add_ps(step_values<BITS, SIGNED>(kr[i], st), off[i]), mul[i]);
-        if constexpr (ADD_ZERO) w = _mm256_add_ps(w, add[i]);
-        for (int t = 0; t < M; ++t) {
-          const __m256 xg = _mm256_blendv_ps(_mm256_permutevar8x32_ps(x0[t], idx),
-                                             _mm256_permutevar8x32_ps(x1[t], idx), high);
-          acc[i][t] = _mm256_fmadd_ps(w, xg, acc[i][t]);
-        }
-      }
-    }
-    for (int i = 0; i < rows; ++i)
-      for (int t = 0; t < M; ++t) a.out[t * a.N + rb + i] = hsum(acc[i][t]) + (a.bias ? a.bias[rb + i] : 0.f);
-  }
-}
-
+TQK_NM_ROWS
 }  // namespace avx2
 #pragma GCC pop_options
+
+#undef TQK_NM_ROWS
 
 // The dot kernel for (ISA, bits, signed, tokens), or null where only the entry-at-a-time loop serves.
 using RowsFn = void (*)(const NmArgs&, int64_t, int64_t);
 
-template <int BITS, bool SIGNED, bool ADD_ZERO, int M>
+template <int BITS, bool SIGNED, int DOMAIN, int M>
 RowsFn pick_tokens(Isa isa) {
-  return isa == Isa::kAvx512Vnni ? &avx512::rows_dot<BITS, SIGNED, ADD_ZERO, M>
-                                 : &avx2::rows_dot<BITS, SIGNED, ADD_ZERO, M>;
+  return isa == Isa::kAvx512Vnni ? &avx512::rows_dot<BITS, SIGNED, DOMAIN, M>
+                                 : &avx2::rows_dot<BITS, SIGNED, DOMAIN, M>;
 }
 
-template <int BITS, bool SIGNED, bool ADD_ZERO>
+template <int BITS, bool SIGNED, int DOMAIN>
 RowsFn pick_m(Isa isa, int64_t M) {
   switch (M) {
-    case 1: return pick_tokens<BITS, SIGNED, ADD_ZERO, 1>(isa);
-    case 2: return pick_tokens<BITS, SIGNED, ADD_ZERO, 2>(isa);
-    case 3: return pick_tokens<BITS, SIGNED, ADD_ZERO, 3>(isa);
-    case 4: return pick_tokens<BITS, SIGNED, ADD_ZERO, 4>(isa);
-    case 5: return pick_tokens<BITS, SIGNED, ADD_ZERO, 5>(isa);
-    case 6: return pick_tokens<BITS, SIGNED, ADD_ZERO, 6>(isa);
-    case 7: return pick_tokens<BITS, SIGNED, ADD_ZERO, 7>(isa);
-    default: return pick_tokens<BITS, SIGNED, ADD_ZERO, 8>(isa);  // M <= kMaxDotTokens here
+    case 1: return pick_tokens<BITS, SIGNED, DOMAIN, 1>(isa);
+    case 2: return pick_tokens<BITS, SIGNED, DOMAIN, 2>(isa);
+    case 3: return pick_tokens<BITS, SIGNED, DOMAIN, 3>(isa);
+    case 4: return pick_tokens<BITS, SIGNED, DOMAIN, 4>(isa);
+    case 5: return pick_tokens<BITS, SIGNED, DOMAIN, 5>(isa);
+    case 6: return pick_tokens<BITS, SIGNED, DOMAIN, 6>(isa);
+    case 7: return pick_tokens<BITS, SIGNED, DOMAIN, 7>(isa);
+    default: return pick_tokens<BITS, SIGNED, DOMAIN, 8>(isa);  // M <= kMaxDotTokens here
   }
 }
 
 template <int BITS, bool SIGNED>
 RowsFn pick_domain(Isa isa, const NmArgs& a) {
-  return a.domain == ZeroDomain::kFloat ? pick_m<BITS, SIGNED, true>(isa, a.M) : pick_m<BITS, SIGNED, false>(isa, a.M);
+  switch (a.domain) {
+    case ZeroDomain::kNone: return pick_m<BITS, SIGNED, 0>(isa, a.M);
+    case ZeroDomain::kInt: return pick_m<BITS, SIGNED, 1>(isa, a.M);
+    default: return pick_m<BITS, SIGNED, 2>(isa, a.M);
+  }
 }
 
 RowsFn dot_kernel(Isa isa, const NmArgs& a) {
