@@ -25,6 +25,7 @@ from torchqkit.eval import eval_text, permute_llama_channels_, perplexity
 
 from .common import cli, llm
 from .common.configs import build
+from .common.loss_table import loss_table
 
 GROUP = "formats"
 DEFAULT_CONFIGS = ["float32", "int4-wo-g128", "mxfp4", "nvfp4", "fp6-e3m2", "fp6-e2m3", "fp6-e2m3+g32",
@@ -79,18 +80,6 @@ def minilm_losses(args) -> dict[str, tuple[float, float | None]]:
     return out
 
 
-def _table(title: str, metric: str, rows: dict) -> list[str]:
-    lines = [f"### {title}", "", f"| config | {metric} | loss | bits / weight |", "|---|---:|---:|---:|"]
-    for name, (value, loss, bits) in rows.items():
-        lines.append(f"| {name} | {value:.5g} | {loss:.4g} | {'-' if bits is None else f'{bits:.2f}'} |")
-    lines += ["", "| target | loss ratio | bound | met |", "|---|---:|---:|---|"]
-    for name, ref, bound in TARGETS:
-        if name in rows and ref in rows and rows[ref][1]:
-            ratio = rows[name][1] / rows[ref][1]
-            lines.append(f"| {name} / {ref} | {ratio:.3f} | {bound:g} | {'yes' if ratio <= bound else 'NO'} |")
-    return lines + [""]
-
-
 def main(argv=None) -> int:
     p = cli.parser(GROUP, __doc__)
     cli.add_configs(p, DEFAULT_CONFIGS)
@@ -107,11 +96,11 @@ def main(argv=None) -> int:
         rec.add("SmolLM2 perplexity", name, {"tokens": args.tokens, "permuted": True}, "perplexity", value, "",
                 increase=loss, bits_per_weight=bits)
     model_name = "a tiny random LLaMA (--quick)" if args.quick else "SmolLM2-135M"
-    lines += _table(f"{model_name}, {args.tokens} tokens, channels permuted", "perplexity", smol)
+    lines += loss_table(f"{model_name}, {args.tokens} tokens, channels permuted", "perplexity", smol, TARGETS)
     if not args.no_minilm:
         mini = minilm_losses(args)
         for name, (value, _, bits) in mini.items():
             rec.add("MiniLM cosine", name, {}, "1 - cos (mean)", value, "", bits_per_weight=bits)
-        lines += _table("all-MiniLM-L6-v2, the packaged demo sentences", "1 - cos (mean)", mini)
+        lines += loss_table("all-MiniLM-L6-v2, the packaged demo sentences", "1 - cos (mean)", mini, TARGETS)
     print("\n".join(lines))
     return 0

@@ -27,13 +27,14 @@ from torchqkit.eval import eval_text, permute_llama_channels_, perplexity
 
 from .common import cli, llm
 from .common.configs import build
+from .common.loss_table import loss_table
 
 GROUP = "sparsity"
 DEFAULT_CONFIGS = ["float32", "sparse-2of4", "sparse-2of4+wanda", "sparse-2of4+sparsegpt", "int4-wo-g32",
                    "int4-wo-g32+2of4", "int4-wo-g32+2of4+wanda", "int4-wo-g32+2of4+sparsegpt"]
 # (config, its reference, the largest allowed loss ratio)
 TARGETS = [("sparse-2of4+sparsegpt", "sparse-2of4", 0.6), ("sparse-2of4+wanda", "sparse-2of4", 0.75),
-           ("int4-wo-g32+2of4+sparsegpt", "int4-wo-g32+2of4", 1.0)]
+           ("int4-wo-g32+2of4+sparsegpt", "int4-wo-g32+2of4", 1.0, True)]  # True: strictly below
 CALIB_START, CALIB_WINDOW = 8192, 256
 
 
@@ -89,20 +90,6 @@ def minilm_losses(args) -> dict[str, tuple[float, float, float | None]]:
     return out
 
 
-def _table(title: str, metric: str, rows: dict) -> list[str]:
-    lines = [f"### {title}", "", f"| config | {metric} | loss | bits / weight |", "|---|---:|---:|---:|"]
-    for name, (value, loss, bits) in rows.items():
-        lines.append(f"| {name} | {value:.5g} | {loss:.4g} | {'-' if bits is None else f'{bits:.2f}'} |")
-    lines += ["", "| target | loss ratio | bound | met |", "|---|---:|---:|---|"]
-    for name, ref, bound in TARGETS:
-        if name in rows and ref in rows and rows[ref][1]:
-            ratio = rows[name][1] / rows[ref][1]
-            met = ratio <= bound if bound < 1 else ratio < bound
-            lines.append(f"| {name} / {ref} | {ratio:.3f} | {'<' if bound == 1 else '<='} {bound:g} | "
-                         f"{'yes' if met else 'NO'} |")
-    return lines + [""]
-
-
 def main(argv=None) -> int:
     p = cli.parser(GROUP, __doc__)
     cli.add_configs(p, DEFAULT_CONFIGS)
@@ -120,13 +107,13 @@ def main(argv=None) -> int:
     for name, (value, loss, bits) in smol.items():
         rec.add("SmolLM2 perplexity", name, shape, "perplexity", value, "", increase=loss, bits_per_weight=bits)
     model_name = "a tiny random LLaMA (--quick)" if args.quick else "SmolLM2-135M"
-    lines = _table(f"{model_name}, {args.tokens} tokens, channels permuted, calibration {shape['calibration']} tokens",
-                   "perplexity", smol)
+    title = f"{model_name}, {args.tokens} tokens, channels permuted, calibration {shape['calibration']} tokens"
+    lines = loss_table(title, "perplexity", smol, TARGETS)
     if not args.no_minilm:
         mini = minilm_losses(args)
         for name, (value, _, bits) in mini.items():
             rec.add("MiniLM cosine", name, {}, "1 - cos (mean)", value, "", bits_per_weight=bits)
-        lines += _table("all-MiniLM-L6-v2, the packaged demo sentences (calibration: the last 64)", "1 - cos (mean)",
-                        mini)
+        lines += loss_table("all-MiniLM-L6-v2, the packaged demo sentences (calibration: the last 64)",
+                            "1 - cos (mean)", mini, TARGETS)
     print("\n".join(lines))
     return 0

@@ -252,6 +252,46 @@ __attribute__((always_inline)) inline F step_values(const uint8_t* row, int64_t 
   }
 }
 TQK_NM_ROWS
+
+// The 8 columns (of 2 blocks) a positions byte keeps, as a bit mask: entries 2 j and 2 j + 1 of block j sit at
+// their 2-bit positions.
+struct KeptColumns {
+  uint8_t mask[256];
+  KeptColumns() {
+    for (int b = 0; b < 256; ++b)
+      mask[b] = (uint8_t)((1u << (b & 3)) | (1u << ((b >> 2) & 3)) | (1u << (4 + ((b >> 4) & 3))) |
+                          (1u << (4 + ((b >> 6) & 3))));
+  }
+};
+
+// decode_rows for the dot kernels' cases: a step's 16 weights dequantized as the oracle does (Note [Kept codes as
+// (u + o) s + z]) and expanded (vexpandps) onto the step's 32 columns under its kept-column mask: kept entries are
+// stored in increasing column order, which is expand's order.
+template <int BITS, bool SIGNED, int DOMAIN>
+void decode_rows_expand(const NmArgs& a, int64_t r0, int64_t r1, float* dst, int64_t ldd) {
+  static const KeptColumns kept_columns;
+  const int64_t steps = a.K / kStep, spg = a.g / kStep;
+  const F off = set1(DOMAIN == 2 ? a.qmin - a.mid : a.qmin);
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* kr = a.kept + r * a.kept_bytes;
+    const uint8_t* pr = a.positions + r * a.pos_bytes;
+    const float* sr = a.scale + (r / a.bn) * a.G;
+    const float* zr = a.zero ? a.zero + (r / a.bn) * a.G : nullptr;
+    float* d = dst + (r - r0) * ldd;
+    for (int64_t st = 0; st < steps; ++st) {
+      const int64_t gi = st / spg;
+      F v = add(step_values<BITS, SIGNED>(kr, st), off);
+      if constexpr (DOMAIN == 1) v = sub(v, bcast(zr + gi));
+      v = _mm512_mul_ps(v, bcast(sr + gi));
+      if constexpr (DOMAIN == 2) v = add(v, bcast(zr + gi));
+      const uint8_t* p = pr + 4 * st;
+      const __mmask16 lo = (__mmask16)(kept_columns.mask[p[0]] | kept_columns.mask[p[1]] << 8);
+      const __mmask16 hi = (__mmask16)(kept_columns.mask[p[2]] | kept_columns.mask[p[3]] << 8);
+      _mm512_storeu_ps(d + kStep * st, _mm512_maskz_expand_ps(lo, v));
+      _mm512_storeu_ps(d + kStep * st + 16, _mm512_maskz_expand_ps(hi, _mm512_shuffle_f32x4(v, v, 0xEE)));
+    }
+  }
+}
 }  // namespace avx512
 #pragma GCC pop_options
 
@@ -344,6 +384,25 @@ RowsFn dot_kernel(Isa isa, const NmArgs& a) {
   return a.is_signed ? pick_domain<8, true>(isa, a) : pick_domain<8, false>(isa, a);
 }
 
+using DecodeFn = void (*)(const NmArgs&, int64_t, int64_t, float*, int64_t);
+
+template <int BITS, bool SIGNED>
+DecodeFn pick_decode_domain(const NmArgs& a) {
+  switch (a.domain) {
+    case ZeroDomain::kNone: return &avx512::decode_rows_expand<BITS, SIGNED, 0>;
+    case ZeroDomain::kInt: return &avx512::decode_rows_expand<BITS, SIGNED, 1>;
+    default: return &avx512::decode_rows_expand<BITS, SIGNED, 2>;
+  }
+}
+
+// The prefill's row decoder: vector (AVX-512, the dot kernels' cases) or a weight at a time.
+DecodeFn row_decoder(Isa isa, const NmArgs& a) {
+  if (isa != Isa::kAvx512Vnni || a.n != 2 || a.m != 4 || (a.bits != 4 && a.bits != 8) || a.K % 32 || a.g % 32)
+    return &decode_rows;
+  if (a.bits == 4) return pick_decode_domain<4, false>(a);
+  return a.is_signed ? pick_decode_domain<8, true>(a) : pick_decode_domain<8, false>(a);
+}
+
 ZeroDomain parse_domain(const std::string& d) {
   if (d == "none") return ZeroDomain::kNone;
   if (d == "int") return ZeroDomain::kInt;
@@ -431,8 +490,9 @@ at::Tensor linear_nm_sparse_wo(const at::Tensor& x, const at::Tensor& kept, cons
   a.out = out.data_ptr<float>();
   const Isa isa = selected_isa_for_ops();
   if (M > kMaxDotTokens && N > 0) {
+    const DecodeFn decode = row_decoder(isa, a);
     prefill_dequantized(isa, xf, N, K, 16, a.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
-      decode_rows(a, r0, std::min(r1, N), dst, K);
+      decode(a, r0, std::min(r1, N), dst, K);
     });
     return out.reshape(torchqkit_glue::out_shape(x, N)).to(dt);
   }
