@@ -53,6 +53,11 @@ constexpr int64_t kMaxDotTokens = 8;  // tokens per pass of the dot kernels (the
 
 enum class ZeroDomain { kNone, kInt, kFloat };
 
+// Unaligned, aliasing loads the compiler folds into broadcasts from memory (a load, no port-5 shuffle); a value first
+// copied into a local register is broadcast by a shuffle instead.
+typedef int32_t __attribute__((may_alias, aligned(1))) unaligned_i32;
+typedef long long __attribute__((may_alias, aligned(1))) unaligned_i64;
+
 struct NmArgs {
   const uint8_t* kept;       // (N, kept_bytes): codes (8 bits) or packed offset-binary fields
   int64_t kept_bytes;
@@ -163,6 +168,7 @@ void decode_rows(const NmArgs& a, int64_t r0, int64_t r1, float* dst, int64_t ld
       const uint8_t* pr[R];                                                                                            \
       const float* sr[R];                                                                                              \
       const float* zr[R];                                                                                              \
+      _Pragma("GCC unroll 8")                                                                                          \
       for (int i = 0; i < R; ++i) { /* a missing second row repeats the first (its sums are not stored) */           \
         const int64_t r = rb + std::min(i, rows - 1);                                                                  \
         kr[i] = a.kept + r * a.kept_bytes;                                                                             \
@@ -172,22 +178,27 @@ void decode_rows(const NmArgs& a, int64_t r0, int64_t r1, float* dst, int64_t ld
       }                                                                                                                \
       const int64_t ahead = kPfRows * a.kept_bytes, pahead = kPfRows * a.pos_bytes; /* rows ahead, same column */      \
       F out[R][M], outz[R][M];                                                                                         \
+      _Pragma("GCC unroll 8")                                                                                          \
       for (int i = 0; i < R; ++i)                                                                                      \
+        _Pragma("GCC unroll 8")                                                                                        \
         for (int t = 0; t < M; ++t) out[i][t] = outz[i][t] = zero();                                                   \
       for (int64_t gi = 0, st = 0; st < steps; ++gi) {                                                                 \
         F acc[R][M], accx[R][M];                                                                                       \
+        _Pragma("GCC unroll 8")                                                                                        \
         for (int i = 0; i < R; ++i)                                                                                    \
+          _Pragma("GCC unroll 8")                                                                                      \
           for (int t = 0; t < M; ++t) acc[i][t] = accx[i][t] = zero();                                                 \
         for (const int64_t end = st + spg; st < end; ++st) {                                                           \
+          _Pragma("GCC unroll 8")                                                                                      \
           for (int i = 0; i < R; ++i) {                                                                                \
             if (st % kPrefetchEvery == 0)                                                                              \
               _mm_prefetch(reinterpret_cast<const char*>(kr[i] + st * (kStep * BITS / 16) + ahead), _MM_HINT_T1);  \
             if (st % (kPrefetchEvery * 2) == 0)                                                                        \
               _mm_prefetch(reinterpret_cast<const char*>(pr[i] + st * (kStep / 8) + pahead), _MM_HINT_T1);             \
-            const auto idx = gather_index(pr[i], st);                                                                  \
-            F v = step_values<BITS, SIGNED>(kr[i], st);                                                                \
-            if constexpr (kOffset) v = add(v, off);                                                                    \
+            const auto idx = dot_gather_index<BITS>(pr[i], st);                                                        \
+            F v = dot_step_values<BITS, SIGNED, kOffset>(kr[i], st, off);                                              \
             if constexpr (DOMAIN == 1) v = sub(v, bcast(zr[i] + gi));                                                  \
+            _Pragma("GCC unroll 8")                                                                                    \
             for (int t = 0; t < M; ++t) {                                                                              \
               const F xg = gather(load_x(a.x + t * a.K + kStep * st), load_x(a.x + t * a.K + kStep * st + kStep / 2),  \
                                   idx);                                                                                \
@@ -199,16 +210,23 @@ void decode_rows(const NmArgs& a, int64_t r0, int64_t r1, float* dst, int64_t ld
             }                                                                                                          \
           }                                                                                                            \
         }                                                                                                              \
+        _Pragma("GCC unroll 8")                                                                                        \
         for (int i = 0; i < R; ++i)                                                                                    \
+          _Pragma("GCC unroll 8")                                                                                      \
           for (int t = 0; t < M; ++t) {                                                                                \
             out[i][t] = fma(bcast(sr[i] + gi), acc[i][t], out[i][t]);                                                  \
             if constexpr (DOMAIN == 2)                                                                                 \
               if (spg != 1) outz[i][t] = fma(bcast(zr[i] + gi), accx[i][t], outz[i][t]);                               \
           }                                                                                                            \
       }                                                                                                                \
-      for (int i = 0; i < rows; ++i)                                                                                   \
-        for (int t = 0; t < M; ++t)                                                                                    \
-          a.out[t * a.N + rb + i] = hsum(add(out[i][t], outz[i][t])) + (a.bias ? a.bias[rb + i] : 0.f);                \
+      /* compile-time indices only, or the accumulators live in memory: Note [accumulators in registers] */          \
+      _Pragma("GCC unroll 8")                                                                                          \
+      for (int i = 0; i < R; ++i)                                                                                      \
+        _Pragma("GCC unroll 8")                                                                                        \
+        for (int t = 0; t < M; ++t) {                                                                                  \
+          const float y = hsum(add(out[i][t], outz[i][t]));                                                            \
+          if (i < rows) a.out[t * a.N + rb + i] = y + (a.bias ? a.bias[rb + i] : 0.f);                                 \
+        }                                                                                                              \
     }                                                                                                                  \
   }
 
@@ -228,13 +246,11 @@ inline F load_x(const float* p) { return _mm512_loadu_ps(p); }
 
 // Lane l's column within the step's 32: 4 (l / 2) + its 2-bit position (the step's positions are one 32-bit word).
 inline __m512i gather_index(const uint8_t* positions_row, int64_t st) {
-  uint32_t p;
-  __builtin_memcpy(&p, positions_row + 4 * st, 4);
+  const __m512i p = _mm512_set1_epi32(*reinterpret_cast<const unaligned_i32*>(positions_row + 4 * st));
   const __m512i shift = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i base = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
   // (shifted & 3) | base in one vpternlogd: the base has its low two bits clear
-  return _mm512_ternarylogic_epi32(_mm512_srlv_epi32(_mm512_set1_epi32((int)p), shift), _mm512_set1_epi32(3), base,
-                                   0xEA);
+  return _mm512_ternarylogic_epi32(_mm512_srlv_epi32(p, shift), _mm512_set1_epi32(3), base, 0xEA);
 }
 inline F gather(F x0, F x1, __m512i idx) { return _mm512_permutex2var_ps(x0, idx, x1); }
 
@@ -249,6 +265,45 @@ __attribute__((always_inline)) inline F step_values(const uint8_t* row, int64_t 
     const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+  }
+}
+
+// Note [Int4 lanes out of storage order]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Only the pairing of a kept weight with its activation matters to a dot product, not which lane holds the pair. So
+// the int4 dot kernel puts entry e(l) = l / 2 + 8 (l % 2) in lane l: with the step's 8 bytes broadcast to every
+// 64-bit lane (a load, no shuffle), even lanes see bytes 0-3 (entries 0-7) and odd lanes bytes 4-7 (entries 8-15),
+// each its own nibble 4 (l / 2) bits up. One variable shift, one vpternlogd that masks the nibble and ORs in the
+// exponent of 2^23 (the float 2^23 + u), and one subtraction of 2^23 - o give u + o: three vector ALU operations
+// where widening bytes to lanes (a port-5 shuffle), converting and adding the offset took five. The gather index
+// follows the same lane order. The prefill decode keeps storage order (vexpandps needs it).
+template <int BITS>
+__attribute__((always_inline)) inline __m512i dot_gather_index(const uint8_t* positions_row, int64_t st) {
+  if constexpr (BITS == 4) {
+    const __m512i p = _mm512_set1_epi32(*reinterpret_cast<const unaligned_i32*>(positions_row + 4 * st));
+    // lane l holds entry e = l / 2 + 8 (l % 2): its position field sits 2 e bits up, its block starts at 4 (e / 2)
+    const __m512i shift = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+    const __m512i base = _mm512_setr_epi32(0, 16, 0, 16, 4, 20, 4, 20, 8, 24, 8, 24, 12, 28, 12, 28);
+    return _mm512_ternarylogic_epi32(_mm512_srlv_epi32(p, shift), _mm512_set1_epi32(3), base, 0xEA);
+  } else {
+    return gather_index(positions_row, st);
+  }
+}
+
+// u + o (o = `off`, added only when kOffset) for the dot kernel's lanes: storage order for 8-bit codes, Note [Int4
+// lanes out of storage order] for 4-bit ones.
+template <int BITS, bool SIGNED, bool kOffset>
+__attribute__((always_inline)) inline F dot_step_values(const uint8_t* row, int64_t st, F off) {
+  if constexpr (BITS == 4) {
+    const __m512i q = _mm512_set1_epi64(*reinterpret_cast<const unaligned_i64*>(row + 8 * st));
+    const __m512i shift = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
+    const __m512i bits = _mm512_ternarylogic_epi32(_mm512_srlv_epi32(q, shift),
+                                                   _mm512_set1_epi32(0x0F), _mm512_set1_epi32(0x4B000000), 0xEA);
+    const F two23 = _mm512_set1_ps(8388608.f);
+    return _mm512_sub_ps(_mm512_castsi512_ps(bits), kOffset ? _mm512_sub_ps(two23, off) : two23);
+  } else {
+    const F u = step_values<BITS, SIGNED>(row, st);
+    return kOffset ? add(u, off) : u;
   }
 }
 TQK_NM_ROWS
@@ -337,6 +392,13 @@ __attribute__((always_inline)) inline F step_values(const uint8_t* row, int64_t 
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
   }
+}
+template <int BITS>
+inline __m256i dot_gather_index(const uint8_t* positions_row, int64_t st) { return gather_index(positions_row, st); }
+template <int BITS, bool SIGNED, bool kOffset>
+__attribute__((always_inline)) inline F dot_step_values(const uint8_t* row, int64_t st, F off) {
+  const F u = step_values<BITS, SIGNED>(row, st);
+  return kOffset ? add(u, off) : u;
 }
 TQK_NM_ROWS
 }  // namespace avx2
