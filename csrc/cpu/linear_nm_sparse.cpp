@@ -4,26 +4,29 @@
 //
 // Note [Gathering activations by position]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The lanes of a step are kept entries of one row, in storage order: with 2:4, 16 entries (AVX-512) cover 8 blocks =
-// 32 columns, and entry l sits at column 4 (l / 2) + p_l, p_l its 2-bit position. The step's 16 positions are one
-// 32-bit word of the positions row; a variable shift by 2 l, a mask and the per-lane block base give each lane its
-// column, and one two-source permute (vpermt2ps) of the 32 activations gathers the 16 x values the kept entries
-// multiply: no gather instruction, no dense weight. The codes are widened to floats (int8: one sign extension;
-// int4: the two nibbles of each byte interleaved, then zero-extended) and dequantized exactly as the oracle does
-// (Note [Kept codes as (u + o) s + z] below), then one FMA per token. AVX2 takes 8 entries (16 columns) per step and gathers with two vpermps and a blend on bit 3 of the column.
-// Per 32 columns of a row the kernel reads 16 + 4 bytes for int8 (dense int8: 32) and 8 + 4 for int4 (dense: 16).
-// Two rows run interleaved so the accumulation chains overlap. Patterns other than 2:4, code widths other than 4
-// and 8 bits, groups that don't hold whole steps, and the scalar level run the same sums an entry at a time. From
-// kMaxDotTokens tokens on, rows are decoded into dense float rows for an fp32 GEMM (prefill_dequantized).
+// The lanes of a step are kept entries of one row: with 2:4, 16 entries (AVX-512) cover 8 blocks = 32 columns, and
+// entry e sits at column 4 (e / 2) + p_e, p_e its 2-bit position. The step's 16 positions are one 32-bit word of the
+// positions row, broadcast from memory; a variable shift by 2 e and one vpternlogd (mask, OR the block base) give each
+// lane its column, and one two-source permute (vpermt2ps) of the 32 activations gathers the 16 x values the kept
+// entries multiply: no gather instruction, no dense weight. The codes are widened to floats (int8: a sign extension;
+// int4: Note [Int4 lanes out of storage order]) and, per group, the sums of (u + o) x are scaled once (Note [Kept
+// codes as (u + o) s + z]), then one FMA per entry and token. AVX2 takes 8 entries (16 columns) per step and gathers
+// with two vpermps and a blend on bit 3 of the column. Per 32 columns of a row the kernel reads 16 + 4 bytes for int8
+// (dense int8: 32) and 8 + 4 for int4 (dense: 16). At M = 1 two rows run interleaved so their accumulation chains
+// overlap. Patterns other than 2:4, code widths other than 4 and 8 bits, groups that don't hold whole steps, and the
+// scalar level run the same sums an entry at a time. From kMaxDotTokens tokens on, rows are decoded into dense float
+// rows for an fp32 GEMM (prefill_dequantized): at AVX-512 a step's dequantized weights are expanded onto their
+// columns by vexpandps under the kept-column mask, elsewhere a positions byte places the 4 entries of 2 blocks.
 //
 // Note [Kept codes as (u + o) s + z]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A kept entry stores u: the code itself for 8 bits, code - qmin (offset binary) below 8 bits. Per group, with s the
 // scale, z the zero point and c = u + qmin the code, the oracle's w is c s (no zero point), (c - z) s (integer zero
 // point) or (c - mid) s + z (float zero point, mid = the code midpoint). So w = (u + o) s [+ z] with o = qmin,
-// qmin - z or qmin - mid: u + o is an exact small integer, then the same multiply (and add) as the oracle, so every
-// kept weight is the dequantized weight bit for bit (one add and one multiply per entry, a second add with a float
-// zero point, instead of one FMA that would round once where the oracle rounds twice).
+// qmin - z or qmin - mid, and u + o is an exact small integer. The row decoders compute exactly that: every weight
+// is the dequantized weight bit for bit. The dot kernels sum (u + o) x over a group and multiply by s once, and add
+// z times the group's sum of the gathered x: the same products, rounded in another order (a one-hot x still gives
+// the dequantized weight exactly).
 #include <ATen/ATen.h>
 #include "parallel.h"
 #include <immintrin.h>
@@ -229,6 +232,36 @@ void decode_rows(const NmArgs& a, int64_t r0, int64_t r1, float* dst, int64_t ld
         }                                                                                                              \
     }                                                                                                                  \
   }
+
+// decode_rows for 2:4 with 8- or 4-bit codes and groups of whole pairs of blocks (8 columns), at the levels without
+// vexpandps: a positions byte places the 4 entries of 2 blocks; no bit-stream reads.
+template <int BITS>
+void decode_rows_24(const NmArgs& a, int64_t r0, int64_t r1, float* dst, int64_t ldd) {
+  const int64_t pairs = a.K / 8, ppg = a.g / 8;  // block pairs per row and per group
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* kr = a.kept + r * a.kept_bytes;
+    const uint8_t* pr = a.positions + r * a.pos_bytes;
+    float* d = dst + (r - r0) * ldd;
+    std::fill(d, d + a.K, 0.f);
+    GroupAffine ga;
+    for (int64_t q = 0; q < pairs; ++q) {
+      if (q % ppg == 0) ga = group_affine(a, r, q / ppg);
+      const uint32_t pb = pr[q];
+      float u[4];
+      if constexpr (BITS == 8) {
+        for (int j = 0; j < 4; ++j) u[j] = a.is_signed ? (float)(int8_t)kr[4 * q + j] : (float)kr[4 * q + j];
+      } else {
+        const uint8_t b0 = kr[2 * q], b1 = kr[2 * q + 1];
+        u[0] = (float)(b0 & 15), u[1] = (float)(b0 >> 4), u[2] = (float)(b1 & 15), u[3] = (float)(b1 >> 4);
+      }
+      float* c = d + 8 * q;
+      c[pb & 3] = ga(u[0]);
+      c[(pb >> 2) & 3] = ga(u[1]);
+      c[4 + ((pb >> 4) & 3)] = ga(u[2]);
+      c[4 + (pb >> 6)] = ga(u[3]);
+    }
+  }
+}
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
@@ -459,8 +492,8 @@ DecodeFn pick_decode_domain(const NmArgs& a) {
 
 // The prefill's row decoder: vector (AVX-512, the dot kernels' cases) or a weight at a time.
 DecodeFn row_decoder(Isa isa, const NmArgs& a) {
-  if (isa != Isa::kAvx512Vnni || a.n != 2 || a.m != 4 || (a.bits != 4 && a.bits != 8) || a.K % 32 || a.g % 32)
-    return &decode_rows;
+  if (a.n != 2 || a.m != 4 || (a.bits != 4 && a.bits != 8) || a.K % 8 || a.g % 8) return &decode_rows;
+  if (isa != Isa::kAvx512Vnni || a.K % 32 || a.g % 32) return a.bits == 4 ? &decode_rows_24<4> : &decode_rows_24<8>;
   if (a.bits == 4) return pick_decode_domain<4, false>(a);
   return a.is_signed ? pick_decode_domain<8, true>(a) : pick_decode_domain<8, false>(a);
 }
