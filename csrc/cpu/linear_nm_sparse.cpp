@@ -206,7 +206,7 @@ void decode_rows(const NmArgs& a, int64_t r0, int64_t r1, float* dst, int64_t ld
               const F xg = gather(load_x(a.x + t * a.K + kStep * st), load_x(a.x + t * a.K + kStep * st + kStep / 2),  \
                                   idx);                                                                                \
               acc[i][t] = fma(v, xg, acc[i][t]);                                                                       \
-              if constexpr (DOMAIN == 2) { /* groups of one step (int4 g32): z x straight into the sums */              \
+              if constexpr (DOMAIN == 2) { /* groups of one step: z x into the sums */                                 \
                 if (spg == 1) outz[i][t] = fma(bcast(zr[i] + gi), xg, outz[i][t]);                                     \
                 else accx[i][t] = add(accx[i][t], xg);                                                                 \
               }                                                                                                        \
