@@ -1,5 +1,5 @@
 """2:4 sparsity: magnitude pruning, Wanda and SparseGPT, with float values and with int4 g32 codes on top, by
-SmolLM2-135M perplexity and all-MiniLM-L6-v2 embedding cosine, with the issue's targets as ratios of quality losses.
+SmolLM2-135M perplexity and all-MiniLM-L6-v2 embedding cosine, with the quality targets as ratios of losses.
 
     python -m benchmarks sparsity                     # SmolLM2 (1024 tokens, 32 x 256 calibration tokens) + MiniLM
     python -m benchmarks sparsity --tokens 512 --calib-batches 16 --no-minilm
