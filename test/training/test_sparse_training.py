@@ -148,6 +148,13 @@ def test_bad_input_leaves_the_model_unchanged():
     qk.prepare_sparse_(model, qk.SparsityConfig())
     with pytest.raises(ValueError, match="0 is sparse-prepared already"):
         qk.prepare_sparse_(model, qk.SparsityConfig())
+    tied = nn.ModuleDict({"embed": nn.Embedding(10, 16), "head": nn.Linear(16, 10, bias=False),
+                          "mid": nn.Linear(16, 16)})
+    tied.head.weight = tied.embed.weight
+    assert qk.prepare_sparse_(copy.deepcopy(tied), qk.SparsityConfig()) == ["mid"]  # the tied head stays dense
+    with pytest.raises(ValueError, match="head.weight is shared with an nn.Embedding"):
+        qk.prepare_sparse_(tied, qk.SparsityConfig(), filter_fn=lambda m, n: True)
+    assert type(tied.mid) is nn.Linear
 
 
 def test_convert_with_an_int8_base_and_a_padded_in_features():

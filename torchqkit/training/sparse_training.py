@@ -165,8 +165,8 @@ def prepare_sparse_(model: nn.Module, config: SparsityConfig, *, start_step: int
     Raises:
         TypeError: ``config`` is not a ``SparsityConfig``.
         ValueError: a method other than ``"magnitude"``, a negative ``start_step`` / ``decay``, ``update_every`` < 1,
-            a model with quantized weights, QAT-prepared or already sparse-prepared layers, or no Linear selected
-            (the model is unchanged).
+            a model with quantized weights, QAT-prepared or already sparse-prepared layers, a selected Linear whose
+            weight an embedding shares, or no Linear selected (the model is unchanged).
 
     Example:
         ```python
@@ -201,10 +201,15 @@ def prepare_sparse_(model: nn.Module, config: SparsityConfig, *, start_step: int
                              f"(the model is unchanged)")
         if not isinstance(module, nn.Linear):
             continue
-        if filter_fn is None and id(module.weight) in tied:
-            continue
         if filter_fn is not None and not filter_fn(module, fqn):
             continue
+        if id(module.weight) in tied:
+            if filter_fn is None:
+                continue
+            raise ValueError(f"prepare_sparse_: {fqn}.weight is shared with an nn.Embedding (tied output layer): "
+                             f"pruning it would prune the embedding too; untie it first (model.config."
+                             f"tie_word_embeddings = False and give {fqn} its own weight) or leave it out of "
+                             f"filter_fn (the model is unchanged)")
         chosen.append((fqn, module))
     if not chosen:
         raise ValueError("prepare_sparse_: no Linear layer was selected (check filter_fn); the model is unchanged")
