@@ -12,11 +12,12 @@
 // int4: Note [Int4 lanes out of storage order]) and, per group, the sums of (u + o) x are scaled once (Note [Kept
 // codes as (u + o) s + z]), then one FMA per entry and token. AVX2 takes 8 entries (16 columns) per step and gathers
 // with two vpermps and a blend on bit 3 of the column. Per 32 columns of a row the kernel reads 16 + 4 bytes for int8
-// (dense int8: 32) and 8 + 4 for int4 (dense: 16). At M = 1 two rows run interleaved so their accumulation chains
-// overlap. Patterns other than 2:4, code widths other than 4 and 8 bits, groups that don't hold whole steps, and the
-// scalar level run the same sums an entry at a time. From kMaxDotTokens tokens on, rows are decoded into dense float
-// rows for an fp32 GEMM (prefill_dequantized): at AVX-512 a step's dequantized weights are expanded onto their
-// columns by vexpandps under the kept-column mask, elsewhere a positions byte places the 4 entries of 2 blocks.
+// (dense int8: 32) and 8 + 4 for int4 (dense: 16). Up to 2 tokens (4 without a float zero point) two rows run
+// interleaved, so their accumulation chains overlap and they share the activation loads. Patterns other than 2:4, code
+// widths other than 4 and 8 bits, groups that don't hold whole steps, and the scalar level run the same sums an entry
+// at a time. From kMaxDotTokens tokens on, rows are decoded into dense float rows for an fp32 GEMM
+// (prefill_dequantized): at AVX-512 a step's dequantized weights are expanded onto their columns by vexpandps under
+// the kept-column mask, elsewhere a positions byte places the 4 entries of 2 blocks.
 //
 // Note [Kept codes as (u + o) s + z]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -161,7 +162,8 @@ void decode_rows(const NmArgs& a, int64_t r0, int64_t r1, float* dst, int64_t ld
 #define TQK_NM_ROWS                                                                                                    \
   template <int BITS, bool SIGNED, int DOMAIN, int M>                                                                  \
   void rows_dot(const NmArgs& a, int64_t r0, int64_t r1) {                                                             \
-    constexpr int R = M == 1 ? 2 : 1;                                                                                  \
+    /* two rows share each token's activations while the accumulators fit the 32 registers */                      \
+    constexpr int R = (M <= 2 || (M <= 4 && DOMAIN != 2)) ? 2 : 1;                                                     \
     constexpr bool kOffset = BITS < 8 || DOMAIN == 2; /* o = 0 for 8-bit codes without a float zero point */          \
     const int64_t steps = a.K / kStep, spg = a.g / kStep;                                                              \
     const F off = set1(DOMAIN == 2 ? a.qmin - a.mid : a.qmin);                                                         \
