@@ -25,7 +25,7 @@ from torchqkit.eval import eval_text, permute_llama_channels_, perplexity
 
 from .common import cli, llm
 from .common.configs import build
-from .common.loss_table import loss_table
+from .common.loss_table import embedding_losses, loss_table
 
 GROUP = "formats"
 DEFAULT_CONFIGS = ["float32", "int4-wo-g128", "mxfp4", "nvfp4", "fp6-e3m2", "fp6-e2m3", "fp6-e2m3+g32",
@@ -65,19 +65,7 @@ def smollm2_losses(args) -> dict[str, tuple[float, float | None]]:
 def minilm_losses(args) -> dict[str, tuple[float, float | None]]:
     from torchqkit.demo import load_model, load_sentences
     model = load_model()
-    sentences = load_sentences()
-
-    def embed(m):
-        return m.encode(sentences, batch_size=32, convert_to_tensor=True, normalize_embeddings=True).float()
-    reference = embed(model)
-    out = {}
-    for name in args.configs:
-        print(f"[formats] MiniLM {name}", file=sys.stderr, flush=True)
-        q, bits = _quantize(model, name, None)
-        loss = float(1 - torch.nn.functional.cosine_similarity(embed(q), reference, dim=-1).mean())
-        out[name] = (loss, loss, bits)
-        del q
-    return out
+    return embedding_losses(model, args.configs, load_sentences(), lambda m, name: _quantize(m, name, None), GROUP)
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,7 @@ from torchqkit.eval import eval_text, permute_llama_channels_, perplexity
 
 from .common import cli, llm
 from .common.configs import build
-from .common.loss_table import loss_table
+from .common.loss_table import embedding_losses, loss_table
 
 GROUP = "sparsity"
 DEFAULT_CONFIGS = ["float32", "sparse-2of4", "sparse-2of4+wanda", "sparse-2of4+sparsegpt", "int4-wo-g32",
@@ -76,18 +76,7 @@ def minilm_losses(args) -> dict[str, tuple[float, float, float | None]]:
     calib, evaluate = sentences[-64:], sentences[:-64]
     batches = [(dict(model.tokenizer(calib[i:i + 16], padding=True, truncation=True, return_tensors="pt")),)
                for i in range(0, len(calib), 16)]
-
-    def embed(m):
-        return m.encode(evaluate, batch_size=32, convert_to_tensor=True, normalize_embeddings=True).float()
-    reference = embed(model)
-    out = {}
-    for name in args.configs:
-        print(f"[sparsity] MiniLM {name}", file=sys.stderr, flush=True)
-        q, bits = _quantize(model, name, None, batches)
-        loss = float(1 - torch.nn.functional.cosine_similarity(embed(q), reference, dim=-1).mean())
-        out[name] = (loss, loss, bits)
-        del q
-    return out
+    return embedding_losses(model, args.configs, evaluate, lambda m, name: _quantize(m, name, None, batches), GROUP)
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,28 @@
-"""The quality benchmarks' markdown table: each config's metric, its loss (increase over float) and bits per weight,
-then each target as a ratio of two configs' losses against its bound."""
+"""The quality benchmarks' shared pieces: MiniLM embedding losses per config, and the markdown table of each config's
+metric, its loss (increase over float) and bits per weight, then each target as a ratio of two configs' losses against
+its bound."""
 from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def embedding_losses(model, configs, sentences, quantize, tag: str) -> dict:
+    """{config: (1 - cos, 1 - cos, bits per weight)}: the mean cosine distance of each sentence's embedding under the
+    quantized model (``quantize(model, name) -> (copy, bits)``) to the float model's, for a sentence-transformers
+    ``model``."""
+    def embed(m):
+        return m.encode(sentences, batch_size=32, convert_to_tensor=True, normalize_embeddings=True).float()
+    reference = embed(model)
+    out = {}
+    for name in configs:
+        print(f"[{tag}] MiniLM {name}", file=sys.stderr, flush=True)
+        q, bits = quantize(model, name)
+        loss = float(1 - torch.nn.functional.cosine_similarity(embed(q), reference, dim=-1).mean())
+        out[name] = (loss, loss, bits)
+        del q
+    return out
 
 
 def loss_table(title: str, metric: str, rows: dict, targets) -> list[str]:
