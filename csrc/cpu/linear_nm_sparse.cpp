@@ -47,8 +47,6 @@
 // wherever such an intrinsic is inlined (GCC bug 105593); nothing here reads an uninitialized value.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-
-
 namespace torchqkit_cpu {
 namespace {
 
@@ -512,9 +510,11 @@ const DescribeOp kDescribed(
         .at("avx512_vnni",
             "2:4 with int8 / int4 codes: 16 kept entries of a row per step, their activations gathered by one "
             "vpermt2ps on the decoded positions (Note [Gathering activations by position]), one FMA per entry "
-            "and token, two rows interleaved, up to 8 tokens per pass; from 9 tokens rows decoded for an fp32 GEMM; "
-            "other patterns / widths, or groups not a multiple of 32: an entry at a time")
-        .at("avx2", "the same, 8 kept entries per step gathered with two vpermps and a blend; groups a multiple of 16")
+            "and token, two rows interleaved up to 2-4 tokens, up to 8 tokens per pass; from 9 tokens rows "
+            "decoded (vexpandps) for an fp32 GEMM; other patterns / widths, or groups not a multiple of 32: an "
+            "entry at a time")
+        .at("avx2", "the same, 8 kept entries per step gathered with two vpermps and a blend; groups a multiple of 16; "
+                    "prefill rows decoded a positions byte (4 entries) at a time")
         .at("scalar", "an entry at a time (the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it)"));
 
 }  // namespace
