@@ -111,43 +111,38 @@ inline float kept_value(const NmArgs& a, const uint8_t* row, int64_t j) {
   return (float)field(row, a.kept_bytes, j, a.bits);
 }
 
-// Rows [r0, r1), an entry at a time: any pattern, code width and group size.
-void rows_scalar(const NmArgs& a, int64_t r0, int64_t r1) {
+// fn(column, dequantized weight) for every kept entry of row r, in storage order: any pattern, width and group size.
+template <class Fn>
+void for_each_kept(const NmArgs& a, int64_t r, Fn&& fn) {
   const int64_t E = a.K / a.m * a.n;
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* kr = a.kept + r * a.kept_bytes;
-    const uint8_t* pr = a.positions + r * a.pos_bytes;
+  const uint8_t* kr = a.kept + r * a.kept_bytes;
+  const uint8_t* pr = a.positions + r * a.pos_bytes;
+  GroupAffine ga;
+  int64_t group = -1;
+  for (int64_t j = 0; j < E; ++j) {
+    const int64_t c0 = j / a.n * a.m;  // the block's first column: groups hold whole blocks
+    if (c0 / a.g != group) ga = group_affine(a, r, group = c0 / a.g);
+    fn(c0 + field(pr, a.pos_bytes, j, a.pbits), ga(kept_value(a, kr, j)));
+  }
+}
+
+// Rows [r0, r1), an entry at a time.
+void rows_scalar(const NmArgs& a, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r)
     for (int64_t t = 0; t < a.M; ++t) {
       const float* x = a.x + t * a.K;
       float y = 0.f;
-      GroupAffine ga;
-      int64_t group = -1;
-      for (int64_t j = 0; j < E; ++j) {
-        const int64_t c0 = j / a.n * a.m;  // the block's first column: groups hold whole blocks
-        if (c0 / a.g != group) ga = group_affine(a, r, group = c0 / a.g);
-        const int64_t col = c0 + field(pr, a.pos_bytes, j, a.pbits);
-        y += ga(kept_value(a, kr, j)) * x[col];
-      }
+      for_each_kept(a, r, [&](int64_t col, float w) { y += w * x[col]; });
       a.out[t * a.N + r] = y + (a.bias ? a.bias[r] : 0.f);
     }
-  }
 }
 
 // Dense dequantized rows [r0, r1) (zeros at pruned entries) for the prefill GEMM.
 void decode_rows(const NmArgs& a, int64_t r0, int64_t r1, float* dst, int64_t ldd) {
-  const int64_t E = a.K / a.m * a.n;
   for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* kr = a.kept + r * a.kept_bytes;
-    const uint8_t* pr = a.positions + r * a.pos_bytes;
     float* d = dst + (r - r0) * ldd;
     std::fill(d, d + a.K, 0.f);
-    GroupAffine ga;
-    int64_t group = -1;
-    for (int64_t j = 0; j < E; ++j) {
-      const int64_t c0 = j / a.n * a.m;
-      if (c0 / a.g != group) ga = group_affine(a, r, group = c0 / a.g);
-      d[c0 + field(pr, a.pos_bytes, j, a.pbits)] = ga(kept_value(a, kr, j));
-    }
+    for_each_kept(a, r, [&](int64_t col, float w) { d[col] = w; });
   }
 }
 
