@@ -4,13 +4,18 @@
 // Note [Quantized KV attention kernel]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The cache keeps K and V as codes plus per-group scales (quantized_kv_attention.h has the layout), and the
-// newest positions as float rows. Per (batch, kv head) the kernel reads each K row once: its codes are decoded and
-// scaled into a D-float buffer on the stack of the thread (one row, in L1; never a dequantized copy of the
-// cache), dotted with every query row of the group (G query heads x Lq rows), then each V row once the same way,
-// accumulated into the R x Dv outputs. The math is sdpa's: softmax(q k^T * scale + mask) v with -inf for hidden
-// positions and 0 for rows that see nothing; without a mask the Lq queries are the last Lq positions, causal.
-// The source is plain loops, compiled once per ISA region below: GCC vectorizes the decode, scale and dot loops
-// at that region's width. Float8 codes are decoded through 256-entry tables built from the format's bits.
+// newest positions as float rows. A work unit is up to kQueryChunk query rows of one (batch, kv head) (the G query
+// heads of a GQA group x Lq rows share its K / V rows). It walks the positions kKeyBlock at a time: the block's K
+// rows are decoded (codes times scales, plus zeros) into a transposed D x kKeyBlock tile and its V rows into a
+// kKeyBlock x Dv tile (a few KB, in L1; never a dequantized copy of the cache), then each query row gets its
+// kKeyBlock scores as vector FMAs across the keys (no horizontal sums), and an online softmax (running maximum and
+// sum per row, the accumulator rescaled when the maximum grows) adds the weighted V rows. The math is sdpa's:
+// softmax(q k^T * scale + mask) v with -inf for hidden positions and 0 for rows that see nothing; without a mask
+// the Lq queries are the last Lq positions, causal, so a chunk stops at its last query's position (half the work
+// of a prefill). e^x is a polynomial the compiler vectorizes (exp_nonpositive). Decode (Lq = 1) is one unit per kv
+// head; a prefill has many, split across threads. The source is plain loops, compiled once per ISA region below:
+// GCC vectorizes the decode, score, softmax and accumulate loops at that region's width. Float8 codes are decoded
+// through 256-entry tables built from the format's bits.
 #include "quantized_kv_attention.h"
 
 #include <algorithm>
@@ -66,9 +71,14 @@ float* scratch(int64_t floats) {
   return buf.data();
 }
 
+// The scalar region's key-block vectors (GCC vector extensions) are returned by value in inlined helpers only: the
+// note that this would change the ABI without AVX-512 does not apply.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
 namespace scalar {
 #include "quantized_kv_attention_isa.h"
 }  // namespace scalar
+#pragma GCC diagnostic pop
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
@@ -86,13 +96,13 @@ namespace avx2 {
 
 }  // namespace
 
-void quantized_kv_attention(Isa isa, const QuantizedAttentionArgs& p, int64_t item0, int64_t item1) {
-  const int64_t R = (p.Hq / p.Hkv) * p.Lq;
-  float* s = scratch(R * std::max<int64_t>(p.n, 1) + R * p.Dv + p.D + p.Dv);
+void quantized_kv_attention(Isa isa, const QuantizedAttentionArgs& p, int64_t unit0, int64_t unit1) {
+  const int64_t D = p.D, Dv = p.Dv;
+  float* s = scratch(2 * D * kKeyBlock + kKeyBlock * Dv + kQueryChunk * (Dv + 2) + 2 * (D + Dv));
   switch (base_isa(isa)) {  // AVX512-BF16 -> AVX-512, AVX-VNNI -> AVX2
-    case Isa::kAvx512Vnni: return avx512::attend_items(p, item0, item1, s);
-    case Isa::kAvx2: return avx2::attend_items(p, item0, item1, s);
-    default: return scalar::attend_items(p, item0, item1, s);
+    case Isa::kAvx512Vnni: return avx512::attend_units(p, unit0, unit1, s);
+    case Isa::kAvx2: return avx2::attend_units(p, unit0, unit1, s);
+    default: return scalar::attend_units(p, unit0, unit1, s);
   }
 }
 

@@ -47,7 +47,18 @@ struct QuantizedAttentionArgs {
   int64_t o_sb, o_sh, o_sl;
 };
 
-// Items are (b, kv head) pairs, item = b * Hkv + kv head; the glue splits [0, B * Hkv) across threads.
-void quantized_kv_attention(Isa isa, const QuantizedAttentionArgs& p, int64_t item0, int64_t item1);
+// Keys per block of the online softmax, and query rows per work unit (Note [Quantized KV attention kernel]).
+constexpr int64_t kKeyBlock = 16;
+constexpr int64_t kQueryChunk = 32;
+constexpr int64_t kTransposeRows = 8;  // from this many query rows per unit the K tile is transposed
+
+// Work units of a call: per (b, kv head) item, its R = (Hq / Hkv) * Lq query rows in chunks of kQueryChunk.
+inline int64_t query_chunks(const QuantizedAttentionArgs& p) {
+  return ((p.Hq / p.Hkv) * p.Lq + kQueryChunk - 1) / kQueryChunk;
+}
+
+// Units [unit0, unit1) of [0, B * Hkv * query_chunks(p)), unit = (b * Hkv + kv head) * chunks + chunk; the glue splits
+// them across threads.
+void quantized_kv_attention(Isa isa, const QuantizedAttentionArgs& p, int64_t unit0, int64_t unit1);
 
 }  // namespace torchqkit_cpu

@@ -140,9 +140,10 @@ at::Tensor sdpa_quantized_kv_cache(const at::Tensor& query, const at::Tensor& k_
   p.n = n;
   p.out = o.data_ptr<float>(); p.o_sb = o.stride(0); p.o_sh = o.stride(1); p.o_sl = o.stride(2);
   const Isa isa = selected_isa_exact();
-  const int64_t work = std::max<int64_t>(1, (Hq / Hkv) * Lq * n * (D + Dv));
-  at::parallel_for(0, B * Hkv, std::max<int64_t>(1, kParallelMinWork / work), [&](int64_t i0, int64_t i1) {
-    quantized_kv_attention(isa, p, i0, i1);
+  const int64_t chunks = query_chunks(p);
+  const int64_t work = std::max<int64_t>(1, std::min<int64_t>(kQueryChunk, (Hq / Hkv) * Lq) * n * (D + Dv));
+  at::parallel_for(0, B * Hkv * chunks, std::max<int64_t>(1, kParallelMinWork / work), [&](int64_t u0, int64_t u1) {
+    quantized_kv_attention(isa, p, u0, u1);
   });
   if (!direct) out.copy_(o);
   return out;
