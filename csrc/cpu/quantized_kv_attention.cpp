@@ -18,6 +18,10 @@
 // through 256-entry tables built from the format's bits.
 #include "quantized_kv_attention.h"
 
+// The key-block vectors (GCC vector extensions, 64 bytes) are returned by value from inlined helpers only, so
+// GCC's note (at the end of the file) that this changes the ABI in the regions without AVX-512 does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -71,14 +75,9 @@ float* scratch(int64_t floats) {
   return buf.data();
 }
 
-// The scalar region's key-block vectors (GCC vector extensions) are returned by value in inlined helpers only: the
-// note that this would change the ABI without AVX-512 does not apply.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"
 namespace scalar {
 #include "quantized_kv_attention_isa.h"
 }  // namespace scalar
-#pragma GCC diagnostic pop
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
