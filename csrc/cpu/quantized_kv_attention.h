@@ -3,7 +3,7 @@
 // positions of a quantized KV cache, K and V read from their codes. No torch header (see kernels.h).
 //
 // One side of the cache (K or V), for batch b, kv head h and position j < n (see Note [Quantized KV cache layout]
-// in torchqkit/kvcache/quantize.py for what the Python side writes):
+// in torchqkit/kernels/ops/kv_cache_append.py for what the Python side writes):
 //   j <  nq: codes row  codes + b * c_sb + h * c_sh + j * c_ss (bytes): D codes, one byte each (int8, float8), or
 //            two per byte for int4 (element 2i in the low nibble of byte i);
 //            scales  per token: scale[b, h, j, d / group]       per channel: scale[b, h, j / group, d]

@@ -83,9 +83,10 @@ QuantizedSide side_view(const char* side, const at::Tensor& codes, const at::Ten
 const DescribeOp kDescribed(
     OpDescription(kOp)
         .at("avx512_vnni",
-            "AVX-512 (compiler-vectorized loops): each K / V row's codes decoded and scaled into one row buffer, "
-            "dotted with every query row of its kv head; int8 / int4 / float8 codes, per-token or per-channel scales")
-        .at("avx2", "AVX2 + FMA, the AVX-512 kernel's source: each K / V row decoded once into a row buffer")
+            "AVX-512 (compiler-vectorized loops and 16-lane vectors): K / V rows decoded 16 positions at a time into "
+            "L1 tiles, scores as vector dots (decode) or FMAs across a transposed tile (8+ query rows), online "
+            "softmax with a vectorized exp; int8 / int4 / float8 codes, per-token or per-channel scales")
+        .at("avx2", "AVX2 + FMA, the AVX-512 kernel's source: 16-position tiles, online softmax, vectorized exp")
         .at("scalar", "the same loops without AVX (the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it)"));
 
 }  // namespace

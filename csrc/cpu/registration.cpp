@@ -293,6 +293,10 @@ at::Tensor sdpa_quantized_kv_cache(const at::Tensor& query, const at::Tensor& k_
                                    const std::optional<at::Tensor>& attn_mask, double scale, bool enable_gqa,
                                    std::string k_format, int64_t k_group, bool k_per_channel, std::string v_format,
                                    int64_t v_group);
+// Defined in kv_cache_append.cpp (new positions written into a quantized KV cache layer).
+void kv_cache_append(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero, const at::Tensor& tail,
+                     const at::Tensor& counts, const at::Tensor& states, std::string fmt_name, int64_t group,
+                     bool per_channel, int64_t residual_length, std::string name);
 
 }  // namespace torchqkit_cpu
 
@@ -301,6 +305,7 @@ TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
   m.impl("linear_int8da_int8_plain", &torchqkit_cpu::linear_int8da_int8_plain);
   m.impl("sdpa_over_filled_cache", &torchqkit_cpu::sdpa_over_filled_cache);
   m.impl("sdpa_quantized_kv_cache", &torchqkit_cpu::sdpa_quantized_kv_cache);
+  m.impl("kv_cache_append", &torchqkit_cpu::kv_cache_append);
 }
 
 namespace torchqkit_cpu {

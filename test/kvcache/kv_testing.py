@@ -6,7 +6,7 @@ import torch
 
 from torchqkit.kvcache import KVCacheConfig
 from torchqkit.kvcache.cache import KVStore
-from torchqkit.kvcache.quantize import kv_cache_append
+from torchqkit.kernels.ops.kv_cache_append import kv_cache_append
 
 
 def filled_store(states: torch.Tensor, cfg: KVCacheConfig, per_channel: bool, chunks=(None,),

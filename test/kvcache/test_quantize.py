@@ -8,7 +8,7 @@ from torchqkit.core import qdtypes
 from torchqkit.core.primitives import code_midpoint
 from torchqkit.kernels.reference import kv_rows
 from torchqkit.kvcache import KVCacheConfig, quantize_kv
-from torchqkit.kvcache.quantize import pack_int4_codes
+from torchqkit.kernels.ops.kv_cache_append import pack_int4_codes
 from torchqkit.kernels.ops.sdpa_quantized_kv_cache import unpack_int4_codes
 
 from ..common import sqnr

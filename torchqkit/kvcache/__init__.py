@@ -3,7 +3,7 @@ use: it subclasses a transformers class), and the attention function that reads 
 (torchqkit::sdpa_quantized_kv_cache). See docs/architecture.md, "Where new pieces go"."""
 from .attention import QUANTIZED_KV_ATTENTION, quantized_kv_sdpa, register_quantized_kv_attention
 from .config import KV_DTYPES, KVCacheConfig
-from .quantize import quantize_kv
+from ..kernels.ops.kv_cache_append import quantize_kv
 
 __all__ = ["KVCacheConfig", "KV_DTYPES", "QuantizedKVCache", "QuantizedKVLayer", "KVStore", "QUANTIZED_KV_ATTENTION",
            "quantized_kv_sdpa", "register_quantized_kv_attention", "quantize_kv"]

@@ -8,7 +8,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .attention import LAYER_KWARG, QUANTIZED_KV_ATTENTION, register_quantized_kv_attention
 from .config import KVCacheConfig
-from .quantize import code_width, kv_cache_append
+from ..kernels.ops.kv_cache_append import code_width, kv_cache_append
 
 __all__ = ["QuantizedKVCache", "QuantizedKVLayer", "KVStore"]
 

@@ -1,16 +1,24 @@
-"""Reference quantization of K / V rows into the cache's codes, and the op that appends new positions to a layer.
+"""torchqkit::kv_cache_append: new K / V positions written into one side of a quantized KV cache layer, in place.
 
-See Note [Quantized KV cache layout]; decoding is the attention op's `kv_rows` (kernels/ops/sdpa_quantized_kv_cache.py),
-the formats' one decoder.
+    kv_cache_append(codes, scale, zero, tail, counts, states, fmt, group, per_channel, residual_length, name) -> ()
+
+states (B, H, T, D) are appended after the counts' n positions; positions that leave the float tail are quantized in
+one pass (Note [Quantized KV cache layout] below: the tensors, which positions stay float). The reference quantizes
+with core's choose_qparams_affine / quantize_affine (`quantize_kv`); the C++ CPU kernel (csrc/cpu/kv_cache_append.cpp)
+computes the same codes, scales and zero points bit for bit. Decoding is the attention op's `kv_rows`
+(sdpa_quantized_kv_cache.py), the formats' one decoder. A custom op so that a compiled decode step keeps static
+shapes: the lengths live in `counts` and only this op reads them. A refused call (a position past the capacity,
+NaN / Inf states) changes nothing.
 """
 from __future__ import annotations
 
 import torch
 
-from ..core.primitives import MappingType, ZeroPointDomain, choose_qparams_affine, quantize_affine
-from ..kernels.ops.sdpa_quantized_kv_cache import KV_FORMATS
+from ...core.primitives import MappingType, ZeroPointDomain, choose_qparams_affine, quantize_affine
+from ..registry import define_op
+from .sdpa_quantized_kv_cache import KV_FORMATS
 
-__all__ = ["quantize_kv", "pack_int4_codes", "code_width"]
+__all__ = ["quantize_kv", "pack_int4_codes", "code_width", "kv_cache_append", "kv_cache_append_ref"]
 
 # Note [Quantized KV cache layout]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -59,13 +67,10 @@ def quantize_kv(x: torch.Tensor, fmt: str, group: int, per_channel: bool, name: 
     return (pack_int4_codes(codes) if fmt == "int4" else codes), scale, zero
 
 
-@torch.library.custom_op("torchqkit::kv_cache_append", mutates_args=("codes", "scale", "zero", "tail", "counts"))
-def kv_cache_append(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, tail: torch.Tensor,
-                    counts: torch.Tensor, states: torch.Tensor, fmt: str, group: int, per_channel: bool,
-                    residual_length: int, name: str) -> None:
-    """Append states (B, H, T, D) to one side of a layer in place: positions that leave the float tail are quantized
-    in one pass (Note [Quantized KV cache layout]). A custom op so that a compiled decode step keeps static shapes:
-    the lengths live in `counts` and only this op reads them."""
+def kv_cache_append_ref(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, tail: torch.Tensor,
+                        counts: torch.Tensor, states: torch.Tensor, fmt: str, group: int, per_channel: bool,
+                        residual_length: int, name: str) -> None:
+    """Append states (B, H, T, D) to one side of a layer in place (module docstring)."""
     n, nq = (int(c) for c in counts.tolist())
     new_n = n + states.shape[2]
     if new_n > codes.shape[2]:
@@ -86,6 +91,19 @@ def kv_cache_append(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
     counts.copy_(torch.tensor([new_n, new_nq], dtype=counts.dtype))
 
 
-@kv_cache_append.register_fake
-def _(codes, scale, zero, tail, counts, states, fmt, group, per_channel, residual_length, name) -> None:
+def _fake(codes, scale, zero, tail, counts, states, fmt, group, per_channel, residual_length, name) -> None:
     return None
+
+
+define_op("torchqkit::kv_cache_append",
+          "(Tensor(a!) codes, Tensor(b!) scale, Tensor(c!) zero, Tensor(d!) tail, Tensor(e!) counts, Tensor states, "
+          "str fmt, int group, bool per_channel, int residual_length, str name) -> ()",
+          reference=kv_cache_append_ref, fake=_fake)
+
+
+def kv_cache_append(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, tail: torch.Tensor,
+                    counts: torch.Tensor, states: torch.Tensor, fmt: str, group: int, per_channel: bool,
+                    residual_length: int, name: str) -> None:
+    """Call torchqkit::kv_cache_append (module docstring): the C++ CPU kernel where it is built, else the reference."""
+    torch.ops.torchqkit.kv_cache_append(codes, scale, zero, tail, counts, states, fmt, group, per_channel,
+                                        residual_length, name)
