@@ -26,6 +26,10 @@ CONFIGS = {  # row name -> KVCacheConfig
     "int8 per token g64": qk.KVCacheConfig("int8"),
     "int8 per-channel keys g64, per-token values g64": qk.KVCacheConfig("int8", key_granularity="channel"),
     "int4 per-channel keys g64, per-token values g64": qk.KVCacheConfig("int4", key_granularity="channel"),
+    "int4 per-channel keys g64, per-token values g32": qk.KVCacheConfig("int4", key_granularity="channel",
+                                                                       value_group_size=32),
+    "int4 per-channel keys g64, per-token values g16": qk.KVCacheConfig("int4", key_granularity="channel",
+                                                                       value_group_size=16),
     "int4 per-channel keys g64, per-token values g64, residual 128": qk.KVCacheConfig(
         "int4", key_granularity="channel", residual_length=128),
     "int8 per-channel keys g64, per-token values g64, residual 128": qk.KVCacheConfig(

@@ -38,7 +38,7 @@ def quantized_kv_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     out = torch.ops.torchqkit.sdpa_quantized_kv_cache(
         query, k.codes, k.scale, k.zero, k.tail, k.counts, v.codes, v.scale, v.zero, v.tail, v.counts, attention_mask,
         scale, query.shape[1] != k.codes.shape[1], cfg.dtype, cfg.group_size, cfg.key_per_channel, cfg.dtype,
-        cfg.group_size)
+        cfg.value_group)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -37,8 +37,9 @@ class KVStore:
 
     @classmethod
     def empty(cls, batch: int, heads: int, dim: int, capacity: int, cfg: KVCacheConfig, per_channel: bool,
-              device) -> "KVStore":
-        g = cfg.group_size
+              device, group: int | None = None) -> "KVStore":
+        """An empty store; `group`: elements per scale (default the config's key group, `group_size`)."""
+        g = cfg.group_size if group is None else group
         block = g if per_channel else 1
         scale_shape = (batch, heads, -(-capacity // g), dim) if per_channel else (batch, heads, capacity, dim // g)
         scale = torch.zeros(scale_shape, dtype=torch.float16, device=device)
@@ -84,7 +85,8 @@ class QuantizedKVLayer(CacheLayerMixin):
             capacity = min(capacity, self.max_length)
         cfg = self.config
         self.keys_store = KVStore.empty(batch, self.heads, self.head_dim, capacity, cfg, cfg.key_per_channel, device)
-        self.values_store = KVStore.empty(batch, self.heads, value_states.shape[-1], capacity, cfg, False, device)
+        self.values_store = KVStore.empty(batch, self.heads, value_states.shape[-1], capacity, cfg, False, device,
+                                          cfg.value_group)
         self.device = device
         self.is_initialized = True
 
@@ -112,11 +114,11 @@ class QuantizedKVLayer(CacheLayerMixin):
         if not self.static:
             self._grow(int(self.keys_store.counts[0]) + key_states.shape[2])
         cfg = self.config
-        for what, store, states, per_channel in (("keys", self.keys_store, key_states, cfg.key_per_channel),
-                                                 ("values", self.values_store, value_states, False)):
+        for what, store, states, per_channel, group in (
+                ("keys", self.keys_store, key_states, cfg.key_per_channel, cfg.group_size),
+                ("values", self.values_store, value_states, False, cfg.value_group)):
             kv_cache_append(store.codes, store.scale, store.zero, store.tail, store.counts, states, cfg.dtype,
-                            cfg.group_size, per_channel, cfg.residual_length,
-                            f"QuantizedKVCache layer {self.index} {what}")
+                            group, per_channel, cfg.residual_length, f"QuantizedKVCache layer {self.index} {what}")
         handover[LAYER_KWARG] = self
         return self.keys_store.tail, self.values_store.tail
 
@@ -226,10 +228,14 @@ class QuantizedKVCache(Cache):
         text = _text_config(config)
         heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        if head_dim % kv_config.group_size:
-            raise ValueError(f"QuantizedKVCache layer 0: head dim {head_dim} can't be split into per-token groups of "
-                             f"{kv_config.group_size}; use a group_size that divides {head_dim} (e.g. "
-                             f"{_divisor_near(head_dim, kv_config.group_size)})")
+        per_token = [("value_group_size" if kv_config.value_group_size else "group_size", kv_config.value_group)]
+        if not kv_config.key_per_channel:
+            per_token.append(("group_size", kv_config.group_size))
+        for field, group in per_token:
+            if head_dim % group:
+                raise ValueError(f"QuantizedKVCache layer 0: head dim {head_dim} can't be split into per-token groups "
+                                 f"of {group}; use a {field} that divides {head_dim} (e.g. "
+                                 f"{_divisor_near(head_dim, group)})")
         self.kv_config, self.model_config = kv_config, config
         _use_quantized_attention(config)
         super().__init__(layers=[QuantizedKVLayer(kv_config, i, heads, head_dim, max_length, static)
@@ -255,9 +261,10 @@ class QuantizedKVCache(Cache):
         per_group = 2 * (1 if cfg.dtype.startswith("float8") else 2)  # float16 scale (+ float16 zero)
         total = 0.0
         for layer in self.layers:
-            d, g = layer.head_dim, cfg.group_size
+            d = layer.head_dim
             # per token: d / g groups per position; per channel: d groups per g positions, also d / g per position
-            total += layer.heads * 2 * (code_width(cfg.dtype, d) + per_group * d / g)
+            for g in (cfg.group_size, cfg.value_group):
+                total += layer.heads * (code_width(cfg.dtype, d) + per_group * d / g)
         return total
 
     def float_bytes_per_token(self, dtype: torch.dtype = torch.float32) -> int:

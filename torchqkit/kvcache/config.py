@@ -25,6 +25,9 @@ class KVCacheConfig:
         value_granularity (str): ``"token"`` (the only choice: values are mixed per position by the attention
             weights, so their error is per token).
         group_size (int): elements per scale; default 64. Per token it must divide the model's head dim.
+        value_group_size (int | None): elements per scale of the values, when they should differ from the keys'
+            (e.g. per-channel int4 keys in blocks of 64 positions, values in per-token groups of 16); default None:
+            `group_size`. It must divide the head dim.
         residual_length (int): newest positions kept in float32; default 0 (every full group quantized at once).
 
     Raises:
@@ -36,6 +39,7 @@ class KVCacheConfig:
         import torchqkit as qk
         int8 = qk.KVCacheConfig("int8")
         kivi = qk.KVCacheConfig("int4", key_granularity="channel", group_size=64, residual_length=64)
+        int4 = qk.KVCacheConfig("int4", key_granularity="channel", value_group_size=16)  # finer value groups
         ```
     """
 
@@ -44,6 +48,7 @@ class KVCacheConfig:
     value_granularity: str = "token"
     group_size: int = 64
     residual_length: int = 0
+    value_group_size: int | None = None
 
     def __post_init__(self):
         if self.dtype not in KV_DTYPES:
@@ -57,10 +62,19 @@ class KVCacheConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"KVCacheConfig: {name} must be an int >= {low}, got {value!r}")
+        v = self.value_group_size
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"KVCacheConfig: value_group_size must be an int >= 1 or None (the keys' group_size), "
+                             f"got {v!r}")
 
     @property
     def key_per_channel(self) -> bool:
         return self.key_granularity == "channel"
+
+    @property
+    def value_group(self) -> int:
+        """Elements per scale of the values (`value_group_size`, else `group_size`)."""
+        return self.group_size if self.value_group_size is None else self.value_group_size
 
     def to_dict(self) -> dict:
         return asdict(self)
