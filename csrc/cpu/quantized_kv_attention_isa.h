@@ -6,9 +6,57 @@
 // channel a row serves `group` positions, per token one position).
 struct ScaleRow {
   int64_t row = -1;
-  float* scale;
+  float* scale;  // the row's scales (D per channel, D / group per token)
   float* zero;
 };
+
+// Elements [d0, d1) of a codes row into out[d0, d1): (code - mid) * scale + zero (float8: value * scale), with a
+// scale and zero per element (sc, zp) or, when sc is null, the same `a` and `z` for all of them.
+inline void decode_span(KvFormat format, const uint8_t* c, int64_t d0, int64_t d1, const float* sc, const float* zp,
+                        float* out, float a = 0.f, float z = 0.f) {
+#define TORCHQKIT_KV_DECODE(VALUE)                                              \
+  if (sc) {                                                                     \
+    for (int64_t d = d0; d < d1; ++d) out[d] = (VALUE) * sc[d] + zp[d];         \
+  } else {                                                                      \
+    for (int64_t d = d0; d < d1; ++d) out[d] = (VALUE) * a + z;                 \
+  }
+  switch (format) {
+    case KvFormat::kInt8:
+      TORCHQKIT_KV_DECODE((float)c[d] - 128.f)
+      break;
+    case KvFormat::kInt4: {  // pairs of elements from whole bytes (an odd start or end element alone)
+      int64_t d = d0;
+      const auto one = [&](int64_t e, float code) { out[e] = code * (sc ? sc[e] : a) + (sc ? zp[e] : z); };
+      if (d & 1) one(d, (float)(c[d >> 1] >> 4) - 8.f), ++d;
+      const int64_t pairs = (d1 - d) / 2;
+      const uint8_t* cb = c + (d >> 1);
+      float* o = out + d;
+      if (sc) {
+        const float* s2 = sc + d;
+        const float* z2 = zp + d;
+        for (int64_t i = 0; i < pairs; ++i) {
+          o[2 * i] = ((float)(cb[i] & 15) - 8.f) * s2[2 * i] + z2[2 * i];
+          o[2 * i + 1] = ((float)(cb[i] >> 4) - 8.f) * s2[2 * i + 1] + z2[2 * i + 1];
+        }
+      } else {
+        for (int64_t i = 0; i < pairs; ++i) {
+          o[2 * i] = ((float)(cb[i] & 15) - 8.f) * a + z;
+          o[2 * i + 1] = ((float)(cb[i] >> 4) - 8.f) * a + z;
+        }
+      }
+      d += 2 * pairs;
+      if (d < d1) one(d, (float)(c[d >> 1] & 15) - 8.f);
+      break;
+    }
+    case KvFormat::kFloat8E4M3:
+      TORCHQKIT_KV_DECODE(kFloat8E4M3Table[c[d]])
+      break;
+    case KvFormat::kFloat8E5M2:
+      TORCHQKIT_KV_DECODE(kFloat8E5M2Table[c[d]])
+      break;
+  }
+#undef TORCHQKIT_KV_DECODE
+}
 
 // Row j of one side, D floats into `out`: the tail row copied, or its codes decoded and scaled.
 inline void decode_row(const QuantizedSide& s, int64_t b, int64_t h, int64_t j, int64_t D, float* out, ScaleRow& sr) {
@@ -28,36 +76,13 @@ inline void decode_row(const QuantizedSide& s, int64_t b, int64_t h, int64_t j, 
     }
     sr.row = srow;
   }
-  // ---- codes to floats (int4: unpack the two nibbles of each byte first)
-  switch (s.format) {
-    case KvFormat::kInt8:
-      for (int64_t d = 0; d < D; ++d) out[d] = (float)c[d] - 128.f;
-      break;
-    case KvFormat::kInt4:
-      for (int64_t i = 0; i < D / 2; ++i) {
-        out[2 * i] = (float)(c[i] & 15) - 8.f;
-        out[2 * i + 1] = (float)(c[i] >> 4) - 8.f;
-      }
-      if (D & 1) out[D - 1] = (float)(c[D / 2] & 15) - 8.f;
-      break;
-    case KvFormat::kFloat8E4M3:
-      for (int64_t d = 0; d < D; ++d) out[d] = kFloat8E4M3Table[c[d]];
-      break;
-    case KvFormat::kFloat8E5M2:
-      for (int64_t d = 0; d < D; ++d) out[d] = kFloat8E5M2Table[c[d]];
-      break;
-  }
-  // ---- scale and zero: per channel one per element, per token one per group of `group` elements
-  const float* sc = sr.scale;
-  const float* zp = sr.zero;
+  // ---- codes to floats, times the scale, plus the zero, in one pass over the row: per channel one scale per
+  // element, per token one per group of `group` elements
   if (s.per_channel) {
-    for (int64_t d = 0; d < D; ++d) out[d] = out[d] * sc[d] + zp[d];
+    decode_span(s.format, c, 0, D, sr.scale, sr.zero, out);
   } else {
-    for (int64_t g0 = 0, gi = 0; g0 < D; g0 += s.group, ++gi) {
-      const int64_t g1 = std::min(D, g0 + s.group);
-      const float a = sc[gi], z = zp[gi];
-      for (int64_t d = g0; d < g1; ++d) out[d] = out[d] * a + z;
-    }
+    for (int64_t g0 = 0, gi = 0; g0 < D; g0 += s.group, ++gi)
+      decode_span(s.format, c, g0, std::min(D, g0 + s.group), nullptr, nullptr, out, sr.scale[gi], sr.zero[gi]);
   }
 }
 
@@ -87,30 +112,75 @@ inline keys_f exp_nonpositive(keys_f x) {
   return keep ? e * (keys_f)pow2 : keys_f{};
 }
 
+typedef int32_t keys_lanes __attribute__((vector_size(kKeyBlock * sizeof(float))));  // shuffle indices
+
+// Lane-wise maximum / sum of one vector by halving shuffles (a serial loop over lanes is a chain of 15 scalar ops).
 inline float lane_max(keys_f v) {
-  float m = v[0];
-  for (int64_t c = 1; c < kKeyBlock; ++c) m = std::max(m, v[c]);
-  return m;
+  static_assert(kKeyBlock == 16, "the halving shuffles below are written for 16 lanes");
+  const keys_lanes h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
+  const keys_lanes h4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
+  const keys_lanes h2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
+  const keys_lanes h1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+  keys_f w = __builtin_shuffle(v, h8);
+  v = v > w ? v : w;
+  w = __builtin_shuffle(v, h4);
+  v = v > w ? v : w;
+  w = __builtin_shuffle(v, h2);
+  v = v > w ? v : w;
+  w = __builtin_shuffle(v, h1);
+  v = v > w ? v : w;
+  return v[0];
 }
 
 inline float lane_sum(keys_f v) {
-  float t = 0.f;
-  for (int64_t c = 0; c < kKeyBlock; ++c) t += v[c];
-  return t;
+  const keys_lanes h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
+  const keys_lanes h4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
+  const keys_lanes h2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
+  const keys_lanes h1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+  v += __builtin_shuffle(v, h8);
+  v += __builtin_shuffle(v, h4);
+  v += __builtin_shuffle(v, h2);
+  v += __builtin_shuffle(v, h1);
+  return v[0];
 }
 
-// The kKeyBlock scores of query row q against K rows kr (row-major kKeyBlock x D): one vector dot per key (few
-// query rows: decode) ...
+// u and v folded: the lanes `lo` picks from (u, v) plus the lanes `hi` picks (__builtin_shuffle indices 0..31).
+inline keys_f fold(keys_f u, keys_f v, keys_lanes lo, keys_lanes hi) {
+  return __builtin_shuffle(u, v, lo) + __builtin_shuffle(u, v, hi);
+}
+
+// The kKeyBlock scores of query row q against K rows kr (row-major kKeyBlock x D) with few query rows (decode):
+// per key a vector of 16 partial sums of its dot, then the 16 vectors summed lane-wise into one by a tree of
+// shuffles (each level adds halves of two vectors: 15 folds instead of 16 horizontal sums, which GCC emits as a
+// serial chain of scalar adds). Fed in bit-reversed order, the tree leaves key c's score in lane c.
 inline keys_f scores_by_rows(const float* q, const float* kr, int64_t D) {
-  keys_f s;
-  for (int64_t c = 0; c < kKeyBlock; ++c) {
+  static_assert(kKeyBlock == 16, "the fold tree below is written for 16 keys of 16 lanes");
+  constexpr int kBitReversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+  const int64_t D16 = D & ~int64_t(15);
+  keys_f part[16];
+  _Pragma("GCC unroll 16") for (int c = 0; c < 16; ++c) {
     const float* k = kr + c * D;
-    float x = 0.f;
-#pragma omp simd reduction(+ : x)
-    for (int64_t d = 0; d < D; ++d) x += q[d] * k[d];
-    s[c] = x;
+    keys_f acc{};
+    for (int64_t d = 0; d < D16; d += 16)
+      acc += *reinterpret_cast<const keys_f*>(q + d) * *reinterpret_cast<const keys_f*>(k + d);
+    float rest = 0.f;
+    for (int64_t d = D16; d < D; ++d) rest += q[d] * k[d];
+    acc[0] += rest;
+    part[kBitReversed[c]] = acc;
   }
-  return s;
+  const keys_lanes lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const keys_lanes hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const keys_lanes lo4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
+  const keys_lanes hi4 = {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31};
+  const keys_lanes lo2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+  const keys_lanes hi2 = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
+  const keys_lanes lo1 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+  const keys_lanes hi1 = {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31};
+  keys_f l8[8], l4[4], l2[2];
+  _Pragma("GCC unroll 8") for (int i = 0; i < 8; ++i) l8[i] = fold(part[2 * i], part[2 * i + 1], lo8, hi8);
+  _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) l4[i] = fold(l8[2 * i], l8[2 * i + 1], lo4, hi4);
+  _Pragma("GCC unroll 2") for (int i = 0; i < 2; ++i) l2[i] = fold(l4[2 * i], l4[2 * i + 1], lo2, hi2);
+  return fold(l2[0], l2[1], lo1, hi1);
 }
 
 // ... or vector FMAs across the keys of the transposed tile kt (D x kKeyBlock), no horizontal sums (many rows).
@@ -118,6 +188,22 @@ inline keys_f scores_by_columns(const float* q, const float* kt, int64_t D) {
   keys_f s{};
   for (int64_t d = 0; d < D; ++d) s += q[d] * *reinterpret_cast<const keys_f*>(kt + d * kKeyBlock);
   return s;
+}
+
+// acc (Dv floats) = acc * factor + sum over the block's jb keys of w[c] * V row c (vt: kKeyBlock x Dv), 16 values
+// of acc at a time held in a register across the keys.
+inline void accumulate_values(float* acc, float factor, keys_f w, const float* vt, int64_t jb, int64_t Dv) {
+  const int64_t D16 = Dv & ~int64_t(15);
+  for (int64_t d = 0; d < D16; d += 16) {
+    keys_f a = *reinterpret_cast<const keys_f*>(acc + d) * factor;
+    for (int64_t c = 0; c < jb; ++c) a += w[c] * *reinterpret_cast<const keys_f*>(vt + c * Dv + d);
+    *reinterpret_cast<keys_f*>(acc + d) = a;
+  }
+  for (int64_t d = D16; d < Dv; ++d) {
+    float a = acc[d] * factor;
+    for (int64_t c = 0; c < jb; ++c) a += w[c] * vt[c * Dv + d];
+    acc[d] = a;
+  }
 }
 
 // Query rows [r0, r0 + rb) of item (b, kv head) over all n positions, kKeyBlock keys at a time with an online
@@ -133,7 +219,8 @@ inline void attend_rows(const QuantizedAttentionArgs& p, int64_t b, int64_t kvh,
   float* acc = vt + KB * Dv;            // rb x Dv
   float* mx = acc + rb * Dv;            // rb running maxima
   float* sum = mx + rb;                 // rb running sums of e^(s - max)
-  ScaleRow ks{-1, sum + rb, sum + rb + D}, vs{-1, sum + rb + 2 * D, sum + rb + 2 * D + Dv};
+  float* conv = sum + rb;  // the two sides' converted scale rows: 2 x D (keys), 2 x Dv (values)
+  ScaleRow ks{-1, conv, conv + D}, vs{-1, conv + 2 * D, conv + 2 * D + Dv};
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < rb; ++r) {
     mx[r] = kNegInf;
@@ -178,17 +265,9 @@ inline void attend_rows(const QuantizedAttentionArgs& p, int64_t b, int64_t kvh,
       const float m_new = std::max(mx[i], bm);
       const float factor = exp_nonpositive(keys_f{} + (mx[i] - m_new))[0];  // 0 while nothing was visible before
       const keys_f w = exp_nonpositive(s - m_new);
-      float* ar = acc + i * Dv;
-      if (factor != 1.f)
-        for (int64_t d = 0; d < Dv; ++d) ar[d] *= factor;
       sum[i] = sum[i] * factor + lane_sum(w);
       mx[i] = m_new;
-      for (int64_t c = 0; c < jb; ++c) {
-        const float wc = w[c];
-        const float* vc = vt + c * Dv;
-#pragma GCC ivdep
-        for (int64_t d = 0; d < Dv; ++d) ar[d] += wc * vc[d];
-      }
+      accumulate_values(acc + i * Dv, factor, w, vt, jb, Dv);
     }
   }
   for (int64_t r = r0; r < r0 + rb; ++r) {
