@@ -179,34 +179,51 @@ def _check(x, kept, positions, scale, zero_point, n, m, bits, signed, zero_point
     return k, e, pbits
 
 
-def linear_nm_sparse_wo(x: torch.Tensor, kept: torch.Tensor, positions: torch.Tensor, scale: torch.Tensor,
-                        zero_point: torch.Tensor | None, n: int, m: int, bits: int, signed: bool,
-                        zero_point_domain: str, bias: torch.Tensor | None = None) -> torch.Tensor:
-    k, e, pbits = _check(x, kept, positions, scale, zero_point, n, m, bits, signed, zero_point_domain)
-    x2 = x.reshape(-1, k).contiguous()
-    rows, tokens = kept.shape[0], x2.shape[0]
+def _operands(x2, kept, positions, scale, zero_point, n, m, bits, signed, zero_point_domain):
+    """The kernels' tensor and size arguments and their format constants, after the checks."""
+    k, e, pbits = _check(x2, kept, positions, scale, zero_point, n, m, bits, signed, zero_point_domain)
     kept, positions = kept.contiguous(), positions.contiguous()
     s = scale.float().contiguous()
     z = s if zero_point is None else zero_point.float().contiguous()
-    sizes = (kept.shape[1], positions.shape[1], s.shape[1], k // s.shape[1], rows // s.shape[0])
+    sizes = (kept.shape[1], positions.shape[1], s.shape[1], k // s.shape[1], kept.shape[0] // s.shape[0])
     fmt = dict(N_KEEP=n, M_BLOCK=m, BITS=bits, PBITS=pbits, SIGNED=signed, DOMAIN=_DOMAINS[zero_point_domain])
-    if tokens <= GEMV_MAX_M:
-        parts = torch.zeros(MAX_SPLIT, tokens, rows, dtype=torch.float32, device=x.device)
-        if tokens and rows:
-            grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
-            traceable(_nm_gemv_kernel)[grid](x2, kept, positions, s, z, parts, tokens, rows, k, e, *sizes,
-                                             x2.stride(0), **fmt)
-        out = parts.sum(0)
-        if bias is not None:
-            out = out + bias.float()
-        out = out.to(x.dtype)
-    else:
-        out = torch.empty(tokens, rows, dtype=x.dtype, device=x.device)
-        launch_tiled(_nm_gemm_kernel, tokens, rows,
-                     x2, kept, positions, s, z, bias if bias is not None else s, out,
-                     tokens, rows, k, *sizes, x2.stride(0), out.stride(0),
-                     HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x.dtype), **fmt)
-    return out.reshape(*x.shape[:-1], rows)
+    return (kept, positions, s, z), e, sizes, fmt
+
+
+def launch_gemv(x2, kept, positions, scale, zero_point, n, m, bits, signed, zero_point_domain, bias=None):
+    """The gather-by-position GEMV on a contiguous (M, K) x2, any M (tests run it past GEMV_MAX_M too)."""
+    tensors, e, sizes, fmt = _operands(x2, kept, positions, scale, zero_point, n, m, bits, signed, zero_point_domain)
+    tokens, k = x2.shape
+    rows = kept.shape[0]
+    parts = torch.zeros(MAX_SPLIT, tokens, rows, dtype=torch.float32, device=x2.device)
+    if tokens and rows:
+        grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
+        traceable(_nm_gemv_kernel)[grid](x2, *tensors, parts, tokens, rows, k, e, *sizes, x2.stride(0), **fmt)
+    out = parts.sum(0)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x2.dtype)
+
+
+def launch_gemm(x2, kept, positions, scale, zero_point, n, m, bits, signed, zero_point_domain, bias=None):
+    """The dense-tile GEMM on a contiguous (M, K) x2, any M (tests run it on M = 1 too)."""
+    tensors, _, sizes, fmt = _operands(x2, kept, positions, scale, zero_point, n, m, bits, signed, zero_point_domain)
+    tokens, k = x2.shape
+    rows = kept.shape[0]
+    out = torch.empty(tokens, rows, dtype=x2.dtype, device=x2.device)
+    launch_tiled(_nm_gemm_kernel, tokens, rows, x2, *tensors, bias if bias is not None else tensors[2], out,
+                 tokens, rows, k, *sizes, x2.stride(0), out.stride(0),
+                 HAS_BIAS=bias is not None, DOT_PRECISION=dot_precision(x2.dtype), **fmt)
+    return out
+
+
+def linear_nm_sparse_wo(x: torch.Tensor, kept: torch.Tensor, positions: torch.Tensor, scale: torch.Tensor,
+                        zero_point: torch.Tensor | None, n: int, m: int, bits: int, signed: bool,
+                        zero_point_domain: str, bias: torch.Tensor | None = None) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    launch = launch_gemv if x2.shape[0] <= GEMV_MAX_M else launch_gemm
+    out = launch(x2, kept, positions, scale, zero_point, n, m, bits, signed, zero_point_domain, bias)
+    return out.reshape(*x.shape[:-1], kept.shape[0])
 
 
 OP = register("linear_nm_sparse_wo", linear_nm_sparse_wo)
