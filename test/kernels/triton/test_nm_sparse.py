@@ -12,6 +12,10 @@ one ulp apart at most on a GPU, where a float zero point's multiply-add may beco
 So out = expected within one rounding of the output (2^-10 relative for fp16, 2^-7 for bf16, 1e-6 for float32)
 plus 2e-5 absolute for the order of at most 128 float32 terms of size < 3 (outputs are of size ~1).
 bfloat16 runs the GEMV only under the interpreter: its bf16 ``tl.dot`` is wrong (triton-lang/triton#11584).
+
+Every format runs under the interpreter; on a GPU (``pytest -m gpu``), where each format, dtype and autotune config is
+a compile, the format-matrix tests take the two presets' formats (2:4 int8 per row, 2:4 int4 g32 float zero point)
+and one of the one-hot formats, to fit .ci/gpu_check.sh's budget.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from torchqkit.kernels.ops.linear_nm_sparse_wo import nm_sparse_weight, position
 from torchqkit.kernels.triton import INTERPRET, nm_sparse_weight_only as nm
 from torchqkit.tensor.activation import KernelPreference
 from test.common import OpLog
+from test.devices import gpu_param
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.bfloat16, id="bf16")]
@@ -63,6 +68,14 @@ WEIGHTS = {  # N 37 (one column tile, a partial one) or 70 (two); K 64 unless th
                                                       (3, 16))),  # 4-bit positions, n not a power of two
 }
 LAUNCHES = {"gemv": "launch_gemv", "gemm": "launch_gemm"}
+GPU_WEIGHTS = ("2of4_int8_row_N70", "2of4_int4_g32_float_zp")
+ONE_HOT = ("4of8_int8_row", "1of4_int4_int_zp_g32", "2of4_int3_g32", "2of4_uint8_tensor", "3of16_int5_g32")
+
+
+def _cases(names, gpu_names):
+    """(device, weight name) params: every name on CPU, ``gpu_names`` on the GPU (see the module docstring)."""
+    return ([pytest.param("cpu", name, id=f"cpu-{name}") for name in names] +
+            [gpu_param("cuda", name, id=f"cuda-{name}") for name in gpu_names])
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +111,9 @@ def _assert_matches(out, x, weight, bias, what):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", list(WEIGHTS))
+@pytest.mark.parametrize("device, name", _cases(WEIGHTS, GPU_WEIGHTS))
 @pytest.mark.parametrize("kernel", list(LAUNCHES))
-def test_kernel_matches_the_op_reference_every_token_count(weights, kernel, name, dtype, device):
+def test_kernel_matches_the_op_reference_every_token_count(weights, kernel, device, name, dtype):
     """1..9 tokens through each kernel (the op sends 1..GEMV_MAX_M to the GEMV, more to the GEMM)."""
     _skip(device, dtype, kernel)
     args, k = _args(weights[name], device)
@@ -112,16 +125,15 @@ def test_kernel_matches_the_op_reference_every_token_count(weights, kernel, name
     bias = torch.randn(args[0].shape[0], generator=gen).to(dtype).to(device)
     for m in range(1, 10):
         x = torch.randn(m, k, generator=gen).to(dtype).to(device)
-        _assert_matches(launch(x, *args, bias if m % 2 else None), x, weight, bias if m % 2 else None,
-                        f"{kernel} {name} M={m}")
+        _assert_matches(launch(x, *args, bias), x, weight, bias, f"{kernel} {name} M={m}")
 
 
-@pytest.mark.parametrize("name", ["4of8_int8_row", "1of4_int4_int_zp_g32", "2of4_int3_g32", "2of4_uint8_tensor",
-                                  "3of16_int5_g32"])
+@pytest.mark.parametrize("device, name", _cases(ONE_HOT, ONE_HOT[1:2]))
 @pytest.mark.parametrize("kernel", list(LAUNCHES))
-def test_one_hot_activations_read_back_every_weight_exactly(weights, kernel, name, device):
-    """x = I (K tokens): output column k is the weight each kernel decoded at column k, pruned ones included, and it
-    must be the reference's weight bit for bit (these formats' dequantization is one multiply: nothing to fuse)."""
+def test_one_hot_activations_read_back_every_weight_exactly(weights, kernel, device, name):
+    """x = I (K tokens), no bias: output column k is the weight each kernel decoded at column k, pruned ones included,
+    and it must be the reference's weight bit for bit (these formats' dequantization is one multiply: nothing to
+    fuse)."""
     _skip(device)
     args, k = _args(weights[name], device)
     out = getattr(nm, LAUNCHES[kernel])(torch.eye(k, device=device), *args)
@@ -166,16 +178,13 @@ def test_op_picks_the_gemv_for_decode_and_the_gemm_otherwise(weights, m, monkeyp
     _assert_matches(out.reshape(m, 37), x.reshape(m, k), _decoded(args, k), None, f"M={m}")
 
 
-@pytest.mark.parametrize("preset_base", [pytest.param(qk.Int8WeightOnlyConfig, id="int8"),
-                                         pytest.param(lambda **kw: qk.Int4WeightOnlyConfig(group_size=32, **kw),
-                                                      id="int4-g32")])
-def test_layout_runs_the_triton_kernel_when_asked(preset_base, device):
-    """NMSparseLayout's route names torchqkit::linear_nm_sparse_wo, so KernelPreference.TRITON (eager and compiled)
-    reaches its Triton kernel, with K = 90 padded inside the layout."""
+def test_layout_pads_k_and_compiles_on_the_triton_kernel(device):
+    """KernelPreference.TRITON on a padded weight (K = 90, stored as 96: whole groups of 32): the layout pads x, the
+    Triton kernel runs eagerly and under torch.compile(fullgraph=True) (test_layout_paths.py covers int8 too)."""
     _skip(device)
     torch.manual_seed(0)
     lin = torch.nn.Linear(90, 37).to(device)
-    qk.quantize_(lin, _sparse(preset_base(kernel_preference=KernelPreference.TRITON)))
+    qk.quantize_(lin, _sparse(qk.Int4WeightOnlyConfig(group_size=32, kernel_preference=KernelPreference.TRITON)))
     x = torch.randn(2, 3, 90, device=device)
     with OpLog(qualified=True) as log, torch.no_grad():
         out = lin(x)
