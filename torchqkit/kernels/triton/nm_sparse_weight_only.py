@@ -143,7 +143,8 @@ def _nm_gemv_kernel(
             mask = (j < e_end) & (rn < N)[None, :]
             col = j // N_KEEP * M_BLOCK + packed_field(pos_row, j, PBITS, POS_BYTES, mask)
             w = kept_weight(args, FORMAT, rn, j, col, mask)
-            x = tl.load(x_ptr + t * stride_xm + col, mask=mask, other=0.0).to(tl.float32)
+            # col < K holds for every stored position (< m); the mask only keeps a corrupt one inside the row
+            x = tl.load(x_ptr + t * stride_xm + col, mask=mask & (col < K), other=0.0).to(tl.float32)
             acc += tl.sum(x * w, axis=0)
         tl.store(part_ptr + (pid_k * M + t) * N + rn, acc, mask=rn < N)
 
