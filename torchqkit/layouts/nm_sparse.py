@@ -14,8 +14,8 @@ Every block of M columns keeps exactly N entries (a block whose weight has fewer
 start on byte boundaries, so slicing out_features is a row view; slices along K cut whole M-blocks, bytes and groups.
 
 Linear (routes below): integer codes weight-only: ``torchqkit::linear_nm_sparse_wo`` on the kept codes and positions
-(C++ CPU kernels that read only the stored bytes); float values, float8 codes and dynamic activations: the reference
-(dequantize, pruned entries 0, F.linear); ``torchqkit.kernels.status()`` lists both.
+(C++ CPU kernels, and on CUDA tensors Triton kernels, that read only the stored bytes); float values, float8 codes and
+dynamic activations: the reference (dequantize, pruned entries 0, F.linear); ``torchqkit.kernels.status()`` lists both.
 
 Note [Pruned entries read as zero]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -1,8 +1,8 @@
-"""Every Triton GEMM compiles for a real GPU target (sm80, sm90) on this GPU-less machine: Triton's NVIDIA backend
-runs front end -> TTIR -> TTGIR -> LLVM -> PTX -> ptxas cubin without a device. The interpreter tests
-(test_triton_kernels.py) check the numbers; this checks that the same source is valid compiled Triton (the
-interpreter accepts Python a GPU compile refuses, e.g. closures or non-constexpr globals), and that ``tl.dot`` on
-float16 tiles becomes tensor-core MMA instructions.
+"""Every Triton GEMM (and the N:M sparse GEMV) compiles for a real GPU target (sm80, sm90) on this GPU-less machine:
+Triton's NVIDIA backend runs front end -> TTIR -> TTGIR -> LLVM -> PTX -> ptxas cubin without a device. The
+interpreter tests (test_triton_kernels.py, test_nm_sparse.py) check the numbers; this checks that the same source is
+valid compiled Triton (the interpreter accepts Python a GPU compile refuses, e.g. closures or non-constexpr globals),
+and that ``tl.dot`` on float16 tiles becomes tensor-core MMA instructions.
 
 The compile runs in a fresh process: TRITON_INTERPRET=1 (test/conftest.py) is read when kernels are decorated.
 """
@@ -54,6 +54,14 @@ CASES = [
      dict(x_ptr=PF16, q_ptr=PU8, scale_ptr=PF16, bias_ptr=PF16, out_ptr=PF16,
           **_ints("M", "N", "K", "ROW_BYTES", "GROUPS", "GROUP", "stride_xm", "stride_om")),
      dict(META, EBITS=3, DOT_PRECISION=None)),
+    ("nm_sparse_gemm_2of4_uint4_float_zp", "nm_sparse_weight_only", "_nm_gemm_kernel",
+     dict(x_ptr=PF16, kept_ptr=PU8, pos_ptr=PU8, scale_ptr=P32, zero_ptr=P32, bias_ptr=PF16, out_ptr=PF16,
+          **_ints("M", "N", "K", "KEPT_BYTES", "POS_BYTES", "G", "GROUP", "BN", "stride_xm", "stride_om")),
+     dict(META, N_KEEP=2, M_BLOCK=4, BITS=4, PBITS=2, SIGNED=False, DOMAIN=2, DOT_PRECISION=None)),
+    ("nm_sparse_gemv_4of8_int8", "nm_sparse_weight_only", "_nm_gemv_kernel",
+     dict(x_ptr=PF16, kept_ptr=PI8, pos_ptr=PU8, scale_ptr=P32, zero_ptr=P32, part_ptr=P32,
+          **_ints("M", "N", "K", "E", "KEPT_BYTES", "POS_BYTES", "G", "GROUP", "BN", "stride_xm")),
+     dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=4, N_KEEP=4, M_BLOCK=8, BITS=8, PBITS=3, SIGNED=True, DOMAIN=0)),
     ("fp8_rowwise", "float8_rowwise", "_fp8_rowwise_kernel",
      dict(a_ptr=PU8, b_ptr=PU8, sa_ptr=P32, sb_ptr=P32, bias_ptr=P32, out_ptr=P32, **_ints("M", "N", "K")),
      dict(META, A_E5M2=False, B_E5M2=True)),
@@ -100,5 +108,7 @@ def compiled():
 def test_kernel_compiles_for_gpu(compiled, case, arch):
     out = compiled[f"{case[0]}-sm{arch}"]
     assert out["cubin"] > 10_000, out
-    # float16 tiles go to tensor cores; float32 with input_precision="ieee" is exact FMA, no MMA
-    assert out["mma"] == (case[4].get("DOT_PRECISION") != "ieee"), out
+    # float16 tiles go to tensor cores; float32 with input_precision="ieee" is exact FMA, no MMA; a split-K GEMV
+    # reduces with a multiply + sum, no tl.dot
+    gemv = "SPLIT_K" in case[4]
+    assert out["mma"] == (not gemv and case[4].get("DOT_PRECISION") != "ieee"), out

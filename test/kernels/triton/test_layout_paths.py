@@ -15,6 +15,11 @@ from test.common import OpLog
 
 
 
+def _sparse_int8(kernel_preference):
+    """2:4 N:M sparse int8: the preference goes on the base config, whose codes NMSparseLayout stores."""
+    return qk.SparsityConfig(pattern=(2, 4), base=qk.Int8WeightOnlyConfig(kernel_preference=kernel_preference))
+
+
 def _model(pref, device):
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 37).half().to(device)
@@ -48,6 +53,7 @@ def test_triton_preference_compiles_fullgraph(device):
     (qk.MXFP4WeightOnlyConfig, "linear_mxwo"),
     (qk.NVFP4WeightOnlyConfig, "linear_nvfp4wo"),
     (qk.FP6WeightOnlyConfig, "linear_fp6wo"),
+    (_sparse_int8, "linear_nm_sparse_wo"),
     (qk.Float8DynamicActivationFloat8WeightConfig, "scaled_mm_fp8_rowwise"),
 ])
 def test_every_layout_with_a_triton_kernel_runs_it_when_asked(config, op, device):

@@ -7,7 +7,7 @@ kept. x (..., K) with K the stored (padded) in_features, a multiple of m. kept: 
 and zero_point (same shape, or None) as the oracle stores them; zero_point_domain "none" | "int" | "float".
 w[r, c] = dequantize_affine(code, int<bits> / uint<bits>, (bn, bk), scale, zero_point) where (r, c) is kept, else
 exactly 0 (Note [Pruned entries read as zero]). Returns (..., N).
-Backends: csrc/cpu/linear_nm_sparse.cpp.
+Backends: csrc/cpu/linear_nm_sparse.cpp, kernels/triton.
 """
 from __future__ import annotations
 

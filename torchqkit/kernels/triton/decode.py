@@ -89,3 +89,30 @@ def int4_tiled_tile(q_ptr, sz_ptr, rn, kk, N, K, GROUP, NUM_CHUNKS, WORDS, N8):
     scale = tl.load(sz, mask=mask, other=0.0).to(tl.float32)
     zero = tl.load(sz + 1, mask=mask, other=0.0).to(tl.float32)
     return (q.to(tl.float32) - 8.0) * scale + zero
+
+
+@triton.jit
+def packed_field(row_ptr, j, BITS: tl.constexpr, row_bytes, mask):
+    """Field j (int32) of the stream of BITS-bit fields starting at ``row_ptr`` (Note [Packed intx bits]): stream bit
+    s is bit s % 8 of byte s // 8. Widths that divide 8 never cross a byte; others also read the next byte, never
+    one at or past ``row_bytes``."""
+    bit = j * BITS
+    byte = bit // 8
+    word = tl.load(row_ptr + byte, mask=mask, other=0).to(tl.int32)
+    if 8 % BITS != 0:
+        nxt = tl.load(row_ptr + byte + 1, mask=mask & (byte + 1 < row_bytes), other=0).to(tl.int32)
+        word = word | (nxt << 8)
+    return (word >> (bit % 8)) & ((1 << BITS) - 1)
+
+
+@triton.jit
+def affine_value(code, s, z, DOMAIN: tl.constexpr, MID: tl.constexpr):
+    """core/primitives.dequantize_affine of float32 codes, in its order of operations: c s (DOMAIN 0, no zero point),
+    (c - z) s (1, integer domain) or (c - MID) s + z (2, float domain; MID the code midpoint)."""
+    if DOMAIN == 1:
+        w = (code - z) * s
+    elif DOMAIN == 2:
+        w = (code - MID) * s + z
+    else:
+        w = code * s
+    return w
