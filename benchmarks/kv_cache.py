@@ -59,7 +59,7 @@ def _rows(model, ids, args):
     float_bytes = text.num_hidden_layers * text.num_key_value_heads * 2 * head_dim * 4  # keys + values, float32
     yield "float32 cache (DynamicCache)", float_ppl, float_ppl, float_bytes, float_bytes, ""
     for name, cfg in CONFIGS.items():
-        if args.only and args.only not in name:
+        if (args.only and args.only not in name) or (args.rows and name not in args.rows):
             continue
         cache = qk.QuantizedKVCache(model.config, cfg, max_length=ids.numel())
         model.config._attn_implementation = "sdpa"
@@ -83,6 +83,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-peers", action="store_true", help="skip transformers' QuantizedCache rows")
     parser.add_argument("--only", default=None, metavar="TEXT",
                         help="only the torchqkit rows whose name contains TEXT (the float row and peers still run)")
+    parser.add_argument("--rows", type=lambda text: text.split(";"), default=None, metavar="NAME;NAME",
+                        help="only these torchqkit rows (exact names, ';'-separated; the float row and peers still "
+                             "run)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
     model, tokenizer = load_gguf(smollm2_gguf_path())
@@ -92,7 +95,8 @@ def main(argv=None) -> int:
     lines = [f"SmolLM2-135M (float32 weights), {ids.numel()} tokens of torchqkit's eval text scored token by token "
              f"through the cache; torch {torch.__version__}, torchqkit {qk.__version__}",
              f"command: python -m benchmarks.kv_cache --tokens {args.tokens}{' --no-peers' if args.no_peers else ''}"
-             + (f" --only '{args.only}'" if args.only else ""),
+             + (f" --only '{args.only}'" if args.only else "")
+             + (f" --rows '{';'.join(args.rows)}'" if args.rows else ""),
              "", "| cache | perplexity | vs float32 cache | bytes per position | vs float32 |",
              "|---|---|---|---|---|"]
     for name, ppl, float_ppl, nbytes, float_bytes, note in _rows(model, ids, args):
