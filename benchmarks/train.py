@@ -1,9 +1,11 @@
-"""Training: QAT recovery of int4 quality on all-MiniLM-L6-v2 (train_qat.py) and float8 training loss curves against
-float32 (train_fp8.py).
+"""Training: QAT recovery of int4 quality on all-MiniLM-L6-v2 (train_qat.py), float8 training loss curves against
+float32 (train_fp8.py), 2:4 sparse training (and with int4 QAT) against dense training and one-shot pruning
+(train_sparse.py).
 
     python -m benchmarks train                                    # QAT int4 g32 / g64 300 steps; fp8 recipes 300 steps
     python -m benchmarks train --parts qat --qat-configs int4-wo-g64 --steps 100
     python -m benchmarks train --parts fp8 --recipes float32,fp8-dynamic-tensor --steps 100
+    python -m benchmarks train --parts sparse --steps 300         # 2:4 sparse training rows
     python -m benchmarks train --quick                            # a few steps each (seconds)
 """
 from __future__ import annotations
@@ -12,7 +14,7 @@ from .common import cli
 from .common.configs import check, split_names
 
 GROUP = "train"
-PARTS = ("qat", "fp8")
+PARTS = ("qat", "fp8", "sparse")
 
 
 def main(argv=None) -> int:
@@ -22,8 +24,9 @@ def main(argv=None) -> int:
     p.add_argument("--qat-configs", default="int4-wo-g32,int4-wo-g64", help="qat: presets (default %(default)s)")
     p.add_argument("--recipes", default=",".join(RECIPES), help=f"fp8: of {', '.join(RECIPES)}")
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch", type=int, default=None, help="sentences (qat, default 16) / sequences (fp8, default 4)")
-    p.add_argument("--lr", type=float, default=None, help="qat default 1e-4, fp8 default 2e-3")
+    p.add_argument("--batch", type=int, default=None,
+                   help="sentences (qat, default 16) / sequences (fp8, sparse: default 4)")
+    p.add_argument("--lr", type=float, default=None, help="qat default 1e-4, fp8 and sparse default 2e-3")
     p.add_argument("--grad", choices=["ste", "clipped_ste"], default="ste", help="qat: the fake quantizer's gradient")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(threads=1)  # on a shared 2-vCPU host, 2 threads wait on each other
@@ -45,6 +48,9 @@ def main(argv=None) -> int:
     if "fp8" in parts:
         from . import train_fp8
         train_fp8.run(_with(args, batch=4, lr=2e-3), rec)
+    if "sparse" in parts:
+        from . import train_sparse
+        train_sparse.run(_with(args, batch=4, lr=2e-3), rec)
     rec.print_table()
     return 0
 

@@ -170,3 +170,78 @@ def test_convert_with_an_int8_base_and_a_padded_in_features():
     assert isinstance(w.qlayout, qk.NMSparseLayout)
     assert torch.equal(w.dequantize() != 0, masked != 0)
     torch.testing.assert_close(w.dequantize(), masked, rtol=0, atol=float(masked.abs().max()) / 127)
+
+
+def test_sparse_and_quantization_aware_training_converts_bit_for_bit(monkeypatch):
+    """prepare_sparse_ then prepare_qat_ with the same base: the forward uses the masked weight fake-quantized as
+    NMSparseLayout will store it (pruned entries exactly 0), and convert_sparse_ stores weights that dequantize to
+    the last training forward's weights bit for bit (logits equal up to the kernel's summation order)."""
+    from types import SimpleNamespace
+
+    from torchqkit.training import sparse_training
+
+    base = qk.Int4WeightOnlyConfig(group_size=32)
+    model = _llama(5)
+    qk.prepare_sparse_(model, qk.SparsityConfig(pattern=(2, 4), base=base), start_step=3, update_every=5)
+    report = qk.prepare_qat_(model, qk.QATConfig(base))
+    prepared = {n: m for n, m in model.named_modules() if isinstance(m, qk.SparseTrainingLinear)}
+    assert sorted(e.fqn for e in report.quantized) == sorted(prepared)
+    loss = _train(model, steps=12)
+    assert loss < 3.5  # trained: the held-out loss starts near ln(64) = 4.16
+    used = []  # the weights the prepared layers' forwards hand to F.linear, in call order
+    real_linear = torch.nn.functional.linear
+
+    def capturing(x, weight, bias=None):
+        used.append(weight.detach().clone())
+        return real_linear(x, weight, bias)
+
+    monkeypatch.setattr(sparse_training, "F", SimpleNamespace(linear=capturing, pad=torch.nn.functional.pad))
+    layer_weights = {}
+    for name, m in prepared.items():
+        m.register_forward_hook(lambda mod, args, out, name=name: layer_weights.update({name: used[-1]}))
+    ids = HELD_OUT[0]
+    model.eval()
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    monkeypatch.undo()
+    for name, w in layer_weights.items():
+        _assert_nm(w, 2, 4)
+    with pytest.raises(ValueError, match="train sparse and quantization-aware.*convert_sparse_"):
+        qk.convert_qat_(model)
+    qk.convert_sparse_(model)
+    for name, w in layer_weights.items():
+        stored = model.get_submodule(name).weight
+        assert isinstance(stored.qlayout, qk.NMSparseLayout) and stored.qdtype.name == "uint4", name
+        assert torch.equal(stored.dequantize(), w), name
+    with torch.no_grad():
+        after = model(input_ids=ids).logits
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-4)
+
+
+def test_sparse_qat_gradient_reaches_pruned_entries_and_bad_combinations_are_refused():
+    base = qk.Int8WeightOnlyConfig()
+    lin = nn.Sequential(nn.Linear(8, 4, bias=False))
+    with torch.no_grad():
+        lin[0].weight.copy_(torch.arange(32, dtype=torch.float32).reshape(4, 8) - 15.5)
+    qk.prepare_sparse_(lin, qk.SparsityConfig(pattern=(2, 4), base=base), start_step=0, update_every=100)
+    with pytest.raises(ValueError, match=r"QATConfig\(.*\) differs from the base the sparse layers will be stored with"):
+        qk.prepare_qat_(lin, qk.QATConfig(qk.Int4WeightOnlyConfig(group_size=32)))
+    assert lin[0].sparse.quantizer is None  # unchanged
+    qk.prepare_qat_(lin, qk.QATConfig(base))
+    lin.train()
+    x = torch.randn(3, 8)
+    lin(x).sum().backward()
+    grad = lin[0].weight.grad
+    assert (grad != 0).all()  # straight-through at every entry, pruned ones included
+    torch.testing.assert_close(grad, x.sum(0).expand(4, 8), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="already prepared for quantization-aware training"):
+        qk.prepare_qat_(lin, qk.QATConfig(base))
+    floaty = nn.Sequential(nn.Linear(8, 4))
+    qk.prepare_sparse_(floaty, qk.SparsityConfig(pattern=(2, 4)))
+    with pytest.raises(ValueError, match=r"SparsityConfig\(base=None\): its kept values stay float"):
+        qk.prepare_qat_(floaty, qk.QATConfig(base))
+    qat_first = nn.Sequential(nn.Linear(8, 4))
+    qk.prepare_qat_(qat_first, qk.QATConfig(base))
+    with pytest.raises(ValueError, match="is QAT-prepared; to train sparse and quantization-aware, start from the "
+                                         "float model: prepare_sparse_"):
+        qk.prepare_sparse_(qat_first, qk.SparsityConfig(pattern=(2, 4), base=base))

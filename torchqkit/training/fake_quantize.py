@@ -72,13 +72,17 @@ class WeightFakeQuantizer:
                  name: str = "weight"):
         self.recipe, self.clipped, self.generator, self.name = recipe, clipped, generator, name
 
-    def values(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(fake-quantized weight in weight.dtype, inside-grid mask or None when not clipped), no autograd."""
+    def values(self, weight: torch.Tensor, qparams_from: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(fake-quantized weight in weight.dtype, inside-grid mask or None when not clipped), no autograd.
+        qparams_from: the tensor the scales and zero points are chosen on (default the weight itself; sparse
+        training passes the masked weight with its pruned entries filled, Note [Sparse qparams])."""
         r = self.recipe
         w = weight.detach()
         # check_finite=False: a finiteness check is a data-dependent branch (a graph break under torch.compile);
         # a NaN weight shows up in the loss anyway.
-        qp = r.qparams(w, check_finite=False, stochastic=self.generator is not None, name=self.name)
+        source = w if qparams_from is None else qparams_from.detach()
+        qp = r.qparams(source, check_finite=False, stochastic=self.generator is not None, name=self.name)
         codes = quantize_affine(w, r.qdtype, qp.block_size, qp.scale, qp.zero_point,
                                 zero_point_domain=qp.zero_point_domain, stochastic=self.generator is not None,
                                 generator=self.generator, check_finite=False, name=self.name)
@@ -90,8 +94,8 @@ class WeightFakeQuantizer:
             inside = inside_grid(w, codes, r.qdtype, qp.block_size, scale, qp.zero_point, qp.zero_point_domain)
         return fake, inside
 
-    def __call__(self, weight: torch.Tensor) -> torch.Tensor:
-        fake, inside = self.values(weight)
+    def __call__(self, weight: torch.Tensor, qparams_from: torch.Tensor | None = None) -> torch.Tensor:
+        fake, inside = self.values(weight, qparams_from)
         return _StraightThrough.apply(weight, fake, inside)
 
 

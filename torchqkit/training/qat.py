@@ -24,6 +24,7 @@ from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .fake_quantize import WeightFakeQuantizer
 from .fake_quantized_linear import FakeQuantizedLinear, QATState, fake_quantized_class
 from .qat_config import QATConfig
+from .sparse_training import SparseTrainingLinear, prepare_sparse_qat
 
 __all__ = ["prepare_qat_", "convert_qat_", "is_qat_prepared"]
 
@@ -36,6 +37,9 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
     state-dict keys stay), whose forward fake-quantizes the weight exactly as ``quantize_`` would store it. It plans
     with ``quantize_``'s own first phase, so it selects exactly the layers ``convert_qat_`` will quantize, with the
     same per-module configs and tied-weight rules. Train the model as usual, then call ``convert_qat_``.
+    On a model ``prepare_sparse_`` prepared, the sparse layers instead train towards their SparsityConfig's
+    ``base`` (``config.base`` must equal it) under their N:M masks, and ``convert_sparse_`` converts them (Note
+    [Sparse quantization-aware training]); the other layers stay float.
 
     Args:
         model (torch.nn.Module): the float model, changed in place.
@@ -68,6 +72,9 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
         raise TypeError(f"prepare_qat_ takes a QATConfig, got {type(config).__name__}"
                         + (f"; wrap it: QATConfig({type(config).__name__}(...))" if hasattr(config, "describe") else ""))
     modules = dict(model.named_modules())
+    # sparse-prepared layers train towards their SparsityConfig's base: Note [Sparse quantization-aware training]
+    if any(isinstance(m, SparseTrainingLinear) for m in modules.values()):
+        return prepare_sparse_qat(model, config, filter_fn)
     _refuse_quantized_or_prepared(modules)
     configs = as_module_configs(config.base)
     _check_emulable(configs, modules, filter_fn, config.stochastic_rounding)
@@ -148,6 +155,11 @@ def convert_qat_(model: nn.Module) -> QuantizationReport:
         ```
     """
     prepared = {fqn: m for fqn, m in model.named_modules() if isinstance(m, FakeQuantizedLinear)}
+    sparse = [fqn for fqn, m in model.named_modules() if isinstance(m, SparseTrainingLinear) and m.sparse.quantizer]
+    if sparse and not prepared:
+        raise ValueError(f"convert_qat_: {sparse[0]}{' and others' if len(sparse) > 1 else ''} train sparse and "
+                         f"quantization-aware (prepare_sparse_, then prepare_qat_); convert_sparse_(model) stores "
+                         f"them in NMSparseLayout with their base config")
     if not prepared:
         raise ValueError("convert_qat_: no layer of this model was prepared for quantization-aware training; call "
                          "prepare_qat_(model, QATConfig(...)) before training, then convert_qat_(model)")

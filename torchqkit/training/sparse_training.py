@@ -15,6 +15,17 @@ pruned weights towards 0 (Zhou et al., 2021). E is all ones (dense training) bef
 magnitude mask ``quantize_`` would keep). A step is one forward of the prepared model in training mode with
 gradients enabled (count micro-batches: with gradient accumulation over k micro-batches, multiply the step
 arguments by k). Evaluation forwards use the current mask and don't count.
+
+Note [Sparse quantization-aware training]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+``prepare_qat_`` on a sparse-prepared model trains the kept values towards the SparsityConfig's ``base`` as well:
+the forward fake-quantizes the masked weight exactly as ``convert_sparse_`` will store it in NMSparseLayout (scales
+and zero points chosen on the masked weight with each pruned entry filled by a kept value of its block, Note
+[Sparse qparams]; the layout's stored scales), and the pruned entries are exactly 0. Gradients stay
+straight-through at every entry, pruned ones included (the exact zeros are subtracted outside autograd), so masks
+keep moving while the kept values learn the grid. Before ``start_step`` the dense weight is fake-quantized with the
+same recipe. ``convert_sparse_`` then stores weights that dequantize to the last training forward's fake-quantized
+weights bit for bit.
 """
 from __future__ import annotations
 
@@ -24,11 +35,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..algorithms.nm_masks import fill_pruned
 from ..api.configs.sparsity import SparsityConfig
-from ..api.quantize import quantize_
+from ..api.quantize import plan_quantize, quantize_
+from ..api.quantize_weight import UnsupportedWeight
 from ..api.report import QuantizationReport
+from ..api.sparsify import sparse_recipe
 from ..layouts.nm_format import nm_mask
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from .fake_quantize import WeightFakeQuantizer
 from .fake_quantized_linear import FakeQuantizedLinear
 
 __all__ = ["prepare_sparse_", "convert_sparse_", "SparseTrainingLinear"]
@@ -56,6 +71,7 @@ class SparseTrainingState:
     decay: float
     mask: torch.Tensor | None = None    # None: dense (before start_step)
     updated_at: int = field(default=-1)
+    quantizer: WeightFakeQuantizer | None = None  # prepare_qat_ on top: Note [Sparse quantization-aware training]
 
 
 class _MaskedWeight(torch.autograd.Function):
@@ -118,8 +134,14 @@ class SparseTrainingLinear(nn.Linear):
             state.mask = magnitude_nm_mask(self.weight, n, m)
             state.updated_at = schedule.step
         if state.mask is None:
-            return F.linear(x, self.weight, self.bias)
-        return F.linear(x, _MaskedWeight.apply(self.weight, state.mask, state.decay), self.bias)
+            weight = self.weight if state.quantizer is None else state.quantizer(self.weight)
+            return F.linear(x, weight, self.bias)
+        weight = _MaskedWeight.apply(self.weight, state.mask, state.decay)
+        if state.quantizer is not None:
+            filled = fill_pruned(weight.detach(), state.mask, state.config.pattern[1])
+            fake = state.quantizer(weight, qparams_from=filled)
+            weight = fake - (fake * ~state.mask).detach()  # pruned entries exactly 0, gradients unchanged
+        return F.linear(x, weight, self.bias)
 
 
 _CLASSES: dict[type, type] = {}
@@ -192,9 +214,13 @@ def prepare_sparse_(model: nn.Module, config: SparsityConfig, *, start_step: int
     tied = _tied_output_weights(model)
     chosen = []
     for fqn, module in model.named_modules():
-        if isinstance(module, (SparseTrainingLinear, FakeQuantizedLinear)):
-            what = "sparse-prepared" if isinstance(module, SparseTrainingLinear) else "QAT-prepared"
-            raise ValueError(f"prepare_sparse_: {fqn} is {what} already; convert it first (the model is unchanged)")
+        if isinstance(module, SparseTrainingLinear):
+            raise ValueError(f"prepare_sparse_: {fqn} is sparse-prepared already; convert it first (the model is "
+                             f"unchanged)")
+        if isinstance(module, FakeQuantizedLinear):
+            raise ValueError(f"prepare_sparse_: {fqn} is QAT-prepared; to train sparse and quantization-aware, start "
+                             f"from the float model: prepare_sparse_(model, SparsityConfig(pattern, base=<config>)) "
+                             f"first, then prepare_qat_(model, QATConfig(<the same config>)) (the model is unchanged)")
         weight = getattr(module, "weight", None)
         if isinstance(weight, AffineQuantizedTensor):
             raise ValueError(f"prepare_sparse_: {fqn}.weight is quantized; sparse training needs the float model "
@@ -273,9 +299,49 @@ def convert_sparse_(model: nn.Module) -> QuantizationReport:
             m.weight.data, m.__class__ = data, cls
         raise
     for _, m in prepared:
-        del m.sparse
+        del m.sparse  # the fake quantizer too, if prepare_qat_ added one
     hook = getattr(model, "_torchqkit_sparse_step_hook", None)
     if hook is not None:
         hook.remove()
         del model._torchqkit_sparse_step_hook
+    return report
+
+
+def prepare_sparse_qat(model: nn.Module, config, filter_fn=None) -> QuantizationReport:
+    """``prepare_qat_(model, config)`` on a model ``prepare_sparse_`` prepared: its sparse-prepared layers (those
+    ``filter_fn`` selects) also train through fake quantization towards the SparsityConfig's ``base``, which
+    ``config.base`` must equal (Note [Sparse quantization-aware training]); other layers stay float, as
+    ``convert_sparse_`` leaves them. Returns the report ``convert_sparse_`` would give. Nothing changes on error."""
+    layers = [(fqn, m) for fqn, m in model.named_modules()
+              if isinstance(m, SparseTrainingLinear) and (filter_fn is None or filter_fn(m, fqn))]
+    if not layers:
+        raise ValueError("prepare_qat_: filter_fn selects none of the model's sparse-prepared layers (the model is "
+                         "unchanged)")
+    sparsity = layers[0][1].sparse.config
+    if sparsity.base is None:
+        raise ValueError(f"prepare_qat_: {layers[0][0]} was prepared by prepare_sparse_ with "
+                         f"SparsityConfig(base=None): its kept values stay float, so there is no format to train "
+                         f"towards. Prepare the float "
+                         f"model with prepare_sparse_(model, SparsityConfig({sparsity.pattern}, base=<config>)) (the "
+                         f"model is unchanged)")
+    if config.base != sparsity.base:
+        raise ValueError(f"prepare_qat_: QATConfig({config.base.describe()}) differs from the base the sparse layers "
+                         f"will be stored with, {sparsity.base.describe()} (SparsityConfig.base); pass "
+                         f"QATConfig(<that config>) (the model is unchanged)")
+    if config.stochastic_rounding:
+        raise ValueError("prepare_qat_: stochastic_rounding is not available for sparse-prepared layers; use "
+                         "QATConfig(..., stochastic_rounding=False) (the model is unchanged)")
+    recipes = []
+    for fqn, m in layers:
+        if m.sparse.quantizer is not None:
+            raise ValueError(f"prepare_qat_: {fqn} is already prepared for quantization-aware training (the model is "
+                             f"unchanged)")
+        try:
+            recipes.append(sparse_recipe(sparsity, m.weight, f"{fqn}.weight"))
+        except UnsupportedWeight as e:
+            raise ValueError(f"prepare_qat_: {e} (the model is unchanged)") from None
+    names = {fqn for fqn, _ in layers}
+    report, _ = plan_quantize(model, sparsity, filter_fn=lambda module, fqn: fqn in names)
+    for (fqn, m), recipe in zip(layers, recipes):
+        m.sparse.quantizer = WeightFakeQuantizer(recipe, clipped=config.grad == "clipped_ste", name=f"{fqn}.weight")
     return report
