@@ -18,6 +18,11 @@ codes exactly; a config with no exact GGUF type, e.g. NF4, gets no llama.cpp row
 tokenizer, decoded by peer_llama_cpp.py with the same thread count and token counts. Its prompt is the placeholder
 tokenizer's reading of a short text, not the ids above, so the routed experts differ from torchqkit's run (same
 shapes and bytes per expert).
+
+Dense reference (case "dense, same active"): a random Qwen3 (dense) model with the MoE's attention, layers and
+vocabulary and an MLP of num_experts_per_tok x moe_intermediate_size (4 x 640 = 2560), i.e. the parameters one
+token of the MoE uses, quantized with each config and decoded the same way: the MoE's time per token over this
+model's is what routing and the expert stacks cost (the target: within 1.3x). --no-dense leaves it out.
 """
 from __future__ import annotations
 
@@ -56,6 +61,7 @@ def _args(argv):
     p.add_argument("--new-tokens", type=int, default=32, help="tokens decoded per run (default: %(default)s)")
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt length (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs after a warm-up (default: %(default)s)")
+    p.add_argument("--no-dense", action="store_true", help="skip the dense model with the same active parameters")
     peers.add_option(p)
     args, rec = cli.start(GROUP, p, argv)
     cli.quick(args, argv, new_tokens=4, repeats=1, prompt_tokens=4)
@@ -73,6 +79,17 @@ def random_moe(quick: bool) -> torch.nn.Module:
     config = transformers.Qwen3MoeConfig(**(QUICK_SHAPE if quick else SHAPE), decoder_sparse_step=1,
                                          mlp_only_layers=[], tie_word_embeddings=False, norm_topk_prob=True)
     return transformers.Qwen3MoeForCausalLM(config).eval()
+
+
+def random_dense_same_active(quick: bool) -> torch.nn.Module:
+    """A random Qwen3 with the MoE's attention, layers and vocabulary and one MLP as wide as the experts a token
+    uses (num_experts_per_tok x moe_intermediate_size): the dense model with the MoE's active parameters."""
+    import transformers
+    torch.manual_seed(0)
+    shape = dict(QUICK_SHAPE if quick else SHAPE)
+    shape["intermediate_size"] = shape.pop("num_experts_per_tok") * shape.pop("moe_intermediate_size")
+    shape.pop("num_experts")
+    return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shape, tie_word_embeddings=False)).eval()
 
 
 class RoutedBytes:
@@ -109,14 +126,16 @@ def measure(model, ids, args) -> dict:
     loop = DecodeLoop(model, ids, args.new_tokens, decode="generate")
     loop.run()  # warm-up
     routed = RoutedBytes(model)
-    durations = []
-    for _ in range(args.repeats):
-        times = loop.run()
-        durations.append((times[-1] - times[0]) / (len(times) - 1))
+    per_token = median_seconds_per_token(loop, args.repeats)
     routed.close()
     steps = args.repeats * (args.new_tokens - 1)  # the first token comes from the prefill
-    durations.sort()
-    return {"s_per_token": durations[len(durations) // 2], "routed_mb": routed.total / steps / 1e6}
+    return {"s_per_token": per_token, "routed_mb": routed.total / steps / 1e6}
+
+
+def median_seconds_per_token(loop, repeats: int) -> float:
+    """The median over `repeats` runs of a DecodeLoop of its seconds per decoded token (prefill excluded)."""
+    durations = sorted((t[-1] - t[0]) / (len(t) - 1) for t in (loop.run() for _ in range(repeats)))
+    return durations[len(durations) // 2]
 
 
 PEER_PROMPT = "ab " * 8  # the placeholder tokenizer's tokens: llama.cpp needs text to tokenize
@@ -146,6 +165,23 @@ def llama_cpp_row(rec, name, model, folder: Path, args) -> None:
     path.unlink()
 
 
+def dense_row(rec, name: str, model, ids, args) -> None:
+    """The dense model with the MoE's active parameters (random_dense_same_active) under config `name`."""
+    config = build(name)
+    if config is not None:
+        qk.quantize_(model, config)
+    print(f"[{GROUP}] {name} dense, same active", file=sys.stderr, flush=True)
+    loop = DecodeLoop(model, ids, args.new_tokens, decode="generate")
+    loop.run()  # warm-up
+    per_token = median_seconds_per_token(loop, args.repeats)
+    shape = {"model": "qwen3 dense random, the MoE's active parameters", "experts_impl": "-",
+             "new_tokens": args.new_tokens}
+    read = sum(tensor_bytes(p) for n, p in model.named_parameters() if "embed_tokens" not in n) / 1e6
+    for metric, value, unit in (("decode", 1 / per_token, "tok/s"), ("per token", 1e3 * per_token, "ms"),
+                                ("weights read per token", read, "MB")):
+        rec.add("dense, same active", name, shape, metric, value, unit)
+
+
 def main(argv=None) -> int:
     args, rec = _args(argv)
     base = random_moe(args.quick)
@@ -172,6 +208,8 @@ def main(argv=None) -> int:
                 rec.add("generate", name, shape, metric, value, unit)
         llama_cpp_row(rec, name, model, folder, args)
         del model
+        if not args.no_dense:
+            dense_row(rec, name, random_dense_same_active(args.quick), ids, args)
     shutil.rmtree(folder, ignore_errors=True)
     rec.print_table()
     return 0
