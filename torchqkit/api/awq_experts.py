@@ -22,6 +22,10 @@ with the base config and the stack built as usual. An expert that got no calibra
 s_e, no clipping, round-to-nearest of its (shared-scaled) weight, named in the report. ``down_proj`` is calibrated
 by AWQ only together with its module's ``gate_up_proj`` (its fold target); the same structures as GPTQ's are known
 (Qwen3-MoE, Mixtral, OLMoE: gate_up_proj / down_proj with an act_fn, untransposed, no biases).
+
+Memory: about ``CalibrationData.max_rows`` sampled rows per expert of each input (hidden H and intermediate I
+features, float32), for one experts module at a time: E x max_rows x (H + I) x 4 bytes (Qwen3-30B-A3B with the
+default 1024 rows: 128 x 1024 x 2816 x 4 = 1.4 GiB), freed before the next block.
 """
 from __future__ import annotations
 
@@ -91,14 +95,15 @@ class _Stats:
                 if not 0 <= e < self.count:  # some implementations pad with index E: no expert
                     continue
                 rows = x[(index == e).any(dim=-1)]
-                self._stats(self.x, e, rows.shape[-1]).add(rows)
+                expected = max(1, self.total * index.shape[-1] // self.count)  # an expert's share of the rows
+                self._stats(self.x, e, rows.shape[-1], expected).add(rows)
                 if self.down:
                     h = expert_intermediate(module, e, rows)
-                    self._stats(self.h, e, h.shape[-1]).add(h)
+                    self._stats(self.h, e, h.shape[-1], expected).add(h)
 
-    def _stats(self, table, e, k) -> InputStats:
-        if e not in table:
-            table[e] = InputStats(k, self.total, max_rows=self.max_rows, seed=e)
+    def _stats(self, table, e, k, expected) -> InputStats:
+        if e not in table:  # sampling about max_rows of the rows this expert is expected to get
+            table[e] = InputStats(k, expected, max_rows=self.max_rows, seed=e)
         return table[e]
 
 
