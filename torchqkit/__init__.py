@@ -39,7 +39,7 @@ from .training import (FakeQuantizedLinear, Float8TrainingLinear, LoRALinear, QA
                        add_lora_, convert_qat_, convert_sparse_, enable_float8_training_, float8_training_status,
                        prepare_qat_, prepare_sparse_)
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
-from .distributed import ShardingError, shard_multiple
+from .distributed import ShardingError, parallelize_experts_, shard_multiple
 from .kvcache import KVCacheConfig
 
 from .version import __version__
@@ -73,7 +73,7 @@ _PUBLIC = {
     "training": ["QATConfig", "prepare_qat_", "convert_qat_", "FakeQuantizedLinear", "add_lora_", "LoRALinear",
                  "enable_float8_training_", "float8_training_status", "Float8TrainingLinear", "prepare_sparse_",
                  "convert_sparse_", "SparseTrainingLinear"],
-    "distributed": ["shard_multiple"],
+    "distributed": ["shard_multiple", "parallelize_experts_"],
     "KV cache": ["KVCacheConfig", "QuantizedKVCache"],
     "errors and warnings": ["QuantizationError", "CheckpointError", "GGUFError", "ShardingError", "RotationError",
                             "UnsupportedOpError", "UnsupportedWeightError", "KernelsMissingWarning"],

@@ -117,12 +117,13 @@ def test_logits_equal_the_dequantized_float_model_and_routers_stay_float():
             torch.testing.assert_close(model(b).logits, float_model(b).logits, atol=2e-5, rtol=0)
 
 
-def test_awq_experts_refused_strict_leaves_model_alone():
+def test_smoothquant_experts_refused_strict_leaves_model_alone():
     model = tiny_moe("qwen3_moe")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    with pytest.raises(qk.QuantizationError, match=r"model\.layers\.0\.mlp\.experts\.gate_up_proj: AWQConfig needs "
-                                                   r"calibration data, and only GPTQConfig calibrates expert"):
-        qk.quantize_(model, _experts(qk.AWQConfig(BASE)), calibration_data=BATCHES[:1], strict=True)
+    with pytest.raises(qk.QuantizationError, match=r"model\.layers\.0\.mlp\.experts\.gate_up_proj: SmoothQuantConfig "
+                                                   r"needs calibration data, and only GPTQConfig and AWQConfig "
+                                                   r"calibrate expert"):
+        qk.quantize_(model, _experts(qk.SmoothQuantConfig()), calibration_data=BATCHES[:1], strict=True)
     for n, p in model.named_parameters():
         assert torch.equal(p, before[n]), n
 

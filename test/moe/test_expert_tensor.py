@@ -51,6 +51,22 @@ def test_select_is_a_view_and_dequantizes_like_the_expert(weight, name):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
+def test_a_range_of_experts_is_a_stack_of_views(weight, name):
+    """w[a:b]: whole experts (what an expert-parallel rank keeps), views of the stack's packed tensors."""
+    stack = quantize_experts(CONFIGS[name], weight, "experts")
+    part = stack[1:3]
+    assert isinstance(part, qk.AffineQuantizedTensor) and part.shape == (2, N, K) and part.is_experts
+    for t, s in zip(_inner(part), _inner(stack)):
+        assert t.data_ptr() == s[1].data_ptr() and t.is_contiguous()
+    assert torch.equal(part.dequantize(), stack.dequantize()[1:3])
+    assert stack[3:].shape == (1, N, K) and stack[:0].shape == (0, N, K)
+    with pytest.raises(IndexError, match=r"only a range of whole experts \(dim 0, step 1\)"):
+        stack[0:4:2]
+    with pytest.raises(IndexError, match=r"slice\(dim=1, step=1\) of a quantized expert stack"):
+        stack[:, :8]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
 def test_linear_on_an_expert_runs_its_layout_kernel(weight, name):
     stack = quantize_experts(CONFIGS[name], weight, "experts")
     x = torch.randn(3, K)

@@ -16,23 +16,36 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["awq_scales", "awq_clip"]
+__all__ = ["awq_scales", "awq_clip", "CLIP_ROWS"]
 
 FakeQuantize = Callable[[torch.Tensor], torch.Tensor]
 
+# The clipping search scores every (row, group) at 11 ratios: on this many sampled token rows (AutoAWQ: 512)
+CLIP_ROWS = 512
 
-def awq_scales(x: torch.Tensor, mean_abs: torch.Tensor, weights: Sequence[torch.Tensor],
+
+def awq_scales(x: torch.Tensor | Sequence[torch.Tensor], mean_abs: torch.Tensor, weights: Sequence[torch.Tensor],
                fake_quantizers: Sequence[FakeQuantize], n_grid: int = 20) -> tuple[torch.Tensor, float]:
-    """(s (K,), the chosen ratio r) for Linears of weights (N_i, K) sharing input rows x (T, K)."""
-    x = x.float()
-    ref = torch.cat([x @ w.float().t() for w in weights], dim=1)
+    """(s (K,), the chosen ratio r) for Linears of weights (N_i, K) sharing input rows x (T, K), or, with ``x`` a
+    sequence, each weight i meeting its own rows x[i] (T_i, K): the experts of a MoE layer, each on the tokens
+    routed to it. The objective is the squared output error summed over every weight's rows."""
+    shared = isinstance(x, torch.Tensor)
+    xs = [x.float()] if shared else [t.float() for t in x]
+    refs = [torch.cat([xs[0] @ w.float().t() for w in weights], dim=1)] if shared else \
+        [t @ w.float().t() for t, w in zip(xs, weights)]
+    count = max(sum(r.numel() for r in refs), 1)
     best = (float("inf"), None, 0.0)
     for i in range(n_grid):
         r = i / n_grid
         s = mean_abs.float().pow(r).clamp(min=1e-4)
         s = s / (s.max() * s.min()).sqrt()  # keep the product of scales near 1: the norms and weights stay in range
-        out = torch.cat([(x / s) @ fq(w.float() * s).float().t() for w, fq in zip(weights, fake_quantizers)], dim=1)
-        loss = float((out - ref).square().mean())
+        if shared:
+            out = torch.cat([(xs[0] / s) @ fq(w.float() * s).float().t() for w, fq in zip(weights, fake_quantizers)],
+                            dim=1)
+            loss = float((out - refs[0]).square().mean())
+        else:
+            loss = sum(float(((t / s) @ fq(w.float() * s).float().t() - ref).square().sum())
+                       for t, w, fq, ref in zip(xs, weights, fake_quantizers, refs)) / count
         if loss < best[0]:
             best = (loss, s, r)
     return best[1], best[2]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..algorithms.awq import awq_clip, awq_scales
+from ..algorithms.awq import CLIP_ROWS, awq_clip, awq_scales
 from ..progress import ProgressLine, progress_enabled
 from ..algorithms.blockwise import (capture_block_inputs, check_finite_activation, find_blocks,
                                     run_block)
@@ -38,6 +38,9 @@ from ..core.granularity import PerTensor
 from ..core.qdtype import int8
 from ..tensor.activation import ActivationQuantSpec
 from ..tensor.affine_quantized_tensor import INPUT_SCALE, AffineQuantizedTensor
+from .block_edits import Undo as _Undo, block_output as _block_output, fold_scales as _fold, is_norm as _is_norm
+from .block_edits import same_function as _same_function
+from .awq_experts import awq_experts
 from .calibrate_experts import calibrate_experts, expert_targets, router_fqns
 from .calibration_grid import ConfigGrid
 from .configs.base import handler_for
@@ -52,10 +55,6 @@ __all__ = ["CalibrationData", "CalibrationPlan", "calibrate_model"]
 # AWQ's clipping search skips attention query / key projections: their errors pass through softmax, which
 # the output-error objective of one Linear doesn't see (AutoAWQ skips them too).
 _NO_CLIP = ("q_proj", "k_proj", "query", "key")
-
-
-# AWQ's clipping search scores every (row, group) at 11 ratios: on this many sampled token rows (AutoAWQ: 512)
-CLIP_ROWS = 512
 
 
 @dataclass
@@ -102,34 +101,11 @@ class CalibrationPlan:
             setattr(module, attr, param)
 
 
-class _Undo:
-    """Parameters replaced during calibration, restored at the end."""
-
-    def __init__(self):
-        self.saved: dict[tuple[int, str], tuple[nn.Module, str, nn.Parameter]] = {}
-
-    def set(self, module: nn.Module, attr: str, value: torch.Tensor) -> None:
-        self.saved.setdefault((id(module), attr), (module, attr, getattr(module, attr)))
-        setattr(module, attr, nn.Parameter(value, requires_grad=False))
-
-    def adopt(self, other: "_Undo") -> None:
-        """Take over ``other``'s changes (the originals recorded first stay the ones restored)."""
-        for key, entry in other.saved.items():
-            self.saved.setdefault(key, entry)
-
-    def restore(self) -> list[tuple[nn.Module, str, nn.Parameter]]:
-        """Put every original back; return what was there instead, (module, attr, new value)."""
-        changed = []
-        for module, attr, original in self.saved.values():
-            changed.append((module, attr, getattr(module, attr)))
-            setattr(module, attr, original)
-        return changed
-
-
 def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: ModuleConfigs, selected,
                     calibration_data, expert_filter=None) -> CalibrationPlan:
     """The quantized weights (and folded float parameters) of every selected Linear inside the model's decoder
-    blocks, and of expert Parameters with a GPTQ config (Note [Expert calibration], calibrate_experts.py; selected
+    blocks, and of expert Parameters with a GPTQ or AWQ config (Note [Expert calibration], calibrate_experts.py;
+    Note [AWQ of expert Parameters], awq_experts.py; selected
     by ``expert_filter`` when given), when some config needs calibration data; an empty plan otherwise (data, if
     any, is ignored)."""
     exact = set(configs.exact_keys())
@@ -165,8 +141,13 @@ def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: Mo
             if linears:
                 _calibrate_block(block, prefix, linears, inputs, data, plan, undo, shared)
             stacks = {fqn: t for fqn, t in experts.items() if _inside(fqn, prefix)}
+            awq = {fqn: t for fqn, t in stacks.items() if isinstance(t[1], AWQConfig)}
             if stacks:  # after the block's Linears: the experts see the quantized attention's outputs
-                calibrate_experts(block, stacks, inputs, plan, undo)
+                if awq:
+                    awq_experts(block, prefix, awq, inputs, plan, undo, sum(_rows(inp) for inp in inputs),
+                                data.max_rows)
+                if len(awq) < len(stacks):
+                    calibrate_experts(block, {f: t for f, t in stacks.items() if f not in awq}, inputs, plan, undo)
             inputs = run_block(block, inputs) if i + 1 < len(blocks) else []
             progress.update(i + 1, f"({len(linears)} Linears, {len(stacks)} expert Parameters)")
         progress.close()
@@ -310,13 +291,6 @@ def _output_recorder(store, fqn):
     return hook
 
 
-def _is_norm(m: nn.Module) -> bool:
-    """An elementwise affine norm (LayerNorm, RMSNorm): y = normalize(x) * weight (+ bias)."""
-    w = getattr(m, "weight", None)
-    return (isinstance(w, torch.Tensor) and w.dim() == 1 and not isinstance(m, (nn.Linear, nn.Embedding))
-            and "norm" in type(m).__name__.lower())
-
-
 def _mlp_up_proj(fqn, linears, block, prefix):
     """A gated MLP's down_proj reads act(gate_proj(x)) * up_proj(x): its input scales fold into up_proj's rows,
     unless rotate_ rotates down_proj's input on every call (a channel of up_proj is no channel of down_proj then)."""
@@ -374,18 +348,6 @@ def _alpha(config) -> float | None:
     return getattr(config, "smoothing", None)
 
 
-def _block_output(block, inp) -> torch.Tensor:
-    out = run_block(block, [inp])[0]
-    out = out.args[0] if out.args else next(iter(out.kwargs.values()))
-    # a whole model's output: a ModelOutput / dict (logits, embeddings, ...): its first tensor
-    return next(v for v in out.values() if isinstance(v, torch.Tensor)) if isinstance(out, dict) else out
-
-
-def _same_function(out: torch.Tensor, reference: torch.Tensor) -> bool:
-    """Folding scales must leave the float block's function alone (up to float rounding, ~1e-7 relative)."""
-    return bool((out - reference).norm() <= 1e-4 * reference.norm())
-
-
 def _scale_group(g: _Group, linears, undo: _Undo, unchanged, shared: set[int]) -> None:
     kind, alone = _scaler(g, linears)
     if kind is None:
@@ -427,16 +389,6 @@ def _scale_group(g: _Group, linears, undo: _Undo, unchanged, shared: set[int]) -
                   f"model: its output feeds more than these Linears)")
         return
     undo.adopt(mine)
-
-
-def _fold(target: nn.Module, s: torch.Tensor, undo: _Undo) -> None:
-    """x / s: a norm's weight (and bias) divided by s, or a Linear's output rows (and bias)."""
-    w = target.weight.detach()
-    scaled = (w.float() / s.unsqueeze(1)) if isinstance(target, nn.Linear) else (w.float() / s)
-    undo.set(target, "weight", scaled.to(w.dtype))
-    bias = getattr(target, "bias", None)
-    if isinstance(bias, torch.Tensor):
-        undo.set(target, "bias", (bias.detach().float() / s).to(bias.dtype))
 
 
 # ------------------------------------------------------------------------------------------------ quantize

@@ -38,25 +38,27 @@ from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from ..tensor.experts import stack_experts
 from .calibration_grid import ConfigGrid
 from .configs.base import handler_for
-from .configs.calibrated import GPTQConfig
+from .configs.calibrated import AWQConfig, GPTQConfig
 from .expert_weights import ROUTER_NAMES, ExpertParameter, expert_parameters, is_experts_module
 from .quantize_weight import UnsupportedWeight
 
-__all__ = ["expert_targets", "router_fqns", "calibrate_experts"]
+__all__ = ["expert_targets", "router_fqns", "calibrate_experts", "structure_problem", "routing",
+           "expert_intermediate"]
 
 # calibrated in this order within a block: down_proj's inputs depend on gate_up_proj
 _ORDER = ("gate_up_proj", "down_proj")
 
 
 def expert_targets(modules: dict[str, nn.Module], configs, expert_filter) -> dict[str, tuple[ExpertParameter, object]]:
-    """Expert Parameters whose config is a GPTQConfig (others that need data stay refused by expert_weights)."""
+    """Expert Parameters whose config is a GPTQConfig or an AWQConfig (Note [AWQ of expert Parameters],
+    awq_experts.py); others that need data stay refused by expert_weights."""
     exact = set(configs.exact_keys())
     found = {}
     for p in expert_parameters(modules):
         if expert_filter is not None and p.fqn not in exact and not expert_filter(p.module, p.fqn):
             continue
         config = configs.lookup(p.fqn)[1]
-        if isinstance(config, GPTQConfig):
+        if isinstance(config, (GPTQConfig, AWQConfig)):
             found[p.fqn] = (p, config)
     return found
 
@@ -81,7 +83,7 @@ def calibrate_experts(block: nn.Module, targets: dict[str, tuple[ExpertParameter
         stage = {fqn: t for fqn, t in targets.items() if t[0].attr == attr}
         stats = {}
         for fqn, (p, _) in stage.items():
-            problem = _structure_problem(p)
+            problem = structure_problem(p)
             if problem is not None:
                 plan.weights[fqn] = UnsupportedWeight(problem)
             else:
@@ -106,24 +108,26 @@ def calibrate_experts(block: nn.Module, targets: dict[str, tuple[ExpertParameter
         stats.clear()  # free this Parameter's Hessians before the next stage
 
 
-def _structure_problem(p: ExpertParameter) -> str | None:
+def structure_problem(p: ExpertParameter, method: str = "GPTQ") -> str | None:
+    """Why ``method`` can't calibrate expert Parameter ``p`` (its module's structure), or None."""
     m = p.module
     if p.attr not in _ORDER:
-        return f"GPTQ calibrates an experts module's gate_up_proj and down_proj, not {p.attr}"
+        return f"{method} calibrates an experts module's gate_up_proj and down_proj, not {p.attr}"
     if (getattr(m, "is_transposed", False) or not isinstance(getattr(m, "gate_up_proj", None), torch.Tensor)
             or not callable(getattr(m, "act_fn", None))
             or any(n.endswith("_bias") and t is not None for n, t in m._parameters.items())):
-        return (f"GPTQ of expert Parameters knows experts computing down_proj(act_fn(gate) * up) with untransposed "
+        return (f"{method} of expert Parameters knows experts computing down_proj(act_fn(gate) * up) with untransposed "
                 f"gate_up_proj / down_proj and no biases (Qwen3-MoE, Mixtral, OLMoE); {type(m).__name__} is "
                 f"another structure: give {p.fqn} a weight-only config (ModuleConfigs)")
     return None
 
 
-def _routing(args, kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+def routing(args, kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden_states, top_k_index) of a call of an experts module."""
     names = ("hidden_states", "top_k_index")
     values = list(args[:2]) + [kwargs[n] for n in names[len(args[:2]):] if n in kwargs]
     if len(values) < 2:
-        raise ValueError("GPTQ of expert Parameters: the experts module was called without (hidden_states, "
+        raise ValueError("calibrating expert Parameters: the experts module was called without (hidden_states, "
                          "top_k_index); only transformers' experts call convention is known")
     return values[0], values[1]
 
@@ -137,7 +141,7 @@ class _ExpertInputs:
         self.hessians: dict[int, HessianAccumulator] = {}  # allocated for experts that get tokens only
 
     def hook(self, module, args, kwargs):
-        hidden, index = _routing(args, kwargs)
+        hidden, index = routing(args, kwargs)
         x = hidden.detach().reshape(-1, hidden.shape[-1])
         index = index.reshape(x.shape[0], -1)
         with torch.no_grad():
@@ -146,19 +150,21 @@ class _ExpertInputs:
                     continue
                 rows = x[(index == e).any(dim=-1)]
                 if self.p.attr == "down_proj":
-                    rows = self._intermediate(module, e, rows)
+                    rows = expert_intermediate(module, e, rows)
                 h = self.hessians.get(e)
                 if h is None:
                     h = self.hessians[e] = HessianAccumulator(rows.shape[-1], device=rows.device)
                 h.add(rows)
 
-    @staticmethod
-    def _intermediate(module, e: int, x: torch.Tensor) -> torch.Tensor:
-        w = module.gate_up_proj[e]
-        if isinstance(w, AffineQuantizedTensor):
-            w = w.dequantize(torch.float32)
-        gate, up = F.linear(x.float(), w.float()).chunk(2, dim=-1)
-        return module.act_fn(gate) * up
+
+
+def expert_intermediate(module, e: int, x: torch.Tensor) -> torch.Tensor:
+    """down_proj[e]'s input for rows x routed to expert e: act_fn(gate) * up from the module's gate_up_proj[e]."""
+    w = module.gate_up_proj[e]
+    if isinstance(w, AffineQuantizedTensor):
+        w = w.dequantize(torch.float32)
+    gate, up = F.linear(x.float(), w.float()).chunk(2, dim=-1)
+    return module.act_fn(gate) * up
 
 
 def _gptq_stack(s: _ExpertInputs, config: GPTQConfig):

@@ -6,21 +6,28 @@
 vLLM, SGLang and transformers (with the ``compressed-tensors`` package) load the directory without torchqkit.
 Each quantized weight is written in its exact compressed-tensors form (compressed_tensors_schemes.py); weights
 with the same scheme share one config group, whose ``targets`` are their module names; every other tensor is
-written as it is, and Linear modules left in float are listed in ``ignore``. Everything is checked before anything
-is written: one ValueError names every weight that has no exact form, its layout, and the configs that have one.
-The two files are each written atomically (Note [Atomic saves] in serialization/atomic.py), the tensors first.
+written as it is, and Linear modules left in float are listed in ``ignore``. A mixture-of-experts model's expert
+stacks are written as per-expert Linears under the names transformers' ``save_pretrained`` gives them, every other
+tensor under its saved name too (Note [Expert stacks in compressed-tensors], compressed_tensors_experts.py).
+Everything is checked before anything is written: one ValueError names every weight that has no exact form, its
+layout, and the configs that have one. The two files are each written atomically (Note [Atomic saves] in
+serialization/atomic.py), the tensors first.
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from torch import nn
 
 from ..files.atomic_write import atomic_write_bytes, fsync_directory, replace_temp
 from ..serialization.safetensors_file import SafetensorsWriter
+from ..api.expert_weights import expert_parameters
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from .checkpoint_names import checkpoint_names
+from .compressed_tensors_experts import PieceExport, piece_targets, plan_expert_pieces
 from .compressed_tensors_schemes import MAPPABLE_CONFIGS, ct_scheme, ct_tensors
 
 __all__ = ["save_compressed_tensors", "CompressedTensorsExport", "run_compressed_tensors_export"]
@@ -60,7 +67,9 @@ def save_compressed_tensors(model: nn.Module, directory) -> CompressedTensorsExp
     ``pack-quantized``; int8 weights with int8 dynamic per-token activations ``int-quantized``; float8_e4m3fn
     weights (with or without float8 activations) ``float-quantized``; MXFP4 weight-only ``mxfp4-pack-quantized``;
     NVFP4 weight-only ``nvfp4-pack-quantized``.
-    Other tensors are written as they are.
+    Other tensors are written as they are. Quantized expert stacks of a mixture-of-experts model (Qwen3-MoE,
+    Mixtral, OLMoE, ...) become one Linear per expert and projection, named as transformers' ``save_pretrained``
+    names them (``model.layers.0.mlp.experts.3.gate_proj``), which is how vLLM and SGLang read MoE checkpoints.
 
     Args:
         model (transformers.PreTrainedModel): the model, quantized with ``quantize_`` (a ``torch.compile``-wrapped
@@ -74,8 +83,10 @@ def save_compressed_tensors(model: nn.Module, directory) -> CompressedTensorsExp
     Raises:
         TypeError: ``model`` is not a transformers ``PreTrainedModel``.
         ValueError: a quantized weight has no exact compressed-tensors form (one message names every such weight,
-            its format and layout, and the configs that map), the model has no quantized weight, or ``directory``
-            holds a sharded checkpoint's index. Nothing is written then.
+            its format and layout, and the configs that map; an expert stack by its first such expert Linear), the
+            model's experts have no per-expert checkpoint form (transformers saves them fused, as for gpt-oss), the
+            model has no quantized weight, or ``directory`` holds a sharded checkpoint's index. Nothing is written
+            then.
 
     Example:
         ```python
@@ -114,8 +125,14 @@ def save_compressed_tensors(model: nn.Module, directory) -> CompressedTensorsExp
     return export
 
 
-def _plan(model: nn.Module) -> dict[str, object]:
-    """module name -> CTScheme for every quantized weight; ValueError naming every one without an exact form."""
+class _Plan(NamedTuple):
+    linears: dict[str, object]                 # Linear module name -> CTScheme
+    experts: dict[str, list[PieceExport]]      # expert Parameter name -> its saved Linears
+    renames: dict[str, str]                    # state-dict key -> saved key, where transformers' save renames
+
+
+def _plan(model: nn.Module) -> _Plan:
+    """What every quantized weight becomes; ValueError naming every one without an exact form."""
     plan, refused = {}, []
     for name, module in model.named_modules():
         w = getattr(module, "weight", None)
@@ -130,13 +147,46 @@ def _plan(model: nn.Module) -> dict[str, object]:
                            f"{w.zero_point_domain.value}, {w.qlayout!r}): {scheme}")
         else:
             plan[name] = scheme
+    experts, renames = _plan_experts(model, refused)
     if refused:
         raise ValueError(f"save_compressed_tensors: {len(refused)} weight(s) have no exact compressed-tensors form, "
                          f"nothing was written:\n  " + "\n  ".join(refused) + f"\nOptions: {MAPPABLE_CONFIGS}")
-    if not plan:
+    if not plan and not any(p.scheme is not None for pieces in experts.values() for p in pieces):
         raise ValueError("save_compressed_tensors: the model has no quantized weight; quantize it with "
                          "torchqkit.quantize_ first (a float model is saved with its own save_pretrained)")
-    return plan
+    return _Plan(plan, experts, renames)
+
+
+def _plan_experts(model: nn.Module, refused: list) -> tuple[dict, dict]:
+    """Expert Parameters as the per-expert Linears transformers' save splits them into (Note [Expert stacks in
+    compressed-tensors]), and the saved name of every other tensor; refusals appended to ``refused``."""
+    params = expert_parameters(dict(model.named_modules()))
+    if not params:
+        return {}, {}  # no conversion to follow: every tensor under its own name
+    stacks = {p.fqn: getattr(p.module, p.attr) for p in params}
+    try:
+        names = checkpoint_names(model, {key: tuple(t.shape) for key, *_, t in _written(model)}, set(stacks))
+    except ValueError as e:
+        refused.append(f"the expert Parameters ({', '.join(sorted(stacks)[:2])}, ...): {e}")
+        return {}, {}
+    experts = {}
+    for fqn, stack in stacks.items():
+        experts[fqn], bad = plan_expert_pieces(fqn, stack, names.pieces[fqn])
+        refused.extend(bad)
+    return experts, {k: v for k, v in names.renames.items() if k != v}
+
+
+def _written(model: nn.Module):
+    """(state-dict key, module name, module, attribute, tensor) of everything written: each tensor once (tied ones
+    under their first name), persistent buffers only."""
+    seen = set()
+    for module_name, module in model.named_modules():
+        prefix = f"{module_name}." if module_name else ""
+        for attr, p in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+            if id(p) in seen or attr in module._non_persistent_buffers_set:
+                continue
+            seen.add(id(p))
+            yield prefix + attr, module_name, module, attr, p
 
 
 def _describe(scheme) -> str:
@@ -154,36 +204,49 @@ def _describe(scheme) -> str:
     return text + ", exact"
 
 
-def _tensors(model: nn.Module, plan: dict):
-    """(name, tensor, description) of everything written: each tensor once (tied ones under their first name)."""
-    seen = set()
-    for module_name, module in model.named_modules():
-        prefix = f"{module_name}." if module_name else ""
-        scheme = plan.get(module_name)
+def _tensors(model: nn.Module, plan: _Plan):
+    """(saved name, tensor, description) of everything written."""
+    for key, module_name, module, attr, p in _written(model):
+        if key in plan.experts:
+            for piece in plan.experts[key]:
+                if piece.scheme is None:
+                    yield f"{piece.module}.weight", piece.weight.contiguous(), f"{piece.weight.dtype}, as stored"
+                    continue
+                for suffix, t in ct_tensors(piece.weight, piece.scheme).items():
+                    yield f"{piece.module}.{suffix}", t, _describe(piece.scheme)
+            continue
+        name = plan.renames.get(key, key)
+        scheme = plan.linears.get(module_name) if attr == "weight" else None
         if scheme is not None:
-            for suffix, t in ct_tensors(module.weight, scheme).items():
-                yield prefix + suffix, t, _describe(scheme)
-            seen.add(id(module.weight))
-        for attr, p in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
-            if (scheme is not None and attr == "weight") or id(p) in seen or attr in module._non_persistent_buffers_set:
-                continue
-            seen.add(id(p))
-            if isinstance(p, AffineQuantizedTensor):  # _plan refused these already; a guard for subclasses
-                raise ValueError(f"{prefix}{attr}: a quantized tensor outside a Linear weight")
-            yield prefix + attr, p.detach(), f"{p.dtype}, as stored"
+            for suffix, t in ct_tensors(p, scheme).items():
+                yield f"{name.removesuffix('weight')}{suffix}", t, _describe(scheme)
+            continue
+        if isinstance(p, AffineQuantizedTensor):  # _plan refused these already; a guard for subclasses
+            raise ValueError(f"{key}: a quantized tensor outside a Linear weight")
+        yield name, p.detach(), f"{p.dtype}, as stored"
 
 
-def _quantization_config(model: nn.Module, plan: dict) -> dict:
+def _quantization_config(model: nn.Module, plan: _Plan) -> dict:
+    def saved(module_name: str) -> str:
+        return plan.renames.get(f"{module_name}.weight", f"{module_name}.weight").removesuffix(".weight")
+
+    targets = [(saved(name), scheme) for name, scheme in plan.linears.items()]
+    ignore = [saved(n) for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in plan.linears]
+    for pieces in plan.experts.values():
+        for target, scheme in piece_targets(pieces):
+            if scheme is None:
+                ignore.append(target)
+            else:
+                targets.append((target, scheme))
     groups, formats = {}, set()
-    for name, scheme in plan.items():
-        groups.setdefault(scheme.key(), (scheme, []))[1].append(name)
+    for target, scheme in targets:
+        groups.setdefault(scheme.key(), (scheme, []))[1].append(target)
         formats.add(scheme.format)
     config_groups = {}
     for i, (scheme, names) in enumerate(groups.values()):
         config_groups[f"group_{i}"] = {"targets": names, "weights": scheme.weights,
                                        "input_activations": scheme.input_activations, "output_activations": None,
                                        "format": scheme.format}
-    ignore = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in plan]
     return {"quant_method": "compressed-tensors", "format": formats.pop() if len(formats) == 1 else "mixed-precision",
             "quantization_status": "compressed", "config_groups": config_groups, "ignore": ignore,
             "kv_cache_scheme": None}

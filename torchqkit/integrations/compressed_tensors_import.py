@@ -7,6 +7,7 @@ name (compressed_tensors' own matching: class name, module name, or "re:" regula
 read (tensor layouts: compressed_tensors_schemes.py): pack-quantized (int 2 / 4 / 8-bit, channel or group, symmetric
 or asymmetric, actorder "group"'s ``weight_g_idx``), int-quantized, float-quantized, mxfp4-pack-quantized and
 nvfp4-pack-quantized (weight-only: NVFP4Layout holds its three tensors as they are, whatever the global scale).
+A mixture-of-experts model's per-expert Linears are joined into its expert stacks (hub_import.py, hub_experts.py).
 """
 from __future__ import annotations
 

@@ -5,8 +5,10 @@ these methods. The model skeleton is built on the meta device (as torchqkit.from
 quantized Linear's tensors are decoded by its format (hub_formats.py, compressed_tensors_import.py) into codes,
 scales and zero points that are packed into a torchqkit layout as they are: 2 / 4-bit codes into
 ``PackedIntxLayout`` (torchqkit's CPU intx kernel), int8 into ``PlainLayout``, float8 into ``Float8Layout``, MXFP4
-into ``MXLayout``. Every
-other tensor is loaded as stored. ``model.torchqkit_report`` says what each Linear became.
+into ``MXLayout``. A mixture-of-experts model's expert Parameters are read from the per-expert Linears
+transformers' save_pretrained writes (Note [Checkpoint names of fused experts]), each expert's pieces joined along N
+and the experts stacked (Note [Expert stacks in compressed-tensors]). Every other tensor is loaded as stored, under
+its saved name. ``model.torchqkit_report`` says what each Linear and expert Parameter became.
 
 Note [Act-order weights]
 ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -27,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..api.expert_weights import expert_parameters
 from ..api.quantize import patch_extra_repr
 from ..api.report import LayerReport, QuantizationReport
 from ..core.primitives import ZeroPointDomain
@@ -41,6 +44,9 @@ from ..progress import ProgressLine, progress_enabled
 from ..serialization.safetensors_file import CheckpointError, SafetensorsReader
 from ..serialization.shard_index import read_index, resolve_checkpoint_path
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
+from ..tensor.experts import stack_experts
+from .checkpoint_names import checkpoint_names
+from .hub_experts import join_rows
 from .hub_formats import HUB_QUANT_METHODS, DecodedWeight, TensorProblem, parse_hub_format
 
 __all__ = ["load_hub_checkpoint", "HUB_QUANT_METHODS", "gather_permuted_input", "register_importers"]
@@ -109,9 +115,13 @@ def load_hub_checkpoint(directory, *, progress: bool | None = None) -> nn.Module
         model = cls(hf_config)
     store = _Store(directory)
     try:
-        plan, floats = _plan(model, fmt, store)  # every name, shape and dtype checked before any tensor is read
+        # every name, shape and dtype checked before any tensor is read
+        plan, expert_plan, floats = _plan(model, fmt, store)
         weights, entries = _decode_all(plan, store, progress, fmt.name)
-        values = {name: store.read(name) for name in floats}
+        values = {name: store.read(saved) for name, saved in floats}
+        expert_values, expert_entries = _decode_experts(expert_plan, store)
+        values.update(expert_values)
+        entries.extend(expert_entries)
     finally:
         store.close()
     materialize_non_persistent_buffers(model)
@@ -123,33 +133,151 @@ def load_hub_checkpoint(directory, *, progress: bool | None = None) -> nn.Module
 
 def _plan(model: nn.Module, fmt, store: _Store):
     stored = set(store.file_of)
+    names = _saved_names(model, stored)
     plan, quantized = [], set()
     for name, module in model.named_modules():
-        scheme = fmt.scheme_for(name, module, stored) if isinstance(module, nn.Linear) else None
+        if not isinstance(module, nn.Linear):
+            continue
+        saved = names.linear(name)
+        scheme = fmt.scheme_for(saved, module, stored)
         if scheme is None:
             continue
-        tensors = {}
-        for suffix, (shapes, dtypes) in scheme.tensor_shapes(module.out_features, module.in_features).items():
-            key = suffix.rstrip("?")
-            full = f"{name}.{key}"
-            if full not in stored:
-                if suffix.endswith("?"):
-                    continue
-                raise CheckpointError(f"{store.where(full)}: tensor {full} is missing; {fmt.name} stores it for "
-                                      f"every quantized Linear")
-            store.check(full, shapes, dtypes)
-            tensors[key] = full
-        plan.append((name, module, scheme, tensors))
+        tensors = _scheme_tensors(saved, scheme, module.out_features, module.in_features, fmt, store)
+        plan.append((name, saved, module, scheme, tensors))
         quantized.add(f"{name}.weight")
-    floats = _float_tensors(model, quantized, store)
-    used = set(floats) | {full for *_, tensors in plan for full in tensors.values()}
+    expert_plan = _plan_experts(names, fmt, store)
+    floats = _float_tensors(model, quantized | set(expert_plan), names, store)
+    used = {saved for _, saved in floats} | {full for *_, tensors in plan for full in tensors.values()}
+    used |= {full for _, _, pieces in expert_plan.values() for _, _, tensors in pieces for full in tensors.values()}
     non_persistent = {n for n, _ in model.named_buffers()} - set(model.state_dict(keep_vars=True))
     extra = sorted(n for n in stored - used if n not in non_persistent and n not in _tied_names(model))
     if extra:
         raise CheckpointError(f"{store.where(extra[0])}: tensor {extra[0]} belongs to no tensor of "
                               f"{type(model).__name__} under {fmt.name} ({len(extra)} such tensor(s)); the "
                               f"checkpoint doesn't match its config.json")
-    return plan, floats
+    return plan, expert_plan, floats
+
+
+def _scheme_tensors(saved: str, scheme, n: int, k: int, fmt, store: _Store) -> dict[str, str]:
+    """suffix -> stored name of the tensors ``scheme`` keeps for the Linear saved as ``saved``, each checked."""
+    tensors = {}
+    for suffix, (shapes, dtypes) in scheme.tensor_shapes(n, k).items():
+        key = suffix.rstrip("?")
+        full = f"{saved}.{key}"
+        if full not in store.file_of:
+            if suffix.endswith("?"):
+                continue
+            raise CheckpointError(f"{store.where(full)}: tensor {full} is missing; {fmt.name} stores it for every "
+                                  f"quantized Linear")
+        store.check(full, shapes, dtypes)
+        tensors[key] = full
+    return tensors
+
+
+class _Names:
+    """Where the checkpoint keeps each of the model's tensors: its own name, or where transformers' save puts it
+    (Note [Checkpoint names of fused experts]) when the model has expert Parameters."""
+
+    def __init__(self, renames: dict, pieces: dict, stacks: dict, stored: set):
+        self.renames, self.pieces, self.stacks, self.stored = renames, pieces, stacks, stored
+
+    def key(self, name: str) -> str:
+        saved = self.renames.get(name, name)
+        return saved if saved in self.stored or name not in self.stored else name
+
+    def linear(self, module_name: str) -> str:
+        return self.key(f"{module_name}.weight").removesuffix(".weight")
+
+
+def _saved_names(model: nn.Module, stored: set) -> _Names:
+    params = expert_parameters(dict(model.named_modules()))
+    stacks = {p.fqn: getattr(p.module, p.attr) for p in params if p.fqn not in stored}  # fused in the file: as is
+    if not stacks:
+        return _Names({}, {}, {}, stored)
+    shapes = {k: tuple(t.shape) for k, t in model.state_dict(keep_vars=True).items()}
+    try:
+        names = checkpoint_names(model, shapes, set(stacks))
+    except ValueError as e:
+        raise CheckpointError(f"{type(model).__name__}: its expert Parameters ({sorted(stacks)[0]}, ...) are not in "
+                              f"the checkpoint under their own names, and {e}") from None
+    return _Names(names.renames, names.pieces, stacks, stored)
+
+
+def _plan_experts(names: _Names, fmt, store: _Store) -> dict:
+    """expert Parameter name -> (shape, quantized?, [(piece, scheme, suffix -> stored name)]): the per-expert
+    Linears each expert Parameter is read from (Note [Expert stacks in compressed-tensors])."""
+    out = {}
+    for fqn, param in names.stacks.items():
+        experts, n, k = param.shape
+        pieces = []
+        for piece in names.pieces[fqn]:
+            rows = piece.end - piece.start
+            stand_in = nn.Linear(k, rows, bias=False, device="meta")  # how the checkpoint's module looked
+            scheme = fmt.scheme_for(piece.module, stand_in, names.stored)
+            if scheme is None:
+                full = f"{piece.module}.weight"
+                if full not in store.file_of:
+                    raise CheckpointError(f"{store.where(full)}: tensor {full} (rows [{piece.start}, {piece.end}) of "
+                                          f"expert {piece.expert} of {fqn}) is missing")
+                store.check(full, [(rows, k)], _FLOATS)
+                pieces.append((piece, None, {"weight": full}))
+            else:
+                pieces.append((piece, scheme, _scheme_tensors(piece.module, scheme, rows, k, fmt, store)))
+        floats = [p for p, scheme, _ in pieces if scheme is None]
+        if floats and len(floats) < len(pieces):
+            full = f"{floats[0].module}.weight"
+            raise CheckpointError(f"{store.where(full)}: the Linears of {fqn} are partly quantized ({full} is float, "
+                                  f"{len(pieces) - len(floats)} of {len(pieces)} are not); one expert Parameter holds "
+                                  f"one format")
+        out[fqn] = ((experts, n, k), not floats, pieces)
+    return out
+
+
+def _decode_experts(expert_plan: dict, store: _Store):
+    """The stacks (or float (E, N, K) tensors) of every expert Parameter read from per-expert Linears, and their
+    report entries."""
+    values, entries = {}, []
+    for fqn, ((experts, n, k), quantized, pieces) in expert_plan.items():
+        by_expert = [[p for p in pieces if p[0].expert == e] for e in range(experts)]
+        stored_bytes = 0
+        if not quantized:
+            rows = []
+            for mine in by_expert:
+                rows.append(torch.cat([store.read(t["weight"]) for _, _, t in mine]))
+                stored_bytes += rows[-1].numel() * rows[-1].element_size()
+            values[fqn] = torch.stack(rows)
+            entries.append(LayerReport(fqn, "kept", f"float {values[fqn].dtype}",
+                                       f"{experts} experts from {len(pieces)} Linears", stored_bytes, stored_bytes))
+            continue
+        weights, desc = [], None
+        for e, mine in enumerate(by_expert):
+            decoded = []
+            for piece, scheme, tensors in mine:
+                t = {key: store.read(full) for key, full in tensors.items()}
+                stored_bytes += sum(v.numel() * v.element_size() for v in t.values())
+                try:
+                    decoded.append(scheme.decode(t, piece.end - piece.start, k))
+                except TensorProblem as err:
+                    full = f"{piece.module}.{err.suffix}"
+                    raise CheckpointError(f"{store.where(full)}: tensor {full}: {err.what}") from None
+            where = f"expert {e} of {fqn} ({', '.join(p.module for p, _, _ in mine)})"
+            first = store.where(next(iter(mine[0][2].values())))
+            try:
+                joined = join_rows(decoded, [p.end - p.start for p, _, _ in mine], where)
+            except ValueError as err:
+                raise CheckpointError(f"{first}: {err}") from None
+            try:
+                weight, _, _ = build_weight(joined, n, k)
+            except ValueError as err:  # build_weight's check of the decoded scales and zero points
+                raise CheckpointError(f"{first}: {where}: {err}") from None
+            weights.append(weight)
+            desc = decoded[0].what
+        stack = stack_experts(weights, fqn)
+        entries.append(LayerReport(fqn, "quantized", f"{desc} -> {_describe(stack)}",
+                                   f"{experts} experts of ({n}, {k}) from {len(pieces)} Linears", stored_bytes,
+                                   stack.packed_nbytes()))
+        values[fqn] = stack
+    return values, entries
 
 
 def _tied_names(model: nn.Module) -> set[str]:
@@ -158,22 +286,23 @@ def _tied_names(model: nn.Module) -> set[str]:
     return all_names - {n for n, _ in model.named_parameters()}
 
 
-def _float_tensors(model: nn.Module, quantized: set, store: _Store) -> list[str]:
-    """Every other parameter and persistent buffer: stored under its own name, its shape, a float dtype."""
-    names, params = [], {n for n, _ in model.named_parameters()}
+def _float_tensors(model: nn.Module, quantized: set, names: _Names, store: _Store) -> list[tuple[str, str]]:
+    """(model name, stored name) of every other parameter and persistent buffer: its shape, a float dtype."""
+    out, params = [], {n for n, _ in model.named_parameters()}
     shapes = {n: tuple(t.shape) for n, t in model.state_dict(keep_vars=True).items()}
     for name in [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers() if n in shapes]:
         if name in quantized:
             continue
-        if name not in store.file_of:
+        saved = names.key(name)
+        if saved not in store.file_of:
             if name.endswith(".weight") and name.rsplit(".", 1)[0] and _is_linear(model, name):
-                raise CheckpointError(f"{store.where(name)}: Linear {name.rsplit('.', 1)[0]} has neither a float "
+                raise CheckpointError(f"{store.where(saved)}: Linear {saved.rsplit('.', 1)[0]} has neither a float "
                                       f"weight nor the quantized tensors its quantization_config describes")
-            raise CheckpointError(f"{store.where(name)}: tensor {name} is missing")
+            raise CheckpointError(f"{store.where(saved)}: tensor {saved} is missing")
         is_param = name in params
-        store.check(name, [shapes[name]], _FLOATS if is_param else (store.readers[store.file_of[name]].dtype(name),))
-        names.append(name)
-    return names
+        store.check(saved, [shapes[name]], _FLOATS if is_param else (store.readers[store.file_of[saved]].dtype(saved),))
+        out.append((name, saved))
+    return out
 
 
 def _is_linear(model, name: str) -> bool:
@@ -183,7 +312,7 @@ def _is_linear(model, name: str) -> bool:
 def _decode_all(plan, store: _Store, progress, what: str):
     weights, entries = {}, []
     bar = ProgressLine("from_pretrained", len(plan), "Linears", enabled=progress_enabled(progress))
-    for i, (name, module, scheme, tensors) in enumerate(plan):
+    for i, (name, saved, module, scheme, tensors) in enumerate(plan):
         bar.update(i, name)
         t = {key: store.read(full) for key, full in tensors.items()}
         n, k = module.out_features, module.in_features
@@ -191,11 +320,11 @@ def _decode_all(plan, store: _Store, progress, what: str):
             decoded = scheme.decode(t, n, k)
             weight, perm, note = build_weight(decoded, n, k)
         except TensorProblem as e:
-            full = f"{name}.{e.suffix}"
+            full = f"{saved}.{e.suffix}"
             raise CheckpointError(f"{store.where(full)}: tensor {full}: {e.what}") from None
         except ValueError as e:  # build_weight's check of the decoded scales and zero points
             full = next(iter(tensors.values()))
-            raise CheckpointError(f"{store.where(full)}: Linear {name} ({', '.join(tensors)}): {e}") from None
+            raise CheckpointError(f"{store.where(full)}: Linear {saved} ({', '.join(tensors)}): {e}") from None
         weights[name] = (weight, perm)
         stored_bytes = sum(v.numel() * v.element_size() for v in t.values())
         quantized = isinstance(weight, AffineQuantizedTensor)

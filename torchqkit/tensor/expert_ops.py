@@ -2,6 +2,7 @@
 
 What transformers 5.x's expert implementations call on the 3-d Parameter, and what serves it here:
   "eager"       ``self.gate_up_proj[expert_idx]`` (aten.select.int), then ``F.linear`` on the 2-d view
+  expert parallelism  ``w[start:end]`` (aten.slice.Tensor along dim 0): a stack of whole experts, views
   "grouped_mm"  ``w.transpose(-2, -1)`` (aten.transpose.int), then ``torch._grouped_mm(x, wt, offs=offs)``;
                 under torch.compile with a non-bfloat16 weight, its fallback op ``transformers::grouped_mm_fallback``
   "batched_mm"  ``w[expert_ids]`` (aten.index.Tensor: an ExpertSelection, nothing copied), then
@@ -18,7 +19,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 from .affine_quantized_tensor import AffineQuantizedTensor
 from .dispatch import EXPERT_OPS, fill_defaults
 from .expert_selection import ExpertSelection
-from .experts import expert_view, gather_experts
+from .experts import expert_range, expert_view, gather_experts
 from .generic_ops import _clone, _copy_, _detach, _to_copy
 from .grouped_linear import grouped_linear
 
@@ -37,6 +38,18 @@ def _select(func, args, kwargs):
         raise IndexError(f"select(dim={dim}) of a quantized expert stack {tuple(w.shape)}: only dim 0 (one expert) "
                          f"selects a quantized weight; call .dequantize() first for other dims")
     return return_and_correct_aliasing(func, args, kwargs, expert_view(w, index))
+
+
+@EXPERT_OPS.implements(aten.slice.Tensor)
+def _slice(func, args, kwargs):
+    w, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
+    count = w.shape[0]
+    if dim % 3 != 0 or step != 1:
+        raise IndexError(f"slice(dim={dim}, step={step}) of a quantized expert stack {tuple(w.shape)}: only a range of "
+                         f"whole experts (dim 0, step 1) is a quantized stack; call .dequantize() first for other "
+                         f"slices")
+    start, end = slice(start, end).indices(count)[:2]
+    return return_and_correct_aliasing(func, args, kwargs, expert_range(w, start, max(start, end)))
 
 
 @EXPERT_OPS.implements(aten.index.Tensor)

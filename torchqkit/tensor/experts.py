@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["expert_view", "stack_experts", "gather_experts"]
+__all__ = ["expert_view", "stack_experts", "gather_experts", "expert_range"]
 
 
 def expert_view(w, e: int):
@@ -49,6 +49,17 @@ def gather_experts(w, ids: torch.Tensor):
     ids = ids.to(torch.int64)
     tensors = {n: None if t is None else t.index_select(0, ids) for n, t in w.inner_tensors().items()}
     return w.with_changes(tensors, logical_shape=(ids.shape[0], *w.logical_shape[1:]))
+
+
+def expert_range(w, start: int, end: int):
+    """Experts ``[start, end)`` of the stack ``w``: an (end - start, N, K) stack whose layout tensors are views of
+    ``w``'s (no copy; contiguous, as slices of the leading dim of contiguous tensors are). An ``input_scale``
+    (K,) belongs to every expert and is kept whole. What an expert-parallel shard holds."""
+    count = w.logical_shape[0]
+    if not 0 <= start <= end <= count:
+        raise IndexError(f"experts [{start}, {end}) of a stack of {count} quantized experts")
+    tensors = {n: None if getattr(w, n) is None else getattr(w, n)[start:end] for n in w.qlayout.tensor_names}
+    return w.with_changes(tensors, logical_shape=(end - start, *w.logical_shape[1:]))
 
 
 def stack_experts(weights: list, name: str = "experts"):

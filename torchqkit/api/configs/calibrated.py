@@ -103,7 +103,8 @@ class AWQConfig(CalibratedConfig):
     divide the previous norm or Linear (folded into it), so the channels that matter most lose less to rounding.
     With ``clip`` it also searches, per group, how far to shrink the weight range (not for attention query / key
     projections). The result is ``base``'s ordinary quantized weight. Needs ``calibration_data``; a Linear that was
-    not calibrated is refused and stays in float.
+    not calibrated is refused and stays in float. Mixture-of-experts expert Parameters are calibrated per expert on
+    the tokens routed to it (docs: guides/moe.md, "AWQ per expert").
 
     Args:
         base (QuantConfig): the weight config: ``Int4WeightOnlyConfig`` (default ``Int4WeightOnlyConfig()``),
