@@ -145,8 +145,18 @@ void kv_cache_append(const at::Tensor& codes, const at::Tensor& scale, const at:
   const int64_t keep = new_n - new_nq, P = new_nq - nq;  // tail rows after the call; positions quantized now
   TORCH_CHECK_VALUE(keep <= tail.size(2), kOp, ": the tail holds ", tail.size(2), " rows, the call leaves ", keep);
 
-  // pending positions [nq, new_n): the tail's n - nq rows, then the states
   const at::Tensor x = states.to(at::kFloat).contiguous();
+  if (P == 0) {  // nothing leaves the tail (most decode steps of a per-channel or residual cache): append to it
+    // (as the reference, values are checked when they are quantized, not here)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        std::memcpy(tail.data_ptr<float>() + b * tail.stride(0) + h * tail.stride(1) + (n - nq) * tail.stride(2),
+                    x.data_ptr<float>() + (b * H + h) * T * D, sizeof(float) * T * D);
+    count[0] = new_n;
+    return;
+  }
+  // pending positions [nq, new_n): the tail's n - nq rows, then the states
+
   std::vector<float> pending(B * H * (new_n - nq) * D);
   const int64_t old = n - nq, rows = new_n - nq;
   for (int64_t b = 0; b < B; ++b)
