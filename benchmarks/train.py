@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     args.recipes = split_names(args.recipes)
     if set(args.recipes) - set(RECIPES):
         p.error(f"--recipes: unknown {sorted(set(args.recipes) - set(RECIPES))}; known: {', '.join(RECIPES)}")
-    cli.quick(args, argv, steps=3, qat_configs=args.qat_configs[:1], recipes=["float32", "fp8-dynamic-tensor"])
+    cli.quick(args, argv, steps=3, qat_configs=args.qat_configs[:1],
+              recipes=["float32", "fp8-dynamic-tensor", "fp8-static-tensor-e4m3-grads"])
     if "qat" in parts:
         from . import train_qat
         train_qat.run(_with(args, batch=16, lr=1e-4), rec)

@@ -1,13 +1,15 @@
 """train group, float8 part: a small LLaMA-shaped model trained from scratch in float32 and with float8 training
-(enable_float8_training_: e4m3 forward, e5m2 gradients, float32 master weights), its loss curve and held-out loss
-against float32's, same batches, same seed.
+(enable_float8_training_: e4m3 forward, e5m2 or e4m3 gradients, float32 master weights), its loss curve and held-out
+loss against float32's, same batches, same seed.
 
 The model: byte-level (vocab 256) decoder with RMSNorm, rotary attention with grouped KV heads and a SwiGLU MLP (dim
 128, 4 layers, 4 heads / 2 KV heads, MLP 352, untied head); the data: torchqkit's own text as bytes, the first 90% for
 training, the last 10% held out (batch 4 x 128 bytes, AdamW lr 2e-3, cosine decay). On CPU the float8 matmuls are
 emulated (float8_training_status() says so); the casts are exact. The recipes are float8 training recipes, not
-inference configs, so each is a record's case (enable_float8_training_'s recipe and granularity) and every record's
-config is float32, the master weights every run keeps."""
+inference configs, so each is a record's case (enable_float8_training_'s recipe, granularity and gradient format) and
+every record's config is float32, the master weights every run keeps. The static recipe takes its scales from
+CALIBRATION_STEPS batches drawn with another seed (float8_training_calibration, margin 2) and records what saturated
+over the run (float8_training_overflows)."""
 from __future__ import annotations
 
 import math
@@ -23,8 +25,14 @@ from torchqkit.eval.models import eval_text
 from .synthetic_decoder import rotate
 
 DIM, LAYERS, HEADS, KV_HEADS, FFN, VOCAB, SEQ = 128, 4, 4, 2, 352, 256, 128
-RECIPES = {"float32": None, "fp8-dynamic-tensor": ("dynamic", "tensor"), "fp8-dynamic-row": ("dynamic", "row"),
-           "fp8-delayed-tensor": ("delayed", "tensor")}
+# name -> (recipe, granularity, gradient format), or None: float32
+RECIPES = {"float32": None, "fp8-dynamic-tensor": ("dynamic", "tensor", "float8_e5m2"),
+           "fp8-dynamic-row": ("dynamic", "row", "float8_e5m2"),
+           "fp8-delayed-tensor": ("delayed", "tensor", "float8_e5m2"),
+           "fp8-dynamic-tensor-e4m3-grads": ("dynamic", "tensor", "float8_e4m3fn"),
+           "fp8-static-tensor": ("static", "tensor", "float8_e5m2"),
+           "fp8-static-tensor-e4m3-grads": ("static", "tensor", "float8_e4m3fn")}
+CALIBRATION_STEPS, CALIBRATION_MARGIN = 4, 2.0
 
 
 class Block(nn.Module):
@@ -91,14 +99,31 @@ def held_out_loss(model, held, limit: int | None = None) -> float:
     return float(F.cross_entropy(model(x).flatten(0, 1), y.flatten()))
 
 
+def calibrate(model, train_bytes, batch, seed) -> None:
+    """The static recipe's scales from CALIBRATION_STEPS forward + backward passes on batches of another seed."""
+    with qk.float8_training_calibration(model, margin=CALIBRATION_MARGIN):
+        for x, y in batches(train_bytes, CALIBRATION_STEPS, batch, seed + 1000):
+            F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+    model.zero_grad(set_to_none=True)
+
+
+def saturation(model) -> dict:
+    """Static recipe: saturating casts summed over the layers, and the largest peak, per tensor."""
+    report = qk.float8_training_overflows(model)
+    return {t: {"casts": sum(r[t]["casts"] for r in report.values()),
+                "peak": max(r[t]["peak"] for r in report.values())} for t in ("input", "weight", "grad_output")}
+
+
 def train(name, steps, batch, lr, seed, log_every, held_limit):
     torch.manual_seed(seed)
     model = ByteLlama()
-    if RECIPES[name] is not None:
-        recipe, granularity = RECIPES[name]
-        report = qk.enable_float8_training_(model, recipe, granularity=granularity)
-        assert not report.skipped, str(report)
     train_bytes, held = data()
+    if RECIPES[name] is not None:
+        recipe, granularity, grad_dtype = RECIPES[name]
+        report = qk.enable_float8_training_(model, recipe, granularity=granularity, grad_dtype=grad_dtype)
+        assert not report.skipped, str(report)
+        if recipe == "static":
+            calibrate(model, train_bytes, batch, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
@@ -115,7 +140,9 @@ def train(name, steps, batch, lr, seed, log_every, held_limit):
         if step % log_every == 0:
             curve.append(sum(window) / len(window))
             window = []
-    return curve, held_out_loss(model, held, held_limit), time.perf_counter() - start
+    static = RECIPES[name] is not None and RECIPES[name][0] == "static"
+    return curve, held_out_loss(model, held, held_limit), time.perf_counter() - start, (saturation(model) if static
+                                                                                         else None)
 
 
 def run(args, rec) -> None:
@@ -126,8 +153,10 @@ def run(args, rec) -> None:
     results = {name: train(name, args.steps, args.batch, args.lr, args.seed, log_every, 4 if args.quick else None)
                for name in args.recipes}
     base = results.get("float32")
-    for name, (curve, held, seconds) in results.items():
+    for name, (curve, held, seconds, saturated) in results.items():
         extra = dict(loss_curve=curve, log_every=log_every, float8_path=f"{status['path']} ({status['why']})")
+        if saturated is not None:
+            extra["saturation"] = saturated
         case = f"training: {name}"
         rec.add(case, "float32", shape, "held-out loss", held, "", **extra)
         rec.add(case, "float32", shape, "training", seconds, "s")

@@ -5,7 +5,7 @@
 //   TensorCoreTiledLayout  Note [Tensor-core tiled int4]  int32 words, nibble 4e + 2u + h
 //   NF4Layout              Note [NF4 bit layout]           high nibble = even k
 //   MXLayout               Note [MX bit layout]            low nibble = even k (fp4), E8M0 scales
-//   Float8Layout           float8_e4m3fn / float8_e5m2 bytes
+//   Float8Layout           float8_e4m3fn / float8_e5m2 / float8_e4m3fnuz / float8_e5m2fnuz bytes
 // Unit-tested on CPU against the Python references (test/kernels/cuda/test_common_helpers.py compiles
 // csrc/common/dequant_selftest.cpp with the host compiler).
 #pragma once
@@ -67,6 +67,32 @@ TQK_HD float fp8_e5m2_to_float(uint8_t b) {
     return sign ? -mag : mag;
   }
   return float_from_bits(sign | ((exp + 112) << 23) | (man << 21));
+}
+
+// e4m3fnuz (AMD's, Note [float8 fnuz] in torchqkit/core/qdtype.py): sign | 4 exponent bits (bias 8) | 3 mantissa
+// bits; exponent 0 is subnormal (m * 2^-10); no inf, no negative zero: 0x80 is the only NaN, 0x7F / 0xFF are +-240.
+TQK_HD float fp8_e4m3fnuz_to_float(uint8_t b) {
+  if (b == 0x80) return float_from_bits(0x7FC00000u);
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80) << 24;
+  const uint32_t exp = (b >> 3) & 0xF, man = b & 0x7;
+  if (exp == 0) {
+    const float mag = static_cast<float>(man) * 0.0009765625f;  // m * 2^-10
+    return sign ? -mag : mag;
+  }
+  return float_from_bits(sign | ((exp + 119) << 23) | (man << 20));
+}
+
+// e5m2fnuz: sign | 5 exponent bits (bias 16) | 2 mantissa bits; exponent 0 is subnormal (m * 2^-17); no inf, no
+// negative zero: 0x80 is the only NaN, exponent 31 is finite (up to +-57344).
+TQK_HD float fp8_e5m2fnuz_to_float(uint8_t b) {
+  if (b == 0x80) return float_from_bits(0x7FC00000u);
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80) << 24;
+  const uint32_t exp = (b >> 2) & 0x1F, man = b & 0x3;
+  if (exp == 0) {
+    const float mag = static_cast<float>(man) * 0.00000762939453125f;  // m * 2^-17
+    return sign ? -mag : mag;
+  }
+  return float_from_bits(sign | ((exp + 111) << 23) | (man << 21));
 }
 
 // fp4 e2m1 code (0..15): sign (bit 3) | exponent (bits 2..1, bias 1) | mantissa (bit 0).

@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "tables") == 0) {
     for (int b = 0; b < 256; ++b) std::printf("e4m3fn %d %08x\n", b, bits(tc::fp8_e4m3fn_to_float(b)));
     for (int b = 0; b < 256; ++b) std::printf("e5m2 %d %08x\n", b, bits(tc::fp8_e5m2_to_float(b)));
+    for (int b = 0; b < 256; ++b) std::printf("e4m3fnuz %d %08x\n", b, bits(tc::fp8_e4m3fnuz_to_float(b)));
+    for (int b = 0; b < 256; ++b) std::printf("e5m2fnuz %d %08x\n", b, bits(tc::fp8_e5m2fnuz_to_float(b)));
     for (int b = 0; b < 256; ++b) std::printf("e8m0 %d %08x\n", b, bits(tc::e8m0_to_float(b)));
     for (int c = 0; c < 16; ++c) std::printf("e2m1 %d %08x\n", c, bits(tc::fp4_e2m1_to_float(c)));
     for (int c = 0; c < 16; ++c) std::printf("nf4 %d %08x\n", c, bits(tc::nf4_level(c)));

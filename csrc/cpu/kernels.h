@@ -153,13 +153,14 @@ void gemm_u8s8_amx(int R, const uint8_t* a, int64_t lda, const int8_t* panel, in
 // The layouts' bytes as stored (see the docstrings of torchqkit/layouts/nf4.py, float8.py, packed_intx.py):
 //   y[m, n] = sum_k x[m, k] * (level(n, k) * s(n, k / g) + o(n, k / g)) + bias[n]
 // level: nf4 codebook value; fp4 e2m1 value (MXFP4: low nibble first, unlike nf4); float8 e4m3fn value / 256
-// (scale_mul = 256 puts it back), e5m2 value;
+// (scale_mul = 256 puts it back), e5m2 value, e4m3fnuz value / 128 (scale_mul = 128), e5m2fnuz value (Note [float8
+// fnuz bytes] in linear_lowbit_isa.h);
 // intx: the unsigned field u plus code_offset (the glue folds qmin, and the code midpoint of a float-domain zero
 // point, into code_offset, and the rest of the zero point into o).
 // fp6 e3m2 / e2m3 (6-bit fields packed as intx at 6 bits, FP6Layout): value * 2^-12 / 2^-14, the fp16 conversion's
 // scale (Note [FP6 through fp16] in linear_lowbit_isa.h; scale_mul puts it back).
 enum class LowbitFormat : int { kNf4 = 0, kFloat8E4m3 = 1, kFloat8E5m2 = 2, kIntx = 3, kFp4E2m1 = 4, kFp6E3m2 = 5,
-                                kFp6E2m3 = 6 };
+                                kFp6E2m3 = 6, kFloat8E4m3Fnuz = 7, kFloat8E5m2Fnuz = 8 };
 
 struct LowbitArgs {
   LowbitFormat fmt;
@@ -173,7 +174,7 @@ struct LowbitArgs {
   const uint8_t* scale_e8m0;  // MX: (N / bn, G) E8M0 exponents e instead of scale, s = 2^(e - 127)
   const uint8_t* scale_e4m3 = nullptr;  // NVFP4: (N / bn, G) float8 e4m3fn bytes E instead of scale,
   float e4m3_global = 1.f;              //   s = nvfp4_block_scale(E, e4m3_global): E's value / the global scale
-  float scale_mul = 1.f;  // every s times this (e4m3: the decoder's 1/256 folded back)
+  float scale_mul = 1.f;  // every s times this (e4m3: the decoder's 1/256 folded back; e4m3fnuz: 1/128)
   const float* offset;    // (N / bn, G) or nullptr (no offset)
   int64_t G, g, bn;       // g = K / G weights per group along K; bn rows share a scale row
   const int8_t* dq_codes; // nf4 double quant: absmax[i] = dq_codes[i] * dq_scale[i / 256] + dq_offset,

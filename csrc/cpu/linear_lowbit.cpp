@@ -1,5 +1,6 @@
 // Low-bit weight-only linear kernels for x86 (scalar, AVX2 + FMA + F16C, AVX-512 F/BW/VL/DQ): NF4 (single
-// and double quantized), float8 e4m3fn / e5m2, MXFP4 / MXFP8, NVFP4, FP6 e3m2 / e2m3, packed intx (1..7 bits).
+// and double quantized), float8 e4m3fn / e5m2 / e4m3fnuz / e5m2fnuz, MXFP4 / MXFP8, NVFP4, FP6 e3m2 / e2m3, packed
+// intx (1..7 bits).
 // They read the layouts' bytes as stored (device-independent, no repacking); the bit layouts are documented in
 // torchqkit/layouts/nf4.py, float8.py, mx.py, nvfp4.py, fp6.py and packed_intx.py.
 //
@@ -139,6 +140,9 @@ float level(const LowbitArgs& p, const uint8_t* row, int64_t k) {
     case LowbitFormat::kFp4E2m1: return kFp4[(k & 1) ? row[k >> 1] >> 4 : row[k >> 1] & 0xF];
     case LowbitFormat::kFloat8E4m3: return fp8_e4m3(row[k]);
     case LowbitFormat::kFloat8E5m2: return fp8_e5m2(row[k]);
+    // the vector decoders' values (Note [float8 fnuz bytes]): e4m3fnuz / 128 (exact: a power of two)
+    case LowbitFormat::kFloat8E4m3Fnuz: return torchqkit_common::fp8_e4m3fnuz_to_float(row[k]) * (1.f / 128.f);
+    case LowbitFormat::kFloat8E5m2Fnuz: return torchqkit_common::fp8_e5m2fnuz_to_float(row[k]);
     default: return (float)((int)field(row, k, p.bits) + p.code_offset);
   }
 }
@@ -178,6 +182,8 @@ void by_format(const LowbitArgs& p, A... a) {
     case LowbitFormat::kFp4E2m1: return Fn<typename Dec::fp4>::run(p, a...);
     case LowbitFormat::kFloat8E4m3: return Fn<typename Dec::e4m3>::run(p, a...);
     case LowbitFormat::kFloat8E5m2: return Fn<typename Dec::e5m2>::run(p, a...);
+    case LowbitFormat::kFloat8E4m3Fnuz: return Fn<typename Dec::e4m3fnuz>::run(p, a...);
+    case LowbitFormat::kFloat8E5m2Fnuz: return Fn<typename Dec::e5m2fnuz>::run(p, a...);
     case LowbitFormat::kFp6E3m2: return Fn<typename Dec::fp6_e3m2>::run(p, a...);
     case LowbitFormat::kFp6E2m3: return Fn<typename Dec::fp6_e2m3>::run(p, a...);
     default: break;

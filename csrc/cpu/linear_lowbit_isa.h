@@ -144,20 +144,39 @@ struct PlaneInt4 : PlaneLut4<Vt, false, 2> {
 // exponent 0eeee and mantissa mmm0000000, whose value is the e4m3 value / 256 (subnormals included; the glue
 // folds 256 into the scale). eeee mmm = 1111 111 is NaN: a step holding one (never in weights quantized from
 // finite values, but the format allows it) takes a slower decode that sets those fp16 exponents to all ones.
-template <bool kE4m3>
+// Note [float8 fnuz bytes]: AMD's fnuz formats (Note [float8 fnuz] in torchqkit/core/qdtype.py) have one exponent
+// bias more, so a byte's value is half the OCP value of the same bits, and no inf: 0x80 is their only NaN.
+// e4m3fnuz takes e4m3fn's decode (its 0x7F / 0xFF, e4m3fn's NaN codes, come out as 480 / 256: +-240 times 128) with
+// 128 folded into the scale, and checks for 0x80 instead. e5m2fnuz can't be an fp16's high byte (its exponent 31 is
+// finite: up to 57344): the fp16 of its value is built from the magnitude m = eeeee mm, exactly: for e >= 2 the
+// fp16 exponent is e - 1, bits (m << 8) - 0x400; for e <= 1 the value is an fp16 subnormal (1.mm * 2^-15 =
+// 0.1mm * 2^-14, and 0.mm * 2^-15), bits m << 7; the larger of the two (signed 16-bit) is the right one in every
+// case, so one vpmaxsw picks it.
+enum class F8Kind { kE4m3fn, kE5m2, kE4m3fnuz, kE5m2fnuz };
+
+template <F8Kind kKind>
 struct F8 {
+  static constexpr bool kE4m3 = kKind == F8Kind::kE4m3fn || kKind == F8Kind::kE4m3fnuz;
+  static constexpr bool kFnuz = kKind == F8Kind::kE4m3fnuz || kKind == F8Kind::kE5m2fnuz;
+  // Codes whose unchecked decode is finite but whose value is NaN (e5m2's NaN and inf come out of the fp16
+  // conversion as they are).
+  static constexpr bool kNanCodes = kKind != F8Kind::kE5m2;
   static constexpr int kBytes = 32, kRead = 32;
   static constexpr bool kPermuted = false;
   static int64_t row_bytes(const LowbitArgs& p) { return p.K; }
   explicit F8(const LowbitArgs&) {}
+  // 32 bytes -> bytes that are 0x7F exactly at the NaN codes and below it elsewhere (NanTrack keeps their max).
+  static __m256i nan_lanes(__m256i v) {
+    if constexpr (kFnuz) return _mm256_and_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8(static_cast<char>(0x80))),
+                                                  _mm256_set1_epi8(0x7F));
+    else return _mm256_and_si256(v, _mm256_set1_epi8(0x7F));
+  }
   static bool has_nan(const uint8_t* b) {
-    const __m128i m = _mm_set1_epi8(0x7F);
-    const __m128i a = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), m);
-    const __m128i c = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)), m);
-    return _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(a, m), _mm_cmpeq_epi8(c, m))) != 0;
+    const __m256i l = nan_lanes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+    return _mm256_movemask_epi8(_mm256_cmpeq_epi8(l, _mm256_set1_epi8(0x7F))) != 0;
   }
   void operator()(const uint8_t* b, F (&w)[W]) const {
-    if (kE4m3 && has_nan(b)) return vectors<0, true>(b, w);
+    if (kNanCodes && has_nan(b)) return vectors<0, true>(b, w);
     unchecked(b, w);
   }
   void dot_order(const uint8_t* b, F (&w)[W]) const { (*this)(b, w); }
@@ -189,10 +208,19 @@ struct F8 {
     } else if constexpr (kE4m3) {
       const V::H u = V::hi16<T>(b);
       V::H h = V::and_h(V::srai1_h(u), V::set1_h(static_cast<int16_t>(0xBFFF)));
-      if constexpr (kNan) {
+      if constexpr (kNan && kFnuz) {  // 0x80 decoded to -0 (0x8000): an fp16 NaN instead
+        h = V::or_h(h, V::and_h(V::cmpeq_h(u, V::set1_h(static_cast<int16_t>(0x8000))), V::set1_h(0x7E00)));
+      } else if constexpr (kNan) {
         const V::H em = V::and_h(u, V::set1_h(0x7F00));
         h = V::or_h(h, V::and_h(V::cmpeq_h(em, V::set1_h(0x7F00)), V::set1_h(0x7C00)));
       }
+      w[T] = V::half_to_f(h);
+    } else if constexpr (kFnuz) {  // e5m2fnuz: Note [float8 fnuz bytes]
+      const V::H u = V::hi16<T>(b), m8 = V::and_h(u, V::set1_h(0x7F00));
+      V::H h = V::or_h(V::max_h(V::sub_h(m8, V::set1_h(0x400)), V::srli1_h(m8)),
+                       V::and_h(u, V::set1_h(static_cast<int16_t>(0x8000))));
+      if constexpr (kNan)
+        h = V::or_h(h, V::and_h(V::cmpeq_h(u, V::set1_h(static_cast<int16_t>(0x8000))), V::set1_h(0x7E00)));
       w[T] = V::half_to_f(h);
     } else {
       w[T] = V::half_to_f(V::hi16<T>(b));
@@ -340,8 +368,10 @@ struct Fp6 : Base {
 struct Decoders {
   using nf4 = std::conditional_t<V::L == 8, PlaneNf4<V>, Nf4>;  // Note [AVX2 4-bit lookups by byte planes]
   using fp4 = std::conditional_t<V::L == 8, PlaneFp4<V>, Fp4>;
-  using e4m3 = F8<true>;
-  using e5m2 = F8<false>;
+  using e4m3 = F8<F8Kind::kE4m3fn>;
+  using e5m2 = F8<F8Kind::kE5m2>;
+  using e4m3fnuz = F8<F8Kind::kE4m3fnuz>;
+  using e5m2fnuz = F8<F8Kind::kE5m2fnuz>;
   template <int B>  // Note [intx fields by lanes of whole codes] (the bf16 glue permutes x: lowbit_bf16_dot_order)
   using intx = std::conditional_t<V::L == 8 && B == 4, PlaneInt4<V>,
                                   std::conditional_t<24 % B == 0 && B != 8, LaneIntx<V, B>, Intx<B>>>;
@@ -376,21 +406,23 @@ constexpr int64_t kPfBytes = 4096;             // Note [decode prefetch] in int4
 enum class Acc { kRow, kGroup, kScaled };  // Note [Group scales once per group]; kScaled: several tokens
 
 
-// e4m3fn has NaN codes (eeee mmm = 1111 111); e5m2's decode through fp16 already yields its NaN / inf.
+// e4m3fn has NaN codes (eeee mmm = 1111 111), the fnuz formats one (0x80); e5m2's decode through fp16 already
+// yields its NaN / inf.
 template <class D> constexpr bool kNanCodes = false;
-template <> constexpr bool kNanCodes<F8<true>> = true;
+template <F8Kind K> constexpr bool kNanCodes<F8<K>> = F8<K>::kNanCodes;
 
-// Note [NaN codes off the hot loop]: the dot loop decodes e4m3 without looking for NaN codes (a NaN code then
-// decodes to a finite value) and keeps one running byte max of (byte & 0x7F) over the tile's steps, one
-// `vpand` + `vpmaxub` per 32 weights (the per-step compare, movemask and branch cost a third of the float8
-// decode). A tile that held a NaN code (never in weights quantized from finite values) runs again with the
-// checked decoder (kChecked), so the result is the reference's NaN.
+// Note [NaN codes off the hot loop]: the dot loop decodes e4m3 (and the fnuz formats) without looking for NaN codes
+// (a NaN code then decodes to a finite value) and keeps one running byte max over the tile's steps of the bytes
+// D::nan_lanes makes (e4m3fn: byte & 0x7F, one `vpand` + `vpmaxub` per 32 weights; fnuz: 0x7F where the byte is
+// 0x80, a `vpcmpeqb` more) (the per-step compare, movemask and branch cost a third of the float8 decode). A tile that
+// held a NaN code (never in weights quantized from finite values) runs again with the checked decoder (kChecked),
+// so the result is the reference's NaN.
 struct NanTrack {
   __m256i max;
   NanTrack() : max(_mm256_setzero_si256()) {}  // written out: an implicit constructor lacks the ISA's target
+  template <class D>
   __attribute__((always_inline)) void add(const uint8_t* b) {
-    max = _mm256_max_epu8(max, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)),
-                                                _mm256_set1_epi8(0x7F)));
+    max = _mm256_max_epu8(max, D::nan_lanes(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))));
   }
   bool seen() const { return _mm256_movemask_epi8(_mm256_cmpeq_epi8(max, _mm256_set1_epi8(0x7F))) != 0; }
 };
@@ -406,7 +438,7 @@ __attribute__((always_inline)) inline void dot_step(F (&acc)[MB][NB], const D& d
     F w[W];
     if constexpr (kNanCodes<D> && !kChecked) {
       dec.unchecked(src[i] + off, w);
-      nan.add(src[i] + off);
+      nan.template add<D>(src[i] + off);
     } else {
       dec.dot_order(src[i] + off, w);
     }

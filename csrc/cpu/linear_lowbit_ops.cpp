@@ -89,7 +89,7 @@ bool bf16_dot_wins(LowbitFormat fmt, int64_t M) {
     case LowbitFormat::kNf4:
     case LowbitFormat::kFp4E2m1: return M >= 2;
     case LowbitFormat::kIntx: return M >= 4;
-    default: return false;  // float8 e4m3 / e5m2
+    default: return false;  // float8 (e4m3 / e5m2, fnuz too)
   }
 }
 
@@ -239,11 +239,19 @@ at::Tensor linear_nf4wo(const at::Tensor& x, const at::Tensor& qdata, const std:
   return run(x, p, bias, op);
 }
 
-// Float8 bytes: the e4m3 decoder yields value / 256 (exact), scale_mul puts the 256 back.
+bool is_float8(at::ScalarType t) {
+  return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2 || t == at::kFloat8_e4m3fnuz || t == at::kFloat8_e5m2fnuz;
+}
+
+// Float8 bytes: the e4m3 decoder yields value / 256 (exact), scale_mul puts the 256 back; e4m3fnuz's value / 128
+// (Note [float8 fnuz bytes] in linear_lowbit_isa.h).
 LowbitArgs fp8_weight_args(const at::Tensor& w, at::ScalarType qt, int64_t N, int64_t K) {
-  const bool e4m3 = qt == at::kFloat8_e4m3fn;
-  LowbitArgs p = weight_args(w, e4m3 ? LowbitFormat::kFloat8E4m3 : LowbitFormat::kFloat8E5m2, N, K);
-  p.scale_mul = e4m3 ? 256.f : 1.f;
+  const LowbitFormat fmt = qt == at::kFloat8_e4m3fn     ? LowbitFormat::kFloat8E4m3
+                           : qt == at::kFloat8_e4m3fnuz ? LowbitFormat::kFloat8E4m3Fnuz
+                           : qt == at::kFloat8_e5m2fnuz ? LowbitFormat::kFloat8E5m2Fnuz
+                                                        : LowbitFormat::kFloat8E5m2;
+  LowbitArgs p = weight_args(w, fmt, N, K);
+  p.scale_mul = fmt == LowbitFormat::kFloat8E4m3 ? 256.f : fmt == LowbitFormat::kFloat8E4m3Fnuz ? 128.f : 1.f;
   return p;
 }
 
@@ -251,8 +259,9 @@ at::Tensor linear_fp8wo(const at::Tensor& x, const at::Tensor& qdata, const at::
                         const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "torchqkit::linear_fp8wo";
   const auto qt = qdata.scalar_type();
-  TORCH_CHECK(qdata.dim() == 2 && (qt == at::kFloat8_e4m3fn || qt == at::kFloat8_e5m2), op,
-              ": qdata must be (N, K) float8_e4m3fn or float8_e5m2, got ", qt, " of shape ", qdata.sizes());
+  TORCH_CHECK(qdata.dim() == 2 && is_float8(qt), op,
+              ": qdata must be (N, K) float8_e4m3fn, float8_e5m2, float8_e4m3fnuz or float8_e5m2fnuz, got ", qt,
+              " of shape ", qdata.sizes());
   const int64_t N = qdata.size(0), K = qdata.size(1);
   check_x(x, K, op);
   const at::Tensor w = rows(qdata);

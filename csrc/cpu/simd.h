@@ -19,7 +19,8 @@
 //                   for u8 x s8); A / B = one step of activation (u8) / weight (s8) bytes as dot operands:
 //                   load_a(p), load_b(p), load_b_n(p, n) (n < kDotBytes bytes, the rest 0);
 //                   dot(acc, a, b) adds each lane's products to acc's int32 lanes; sum_b(acc, b) adds b's bytes
-//   16-bit          and_h, or_h, srai1_h (arithmetic >> 1), slli7_h (<< 7), cmpeq_h, set1_h, half_to_f (fp16 bits -> fp32)
+//   16-bit          and_h, or_h, srai1_h (arithmetic >> 1), srli1_h (logical >> 1), slli7_h (<< 7), sub_h, max_h
+//                   (signed), cmpeq_h, set1_h, half_to_f (fp16 bits -> fp32)
 //   Lut16           a 16-entry fp32 table in registers; lookup(t, i) = table[i & 15] per lane (reads bits 0..3 only)
 //   kPermEntries    entries of the one-instruction table lookup perm(table, i) = table[i % kPermEntries] (a vector
 //                   as the table: 16 for vpermps zmm, 8 for vpermps ymm)
@@ -76,6 +77,9 @@ namespace torchqkit_cpu {
   ATTR H and_h(H a, H b) { return HP##_and_##HSI(a, b); }                         \
   ATTR H or_h(H a, H b) { return HP##_or_##HSI(a, b); }                           \
   ATTR H srai1_h(H a) { return HP##_srai_epi16(a, 1); }                           \
+  ATTR H srli1_h(H a) { return HP##_srli_epi16(a, 1); }                           \
+  ATTR H sub_h(H a, H b) { return HP##_sub_epi16(a, b); }                         \
+  ATTR H max_h(H a, H b) { return HP##_max_epi16(a, b); }                         \
   ATTR H slli7_h(H a) { return HP##_slli_epi16(a, 7); }                           \
   ATTR H cmpeq_h(H a, H b) { return HP##_cmpeq_epi16(a, b); }                     \
   ATTR H set1_h(int16_t v) { return HP##_set1_epi16(v); }                         \

@@ -11,7 +11,15 @@ namespace {
 
 namespace tc = torchqkit_common;
 
-template <typename T, bool kE5m2>
+template <Fp8Kind kKind>
+__device__ __forceinline__ float fp8_value(uint8_t b) {
+  if constexpr (kKind == Fp8Kind::kE5m2) return tc::fp8_e5m2_to_float(b);
+  else if constexpr (kKind == Fp8Kind::kE4m3fnuz) return tc::fp8_e4m3fnuz_to_float(b);
+  else if constexpr (kKind == Fp8Kind::kE5m2fnuz) return tc::fp8_e5m2fnuz_to_float(b);
+  else return tc::fp8_e4m3fn_to_float(b);
+}
+
+template <typename T, Fp8Kind kKind>
 __global__ void __launch_bounds__(32 * kGemvWarps) fp8_gemv_kernel(const Fp8Args a) {
   const GemvRow r = gemv_row();
   const int64_t n = r.n, m0 = r.m0;
@@ -21,7 +29,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps) fp8_gemv_kernel(const Fp8Args
   const float* srow = a.scale + (n / a.bn) * a.scale_cols;
   float acc[kGemvMRows] = {};
   for (int64_t k = r.lane; k < a.K; k += 32) {
-    const float w = (kE5m2 ? tc::fp8_e5m2_to_float(row[k]) : tc::fp8_e4m3fn_to_float(row[k])) * srow[k / a.bk];
+    const float w = fp8_value<kKind>(row[k]) * srow[k / a.bk];
 #pragma unroll
     for (int i = 0; i < kGemvMRows; ++i) {
       if (m0 + i < a.M) acc[i] += to_float(x[(m0 + i) * a.ldx + k]) * w;
@@ -33,8 +41,12 @@ __global__ void __launch_bounds__(32 * kGemvWarps) fp8_gemv_kernel(const Fp8Args
 template <typename T>
 void launch(const Fp8Args& a, cudaStream_t stream) {
   const dim3 grid = gemv_grid(a.N, a.M);
-  if (a.e5m2) fp8_gemv_kernel<T, true><<<grid, 32 * kGemvWarps, 0, stream>>>(a);
-  else fp8_gemv_kernel<T, false><<<grid, 32 * kGemvWarps, 0, stream>>>(a);
+  switch (a.kind) {
+    case Fp8Kind::kE5m2: fp8_gemv_kernel<T, Fp8Kind::kE5m2><<<grid, 32 * kGemvWarps, 0, stream>>>(a); break;
+    case Fp8Kind::kE4m3fnuz: fp8_gemv_kernel<T, Fp8Kind::kE4m3fnuz><<<grid, 32 * kGemvWarps, 0, stream>>>(a); break;
+    case Fp8Kind::kE5m2fnuz: fp8_gemv_kernel<T, Fp8Kind::kE5m2fnuz><<<grid, 32 * kGemvWarps, 0, stream>>>(a); break;
+    default: fp8_gemv_kernel<T, Fp8Kind::kE4m3fn><<<grid, 32 * kGemvWarps, 0, stream>>>(a); break;
+  }
 }
 
 }  // namespace

@@ -43,12 +43,14 @@ struct Nf4Args {
 };
 void nf4_gemv(ActType t, const Nf4Args& a, cudaStream_t stream);
 
-// float8 weight-only GEMV: w = float(q) * scale[n / bn][k / bk].
+// float8 weight-only GEMV: w = float(q) * scale[n / bn][k / bk]. The fnuz kinds are AMD's (Note [float8 fnuz] in
+// torchqkit/core/qdtype.py).
+enum class Fp8Kind : int { kE4m3fn = 0, kE5m2 = 1, kE4m3fnuz = 2, kE5m2fnuz = 3 };
 struct Fp8Args {
   const void* x;            // (M, K), row stride ldx
   int64_t M, K, ldx;
   const uint8_t* q;         // (N, K) float8 bytes
-  bool e5m2;                // else e4m3fn
+  Fp8Kind kind;             // which float8 the bytes are
   int64_t N;
   const float* scale;       // (N / bn, K / bk)
   int64_t bn, bk, scale_cols;

@@ -112,8 +112,13 @@ at::Tensor linear_fp8wo(const at::Tensor& x, const at::Tensor& qdata, const at::
   const c10::cuda::CUDAGuard guard(x.device());
   const ActType t = act_type(x, op, /*allow_float=*/true);
   const auto st = qdata.scalar_type();
-  TORCH_CHECK((st == at::kFloat8_e4m3fn || st == at::kFloat8_e5m2) && qdata.dim() == 2, op,
-              ": qdata must be (N, K) float8_e4m3fn / float8_e5m2, got ", st);
+  TORCH_CHECK((st == at::kFloat8_e4m3fn || st == at::kFloat8_e5m2 || st == at::kFloat8_e4m3fnuz ||
+               st == at::kFloat8_e5m2fnuz) && qdata.dim() == 2,
+              op, ": qdata must be (N, K) float8_e4m3fn / float8_e5m2 / float8_e4m3fnuz / float8_e5m2fnuz, got ", st);
+  const Fp8Kind kind = st == at::kFloat8_e5m2       ? Fp8Kind::kE5m2
+                       : st == at::kFloat8_e4m3fnuz ? Fp8Kind::kE4m3fnuz
+                       : st == at::kFloat8_e5m2fnuz ? Fp8Kind::kE5m2fnuz
+                                                    : Fp8Kind::kE4m3fn;
   const int64_t N = qdata.size(0), K = qdata.size(1);
   TORCH_CHECK(x.size(-1) == K, op, ": x has ", x.size(-1), " features but the weight has K = ", K);
   TORCH_CHECK(scale.dim() == 2 && N % scale.size(0) == 0 && K % scale.size(1) == 0, op,
@@ -124,7 +129,7 @@ at::Tensor linear_fp8wo(const at::Tensor& x, const at::Tensor& qdata, const at::
   const int64_t M = x2.size(0);
   at::Tensor out = at::empty({M, N}, x2.options());
   if (M > 0 && N > 0) {
-    const Fp8Args args{x2.data_ptr(), M, K, K, q.data_ptr<uint8_t>(), st == at::kFloat8_e5m2, N, s.data_ptr<float>(),
+    const Fp8Args args{x2.data_ptr(), M, K, K, q.data_ptr<uint8_t>(), kind, N, s.data_ptr<float>(),
                        N / s.size(0), K / s.size(1), s.size(1), b.defined() ? b.data_ptr<float>() : nullptr,
                        out.data_ptr(), N};
     fp8_gemv(t, args, at::cuda::getCurrentCUDAStream());

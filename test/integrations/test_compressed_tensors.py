@@ -205,6 +205,22 @@ def test_unmappable_weight_refused_before_anything_is_written(tmp_path):
     assert (tmp_path / "config.json").read_text() == "{}"
 
 
+@pytest.mark.parametrize("dtype", ["float8_e4m3fnuz", "float8_e5m2fnuz"])
+@pytest.mark.parametrize("acts", [False, True], ids=["weight-only", "fnuz-activations"])
+def test_fnuz_float8_refused_with_the_way_out(tmp_path, dtype, acts):
+    model = tiny_llama()
+    qk.quantize_(model, qk.Float8DynamicActivationFloat8WeightConfig(activation_dtype=dtype, weight_dtype=dtype)
+                 if acts else qk.Float8WeightOnlyConfig(weight_dtype=dtype))
+    with pytest.raises(ValueError) as e:
+        qk.save_compressed_tensors(model, tmp_path)
+    text = str(e.value)
+    assert "have no exact compressed-tensors form, nothing was written" in text
+    what, field = ("activations", "activation_dtype") if acts else ("codes", "weight_dtype")
+    assert (f"{dtype} {what}: compressed-tensors' float8 is OCP float8_e4m3fn and has no AMD fnuz form; quantize "
+            f"with {field}='float8_e4m3fn' to export") in text
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_failed_export_leaves_the_previous_one(tmp_path, monkeypatch):
     qk.save_compressed_tensors(_quantized("int4_g32_sym"), tmp_path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}

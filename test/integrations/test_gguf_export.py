@@ -142,6 +142,8 @@ def test_k_quant_with_16_weight_groups_is_refused_and_nothing_is_written(tmp_pat
     (qk.NF4WeightOnlyConfig(), r"nf4 codes are not integers"),
     (qk.IntxWeightOnlyConfig(bits=8, mapping="asymmetric"), r"int8 codes span more than 32 values"),
     (qk.IntxWeightOnlyConfig(bits=4, granularity=qk.PerGroup(16)), r"groups of 16 along K"),
+    (qk.Float8WeightOnlyConfig(weight_dtype="float8_e4m3fnuz"),
+     r"float8_e4m3fnuz codes \(AMD's float8\) have no GGUF type .* pass requantize=True .*\(save_quantized"),
 ])
 def test_unmappable_layouts_name_the_tensor_and_write_nothing(config, match, tmp_path, tokenizer_gguf):
     model = _tiny_model()

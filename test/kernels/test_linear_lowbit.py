@@ -99,6 +99,8 @@ WEIGHTS = {
     "e4m3_block32x16": lambda: _fp8(64, 96, Q.float8_e4m3fn, qk.PerBlock((32, 16))),
     "e5m2_row": lambda: _fp8(41, 1100, Q.float8_e5m2, qk.PerRow()),
     "e5m2_tensor": lambda: _fp8(17, 33, Q.float8_e5m2, qk.PerTensor()),
+    "e4m3fnuz_row": lambda: _fp8(37, 100, Q.float8_e4m3fnuz, qk.PerRow()),  # AMD's fnuz: Note [float8 fnuz bytes]
+    "e5m2fnuz_block32x16": lambda: _fp8(64, 1088, Q.float8_e5m2fnuz, qk.PerBlock((32, 16))),
     "int2_g32": lambda: _intx(37, 96, 2, qk.PerGroup(32)),
     "int3_g16_asym": lambda: _intx(33, 80, 3, qk.PerGroup(16), "asymmetric"),
     "int3_row_minK": lambda: _intx(9, 1, 3, qk.PerRow()),
@@ -152,6 +154,8 @@ DOT_WEIGHTS = {
     "mxfp8_e4m3_K224_N11": lambda: _mx(11, 224, Q.float8_e4m3fn),
     "e4m3_g32_K224_N15": lambda: _fp8(15, 224, Q.float8_e4m3fn, qk.PerBlock((1, 32))),
     "e5m2_row_K97_N5": lambda: _fp8(5, 97, Q.float8_e5m2, qk.PerRow()),
+    "e4m3fnuz_g32_K224_N15": lambda: _fp8(15, 224, Q.float8_e4m3fnuz, qk.PerBlock((1, 32))),
+    "e5m2fnuz_row_K97_N5": lambda: _fp8(5, 97, Q.float8_e5m2fnuz, qk.PerRow()),
     "int2_g64_asym_K192_N11": lambda: _intx(11, 192, 2, qk.PerGroup(64), "asymmetric"),
     "int3_g32_K96_N9": lambda: _intx(9, 96, 3, qk.PerGroup(32)),
     "int5_g128_asym_K384_N5": lambda: _intx(5, 384, 5, qk.PerGroup(128), "asymmetric"),  # last group: a tail step
@@ -237,6 +241,8 @@ PANEL_WEIGHTS = {
     "mxfp4_N45_K1056": lambda: _mx(45, 1056, Q.fp4_e2m1),
     "e4m3_block16x32_N48": lambda: _fp8(48, 640, Q.float8_e4m3fn, qk.PerBlock((16, 32))),
     "e5m2_row_N37_K1100": lambda: _fp8(37, 1100, Q.float8_e5m2, qk.PerRow()),
+    "e4m3fnuz_row_N37_K1100": lambda: _fp8(37, 1100, Q.float8_e4m3fnuz, qk.PerRow()),
+    "e5m2fnuz_block16x32_N48": lambda: _fp8(48, 640, Q.float8_e5m2fnuz, qk.PerBlock((16, 32))),
     "int3_g96_N35": lambda: _intx(35, 576, 3, qk.PerGroup(96)),
     "int5_g32_asym_N67": lambda: _intx(67, 320, 5, qk.PerGroup(32), "asymmetric"),
     "uint4_g64_float_zp_N19": lambda: _intx(19, 384, 4, qk.PerGroup(64), "asymmetric", signed=False,
@@ -403,9 +409,14 @@ def test_intx_codes_in_every_decode_lane_at_one_token(monkeypatch, isa, bits, si
     torch.testing.assert_close(out, (codes - (2 ** (bits - 1) if signed else 0)).float(), rtol=0, atol=0)
 
 
+FLOAT8_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
+# A NaN byte of each: e4m3fn's 0x7F / 0xFF, e5m2's exponent 31 with a mantissa, fnuz's only NaN 0x80.
+NAN_BYTE = {torch.float8_e4m3fn: 0x7F, torch.float8_e5m2: 0x7F, torch.float8_e4m3fnuz: 0x80, torch.float8_e5m2fnuz: 0x80}
+
+
 @needs_ext
 @isa_param
-@pytest.mark.parametrize("dt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("dt", FLOAT8_DTYPES, ids=str)
 def test_float8_codes_in_every_decode_lane_at_one_token(monkeypatch, isa, dt):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     every = torch.arange(256, dtype=torch.uint8).view(dt)
@@ -418,10 +429,11 @@ def test_float8_codes_in_every_decode_lane_at_one_token(monkeypatch, isa, dt):
 @needs_ext
 @isa_param
 def test_float8_special_codes(monkeypatch, isa):
-    # Every e4m3fn / e5m2 byte (subnormals, the largest values, NaN, inf) decodes as torch's float8 does: one code
-    # per row (a partial decode step); every finite code in one row (whole steps); a NaN code among finite ones.
+    # Every byte of the four float8 formats (subnormals, the largest values, NaN, inf; fnuz: 0x80 NaN, no -0, 0x7F /
+    # 0xFF finite) decodes as torch's float8 does: one code per row (a partial decode step); every finite code in one
+    # row (whole steps); a NaN code among finite ones.
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
-    for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+    for dt in FLOAT8_DTYPES:
         codes = torch.arange(256, dtype=torch.uint8).view(dt).reshape(256, 1)
         out = FP8(torch.ones(1, 1), codes, torch.ones(1, 1), None).reshape(256)
         torch.testing.assert_close(out, codes.float().reshape(256), rtol=0, atol=0, equal_nan=True)
@@ -429,20 +441,24 @@ def test_float8_special_codes(monkeypatch, isa):
         out = FP8(torch.eye(finite.numel()), finite.reshape(1, -1), torch.ones(1, 1), None).reshape(-1)
         torch.testing.assert_close(out, finite.float(), rtol=0, atol=0)
         row = finite[:64].clone().reshape(1, 64)
-        row.view(torch.uint8)[0, 37] = 0x7F  # NaN in both formats
+        row.view(torch.uint8)[0, 37] = NAN_BYTE[dt]
         assert FP8(torch.ones(2, 64), row, torch.ones(1, 1), None).isnan().all()
 
 
 @needs_ext
 @isa_param
-@pytest.mark.parametrize("case", ["e4m3_row", "mxfp8_e4m3"])
+@pytest.mark.parametrize("case", ["e4m3_row", "mxfp8_e4m3", "e4m3fnuz_row", "e5m2fnuz_row"])
 def test_e4m3_nan_code_in_a_whole_step(monkeypatch, isa, case):
-    # The dot loop decodes e4m3 without a per-step NaN check and reruns a tile that held a NaN code with the checked
-    # decoder: the row with the NaN code (in a whole step, mid row) is NaN for every token; the other rows of its
-    # tile and of the next tiles keep the reference's values.
+    # The dot loop decodes e4m3 (and fnuz) without a per-step NaN check and reruns a tile that held a NaN code with
+    # the checked decoder: the row with the NaN code (in a whole step, mid row) is NaN for every token; the other rows
+    # of its tile and of the next tiles keep the reference's values.
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
-    w = _fp8(7, 256, Q.float8_e4m3fn, qk.PerRow()) if case == "e4m3_row" else _mx(7, 256, Q.float8_e4m3fn)
-    w.qdata.view(torch.uint8)[2, 100] = 0xFF  # -NaN in e4m3fn
+    if case == "mxfp8_e4m3":
+        w = _mx(7, 256, Q.float8_e4m3fn)
+    else:
+        w = _fp8(7, 256, {"e4m3_row": Q.float8_e4m3fn, "e4m3fnuz_row": Q.float8_e4m3fnuz,
+                          "e5m2fnuz_row": Q.float8_e5m2fnuz}[case], qk.PerRow())
+    w.qdata.view(torch.uint8)[2, 100] = 0x80 if "fnuz" in case else 0xFF  # fnuz's only NaN; -NaN in e4m3fn
     for m in (1, 2, 5):
         x = _act(m, 256, torch.float32, seed=m)
         out = _call(w, x, None)
@@ -465,6 +481,9 @@ LAYOUT_CASES = {
     "fp6_e2m3_g32": (lambda: qk.FP6WeightOnlyConfig(ebits=2, group_size=32), "linear_fp6wo"),
     "fp8_e5m2_block": (lambda: qk.Float8WeightOnlyConfig(weight_dtype=Q.float8_e5m2, granularity=qk.PerBlock((16, 32))),
                        "linear_fp8wo"),
+    "fp8_e4m3fnuz_row": (lambda: qk.Float8WeightOnlyConfig(weight_dtype=Q.float8_e4m3fnuz), "linear_fp8wo"),
+    "fp8_e5m2fnuz_block": (lambda: qk.Float8WeightOnlyConfig(weight_dtype="float8_e5m2fnuz",
+                                                             granularity=qk.PerBlock((16, 32))), "linear_fp8wo"),
     "int3_g32": (lambda: qk.IntxWeightOnlyConfig(bits=3, granularity=qk.PerGroup(32)), "linear_intxwo"),
     "int6_asym": (lambda: qk.IntxWeightOnlyConfig(bits=6, granularity=qk.PerRow(), mapping="asymmetric"),
                   "linear_intxwo"),

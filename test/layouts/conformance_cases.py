@@ -100,6 +100,13 @@ CASES: dict[str, list[tuple[str, tuple[int, int], dict]]] = {
                                              act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerRow()))),
         # 100 x 200 in 32 x 64 blocks: a partial last block along both dims
         ("e4m3-block32x64-partial-both", (100, 200), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerBlock((32, 64)))),
+        # AMD's fnuz formats (max 240 / 57344, 0x80 the only NaN): weight-only, and with fnuz activations
+        ("e4m3fnuz-row", (48, 64), dict(qdtype=Q.float8_e4m3fnuz, granularity=qk.PerRow())),
+        ("e5m2fnuz-block16x32", (64, 96), dict(qdtype=Q.float8_e5m2fnuz, granularity=qk.PerBlock((16, 32)))),
+        ("e4m3fnuz-tensor-dynact", (48, 64), dict(qdtype=Q.float8_e4m3fnuz, granularity=qk.PerTensor(),
+                                                  act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fnuz, qk.PerTensor()))),
+        ("e5m2fnuz-row-dynact", (48, 64), dict(qdtype=Q.float8_e5m2fnuz, granularity=qk.PerRow(),
+                                               act_quant=qk.ActivationQuantSpec(Q.float8_e5m2fnuz, qk.PerRow()))),
     ],
     "mx": [
         ("mxfp8-e4m3", (48, 128), dict(qdtype=Q.float8_e4m3fn, granularity=qk.PerGroup(32),

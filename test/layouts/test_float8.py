@@ -78,7 +78,8 @@ def test_scaled_mm_serves_per_row_and_per_tensor_with_float8_activations():
     for aqt in (per_block, weight_only, reference):
         assert aten._scaled_mm.default not in _linear_ops(aqt, x)
     paths = [r for r in qk.kernels.status() if r["layout"] == "float8"]
-    assert {r["path"].split(" ")[0] for r in paths} == {"aten._scaled_mm", "reference", "torchqkit::linear_fp8wo"}
+    assert {r["path"].split(" ")[0] for r in paths} == {"aten._scaled_mm", "reference", "torchqkit::linear_fp8wo",
+                                                        "torchqkit::scaled_mm_fp8_rowwise"}  # fnuz on NVIDIA
 
 
 def test_plain_and_float8_share_the_scaled_mm_linear():
@@ -121,3 +122,127 @@ def test_unsupported_shapes_and_qdtypes_are_reported():
     assert "not int8" in qk.Float8Layout().supports(qk.layouts.WeightFormat.of(Q.int8, (1, 64), (8, 64), "none"))
     with pytest.raises(ValueError, match="PerBlock"):
         qk.Float8WeightOnlyConfig(granularity=qk.PerGroup(32))
+
+
+# ------------------------------------------------------------------------------------------------
+# AMD's fnuz formats (Note [float8 fnuz] in core/qdtype.py)
+# ------------------------------------------------------------------------------------------------
+
+FNUZ = [pytest.param(Q.float8_e4m3fnuz, id="e4m3fnuz"), pytest.param(Q.float8_e5m2fnuz, id="e5m2fnuz")]
+
+
+def test_fnuz_bytes_pinned():
+    aqt = _f8(torch.tensor([[2.0, -1.0, 0.5, 0.0]]), Q.float8_e4m3fnuz)  # scale 2 / 240: codes 240, -120, 60, 0
+    # e4m3fnuz: sign | eeee (bias 8) | mmm. 240 = 1.875 * 2^7 (0x7F: NaN in e4m3fn), 120 = 1.875 * 2^6, 60 = 1.875 * 2^5
+    assert aqt.qdata.dtype == torch.float8_e4m3fnuz
+    assert aqt.qdata.view(torch.uint8).tolist() == [[0x7F, 0xF7, 0x6F, 0x00]]
+    assert aqt.scale.tolist() == [[torch.tensor(2 / 240, dtype=torch.float32).item()]]
+    aqt = _f8(torch.tensor([[1.0, -0.5]]), Q.float8_e5m2fnuz, qk.PerTensor())  # codes 57344, -28672
+    # e5m2fnuz: sign | eeeee (bias 16) | mm. 57344 = 1.75 * 2^15 (exponent 31: finite here), 28672 = 1.75 * 2^14
+    assert aqt.qdata.view(torch.uint8).tolist() == [[0x7F, 0xFB]]
+
+
+@pytest.mark.parametrize("qdtype", FNUZ)
+def test_fnuz_every_byte_dequantizes_exactly(qdtype):
+    aqt = _f8(torch.randn(16, 16), qdtype, qk.PerTensor())
+    aqt.qdata.view(torch.uint8).copy_(torch.arange(256, dtype=torch.uint8).reshape(16, 16))
+    got, want = aqt.dequantize(), aqt.qdata.to(torch.float32) * aqt.scale  # torch's own float8 conversion
+    assert torch.isnan(got).reshape(-1).nonzero().reshape(-1).tolist() == [0x80]
+    assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("qdtype", FNUZ)
+def test_fnuz_linear_runs_the_kernel_and_scaled_mm(qdtype):
+    x, w = torch.randn(5, 64), torch.randn(32, 64) * 0.05
+    weight_only = _f8(w, qdtype)
+    assert torch.ops.torchqkit.linear_fp8wo.default in _linear_ops(weight_only, x)
+    ref = F.linear(x, weight_only.dequantize())
+    # the kernel and the reference decode the same bytes; float32 summation order apart
+    assert (F.linear(x, weight_only) - ref).abs().max() <= 2e-5 * ref.abs().max()
+    for g in (qk.PerRow(), qk.PerTensor()):
+        dynamic = _f8(w, qdtype, g, act_quant=qk.ActivationQuantSpec(qdtype, g))
+        assert aten._scaled_mm.default in _linear_ops(dynamic, x)  # torch's CPU _scaled_mm takes fnuz operands
+        reference = qk.layouts.routes.reference_linear(dynamic, x, None)
+        assert torch.equal(F.linear(x, dynamic), reference)  # Note [torch._scaled_mm's contract]: bit for bit on CPU
+
+
+def test_fnuz_on_an_nvidia_gpu_takes_the_rowwise_op(monkeypatch):
+    """cuBLASLt (torch._scaled_mm on NVIDIA) has no fnuz: that case routes to torchqkit::scaled_mm_fp8_rowwise, which
+    decodes the bytes; ROCm and CPU keep torch._scaled_mm. The route's call runs here on CPU tensors (the op's
+    reference), and must equal the reference linear."""
+    import types
+    from torchqkit.layouts.routes import route_for
+    from torchqkit.layouts.scaled_mm import FNUZ_ON_NVIDIA_ROUTE, SCALED_MM_ROUTE
+    w, x = torch.randn(32, 64) * 0.05, torch.randn(5, 64)
+    fnuz = _f8(w, Q.float8_e4m3fnuz, act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fnuz, qk.PerRow()))
+    ocp = _f8(w, Q.float8_e4m3fn, act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerRow()))
+    on_gpu = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert route_for(fnuz, on_gpu) is FNUZ_ON_NVIDIA_ROUTE
+    assert route_for(ocp, on_gpu) is SCALED_MM_ROUTE and route_for(fnuz, x) is SCALED_MM_ROUTE
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert route_for(fnuz, on_gpu) is SCALED_MM_ROUTE  # ROCm's _scaled_mm takes fnuz
+    out = FNUZ_ON_NVIDIA_ROUTE.call(torch.ops.torchqkit.scaled_mm_fp8_rowwise, fnuz, x, None)
+    ref = qk.layouts.routes.reference_linear(fnuz, x, None)
+    assert (out - ref).abs().max() <= 1e-6 * ref.abs().max()
+    rows = [r for r in qk.kernels.status() if r["layout"] == "float8" and "NVIDIA" in r["linear"]]
+    assert len(rows) == 1 and rows[0]["path"].startswith("torchqkit::scaled_mm_fp8_rowwise")
+
+
+@pytest.mark.parametrize("qdtype", FNUZ)
+def test_fnuz_checkpoints_round_trip(qdtype, tmp_path):
+    import io
+
+    import safetensors.torch
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(64, 48), nn.Linear(48, 32))
+
+    quantized = model()
+    qk.quantize_(quantized, qk.Float8WeightOnlyConfig(weight_dtype=qdtype), filter_fn=lambda m, f: f == "0")
+    qk.quantize_(quantized, qk.Float8DynamicActivationFloat8WeightConfig(activation_dtype=qdtype, weight_dtype=qdtype),
+                 filter_fn=lambda m, f: f == "1")
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        want = quantized(x)
+    path = tmp_path / "m.safetensors"
+    qk.save_quantized(quantized, path)
+    # safetensors' own reader sees the fnuz dtype (F8_E4M3FNUZ / F8_E5M2FNUZ in the header)
+    raw = safetensors.torch.load_file(path)
+    assert {t.dtype for t in raw.values() if t.element_size() == 1} == {qdtype.storage_dtype}
+    loaded = qk.load_quantized(model(), path)
+    buf = io.BytesIO()
+    torch.save(quantized.state_dict(), buf)
+    buf.seek(0)
+    pickled = model()
+    pickled.load_state_dict(torch.load(buf, weights_only=True), assign=True)
+    for m in (loaded, pickled):
+        for i in (0, 1):
+            got, src = m[i].weight, quantized[i].weight
+            assert got.qdtype is qdtype and got.qdata.dtype == qdtype.storage_dtype
+            assert torch.equal(got.qdata.view(torch.uint8), src.qdata.view(torch.uint8))
+            assert torch.equal(got.scale, src.scale)
+        assert m[1].weight.act_quant == quantized[1].weight.act_quant
+        with torch.no_grad():
+            assert torch.equal(m(x), want)
+
+
+def test_fnuz_combinations_that_cannot_work_are_refused():
+    with pytest.raises(ValueError, match="mixes an OCP float8 .* with an AMD fnuz one"):
+        qk.Float8DynamicActivationFloat8WeightConfig(activation_dtype="float8_e4m3fn", weight_dtype="float8_e4m3fnuz")
+    with pytest.raises(ValueError, match="mixes an OCP float8"):
+        qk.Float8StaticActivationFloat8WeightConfig(act_scale=0.1, activation_dtype="float8_e5m2fnuz")
+    with pytest.raises(ValueError, match=r"MX spec's elements are OCP float8; for AMD's fnuz formats use "
+                                         r"Float8WeightOnlyConfig\(weight_dtype='float8_e4m3fnuz'"):
+        qk.MXFP8WeightOnlyConfig(element_dtype="float8_e4m3fnuz")
+    with pytest.raises(ValueError, match="MXFP8, whose elements are OCP float8_e4m3fn / float8_e5m2, not "
+                                         "float8_e5m2fnuz"):
+        qk.ActivationQuantSpec(Q.float8_e5m2fnuz, qk.PerGroup(32))
+    with pytest.raises(ValueError, match="must be float8_e4m3fn, float8_e5m2, float8_e4m3fnuz or float8_e5m2fnuz, "
+                                         "got int8"):
+        qk.Float8WeightOnlyConfig(weight_dtype="int8")
+    # both fnuz: accepted, and the config round-trips through JSON
+    config = qk.Float8DynamicActivationFloat8WeightConfig(activation_dtype="float8_e4m3fnuz",
+                                                          weight_dtype="float8_e5m2fnuz")
+    assert qk.config_from_dict(config.to_dict()) == config

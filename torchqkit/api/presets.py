@@ -90,6 +90,11 @@ PRESETS: dict[str, Callable[[], QuantConfig | ModuleConfigs]] = {
     "mxfp8": lambda: MXFP8WeightOnlyConfig(),
     "fp8-wo": lambda: Float8WeightOnlyConfig(),
     "fp8-dyn-row": lambda: Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+    # AMD MI300's float8 (e4m3fnuz: max 240, Note [float8 fnuz] in core/qdtype.py), weight-only and x fnuz activations
+    "fp8-wo-fnuz": lambda: Float8WeightOnlyConfig(weight_dtype="float8_e4m3fnuz"),
+    "fp8-dyn-row-fnuz": lambda: Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(),
+                                                                          activation_dtype="float8_e4m3fnuz",
+                                                                          weight_dtype="float8_e4m3fnuz"),
     # 4-bit activations: on an LLM after qk.rotate_ (QuaRot); reference path on every backend so far
     "int4-dyn-int4-g32": lambda: Int4DynamicActivationInt4WeightConfig(group_size=32),
     "fp8-dyn-int4-g32": lambda: Float8DynamicActivationInt4WeightConfig(group_size=32),

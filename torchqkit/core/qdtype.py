@@ -27,7 +27,8 @@ class QKind(str, Enum):
 
     Attributes:
         INT: affine integer codes, signed or unsigned (``int1`` .. ``int8``, ``uint1`` .. ``uint8``).
-        FLOAT8: IEEE-like 8-bit floats stored in torch's float8 dtypes (``float8_e4m3fn``, ``float8_e5m2``).
+        FLOAT8: IEEE-like 8-bit floats stored in torch's float8 dtypes (``float8_e4m3fn``, ``float8_e5m2``, and
+            AMD's ``float8_e4m3fnuz``, ``float8_e5m2fnuz``: Note [float8 fnuz]).
         CODEBOOK: an index into a fixed table of levels (``nf4``, ``fp4_e2m1``: 16 levels; ``fp6_e3m2``,
             ``fp6_e2m3``: 64).
         FLOAT: the values themselves in a torch float dtype (``float32``, ``bfloat16``, ``float16``): scale 1, no
@@ -52,8 +53,9 @@ class QDType:
     """A quantized dtype: what a code means, independent of how a layout stores it.
 
     The registered instances are module attributes of ``torchqkit.qdtypes`` (``int1`` .. ``int8``, ``uint1`` ..
-    ``uint8``, ``float8_e4m3fn``, ``float8_e5m2``, ``nf4``, ``fp4_e2m1``, ``fp6_e3m2``, ``fp6_e2m3``, and the
-    identity formats ``float32``, ``bfloat16``, ``float16``); configs and the primitives take them (or their names).
+    ``uint8``, ``float8_e4m3fn``, ``float8_e5m2``, ``float8_e4m3fnuz``, ``float8_e5m2fnuz``, ``nf4``, ``fp4_e2m1``,
+    ``fp6_e3m2``, ``fp6_e2m3``, and the identity formats ``float32``, ``bfloat16``, ``float16``); configs and the
+    primitives take them (or their names). ``is_fnuz`` tells AMD's float8 formats (Note [float8 fnuz]) apart.
     Instances are frozen, compare by value, print as ``torchqkit.<name>`` and pickle by name.
     Building a new one does not register it: ``qdtype_from_name`` knows only the registered ones.
 
@@ -75,6 +77,7 @@ class QDType:
         q = qk.qdtypes.int4
         assert (q.qmin, q.qmax, q.storage_dtype) == (-8, 7, torch.int8)
         print(qk.qdtypes.nf4.max_abs_level, qk.qdtypes.float8_e4m3fn.qmax)   # 1.0 448.0
+        assert qk.qdtypes.float8_e4m3fnuz.qmax == 240.0 and qk.qdtypes.float8_e4m3fnuz.is_fnuz
         ```
     """
     name: str
@@ -92,6 +95,11 @@ class QDType:
     @property
     def is_integer(self) -> bool:
         return self.kind is QKind.INT
+
+    @property
+    def is_fnuz(self) -> bool:
+        """AMD's float8 formats (``float8_e4m3fnuz``, ``float8_e5m2fnuz``): Note [float8 fnuz]."""
+        return self.storage_dtype in (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 
     @property
     def max_abs_level(self) -> float:
@@ -133,6 +141,23 @@ float8_e4m3fn = _register(
 float8_e5m2 = _register(
     QDType("float8_e5m2", 8, QKind.FLOAT8, True, torch.finfo(torch.float8_e5m2).min,
            torch.finfo(torch.float8_e5m2).max, torch.float8_e5m2))
+
+# Note [float8 fnuz]
+# ~~~~~~~~~~~~~~~~~~
+# AMD's float8 formats (the MI300 generation's float8 hardware; torch.float8_e4m3fnuz / torch.float8_e5m2fnuz): the
+# OCP formats' bit fields with an exponent bias one larger (e4m3fnuz: 8, e5m2fnuz: 16), no infinities and no negative
+# zero: 0x80 is the only NaN. So every other byte's value is half the OCP value of the same bits (e4m3fn's NaN codes
+# 0x7F / 0xFF are +-240, e5m2's exponent 31 is finite), largest 240 / 57344, smallest subnormal 2^-10 / 2^-17.
+# Quantizing saturates at that max before the cast (torch's cast of anything past it is NaN, not the max) and
+# rounds to nearest even; a value that rounds to zero is +0, never the NaN byte. Everything that takes a float8
+# qdtype takes these (the oracle, Float8Layout and its kernels, checkpoints); an exporter whose format has no fnuz
+# (GGUF, compressed-tensors, MX) refuses them by name.
+float8_e4m3fnuz = _register(
+    QDType("float8_e4m3fnuz", 8, QKind.FLOAT8, True, torch.finfo(torch.float8_e4m3fnuz).min,
+           torch.finfo(torch.float8_e4m3fnuz).max, torch.float8_e4m3fnuz))
+float8_e5m2fnuz = _register(
+    QDType("float8_e5m2fnuz", 8, QKind.FLOAT8, True, torch.finfo(torch.float8_e5m2fnuz).min,
+           torch.finfo(torch.float8_e5m2fnuz).max, torch.float8_e5m2fnuz))
 
 # Note [NF4 levels]: the 16 NormalFloat levels of QLoRA (Dettmers et al., 2023, appendix E),
 # quantiles of N(0, 1) normalised to [-1, 1] with an exact zero. Code i means levels[i].
@@ -204,8 +229,8 @@ def qdtype_from_name(name: str) -> QDType:
 
     Args:
         name (str): a registered name: ``"int1"`` .. ``"int8"``, ``"uint1"`` .. ``"uint8"``, ``"float8_e4m3fn"``,
-            ``"float8_e5m2"``, ``"nf4"``, ``"fp4_e2m1"``, ``"fp6_e3m2"``, ``"fp6_e2m3"``, or an identity format
-            ``"float32"``, ``"bfloat16"``, ``"float16"``.
+            ``"float8_e5m2"``, ``"float8_e4m3fnuz"``, ``"float8_e5m2fnuz"``, ``"nf4"``, ``"fp4_e2m1"``, ``"fp6_e3m2"``,
+            ``"fp6_e2m3"``, or an identity format ``"float32"``, ``"bfloat16"``, ``"float16"``.
 
     Returns:
         QDType: the registered instance (the same object each call).
@@ -229,8 +254,8 @@ def all_qdtypes() -> list[QDType]:
     """Every registered quantized dtype, in registration order.
 
     Returns:
-        list[QDType]: int1..int8, uint1..uint8, float8_e4m3fn, float8_e5m2, nf4, fp4_e2m1, fp6_e3m2, fp6_e2m3 and
-        the identity formats float32, bfloat16, float16.
+        list[QDType]: int1..int8, uint1..uint8, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz, nf4,
+        fp4_e2m1, fp6_e3m2, fp6_e2m3 and the identity formats float32, bfloat16, float16.
 
     Example:
         ```python

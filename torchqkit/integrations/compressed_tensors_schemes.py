@@ -142,6 +142,8 @@ def _int_scheme(w, acts) -> CTScheme | str:
 
 
 def _float8_scheme(w, acts) -> CTScheme | str:
+    if w.qdtype.is_fnuz:
+        return _fnuz_refusal(w.qdtype, "codes", "weight_dtype")
     if w.qdtype != float8_e4m3fn:
         return f"{w.qdtype.name} codes (compressed-tensors' float8 is float8_e4m3fn)"
     strategy = _strategy(w)
@@ -167,6 +169,13 @@ def _nvfp4_scheme(w, acts) -> CTScheme | str:
     return CTScheme(NVFP4_PACK_QUANTIZED, dict(NVFP4_WEIGHTS), None)
 
 
+def _fnuz_refusal(qdtype, what: str, field: str) -> str:
+    """Why AMD's fnuz float8 (Note [float8 fnuz] in core/qdtype.py) has no compressed-tensors form, and the way out."""
+    return (f"{qdtype.name} {what}: compressed-tensors' float8 is OCP float8_e4m3fn and has no AMD fnuz form; quantize "
+            f"with {field}='float8_e4m3fn' to export (ROCm engines convert e4m3fn to fnuz when they load), or keep "
+            f"the fnuz codes in torchqkit's own checkpoint (save_pretrained)")
+
+
 def _activation_args(spec) -> dict | None | str:
     """QuantizationArgs of ``spec`` (an ActivationQuantSpec) as JSON, or why compressed-tensors has none."""
     if spec is None:
@@ -177,6 +186,8 @@ def _activation_args(spec) -> dict | None | str:
         kind = "int"
     elif spec.qdtype == float8_e4m3fn:
         kind = "float"
+    elif spec.qdtype.is_fnuz:
+        return _fnuz_refusal(spec.qdtype, "activations", "activation_dtype")
     else:
         return f"{spec.qdtype.name} activations (exported: int8 and float8_e4m3fn ones)"
     symmetric = spec.mapping is not MappingType.ASYMMETRIC

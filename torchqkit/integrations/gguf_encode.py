@@ -79,6 +79,10 @@ def _per_block(t: torch.Tensor, n: int, k: int, block_size) -> torch.Tensor:
 def _layout_problem(w, k: int) -> str | None:
     if w.transposed:
         return "a transposed view (export the module's own weight)"
+    if w.qdtype.is_fnuz:
+        return (f"{w.qdtype.name} codes (AMD's float8) have no GGUF type (GGUF holds integer "
+                f"blocks); pass requantize=True to re-round the weight into one, or keep the fnuz codes in torchqkit's "
+                f"own checkpoint (save_quantized / save_pretrained)")
     if w.qdtype.kind is not QKind.INT:
         return f"{w.qdtype.name} codes are not integers on an affine grid; GGUF's integer block types can't hold them"
     if w.input_scale is not None:

@@ -1,10 +1,13 @@
-"""Float8Layout: float8 e4m3fn / e5m2 codes with per-tensor, per-row or per-block (e.g. 128x128) scales.
+"""Float8Layout: float8 e4m3fn / e5m2 / e4m3fnuz / e5m2fnuz codes with per-tensor, per-row or per-block (e.g.
+128x128) scales.
 
 Bit layout (device-independent): ``qdata`` is the row-major (N, K) weight, one byte per element, the
 byte being the element's float8 bits (e4m3fn: sign | 4 exponent bits, bias 7 | 3 mantissa bits;
-e5m2: sign | 5 exponent bits, bias 15 | 2 mantissa bits), stored as torch.float8_e4m3fn / float8_e5m2.
+e5m2: sign | 5 exponent bits, bias 15 | 2 mantissa bits; AMD's e4m3fnuz / e5m2fnuz: the same fields with bias 8 / 16,
+0x80 the only NaN, Note [float8 fnuz] in core/qdtype.py), stored as the torch float8 dtype of that name.
 Tensors:
-  qdata: (N, K) rounded up to whole blocks, torch.float8_e4m3fn or torch.float8_e5m2 (padding: 0.0)
+  qdata: (N, K) rounded up to whole blocks, torch.float8_e4m3fn, float8_e5m2, float8_e4m3fnuz or float8_e5m2fnuz
+         (padding: 0.0)
   scale: (ceil(N / block_size[0]), ceil(K / block_size[1])), float32: (1, 1) per tensor, (N, 1) per row,
          (ceil(N / 128), ceil(K / 128)) for 128x128 blocks
 x = float(q) * scale, elements saturated at the format's max when quantized.
@@ -23,14 +26,15 @@ from ..core.primitives import pad_to, padded_shape
 from ..core.qdtype import QKind
 from .base import Layout, PlainParts, WeightFormat, crop_features, pad_features, register_layout
 from .routes import Route
-from .scaled_mm import SCALED_MM_ROUTE
+from .scaled_mm import SCALED_MM_ROUTES
 
 
 
 @register_layout("float8")
 @dataclass(frozen=True)
 class Float8Layout(Layout):
-    """float8 e4m3fn / e5m2 codes with per-tensor, per-row or per-block float32 scales (layout name ``"float8"``).
+    """float8 codes (e4m3fn, e5m2, or AMD's e4m3fnuz / e5m2fnuz) with per-tensor, per-row or per-block float32
+    scales (layout name ``"float8"``).
 
     ``qdata`` is the row-major (N, K) weight, one float8 element per byte; ``scale`` has one value per block.
     The default layout of the float8 configs. With float8 activations and per-tensor / per-row scales its linear
@@ -51,7 +55,8 @@ class Float8Layout(Layout):
 
     def supports(self, fmt: WeightFormat):
         if fmt.qdtype.kind is not QKind.FLOAT8:
-            return f"Float8Layout stores float8_e4m3fn / float8_e5m2 codes, not {fmt.qdtype.name}"
+            return (f"Float8Layout stores float8 codes (float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz), "
+                    f"not {fmt.qdtype.name}")
         return self.symmetric_2d_problem(fmt, "symmetric float8 codes")
 
     def pack(self, parts: PlainParts, fmt: WeightFormat):
@@ -77,7 +82,7 @@ def _fp8_call(fn, w, x, bias):
 
 
 Float8Layout.routes = (
-    SCALED_MM_ROUTE,
+    *SCALED_MM_ROUTES,
     Route("weight-only float8 (per tensor / row / block scales)", lambda w, x: w.act_quant is None,
           op="torchqkit::linear_fp8wo", call=_fp8_call),
 )

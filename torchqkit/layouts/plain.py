@@ -22,7 +22,7 @@ from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind, int8
 from .base import Layout, PlainParts, WeightFormat, pad_features, register_layout
 from .routes import Route, flatten_tokens, in_dtype_of
-from .scaled_mm import SCALED_MM_ROUTE
+from .scaled_mm import SCALED_MM_ROUTES
 
 
 
@@ -127,5 +127,5 @@ PlainLayout.routes = (
           aten=_int8_dynamic_linear, aten_name="aten._int_mm",
           why="the fused int8 kernel computes per-token scales inside (symmetric / asymmetric); this case quantizes x "
               "in Python, then torch._int_mm and a rescale: exact, one extra pass over x", act_dtypes=_ANY_FLOAT),
-    SCALED_MM_ROUTE,
+    *SCALED_MM_ROUTES,
 )

@@ -13,7 +13,7 @@ from ..core.qdtype import QKind
 from ..kernels import aten_scaled_mm
 from .routes import Route, flatten_tokens, in_dtype_of
 
-__all__ = ["SCALED_MM_ROUTE", "scaled_mm_applies", "scaled_mm_linear"]
+__all__ = ["SCALED_MM_ROUTES", "SCALED_MM_ROUTE", "FNUZ_ON_NVIDIA_ROUTE", "scaled_mm_applies", "scaled_mm_linear"]
 
 
 def scaled_mm_applies(w, x=None) -> bool:
@@ -54,8 +54,25 @@ def _rowwise_call(fn, w, x, bias):
     return out.reshape(*x.shape[:-1], n)
 
 
+def _fnuz_on_nvidia(w, x) -> bool:
+    """float8 x float8 on AMD fnuz codes (Note [float8 fnuz] in core/qdtype.py) on a CUDA device that is not ROCm:
+    cuBLASLt's float8 matmul (torch._scaled_mm there) takes OCP e4m3fn / e5m2 only. On ROCm (MI300) and on CPU
+    torch._scaled_mm takes fnuz operands as they are."""
+    return w.qdtype.is_fnuz and x.is_cuda and torch.version.hip is None and scaled_mm_applies(w, x)
+
+
+FNUZ_ON_NVIDIA_ROUTE = Route(
+    "fnuz float8 act x per-tensor / per-row fnuz weight on an NVIDIA GPU", _fnuz_on_nvidia,
+    op="torchqkit::scaled_mm_fp8_rowwise", call=_rowwise_call,
+    why="torch._scaled_mm on NVIDIA GPUs takes OCP float8 only; the op decodes fnuz bytes (its Triton kernel on a "
+        "GPU, else its reference)",
+    act_dtypes=(torch.float32, torch.bfloat16, torch.float16))
+
 SCALED_MM_ROUTE = Route(
     "float8 act x per-tensor / per-row float8 weight", scaled_mm_applies,
     op="torchqkit::scaled_mm_fp8_rowwise", call=_rowwise_call, aten=scaled_mm_linear, aten_name="aten._scaled_mm",
     why="torch._scaled_mm (cuBLASLt on a GPU; torch's CPU _scaled_mm is itself a slow reference implementation)",
     act_dtypes=(torch.float32, torch.bfloat16, torch.float16))
+
+# What the float8-storing layouts list first: the fnuz-on-NVIDIA case before the one torch._scaled_mm serves.
+SCALED_MM_ROUTES = (FNUZ_ON_NVIDIA_ROUTE, SCALED_MM_ROUTE)

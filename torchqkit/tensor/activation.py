@@ -58,7 +58,8 @@ class ActivationQuantSpec:
       power-of-two scale per call (the oracle's ``scale_rounding="float8_e4m3"``).
 
     Args:
-        qdtype (QDType): ``qk.qdtypes.int8``, ``int4``, ``float8_e4m3fn``, ``float8_e5m2`` or ``fp4_e2m1``.
+        qdtype (QDType): ``qk.qdtypes.int8``, ``int4``, ``float8_e4m3fn``, ``float8_e5m2``, ``float8_e4m3fnuz``,
+            ``float8_e5m2fnuz`` (not per group: MXFP8 elements are OCP float8) or ``fp4_e2m1``.
         granularity (Granularity): the scale granularity; default ``PerToken()``.
         mapping (MappingType): ``MappingType.SYMMETRIC`` (default) or ``ASYMMETRIC`` (int8 / int4 per token only), or
             its value.
@@ -107,6 +108,10 @@ class ActivationQuantSpec:
                 if self.granularity.group_size != MX_BLOCK or self.static_scale is not None:
                     raise ValueError(f"float8 activations per group are MXFP8: PerGroup({MX_BLOCK}), dynamic (no "
                                      f"static_scale)")
+                if self.qdtype.is_fnuz:
+                    raise ValueError(f"float8 activations per group are MXFP8, whose elements are OCP float8_e4m3fn / "
+                                     f"float8_e5m2, not {self.qdtype.name}; use one of those, or {self.qdtype.name} "
+                                     f"per token (PerToken()) or per tensor")
             elif not isinstance(self.granularity, (PerTensor, PerRow, PerToken)):
                 raise ValueError(f"float8 activation quantization is PerTensor, PerRow or PerGroup({MX_BLOCK}) (MXFP8)")
             if self.mapping is not MappingType.SYMMETRIC:

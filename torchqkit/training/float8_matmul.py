@@ -14,7 +14,8 @@ from ..core.primitives import choose_qparams_affine, quantize_affine
 from ..core.qdtype import QDType
 from ..kernels import aten_scaled_mm
 
-__all__ = ["Float8Operand", "cast_to_float8", "scaled_mm", "scaled_mm_on_tensor_cores", "matmul_backend"]
+__all__ = ["Float8Operand", "cast_to_float8", "record_saturation", "scaled_mm", "scaled_mm_on_tensor_cores",
+           "matmul_backend"]
 
 EMULATED = "emulated"
 SCALED_MM = "torch._scaled_mm"
@@ -38,6 +39,19 @@ def cast_to_float8(t: torch.Tensor, qdtype: QDType, block_size, scale: torch.Ten
                                          name="float8 training operand")
     codes = quantize_affine(t, qdtype, block_size, scale, check_finite=False, name="float8 training operand")
     return Float8Operand(codes, scale)
+
+
+def record_saturation(overflow: torch.Tensor, row: int, t: torch.Tensor, qdtype: QDType, scale: torch.Tensor) -> None:
+    """Adds to ``overflow[row]`` = (casts that saturated, elements that saturated, largest amax / range) what casting
+    ``t`` with the fixed per-tensor ``scale`` saturates: the elements whose ``|t / scale|`` passes the format's max,
+    the comparison ``quantize_affine``'s clamp makes (Note [Static float8 training scales])."""
+    with torch.no_grad():
+        fmax = qdtype.max_abs_level
+        ratio = (t.detach().float() / scale.reshape(())).abs()
+        peak = ratio.amax() / fmax  # NaN / Inf propagate into the peak
+        overflow[row, 0] += (peak > 1).to(overflow.dtype)
+        overflow[row, 1] += (ratio > fmax).sum().to(overflow.dtype)
+        overflow[row, 2] = torch.maximum(overflow[row, 2], peak.to(overflow.dtype))
 
 
 def matmul_backend(device: torch.device) -> tuple[str, str]:

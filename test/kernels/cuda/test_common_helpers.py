@@ -42,7 +42,8 @@ def _table(out: str, name: str) -> list[str]:
 def test_element_decoders_match_torch_and_the_oracle(selftest):
     out = _run(selftest, "tables")
     every_byte = torch.arange(256, dtype=torch.uint8)
-    for name, dtype in (("e4m3fn", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)):
+    for name, dtype in (("e4m3fn", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2),
+                        ("e4m3fnuz", torch.float8_e4m3fnuz), ("e5m2fnuz", torch.float8_e5m2fnuz)):
         want, got = _bits(every_byte.view(dtype)), _table(out, name)
         nan = every_byte.view(dtype).float().isnan().tolist()
         assert [g for g, n in zip(got, nan) if not n] == [w for w, n in zip(want, nan) if not n], name

@@ -34,7 +34,7 @@ CASES = [
     ("fp8_wo_e5m2", "float8_weight_only", "_fp8_wo_kernel",
      dict(x_ptr=PF16, q_ptr=PU8, scale_ptr=P32, bias_ptr=PF16, out_ptr=PF16,
           **_ints("M", "N", "K", "SCALE_BN", "SCALE_BK", "stride_xm", "stride_om")),
-     dict(META, E5M2=True, DOT_PRECISION=None)),
+     dict(META, FMT=1, DOT_PRECISION=None)),
     ("int4_tiled_fp32", "int4_tiled_gemm", "_int4_tiled_gemm_kernel",
      dict(x_ptr=P32, q_ptr=PI32, sz_ptr=P32, bias_ptr=P32, out_ptr=P32,
           **_ints("M", "N", "K", "GROUP", "NUM_CHUNKS", "WORDS", "N8", "stride_xm", "stride_om")),
@@ -64,7 +64,7 @@ CASES = [
      dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=4, N_KEEP=4, M_BLOCK=8, BITS=8, PBITS=3, SIGNED=True, DOMAIN=0)),
     ("fp8_rowwise", "float8_rowwise", "_fp8_rowwise_kernel",
      dict(a_ptr=PU8, b_ptr=PU8, sa_ptr=P32, sb_ptr=P32, bias_ptr=P32, out_ptr=P32, **_ints("M", "N", "K")),
-     dict(META, A_E5M2=False, B_E5M2=True)),
+     dict(META, A_FMT=0, B_FMT=1)),
 ]
 
 _COMPILE = r'''

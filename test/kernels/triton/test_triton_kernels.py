@@ -176,6 +176,9 @@ def test_nvfp4_and_fp6(config, m, dtype, device):
     pytest.param(qk.Float8WeightOnlyConfig(), id="e4m3fn-per-row"),
     pytest.param(qk.Float8WeightOnlyConfig(weight_dtype=float8_e5m2, granularity=qk.PerTensor()), id="e5m2-tensor"),
     pytest.param(qk.Float8WeightOnlyConfig(granularity=qk.PerBlock((8, 16))), id="e4m3fn-block8x16"),
+    pytest.param(qk.Float8WeightOnlyConfig(weight_dtype="float8_e4m3fnuz"), id="e4m3fnuz-per-row"),
+    pytest.param(qk.Float8WeightOnlyConfig(weight_dtype="float8_e5m2fnuz", granularity=qk.PerBlock((8, 16))),
+                 id="e5m2fnuz-block8x16"),
 ])
 @pytest.mark.parametrize("m", MS)
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -189,10 +192,14 @@ def test_float8_weight_only(config, m, dtype, device):
 
 
 # ------------------------------------------------------------------------------------------------
-# float8 row-wise scaled matmul; every e4m3fn / e5m2 byte decodes to its float8 value
+# float8 row-wise scaled matmul; every e4m3fn / e5m2 / e4m3fnuz / e5m2fnuz byte decodes to its float8 value
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fmt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3fn", "e5m2"])
+FLOAT8 = [pytest.param(torch.float8_e4m3fn, id="e4m3fn"), pytest.param(torch.float8_e5m2, id="e5m2"),
+          pytest.param(torch.float8_e4m3fnuz, id="e4m3fnuz"), pytest.param(torch.float8_e5m2fnuz, id="e5m2fnuz")]
+
+
+@pytest.mark.parametrize("fmt", FLOAT8)
 @pytest.mark.parametrize("m", MS)
 def test_float8_rowwise(fmt, m, device):
     _check_case(device, m)
@@ -205,9 +212,10 @@ def test_float8_rowwise(fmt, m, device):
     torch.testing.assert_close(out, reference.scaled_mm_fp8_rowwise_ref(a, b, sa, sb, bias), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("fmt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3fn", "e5m2"])
+@pytest.mark.parametrize("fmt", FLOAT8)
 def test_float8_decoder_covers_every_byte(fmt, device):
-    """All 256 bytes but NaN and inf through the kernel: row i of a holds byte i, b is the identity."""
+    """All 256 bytes but NaN and inf through the kernel: row i of a holds byte i, b is the identity; fnuz's NaN
+    byte 0x80 decodes to NaN (e4m3fn's NaN bytes are not produced: its decoder reads them as +-480)."""
     _check_case(device)
     codes = torch.arange(256, dtype=torch.uint8).view(fmt)
     finite = codes.float().isfinite()
@@ -216,6 +224,10 @@ def test_float8_decoder_covers_every_byte(fmt, device):
     out = float8_rowwise.scaled_mm_fp8_rowwise(a, eye, torch.ones(a.shape[0], 1, device=device),
                                                torch.ones(1, 1, device=device))
     torch.testing.assert_close(out, a.float(), atol=0, rtol=0)
+    if fmt in (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
+        nan = codes[128:129].reshape(1, 1).to(device)
+        assert float8_rowwise.scaled_mm_fp8_rowwise(nan, eye, torch.ones(1, 1, device=device),
+                                                    torch.ones(1, 1, device=device)).isnan().all()
 
 
 # ------------------------------------------------------------------------------------------------

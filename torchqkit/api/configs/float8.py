@@ -1,5 +1,8 @@
 """float8 configs: Float8WeightOnlyConfig, Float8DynamicActivationFloat8WeightConfig,
-Float8StaticActivationFloat8WeightConfig. Scales are float32 (what torch._scaled_mm takes)."""
+Float8StaticActivationFloat8WeightConfig. Scales are float32 (what torch._scaled_mm takes). Every float8 qdtype is
+accepted: OCP float8_e4m3fn / float8_e5m2 and AMD's float8_e4m3fnuz / float8_e5m2fnuz (Note [float8 fnuz] in
+core/qdtype.py); activations and weights of one config are of the same family (no float8 matmul multiplies an OCP
+operand by an fnuz one)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,12 +22,20 @@ __all__ = ["Float8WeightOnlyConfig", "Float8DynamicActivationFloat8WeightConfig"
            "Float8StaticActivationFloat8WeightConfig"]
 
 
+FLOAT8_NAMES = "float8_e4m3fn, float8_e5m2, float8_e4m3fnuz or float8_e5m2fnuz"
+
+
 def _check_float8(who: str, config, *names: str) -> None:
     for n in names:
         q = as_qdtype(getattr(config, n))
         if q.kind is not QKind.FLOAT8:
-            raise ValueError(f"{who}: {n} must be float8_e4m3fn or float8_e5m2, got {q.name}")
+            raise ValueError(f"{who}: {n} must be {FLOAT8_NAMES}, got {q.name}")
         object.__setattr__(config, n, q)
+    families = {getattr(config, n).is_fnuz for n in names}
+    if len(families) > 1:
+        got = ", ".join(f"{n}={getattr(config, n).name}" for n in names)
+        raise ValueError(f"{who}: {got} mixes an OCP float8 (e4m3fn / e5m2) with an AMD fnuz one; no float8 matmul "
+                         f"takes both. Use fnuz for both (AMD MI300 GPUs) or OCP for both (everything else)")
     if not isinstance(config.granularity, (PerTensor, PerRow, PerBlock)):
         raise ValueError(f"{who}: granularity must be PerTensor(), PerRow() or PerBlock((bn, bk)) (e.g. 128x128), "
                          f"got {config.granularity!r}")
@@ -49,7 +60,8 @@ class Float8WeightOnlyConfig(QuantConfig):
     are not quantized.
 
     Args:
-        weight_dtype (QDType): ``float8_e4m3fn`` (default) or ``float8_e5m2``, or its name.
+        weight_dtype (QDType): ``float8_e4m3fn`` (default), ``float8_e5m2``, or AMD's ``float8_e4m3fnuz`` /
+            ``float8_e5m2fnuz`` (max 240 / 57344, Note [float8 fnuz]), or its name.
         granularity (Granularity): ``PerRow()`` (default), ``PerTensor()`` or ``PerBlock((bn, bk))``.
         layout (Layout): how the codes are stored; default ``Float8Layout()``; a layout name is accepted.
         kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
@@ -63,6 +75,7 @@ class Float8WeightOnlyConfig(QuantConfig):
         ```python
         import torchqkit as qk
         qk.quantize_(model, qk.Float8WeightOnlyConfig(granularity=qk.PerBlock((128, 128))))
+        qk.quantize_(other_model, qk.Float8WeightOnlyConfig(weight_dtype="float8_e4m3fnuz"))   # AMD MI300
         ```
     """
     weight_dtype: QDType = float8_e4m3fn
@@ -108,14 +121,16 @@ class Float8DynamicActivationFloat8WeightConfig(_Float8ActivationFloat8Weight):
     Args:
         granularity (Granularity): the weight's (and activation's) scale granularity: ``PerRow()`` (default),
             ``PerTensor()`` or ``PerBlock((bn, bk))`` (weights only; activations then per row).
-        activation_dtype (QDType): ``float8_e4m3fn`` (default) or ``float8_e5m2``, or its name.
-        weight_dtype (QDType): ``float8_e4m3fn`` (default) or ``float8_e5m2``, or its name.
+        activation_dtype (QDType): ``float8_e4m3fn`` (default), ``float8_e5m2``, ``float8_e4m3fnuz`` or
+            ``float8_e5m2fnuz``, or its name.
+        weight_dtype (QDType): the same choices, of the same family (both OCP or both fnuz); default
+            ``float8_e4m3fn``.
         layout (Layout): how the weight codes are stored; default ``Float8Layout()``; a layout name is accepted.
         kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
             ``KernelPreference.AUTO``; its value is accepted.
 
     Raises:
-        ValueError: a dtype that is not float8, or another granularity.
+        ValueError: a dtype that is not float8, an OCP dtype with an fnuz one, or another granularity.
         TypeError: a field of the wrong type.
 
     Example:
@@ -155,15 +170,17 @@ class Float8StaticActivationFloat8WeightConfig(_Float8ActivationFloat8Weight):
         percentile (float): the percentile for ``observer="percentile"``, in (0, 100]; default 99.99.
         granularity (Granularity): the weight's scale granularity: ``PerTensor()`` (default), ``PerRow()`` or
             ``PerBlock((bn, bk))``.
-        activation_dtype (QDType): ``float8_e4m3fn`` (default) or ``float8_e5m2``, or its name.
-        weight_dtype (QDType): ``float8_e4m3fn`` (default) or ``float8_e5m2``, or its name.
+        activation_dtype (QDType): ``float8_e4m3fn`` (default), ``float8_e5m2``, ``float8_e4m3fnuz`` or
+            ``float8_e5m2fnuz``, or its name.
+        weight_dtype (QDType): the same choices, of the same family (both OCP or both fnuz); default
+            ``float8_e4m3fn``.
         layout (Layout): how the weight codes are stored; default ``Float8Layout()``; a layout name is accepted.
         kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
             ``KernelPreference.AUTO``; its value is accepted.
 
     Raises:
         ValueError: ``act_scale`` <= 0 or not finite, ``percentile`` out of range, an unknown observer, a dtype
-            that is not float8, or another granularity.
+            that is not float8, an OCP dtype with an fnuz one, or another granularity.
         TypeError: a field of the wrong type.
 
     Example:

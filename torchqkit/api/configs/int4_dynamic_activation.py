@@ -101,7 +101,8 @@ class Float8DynamicActivationInt4WeightConfig(QuantConfig):
 
     Args:
         group_size (int | None): weight input features per scale; None: one scale per output channel. Default 32.
-        act_dtype (QDType): ``float8_e4m3fn`` (default) or ``float8_e5m2``, or its name.
+        act_dtype (QDType): ``float8_e4m3fn`` (default), ``float8_e5m2``, ``float8_e4m3fnuz`` or ``float8_e5m2fnuz``,
+            or its name.
         layout (Layout): how the weight codes are stored; default ``PackedIntxLayout()``; a layout name is accepted.
         kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
             ``KernelPreference.AUTO``; its value is accepted.
@@ -124,8 +125,8 @@ class Float8DynamicActivationInt4WeightConfig(QuantConfig):
         super().__post_init__()
         q = as_qdtype(self.act_dtype)
         if q.kind is not QKind.FLOAT8:
-            raise ValueError(f"Float8DynamicActivationInt4WeightConfig: act_dtype must be float8_e4m3fn or "
-                             f"float8_e5m2, got {q.name}")
+            raise ValueError(f"Float8DynamicActivationInt4WeightConfig: act_dtype must be float8_e4m3fn, float8_e5m2, "
+                             f"float8_e4m3fnuz or float8_e5m2fnuz, got {q.name}")
         object.__setattr__(self, "act_dtype", q)
 
     def describe(self):

@@ -60,7 +60,11 @@ class MXFP8WeightOnlyConfig(QuantConfig):
         super().__post_init__()
         q = as_qdtype(self.element_dtype)
         if q not in (float8_e4m3fn, float8_e5m2):
-            raise ValueError(f"MXFP8WeightOnlyConfig: element_dtype must be float8_e4m3fn or float8_e5m2, got {q.name}")
+            fnuz = (f" (the OCP MX spec's elements are OCP float8; for AMD's fnuz formats use "
+                    f"Float8WeightOnlyConfig(weight_dtype={q.name!r}, granularity=PerBlock((1, 32))))" if q.is_fnuz
+                    else "")
+            raise ValueError(f"MXFP8WeightOnlyConfig: element_dtype must be float8_e4m3fn or float8_e5m2, got "
+                             f"{q.name}{fnuz}")
         object.__setattr__(self, "element_dtype", q)
 
     def describe(self):

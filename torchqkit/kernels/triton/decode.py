@@ -3,10 +3,17 @@
 Built from bits (no lookup tables, no float8 loads), so they run the same in the interpreter, on every
 GPU family, and agree bit for bit with csrc/common/dequant.h.
 """
+import torch
 import triton
 import triton.language as tl
 
 from ...core.qdtype import nf4
+
+# The float8 flavours float8_to_f32 decodes, as its compile-time FMT argument (the fnuz ones: Note [float8 fnuz] in
+# core/qdtype.py).
+F8_E4M3FN, F8_E5M2, F8_E4M3FNUZ, F8_E5M2FNUZ = 0, 1, 2, 3
+FLOAT8_FORMATS = {torch.float8_e4m3fn: F8_E4M3FN, torch.float8_e5m2: F8_E5M2, torch.float8_e4m3fnuz: F8_E4M3FNUZ,
+                  torch.float8_e5m2fnuz: F8_E5M2FNUZ}
 
 # The NF4 levels of core/qdtype.py as compile-time constants of the select tree below (one table in Python).
 _L0, _L1, _L2, _L3, _L4, _L5, _L6, _L7, _L8, _L9, _L10, _L11, _L12, _L13, _L14, _L15 = (
@@ -31,9 +38,42 @@ def e5m2_to_f32(b):
 
 
 @triton.jit
-def float8_to_f32(b, E5M2: tl.constexpr):
-    """A float8 byte of either flavour, chosen at compile time: e5m2 when E5M2, else e4m3fn."""
-    return e5m2_to_f32(b) if E5M2 else e4m3fn_to_f32(b)
+def e4m3fnuz_to_f32(b):
+    """float8_e4m3fnuz byte: sign | 4 exponent bits (bias 8) | 3 mantissa bits, subnormals man * 2^-10; 0x80 is the
+    only NaN (and produced: its bits would otherwise read as -0)."""
+    sign = (b & 0x80) << 24
+    exp = (b >> 3) & 0xF
+    man = b & 0x7
+    normal = (sign | ((exp + 119) << 23) | (man << 20)).to(tl.float32, bitcast=True)
+    sub = man.to(tl.float32) * 0.0009765625  # exp == 0: man * 2^-10
+    value = tl.where(exp == 0, tl.where(sign != 0, -sub, sub), normal)
+    return tl.where(b == 0x80, float("nan"), value)
+
+
+@triton.jit
+def e5m2fnuz_to_f32(b):
+    """float8_e5m2fnuz byte: sign | 5 exponent bits (bias 16, 31 finite) | 2 mantissa bits, subnormals man * 2^-17;
+    0x80 is the only NaN."""
+    sign = (b & 0x80) << 24
+    exp = (b >> 2) & 0x1F
+    man = b & 0x3
+    normal = (sign | ((exp + 111) << 23) | (man << 21)).to(tl.float32, bitcast=True)
+    sub = man.to(tl.float32) * 0.00000762939453125  # exp == 0: man * 2^-17
+    value = tl.where(exp == 0, tl.where(sign != 0, -sub, sub), normal)
+    return tl.where(b == 0x80, float("nan"), value)
+
+
+@triton.jit
+def float8_to_f32(b, FMT: tl.constexpr):
+    """A float8 byte of the flavour FMT (F8_E4M3FN, F8_E5M2, F8_E4M3FNUZ or F8_E5M2FNUZ), chosen at compile time."""
+    if FMT == 1:  # F8_E5M2 (jit code reads only constexpr globals)
+        return e5m2_to_f32(b)
+    elif FMT == 2:  # F8_E4M3FNUZ
+        return e4m3fnuz_to_f32(b)
+    elif FMT == 3:  # F8_E5M2FNUZ
+        return e5m2fnuz_to_f32(b)
+    else:
+        return e4m3fn_to_f32(b)
 
 
 @triton.jit

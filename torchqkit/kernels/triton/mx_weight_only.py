@@ -29,7 +29,7 @@ def mx_tile(args, ELEMENT: tl.constexpr, rn, kk, N, K):
         elem = e2m1_to_f32(tl.where((kk % 2 == 0)[:, None], byte & 0xF, byte >> 4))
     else:
         byte = tl.load(q_ptr + rn[None, :] * K + kk[:, None], mask=wmask, other=0).to(tl.int32)
-        elem = float8_to_f32(byte, ELEMENT == 2)  # ELEMENT_E5M2
+        elem = float8_to_f32(byte, ELEMENT - 1)  # ELEMENT_E4M3 / ELEMENT_E5M2 -> decode's F8_E4M3FN / F8_E5M2
     # ---- one E8M0 scale per 32 elements ----
     e = tl.load(scale_ptr + rn[None, :] * (K // 32) + (kk // 32)[:, None], mask=wmask, other=127).to(tl.int32)
     return elem * e8m0_to_f32(e)
