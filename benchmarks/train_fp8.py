@@ -124,11 +124,21 @@ def train(name, steps, batch, lr, seed, log_every, held_limit):
         assert not report.skipped, str(report)
         if recipe == "static":
             calibrate(model, train_bytes, batch, seed)
+    start = time.perf_counter()
+    curve = fit(model, steps, batch, lr, seed, log_every)
+    static = RECIPES[name] is not None and RECIPES[name][0] == "static"
+    return curve, held_out_loss(model, held, held_limit), time.perf_counter() - start, (saturation(model) if static
+                                                                                         else None)
+
+
+def fit(model, steps, batch, lr, seed, log_every=None) -> list[float]:
+    """`steps` AdamW steps (weight decay 0.1, 20 warm-up steps, cosine decay, gradients clipped at 1) on the training
+    bytes; the mean training loss of every `log_every` steps (none without it)."""
+    train_bytes, _ = data()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
     curve, window = [], []
-    start = time.perf_counter()
     for step, (x, y) in enumerate(batches(train_bytes, steps, batch, seed), 1):
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         loss.backward()
@@ -137,12 +147,10 @@ def train(name, steps, batch, lr, seed, log_every, held_limit):
         opt.zero_grad(set_to_none=True)
         sched.step()
         window.append(loss.item())
-        if step % log_every == 0:
+        if log_every and step % log_every == 0:
             curve.append(sum(window) / len(window))
             window = []
-    static = RECIPES[name] is not None and RECIPES[name][0] == "static"
-    return curve, held_out_loss(model, held, held_limit), time.perf_counter() - start, (saturation(model) if static
-                                                                                         else None)
+    return curve
 
 
 def run(args, rec) -> None:

@@ -14,36 +14,17 @@ Every Linear is pruned (the head is untied). The target: sparse training within 
 from __future__ import annotations
 
 import copy
-import math
 import time
 
 import torch
-import torch.nn.functional as F
 
 import torchqkit as qk
 
-from .train_fp8 import ByteLlama, LAYERS, DIM, batches, data, held_out_loss
+from .train_fp8 import DIM, LAYERS, ByteLlama, data, fit, held_out_loss
 
 INT4 = qk.Int4WeightOnlyConfig(group_size=32)
 ROWS = ("dense", "dense, then 2:4 magnitude", "dense, then 2:4 magnitude + int4 g32", "2:4 sparse training",
         "2:4 sparse + int4 g32 QAT")
-
-
-def _train(model, steps, batch, lr, seed):
-    train_bytes, _ = data()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
-    model.train()
-    for x, y in batches(train_bytes, steps, batch, seed):
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sched.step()
-    model.eval()
-    return model
 
 
 def _sparse_trained(steps, batch, lr, seed, base):
@@ -53,7 +34,7 @@ def _sparse_trained(steps, batch, lr, seed, base):
                        update_every=max(1, steps // 20))
     if base is not None:
         qk.prepare_qat_(model, qk.QATConfig(base))
-    _train(model, steps, batch, lr, seed)
+    fit(model, steps, batch, lr, seed)
     qk.convert_sparse_(model)
     return model
 
@@ -66,7 +47,8 @@ def run(args, rec) -> None:
     results = {}
     start = time.perf_counter()
     torch.manual_seed(args.seed)
-    dense = _train(ByteLlama(), args.steps, args.batch, args.lr, args.seed)
+    dense = ByteLlama()
+    fit(dense, args.steps, args.batch, args.lr, args.seed)
     results["dense"] = (held_out_loss(dense, held, limit), time.perf_counter() - start)
     for name, base in (("dense, then 2:4 magnitude", None), ("dense, then 2:4 magnitude + int4 g32", INT4)):
         start = time.perf_counter()

@@ -38,7 +38,7 @@ from ..algorithms.observers import InputStats
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from ..tensor.experts import stack_experts
 from .block_edits import Undo, block_output, fold_scales, is_norm, same_function
-from .calibrate_experts import expert_intermediate, routing, structure_problem
+from .calibrate_experts import expert_intermediate, routed_rows, routing, structure_problem
 from .calibration_grid import ConfigGrid
 from .configs.base import handler_for
 from .expert_weights import ROUTER_NAMES, ExpertParameter
@@ -89,13 +89,10 @@ class _Stats:
         if self.all is None:
             self.all = InputStats(x.shape[-1], self.total, max_rows=1)
         self.all.add(x)
-        index = index.reshape(x.shape[0], -1)
+        top_k = index.reshape(x.shape[0], -1).shape[-1]
         with torch.no_grad():
-            for e in torch.unique(index).tolist():
-                if not 0 <= e < self.count:  # some implementations pad with index E: no expert
-                    continue
-                rows = x[(index == e).any(dim=-1)]
-                expected = max(1, self.total * index.shape[-1] // self.count)  # an expert's share of the rows
+            for e, rows in routed_rows(x, index, self.count):
+                expected = max(1, self.total * top_k // self.count)  # an expert's share of the rows
                 self._stats(self.x, e, rows.shape[-1], expected).add(rows)
                 if self.down:
                     h = expert_intermediate(module, e, rows)

@@ -143,12 +143,8 @@ class _ExpertInputs:
     def hook(self, module, args, kwargs):
         hidden, index = routing(args, kwargs)
         x = hidden.detach().reshape(-1, hidden.shape[-1])
-        index = index.reshape(x.shape[0], -1)
         with torch.no_grad():
-            for e in torch.unique(index).tolist():
-                if not 0 <= e < self.count:  # some implementations pad with index E: no expert
-                    continue
-                rows = x[(index == e).any(dim=-1)]
+            for e, rows in routed_rows(x, index, self.count):
                 if self.p.attr == "down_proj":
                     rows = expert_intermediate(module, e, rows)
                 h = self.hessians.get(e)
@@ -156,6 +152,15 @@ class _ExpertInputs:
                     h = self.hessians[e] = HessianAccumulator(rows.shape[-1], device=rows.device)
                 h.add(rows)
 
+
+
+def routed_rows(x: torch.Tensor, index: torch.Tensor, count: int):
+    """(e, the rows of x routed to expert e) for every expert the routing `index` (one row of top-k expert ids per
+    row of x) sends rows to."""
+    index = index.reshape(x.shape[0], -1)
+    for e in torch.unique(index).tolist():
+        if 0 <= e < count:  # some implementations pad with index E: no expert
+            yield e, x[(index == e).any(dim=-1)]
 
 
 def expert_intermediate(module, e: int, x: torch.Tensor) -> torch.Tensor:
