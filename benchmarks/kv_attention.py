@@ -89,8 +89,11 @@ def ways(n: int) -> dict:
                 lambda q=q, kf=kf, vf=vf, mask=mask: torch.ops.torchqkit.sdpa_over_filled_cache(q, kf, vf, mask,
                                                                                                0.125, True))
         else:
+            # the queries are the last lq positions: query l sees [0, n - lq + l] (is_causal would align them first)
+            causal = torch.ones(lq, n, dtype=torch.bool).tril(n - lq)
             out[(kind, "float32, torch sdpa (causal)")] = (
-                lambda q=q: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125, enable_gqa=True))
+                lambda q=q, causal=causal: F.scaled_dot_product_attention(q, k, v, attn_mask=causal, scale=0.125,
+                                                                          enable_gqa=True))
     for name, cfg in CONFIGS.items():
         for reference in (False, True):
             fn = _append(cfg, n, reference)
