@@ -76,12 +76,14 @@ float* scratch(int64_t floats) {
 }
 
 namespace scalar {
+constexpr bool kLaneShuffles = false;
 #include "quantized_kv_attention_isa.h"
 }  // namespace scalar
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 namespace avx512 {
+constexpr bool kLaneShuffles = true;  // one vpermt2ps / vpermps per 16-lane shuffle
 #include "quantized_kv_attention_isa.h"
 }  // namespace avx512
 #pragma GCC pop_options
@@ -89,6 +91,7 @@ namespace avx512 {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
+constexpr bool kLaneShuffles = false;  // 16-lane shuffles of two ymm halves are slow: plain lane loops
 #include "quantized_kv_attention_isa.h"
 }  // namespace avx2
 #pragma GCC pop_options

@@ -117,6 +117,11 @@ typedef int32_t keys_lanes __attribute__((vector_size(kKeyBlock * sizeof(float))
 // Lane-wise maximum / sum of one vector by halving shuffles (a serial loop over lanes is a chain of 15 scalar ops).
 inline float lane_max(keys_f v) {
   static_assert(kKeyBlock == 16, "the halving shuffles below are written for 16 lanes");
+  if constexpr (!kLaneShuffles) {
+    float m = v[0];
+    for (int c = 1; c < 16; ++c) m = std::max(m, v[c]);
+    return m;
+  }
   const keys_lanes h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
   const keys_lanes h4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
   const keys_lanes h2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
@@ -133,6 +138,11 @@ inline float lane_max(keys_f v) {
 }
 
 inline float lane_sum(keys_f v) {
+  if constexpr (!kLaneShuffles) {
+    float t = 0.f;
+    for (int c = 0; c < 16; ++c) t += v[c];
+    return t;
+  }
   const keys_lanes h8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
   const keys_lanes h4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
   const keys_lanes h2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
@@ -157,6 +167,17 @@ inline keys_f scores_by_rows(const float* q, const float* kr, int64_t D) {
   static_assert(kKeyBlock == 16, "the fold tree below is written for 16 keys of 16 lanes");
   constexpr int kBitReversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
   const int64_t D16 = D & ~int64_t(15);
+  if constexpr (!kLaneShuffles) {  // one reduced dot per key
+    keys_f s;
+    for (int c = 0; c < 16; ++c) {
+      const float* k = kr + c * D;
+      float x = 0.f;
+#pragma omp simd reduction(+ : x)
+      for (int64_t d = 0; d < D; ++d) x += q[d] * k[d];
+      s[c] = x;
+    }
+    return s;
+  }
   keys_f part[16];
   _Pragma("GCC unroll 16") for (int c = 0; c < 16; ++c) {
     const float* k = kr + c * D;
