@@ -6,16 +6,18 @@
 // The cache keeps K and V as codes plus per-group scales (quantized_kv_attention.h has the layout), and the
 // newest positions as float rows. A work unit is up to kQueryChunk query rows of one (batch, kv head) (the G query
 // heads of a GQA group x Lq rows share its K / V rows). It walks the positions kKeyBlock at a time: the block's K
-// rows are decoded (codes times scales, plus zeros) into a transposed D x kKeyBlock tile and its V rows into a
-// kKeyBlock x Dv tile (a few KB, in L1; never a dequantized copy of the cache), then each query row gets its
-// kKeyBlock scores as vector FMAs across the keys (no horizontal sums), and an online softmax (running maximum and
+// and V rows are decoded (codes times scales, plus zeros) into kKeyBlock x D tiles (a few KB, in L1; never a
+// dequantized copy of the cache). Each query row then gets its kKeyBlock scores: from kTransposeRows rows per unit
+// (prefill) as vector FMAs across the keys of the K tile transposed (no horizontal sums); with fewer (decode) as one
+// dot per key, whose 16 partial-sum vectors a shuffle tree folds into one at AVX-512 (plain lane loops at 256 bits,
+// where GCC splits 16-lane shuffles into slow lane moves: kLaneShuffles). An online softmax (running maximum and
 // sum per row, the accumulator rescaled when the maximum grows) adds the weighted V rows. The math is sdpa's:
 // softmax(q k^T * scale + mask) v with -inf for hidden positions and 0 for rows that see nothing; without a mask
 // the Lq queries are the last Lq positions, causal, so a chunk stops at its last query's position (half the work
 // of a prefill). e^x is a polynomial the compiler vectorizes (exp_nonpositive). Decode (Lq = 1) is one unit per kv
-// head; a prefill has many, split across threads. The source is plain loops, compiled once per ISA region below:
-// GCC vectorizes the decode, score, softmax and accumulate loops at that region's width. Float8 codes are decoded
-// through 256-entry tables built from the format's bits.
+// head; a prefill has many, split across threads. The source is plain loops and GCC vector extensions, compiled
+// once per ISA region below at that region's width. Float8 codes are decoded through 256-entry tables built from
+// the format's bits.
 #include "quantized_kv_attention.h"
 
 // The key-block vectors (GCC vector extensions, 64 bytes) are returned by value from inlined helpers only, so
