@@ -245,3 +245,19 @@ def test_sparse_qat_gradient_reaches_pruned_entries_and_bad_combinations_are_ref
     with pytest.raises(ValueError, match="is QAT-prepared; to train sparse and quantization-aware, start from the "
                                          "float model: prepare_sparse_"):
         qk.prepare_sparse_(qat_first, qk.SparsityConfig(pattern=(2, 4), base=base))
+
+
+def test_sparse_qat_fake_quantizes_the_activations_of_a_dynamic_activation_base():
+    base = qk.Int8DynamicActivationInt8WeightConfig()
+    lin = nn.Sequential(nn.Linear(16, 8, bias=False))
+    qk.prepare_sparse_(lin, qk.SparsityConfig(pattern=(2, 4), base=base), start_step=0, update_every=100)
+    qk.prepare_qat_(lin, qk.QATConfig(base))
+    lin.train()
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    y = lin(x).detach()
+    qk.convert_sparse_(lin)
+    lin.eval()
+    with torch.no_grad():
+        converted = lin(x)
+    # the converted layer rounds its activations to int8 per token: the trained forward did the same
+    torch.testing.assert_close(converted, y, rtol=0, atol=1e-5)

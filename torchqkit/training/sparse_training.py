@@ -43,7 +43,7 @@ from ..api.report import QuantizationReport
 from ..api.sparsify import sparse_recipe
 from ..layouts.nm_format import nm_mask
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
-from .fake_quantize import WeightFakeQuantizer
+from .fake_quantize import WeightFakeQuantizer, fake_quantize_activation
 from .fake_quantized_linear import FakeQuantizedLinear
 
 __all__ = ["prepare_sparse_", "convert_sparse_", "SparseTrainingLinear"]
@@ -133,6 +133,8 @@ class SparseTrainingLinear(nn.Linear):
             n, m = state.config.pattern
             state.mask = magnitude_nm_mask(self.weight, n, m)
             state.updated_at = schedule.step
+        if state.quantizer is not None and state.quantizer.recipe.act_quant is not None:  # e.g. int8 activations
+            x = fake_quantize_activation(x, state.quantizer.recipe.act_quant, clipped=state.quantizer.clipped)
         if state.mask is None:
             weight = self.weight if state.quantizer is None else state.quantizer(self.weight)
             return F.linear(x, weight, self.bias)
