@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from safetensors.torch import load_file, save_file
 import torchqkit as qk
 
 from ..moe.models import expert_stacks, tiny_moe
+from .test_compressed_tensors import _HF_LOAD
 
 IDS = torch.tensor([[1, 5, 9, 33, 70, 2, 101, 127, 0, 64]])
 
@@ -181,17 +181,6 @@ def test_hostile_expert_linears_refused(tmp_path, case, message):
     save_file(t, str(tmp_path / "model.safetensors"))
     with pytest.raises(qk.CheckpointError, match=message):
         qk.from_pretrained(tmp_path)
-
-
-_HF_LOAD = textwrap.dedent("""
-    import sys, torch, transformers
-    ids = torch.tensor(eval(sys.argv[1]))
-    for directory in sys.argv[2:]:
-        model = transformers.AutoModelForCausalLM.from_pretrained(directory)
-        with torch.no_grad():
-            torch.save(model(ids).logits, directory + "/logits.pt")
-    assert "torchqkit" not in sys.modules
-""")
 
 
 def test_transformers_loads_the_moe_exports_without_torchqkit(tmp_path):

@@ -38,7 +38,8 @@ from ..algorithms.observers import InputStats
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from ..tensor.experts import stack_experts
 from .block_edits import Undo, block_output, fold_scales, is_norm, same_function
-from .calibrate_experts import expert_intermediate, routed_rows, routing, structure_problem
+from .calibrate_experts import (expert_calibration_note, expert_intermediate, routed_rows, routing,
+                                structure_problem)
 from .calibration_grid import ConfigGrid
 from .configs.base import handler_for
 from .expert_weights import ROUTER_NAMES, ExpertParameter
@@ -241,10 +242,4 @@ def _quantize(fqn: str, weight: torch.Tensor, config, x_stats: dict, scales: dic
             w = awq_clip(x, w, grid.fake_quantize, grid.group_size, config.n_grid).to(w.dtype)
         experts.append(handler(config.base, w, name))
     rows = [x_stats[e].rows for e in sorted(x_stats)]
-    note = (f"awq per expert on its routed tokens ({min(rows)} to {max(rows)} rows)" if rows
-            else "awq: no expert got calibration tokens")
-    if missing:
-        which = ", ".join(map(str, missing))
-        note += (f"; expert{'s' if len(missing) > 1 else ''} {which} of {count} of {fqn} got no calibration tokens: "
-                 f"round-to-nearest")
-    return stack_experts(experts, fqn), note
+    return stack_experts(experts, fqn), expert_calibration_note("awq", rows, missing, count, fqn)

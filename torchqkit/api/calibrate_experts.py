@@ -188,10 +188,15 @@ def _gptq_stack(s: _ExpertInputs, config: GPTQConfig):
                                         act_order=config.act_order, static_groups=config.static_groups, name=name)
         experts.append(grid.pack(codes, scale, zero))
     rows = [s.hessians[e].rows for e in sorted(s.hessians)]
-    note = (f"gptq per expert on its routed tokens ({min(rows)} to {max(rows)} rows)" if rows
-            else "gptq: no expert got calibration tokens")
+    return stack_experts(experts, s.p.fqn), expert_calibration_note("gptq", rows, missing, s.count, s.p.fqn)
+
+
+def expert_calibration_note(method: str, rows: list[int], missing: list[int], count: int, fqn: str) -> str:
+    """The report's note on a calibrated expert stack: the routed rows per expert and the experts left to RTN."""
+    note = (f"{method} per expert on its routed tokens ({min(rows)} to {max(rows)} rows)" if rows
+            else f"{method}: no expert got calibration tokens")
     if missing:
         which = ", ".join(map(str, missing))
-        note += (f"; expert{'s' if len(missing) > 1 else ''} {which} of {s.count} of {s.p.fqn} got no calibration "
-                 f"tokens: round-to-nearest")
-    return stack_experts(experts, s.p.fqn), note
+        note += (f"; expert{'s' if len(missing) > 1 else ''} {which} of {count} of {fqn} got no calibration tokens: "
+                 f"round-to-nearest")
+    return note
