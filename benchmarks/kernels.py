@@ -8,6 +8,7 @@ F.linear and torch's native int8 / int4 ops, per (K, N) and M, in one run.
     python -m benchmarks kernels --compare OLD_TREE --configs nf4-b64,fp8-wo --ms 1,8   # that, on two trees at once
     python -m benchmarks kernels --fp32-precision                 # also under set_float32_matmul_precision("medium")
     python -m benchmarks kernels --shapes 576:1536,1536:576 --configs int4-wo-g32,int4-wo-g32+tiles8 --hot
+    python -m benchmarks kernels --routes --configs int4-wo-g128,int8-wo --ms 1,64,256   # each route pinned too
     python -m benchmarks kernels --device cuda                    # the GPU table (refuses to run without a GPU)
     python -m benchmarks kernels --device cuda --dry-run          # its code on CPU, interpreted (no figures)
 
@@ -15,10 +16,15 @@ Decode rows (M <= 8) call each time on the next copy of the weight from a ring o
 from memory (common/timing.py); --hot reuses one cached copy (the kernel's compute, apart from the memory bus). GB/s
 counts the weight's stored bytes (codes + scales) per call; every record carries the read bandwidth measured by this
 run (a sum over the same ring size) and each op's share of it. "x fp32" = fp32 F.linear time / the op's, same run.
+The torchqkit rows run the route each case measured fastest at its first call (Note [Routes chosen by measurement]);
+--routes adds a row per route pinned (TORCHQKIT_CPU_INT4_DECODE / TORCHQKIT_CPU_FP32_PREFILL) and prints what each
+case chose, so the choice can be checked against the same run's times.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +55,8 @@ def _args(argv):
     p.add_argument("--cpu-time", action="store_true", help="time each call as this thread's CPU time (--threads 1)")
     p.add_argument("--hot", action="store_true", help="decode rows reuse one (cached) weight instead of the ring")
     p.add_argument("--no-native", action="store_true", help="skip torch's _weight_int8pack_mm / int4pack ops")
+    p.add_argument("--routes", action="store_true",
+                   help="also time each kernel route pinned (float32 x) and print the routes each case chose")
     p.add_argument("--fp32-precision", action="store_true",
                    help="also time F.linear and each op's float32 activations under float32 matmul precision "
                         "'medium' (bf16 compute allowed)")
@@ -110,6 +118,42 @@ def _torchao_int8(w: torch.Tensor):
     return lin
 
 
+# The routes a weight-only op can be pinned to for M float32 rows (Note [Routes chosen by measurement]): the int4
+# decode kernels of one token, the float32 prefill's GEMMs from the M where both serve (AVX2 int4: 16).
+_PREFILL_OPS = ("linear_int8wo_plain", "linear_int4wo_tiled", "linear_nf4wo", "linear_fp8wo", "linear_mxwo",
+                "linear_nvfp4wo", "linear_fp6wo", "linear_intxwo")
+
+
+def _pinned_routes(op: str, m: int) -> list[tuple[str, str]]:
+    if op.endswith("linear_int4wo_tiled") and m == 1:
+        return [("TORCHQKIT_CPU_INT4_DECODE", r) for r in ("float", "int16")]
+    if op.split("::")[-1] in _PREFILL_OPS and m >= 16:
+        return [("TORCHQKIT_CPU_FP32_PREFILL", r) for r in ("panels", "sgemm")]
+    return []
+
+
+@contextlib.contextmanager
+def _env(variable: str, value: str):
+    saved = os.environ.get(variable)
+    os.environ[variable] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(variable)
+        else:
+            os.environ[variable] = saved
+
+
+def _print_routes() -> None:
+    from torchqkit import kernels
+    print("routes measured at each case's first call (median us per route):")
+    for r in kernels.routes():
+        times = ", ".join(f"{name} {us:.0f}" for name, us in r["median_us"].items())
+        print(f"  {r['op'].split('::')[-1]} {r['isa']} {r['dtype']} M {r['m']} N {r['n']} K {r['k']}: "
+              f"{r['site']} = {r['choice']} ({times}; rule {r['rule']})")
+
+
 class _Cell:
     """Records of one (K, N, M): times against this cell's fp32 F.linear and the run's read bandwidth."""
 
@@ -153,6 +197,11 @@ def measure_shape(k, n, args, rec, timer):
                 with float32_matmul_precision("medium"):
                     fn, op = direct_call(q, x)
                     cell.add("torchqkit, f32 x, precision medium", name, timer(fn, q, cold=cold), nbytes, op=op)
+            if args.routes:
+                for variable, route in _pinned_routes(op, m):
+                    with _env(variable, route):
+                        fn, _ = direct_call(q, x)
+                        cell.add(f"torchqkit, f32 x, {variable}={route}", name, timer(fn, q, cold=cold), nbytes, op=op)
             native = None if args.no_native else _native(name, q, k, n, xs["bf16"])
             if native is not None:
                 case, fn, tensors = native
@@ -180,5 +229,7 @@ def main(argv=None) -> int:
     for k, n in args.shapes:
         measure_shape(k, n, args, rec, timer)
     rec.print_table()
+    if args.routes:
+        _print_routes()
     print(f"read bandwidth at the end: {read_bandwidth(stat=STATS[args.stat], nbytes=probe):.1f} GB/s")
     return 0

@@ -217,11 +217,13 @@ bool amx_selected();  // the selected level is amx (selected_isa_exact() then sa
 // Which build of the AVX-VNNI kernels runs (Note [AVX-VNNI kernels], int4_packed_vec256.inc): the VEX one where the CPU
 // has AVX-VNNI, unless TORCHQKIT_CPU_AVX_VNNI=evex asks for the EVEX one (AMD Zen 4's) on a CPU with both.
 bool avx_vnni_vex_selected();
-// Whether a weight-only op's float32 prefill at base level `isa` dequantizes rows for a GEMM (prefill_dequantized)
-// rather than running its own fp32 panels (Note [fp32 prefill by sgemm], registration.cpp). Always below AVX-512.
-bool fp32_prefill_by_sgemm(Isa isa);
-// Whether that GEMM is the 256-bit fp32 panels (prefill_by_panels256) rather than ATen's sgemm: at the AVX2 base level
-// except on Intel CPUs (Note [fp32 panels at 256 bits], sgemm_prefill.h).
-bool fp32_prefill_by_panels256(Isa isa);
+// Whether a weight-only op's float32 prefill at base level `isa` multiplies dequantized rows by ATen's sgemm (true)
+// or by this project's fp32 panels: the op's own 6x32 ones at avx512_vnni, the 256-bit ones on dequantized rows
+// (prefill_by_panels256) at avx2; sgemm at the scalar level. Asked where both can serve the call: the route measured
+// fastest for the case, or pinned, or `rule_sgemm` (Note [fp32 prefill by sgemm], registration.cpp; Note [Routes
+// chosen by measurement], route_choice.cpp). Call it on the op's calling thread, not inside a parallel region.
+bool fp32_prefill_takes_sgemm(Isa isa, bool rule_sgemm);
+// The rule's default where no other M threshold applies: sgemm on Intel CPUs, the panels elsewhere.
+bool fp32_prefill_rule_sgemm();
 
 }  // namespace torchqkit_cpu

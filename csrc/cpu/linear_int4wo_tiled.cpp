@@ -36,6 +36,7 @@
 #include "fp32_matmul_precision.h"
 #include "kernel_descriptions.h"
 #include "kernels.h"
+#include "route_choice.h"
 #include "sgemm_prefill.h"
 #include "scale_dtype.h"
 #include "simd.h"
@@ -958,8 +959,8 @@ void dequant_natural(const Int4Args& p, int64_t i0, int64_t i1, float* dst, int6
   }
 }
 
-at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale_and_zero,
-                               int64_t group_size, int64_t out_features, const std::optional<at::Tensor>& bias) {
+at::Tensor linear_int4wo_tiled_kernels(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale_and_zero,
+                                       int64_t group_size, int64_t out_features, const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "torchqkit::linear_int4wo_tiled";
   TORCH_CHECK(qdata.dim() == 4 && qdata.scalar_type() == at::kInt && qdata.size(2) == 32, op,
               ": qdata must be int32 tiles [N8/8][Kt/(16T)][32][T/2], got ", qdata.scalar_type(), " ", qdata.sizes());
@@ -1014,15 +1015,20 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   }
   const bool x_ready = dt == at::kFloat && x.is_contiguous();
   const at::Tensor x2 = x_ready ? x : x.reshape({-1, K}).to(at::kFloat).contiguous();
-  // Note [fp32 prefill by sgemm] (registration.cpp): on Intel the AVX-512 level takes the sgemm route from
-  // kAvx512SgemmMinM tokens.
-  const int64_t dequantized_min_m = isa == Isa::kAvx512Vnni      ? kAvx512SgemmMinM
-                                   : fp32_prefill_by_panels256(isa) ? kPanels256MinM
-                                                                    : kSgemmMinM;
-  const bool dequantize_rows = M >= dequantized_min_m && fp32_prefill_by_sgemm(isa);
-  if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM && !dequantize_rows) {
-    prefill(p, x2.reshape({M, K}), out);
-    return result();
+  // Note [fp32 prefill by sgemm] (registration.cpp): where both the panels and rows dequantized for ATen's sgemm can
+  // serve, the route measured fastest for the case; unmeasured, Intel CPUs take sgemm at the AVX-512 level from
+  // kAvx512SgemmMinM tokens and at the AVX2 level from kSgemmMinM, the others the panels (AVX2: from kPanels256MinM).
+  const bool intel = fp32_prefill_rule_sgemm();
+  bool dequantize_rows = false, sgemm = true;
+  if (isa == Isa::kAvx512Vnni && M >= kPrefillMinM) {
+    dequantize_rows = sgemm = fp32_prefill_takes_sgemm(isa, intel && M >= kAvx512SgemmMinM);
+    if (!sgemm) {
+      prefill(p, x2.reshape({M, K}), out);
+      return result();
+    }
+  } else if (isa != Isa::kAvx512Vnni && M >= kSgemmMinM) {
+    sgemm = fp32_prefill_takes_sgemm(isa, intel);  // always at the scalar level
+    dequantize_rows = sgemm || M >= kPanels256MinM;
   }
   if (dequantize_rows) {
     // Whole n-tiles of 8 rows: the buffer holds the last tile's padding rows, the GEMM reads the first N. The SIMD
@@ -1033,7 +1039,7 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
       if (isa == Isa::kAvx512Vnni) avx512::dequant_tiles(p, r0 / 8, (r1 + 7) / 8, 0, NC, dst, Kt);
       else avx2::dequant_tiles(p, r0 / 8, (r1 + 7) / 8, dst, Kt);
     };
-    if (fp32_prefill_by_panels256(isa)) {  // the panels take the rows' columns in x's order: x as it is
+    if (!sgemm) {  // the 256-bit panels take the rows' columns in x's order: x as it is
       prefill_by_panels256(x2.reshape({M, K}), N, Kt, p.bias, out2, decode_tiles, natural_k(T, NC, K).data());
     } else if (isa != Isa::kScalar) {
       prefill_by_sgemm(permuted_columns(x2.reshape({M, K}), T, NC), N, Kt, 8, p.bias, out2, decode_tiles);
@@ -1044,10 +1050,20 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
     }
     return result();
   }
-  const bool bf16_dot = bf16 && avx512_bf16::dot_tiles_take(T);
-  // Note [int4 decode on int16 pairs] (int4_tiled_dot_int16.inc): one token on inner_k_tiles 8 or 4 at the AVX-VNNI
-  // level.
-  bool int16_dot = level == Isa::kAvxVnni && M == 1 && T >= 4;
+  bool bf16_dot = bf16 && avx512_bf16::dot_tiles_take(T);
+  // One float32 token on inner_k_tiles 8 or 4: the level's float32 dot kernel, the int16-pair integer one (Note [int4
+  // decode on int16 pairs], int4_tiled_dot_int16.inc: the AVX-VNNI build, or its EVEX twin where the CPU has AVX-512
+  // VNNI) or, where torch's fp32 matmul precision allows bf16, the bf16 one: the route measured fastest for the case
+  // (Note [Routes chosen by measurement]); unmeasured, bf16 where allowed, else int16 at the AVX-VNNI level, else float.
+  bool int16_dot = false;
+  if (M == 1 && T >= 4 && dt == at::kFloat && (level == Isa::kAvxVnni || isa == Isa::kAvx512Vnni)) {
+    unsigned candidates = route_bit(kFloatDecode) | route_bit(kInt16Decode);
+    if (bf16_dot) candidates |= route_bit(kBf16Decode);
+    const int rule = bf16_dot ? kBf16Decode : level == Isa::kAvxVnni ? kInt16Decode : kFloatDecode;
+    const int route = take_route(RouteSite::kInt4Decode, candidates, rule);
+    int16_dot = route == kInt16Decode;
+    bf16_dot = route == kBf16Decode;
+  }
   thread_local AlignedVector<float> scratch;  // Note [scratch on cache lines]
   const int64_t sx_len = (M * G + 15) / 16 * 16;  // the bf16 pairs after the group sums start on a line too
   const size_t need =
@@ -1066,7 +1082,9 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   if (int16_dot && !(vex ? avx_vnni::int16_pairs(xp, T, NC, pairs, fac)
                          : avx_vnni_evex::int16_pairs(xp, T, NC, pairs, fac))) {
     int16_dot = false;  // an Inf / NaN or a tiny chunk: the float32 kernel, on its own (prescaled) permutation
-    permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G, avx2::Vec::kPrescaledNibbles, isa, xp, sx);
+    permute_activation(x2.data_ptr<float>(), M, K, T, NC, g, G,
+                       isa == Isa::kAvx512Vnni ? avx512::Vec::kPrescaledNibbles : avx2::Vec::kPrescaledNibbles, isa,
+                       xp, sx);
   }
   p.xp = xp;
   p.sx = sx;
@@ -1112,6 +1130,18 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
   return result();
 }
 
+// The kernels under the routes measured for the case (Note [Routes chosen by measurement]).
+at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale_and_zero,
+                               int64_t group_size, int64_t out_features, const std::optional<at::Tensor>& bias) {
+  const int64_t K = x.dim() >= 1 ? x.size(-1) : 0, M = K > 0 ? x.numel() / K : 0;
+  const int64_t T = qdata.dim() == 4 ? 2 * qdata.size(3) : 0;
+  const RouteCase c{"torchqkit::linear_int4wo_tiled", (int)selected_isa_exact(), (int)x.scalar_type(), M,
+                    out_features, K, group_size * 16 + T};
+  return measured_routes(c, [&] {
+    return linear_int4wo_tiled_kernels(x, qdata, scale_and_zero, group_size, out_features, bias);
+  });
+}
+
 // What kernels.status() says serves the op at each level (Note [Kernel descriptions] in kernel_descriptions.cpp).
 const std::string kAvx2Description =
     "dot kernel (8 words per ymm, 2 tokens per pass) up to M = 47; from M = 48 n-tiles dequantized to fp32 (permuted k "
@@ -1120,17 +1150,20 @@ const std::string kAvx2Description =
 const DescribeOp kDescribed(
     OpDescription("torchqkit::linear_int4wo_tiled")
         .at("avx512_vnni",
-            "M < 32: tiled words streamed once per 4 tokens, nibbles -> fp32 by vpermps (dot kernel); M >= 32: n-tiles "
-            "dequantized to fp32 + the 6x32 FMA panel micro-kernel, except from M = 128 on Intel CPUs: blocks of 512 "
-            "rows dequantized to fp32 (permuted k order, x permuted to match), then ATen's fp32 GEMM (" +
-                kFp32PrefillSgemm + ")")
+            "M < 32: tiled words streamed once per 4 tokens, nibbles -> fp32 by vpermps (dot kernel; one float32 "
+            "token on inner_k_tiles 8 or 4: this or the avx_vnni level's int16-pair kernel, whichever the case "
+            "measured faster: Note [Routes chosen by measurement]); M >= 32: n-tiles dequantized to fp32 + the 6x32 "
+            "FMA panel micro-kernel, or blocks of 512 rows dequantized to fp32 (permuted k order, x permuted to "
+            "match), then ATen's fp32 GEMM, whichever the case measured faster (unmeasured: the GEMM from M = 128 on "
+            "Intel CPUs; " + kFp32PrefillSgemm + ")")
         .at("avx512_bf16",
             "bf16 activations: M < 32 (inner_k_tiles 8 or 4) nibble pairs made bf16 (128 + u) by one vpternlogd, 32 "
             "weights per vdpbf16ps, 4 tokens per pass (Note [int4 bf16 decode]); M >= 32 codes - 8 as exact bf16 in "
             "natural-k-order panels + 6x32 vdpbf16ps tiles, group scales per segment, zero points as sum_g xsum * z "
             "in fp32; float32 / float16 activations (and other tilings at M < 32): the avx512_vnni kernels")
         .at("avx_vnni",
-            "M = 1 on inner_k_tiles 8 or 4: the activation of each chunk (128 / 64 k) split exactly into two int16 "
+            "M = 1 on inner_k_tiles 8 or 4, where the case measured it faster than the AVX2 kernel (unmeasured: "
+            "always): the activation of each chunk (128 / 64 k) split exactly into two int16 "
             "halves of a fixed-point value (29 bits and a sign), nibble pairs x int16 pairs by vpdpwssd (VEX; EVEX on "
             "ymm where only AVX-512 VNNI exists), float32-accurate, 15 instructions per 64 weights instead of 24 (Note "
             "[int4 decode on int16 pairs]; a chunk with Inf / NaN or below 2^-98 takes the AVX2 kernel); else the AVX2 "
@@ -1139,7 +1172,8 @@ const DescribeOp kDescribed(
         .at("scalar",
             "plain loops (M >= 16: dequantized blocks + ATen's fp32 GEMM): the CPU has no AVX2+FMA, or "
             "TORCHQKIT_CPU_ISA forced it")
-        .fp32_in_bf16("every M (M >= 32 at inner_k_tiles 2)", "M >= 32")
+        .fp32_in_bf16("every M (M >= 32 at inner_k_tiles 2; one token: the kernel measured fastest, Note [Routes "
+                      "chosen by measurement])", "M >= 32")
         .fp32_prefill_routes());
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "fp32_matmul_precision.h"
 #include "kernel_descriptions.h"
 #include "kernels.h"
+#include "route_choice.h"
 #include "sgemm_prefill.h"
 #include "../common/aten_glue.h"
 
@@ -47,8 +48,14 @@ constexpr int64_t kSgemmMinM = 128;
 // With the 256-bit panels as the GEMM (Note [fp32 panels at 256 bits]) the dequantized route runs from the first M past
 // the dot kernel: it beat the prefill kernel at every M timed (AVX2, Zen 5, 2 threads, nf4 / int3 ms, 4096^2: M = 8
 // int3 3.19 -> 2.83, M = 16 4.73 -> 3.85 / 4.70 -> 3.69, M = 64 16.4 -> 11.0; 576 x 1536, M = 16 0.24 -> 0.21).
-int64_t dequantized_min_m(Isa isa, LowbitFormat fmt) {
-  return fp32_prefill_by_panels256(isa) ? dot_max_m(fmt) + 1 : kSgemmMinM;
+// Whether M tokens past the dot kernel take rows dequantized for a GEMM (which one: *sgemm) rather than the prefill
+// kernel. The route is measured per case where both can serve (Note [Routes chosen by measurement]); unmeasured, the
+// AVX-512 level takes sgemm on Intel CPUs from kSgemmMinM, the AVX2 level the 256-bit panels elsewhere.
+bool dequantized_prefill(Isa isa, int64_t M, bool* sgemm) {
+  const bool intel = fp32_prefill_rule_sgemm();
+  if (isa == Isa::kAvx512Vnni) return *sgemm = fp32_prefill_takes_sgemm(isa, intel && M >= kSgemmMinM);
+  *sgemm = fp32_prefill_takes_sgemm(isa, intel);  // always sgemm at the scalar level
+  return !*sgemm || M >= kSgemmMinM;
 }
 
 void check_x(const at::Tensor& x, int64_t k, const char* op) {
@@ -144,7 +151,7 @@ void run_bf16(const at::Tensor& x2, LowbitArgs p, int64_t K32, at::Tensor& out, 
 }
 
 // Fills the activation / output / bias fields of p, runs the kernels, returns (..., N) in x.dtype.
-at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor>& bias, const char* op) {
+at::Tensor run_kernels(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor>& bias, const char* op) {
   // x padded with zero columns to whole decode steps of 32 (Note [Low-bit decode steps] in linear_lowbit_isa.h)
   const int64_t N = p.N, K = p.K, K32 = (K + 31) / 32 * 32;
   at::Tensor b;
@@ -175,8 +182,8 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
       at::parallel_for(0, (N + kDotBlockRows - 1) / kDotBlockRows, 1, [&](int64_t b0, int64_t b1) {
         linear_lowbit_dot(isa, p, b0 * kDotBlockRows, std::min(b1 * kDotBlockRows, N));
       });
-    } else if (M >= dequantized_min_m(isa, p.fmt) && fp32_prefill_by_sgemm(isa)) {
-      prefill_dequantized(isa, xp, N, K32, kDotBlockRows, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
+    } else if (bool sgemm; dequantized_prefill(isa, M, &sgemm)) {
+      prefill_dequantized(sgemm, xp, N, K32, kDotBlockRows, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
         linear_lowbit_decode(isa, p, r0, r1, dst, K32);
       });
     } else {
@@ -187,6 +194,13 @@ at::Tensor run(const at::Tensor& x, LowbitArgs p, const std::optional<at::Tensor
     }
   }
   return out.to(x.scalar_type()).reshape(out_shape(x, N));
+}
+
+// run_kernels under the routes measured for the case (Note [Routes chosen by measurement]).
+at::Tensor run(const at::Tensor& x, const LowbitArgs& p, const std::optional<at::Tensor>& bias, const char* op) {
+  const int64_t M = p.K > 0 && x.size(-1) == p.K ? x.numel() / p.K : 0;
+  const RouteCase c{op, (int)selected_isa_exact(), (int)x.scalar_type(), M, p.N, p.K, (int)p.fmt * 1024 + p.g};
+  return measured_routes(c, [&] { return run_kernels(x, p, bias, op); });
 }
 
 LowbitArgs weight_args(const at::Tensor& w, LowbitFormat fmt, int64_t N, int64_t K) {

@@ -583,7 +583,7 @@ at::Tensor linear_nm_sparse_wo(const at::Tensor& x, const at::Tensor& kept, cons
   const Isa isa = selected_isa_for_ops();
   if (M > kMaxDotTokens && N > 0) {
     const DecodeFn decode = row_decoder(isa, a);
-    prefill_dequantized(isa, xf, N, K, 16, a.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
+    prefill_dequantized(dequantized_by_sgemm(isa), xf, N, K, 16, a.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
       decode(a, r0, std::min(r1, N), dst, K);
     });
     return out.reshape(torchqkit_glue::out_shape(x, N)).to(dt);

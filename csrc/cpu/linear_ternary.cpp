@@ -288,7 +288,7 @@ at::Tensor linear_ternarywo(const at::Tensor& x, const at::Tensor& planes, const
   const Isa isa = selected_isa_for_ops();
   if (M > kMaxDotTokens && N > 0) {
     const bool vector_decode = isa != Isa::kScalar && a.g % 8 == 0;
-    prefill_dequantized(isa, xf, N, K, 16, a.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
+    prefill_dequantized(dequantized_by_sgemm(isa), xf, N, K, 16, a.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
       vector_decode ? avx2::decode_rows(a, r0, std::min(r1, N), dst, K) : decode_rows(a, r0, std::min(r1, N), dst, K);
     });
     return out.reshape(torchqkit_glue::out_shape(x, N)).to(dt);

@@ -16,6 +16,7 @@
 #include "fp32_matmul_precision.h"
 #include "kernel_descriptions.h"
 #include "kernels.h"
+#include "route_choice.h"
 #include "sgemm_prefill.h"
 #include "../common/aten_glue.h"
 
@@ -87,39 +88,22 @@ bool cpu_is_intel() {
 // int4 (rows dequantized in the permuted k order by dequant_tiles' vector code, x's columns permuted to match):
 // M = 256 32.1 / 27.4, M = 128 16.2 / 15.4, M = 64 8.2 / 7.8; int4 takes the route from M = 128 only
 // (kAvx512SgemmMinM), where it was measured to win with the scalar dequantization it had before.
-// So on Intel CPUs the AVX-512 levels of the int8, int4 and low-bit ops take the sgemm route (int8 and low-bit from
-// the M their AVX2 levels do); elsewhere the panels. The AVX2 level follows the same rule for the GEMM it runs on
-// the dequantized rows (Note [fp32 panels at 256 bits] in sgemm_prefill.h). TORCHQKIT_CPU_FP32_PREFILL=sgemm|panels
-// forces a route at the AVX-512 and AVX2 levels (read on every call, like TORCHQKIT_CPU_ISA, so tests cover both routes
-// on one machine). Not measured: Intel cores with one 512-bit FMA pipe (client Ice / Tiger Lake, some Xeon Silver),
-// where the panels may tie the sgemm route.
-namespace {
-// TORCHQKIT_CPU_FP32_PREFILL: 1 for "sgemm", 0 for "panels", -1 unset (the CPU's default).
-int fp32_prefill_forced_sgemm() {
-  const char* env = std::getenv("TORCHQKIT_CPU_FP32_PREFILL");
-  if (env == nullptr || *env == '\0') return -1;
-  if (std::strcmp(env, "sgemm") == 0) return 1;
-  if (std::strcmp(env, "panels") == 0) return 0;
-  TORCH_CHECK(false, "TORCHQKIT_CPU_FP32_PREFILL=", env, " is not one of sgemm, panels; unset it for the CPU's "
-              "default (sgemm on Intel, panels elsewhere)");
-}
-
-bool fp32_prefill_default_sgemm() {
+// So the rule: on Intel CPUs the AVX-512 levels of the int8, int4 and low-bit ops take the sgemm route (int8 and
+// low-bit from the M their AVX2 levels do); elsewhere the panels. The AVX2 level follows the same rule for the GEMM it
+// runs on the dequantized rows (Note [fp32 panels at 256 bits] in sgemm_prefill.h). The rule is what a case takes
+// unmeasured: each case is timed both ways at its first call (Note [Routes chosen by measurement] in
+// route_choice.cpp; an Intel core with one 512-bit FMA pipe, client Ice / Tiger Lake or some Xeon Silver, may well
+// measure the panels faster). TORCHQKIT_CPU_FP32_PREFILL=sgemm|panels pins a route at the AVX-512 and AVX2 levels
+// (read on every call, like TORCHQKIT_CPU_ISA, so tests cover both routes on one machine).
+bool fp32_prefill_rule_sgemm() {
   static const bool intel = cpu_is_intel();
   return intel;
 }
-}  // namespace
 
-bool fp32_prefill_by_sgemm(Isa isa) {
-  if (isa != Isa::kAvx512Vnni) return true;
-  const int forced = fp32_prefill_forced_sgemm();
-  return forced < 0 ? fp32_prefill_default_sgemm() : forced == 1;
-}
-
-bool fp32_prefill_by_panels256(Isa isa) {
-  if (isa != Isa::kAvx2) return false;
-  const int forced = fp32_prefill_forced_sgemm();
-  return forced < 0 ? !fp32_prefill_default_sgemm() : forced == 0;
+bool fp32_prefill_takes_sgemm(Isa isa, bool rule_sgemm) {
+  if (isa != Isa::kAvx512Vnni && isa != Isa::kAvx2) return true;  // the scalar level has no panels
+  return take_route(RouteSite::kFp32Prefill, route_bit(kPanelsRoute) | route_bit(kSgemmRoute),
+                    rule_sgemm ? kSgemmRoute : kPanelsRoute) == kSgemmRoute;
 }
 
 namespace {
@@ -149,8 +133,8 @@ void check_weight(const at::Tensor& x, const at::Tensor& qdata, const char* op) 
               ": activations must be float32, bfloat16 or float16, got ", dt);
 }
 
-at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
-                               const std::optional<at::Tensor>& bias) {
+at::Tensor linear_int8wo_plain_kernels(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
+                                       const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "torchqkit::linear_int8wo_plain";
   check_weight(x, qdata, op);
   const int64_t N = qdata.size(0), K = qdata.size(1);
@@ -181,11 +165,13 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
   const at::Tensor x2 = x.reshape({M, K}).to(at::kFloat).contiguous();
   p.x = x2.data_ptr<float>();
   const Isa isa = base_isa(level);  // no AVX-VNNI variant: its AVX2 kernel
-  if (M >= kInt8SgemmMinM && N > 0 && fp32_prefill_by_sgemm(isa)) {
-    // Below AVX-512 the dot kernel is an fp32 GEMM at a quarter of its FMA rate (4 rows x 2 tokens per pass: 0.35-0.40x
-    // fp32 F.linear at M = 256 on Intel); rows dequantized once + ATen's sgemm tie F.linear, the 256-bit panels beat it
-    // on AMD (prefill_dequantized). The AVX-512 levels take this route on Intel too (Note [fp32 prefill by sgemm]).
-    prefill_dequantized(isa, x2, N, K, 16, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
+  // Below AVX-512 the dot kernel is an fp32 GEMM at a quarter of its FMA rate (4 rows x 2 tokens per pass: 0.35-0.40x
+  // fp32 F.linear at M = 256 on Intel); rows dequantized once + ATen's sgemm tie F.linear, the 256-bit panels beat it
+  // on AMD (prefill_dequantized). The AVX-512 levels take the sgemm route where it is faster than their panels (Note
+  // [fp32 prefill by sgemm]).
+  const bool sgemm = M >= kInt8SgemmMinM && N > 0 && fp32_prefill_takes_sgemm(isa, fp32_prefill_rule_sgemm());
+  if (M >= kInt8SgemmMinM && N > 0 && (sgemm || isa != Isa::kAvx512Vnni)) {
+    prefill_dequantized(sgemm, x2, N, K, 16, p.bias, out, [&](int64_t r0, int64_t r1, float* dst) {
       dequantize_int8_rows(p, r0, r1, dst, K);
     });
     return out.to(x.scalar_type()).reshape(out_shape(x, N));
@@ -197,6 +183,17 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
     });
   }
   return out.to(x.scalar_type()).reshape(out_shape(x, N));
+}
+
+// The kernels under the routes measured for the case (Note [Routes chosen by measurement]).
+at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
+                               const std::optional<at::Tensor>& bias) {
+  const int64_t K = qdata.dim() == 2 ? qdata.size(1) : 0, N = qdata.dim() == 2 ? qdata.size(0) : 0;
+  const int64_t M = K > 0 && x.dim() >= 1 && x.size(-1) == K ? x.numel() / K : 0;
+  const int64_t groups = scale.dim() == 2 ? scale.size(1) : 0;
+  const RouteCase c{"torchqkit::linear_int8wo_plain", (int)selected_isa_exact(), (int)x.scalar_type(), M, N, K,
+                    groups};
+  return measured_routes(c, [&] { return linear_int8wo_plain_kernels(x, qdata, scale, bias); });
 }
 
 at::Tensor linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
@@ -311,11 +308,15 @@ TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
 namespace torchqkit_cpu {
 // The GEMM the weight-only ops' float32 prefill runs on at the selected level, for kernels.status(): "panels" (the
 // AVX-512 6x32 or the 256-bit 6x16 ones) or "sgemm" (ATen's, on dequantized rows; the scalar level's only one).
+// A case measured at its first call may take the other one (routes() lists those).
 std::string fp32_prefill_route_op() {
-  const Isa isa = selected_isa_for_ops();
-  if (isa == Isa::kAvx512Vnni) return fp32_prefill_by_sgemm(isa) ? "sgemm" : "panels";
-  return fp32_prefill_by_panels256(isa) ? "panels" : "sgemm";
+  const Isa isa = selected_isa_for_ops();  // outside an op call take_route answers the pin, else the rule
+  return fp32_prefill_takes_sgemm(isa, fp32_prefill_rule_sgemm()) ? "sgemm" : "panels";
 }
+
+std::string routes_op() { return routes_json(); }
+void clear_routes_op() { clear_routes(); }
+int64_t add_routes_op(const std::string& lines) { return add_routes(lines); }
 }  // namespace torchqkit_cpu
 
 // Introspection for torchqkit.kernels.status(); not a quantized op, so it lives in its own namespace.
@@ -323,4 +324,7 @@ TORCH_LIBRARY(torchqkit_cpu, m) {
   m.def("isa() -> str", &torchqkit_cpu::isa_op);
   m.def("fp32_prefill_route() -> str", &torchqkit_cpu::fp32_prefill_route_op);
   m.def("kernel_descriptions() -> str", &torchqkit_cpu::kernel_descriptions_json);
+  m.def("routes() -> str", &torchqkit_cpu::routes_op);
+  m.def("clear_routes() -> ()", &torchqkit_cpu::clear_routes_op);
+  m.def("add_routes(str lines) -> int", &torchqkit_cpu::add_routes_op);
 }

@@ -92,12 +92,18 @@ void prefill_by_panels256(const at::Tensor& x, int64_t N, int64_t ldd, const flo
   });
 }
 
-// out (M, N) = x W^T + bias on rows dequantized by `decode` (see prefill_by_sgemm), by the GEMM base level `isa`
-// takes (fp32_prefill_by_panels256). x: (M, k) float32, rows contiguous.
+// out (M, N) = x W^T + bias on rows dequantized by `decode` (see prefill_by_sgemm), by ATen's sgemm or the 256-bit
+// panels (`sgemm` false: fp32_prefill_takes_sgemm's answer at the avx2 level). x: (M, k) float32, rows contiguous.
+// The GEMM a dequantizing op at base level `isa` multiplies its rows by: the 256-bit panels only at avx2, where
+// fp32_prefill_takes_sgemm picks (the AVX-512 levels' panels read the quantized weight, not dequantized rows).
+inline bool dequantized_by_sgemm(Isa isa) {
+  return isa != Isa::kAvx2 || fp32_prefill_takes_sgemm(isa, fp32_prefill_rule_sgemm());
+}
+
 template <class Decode>
-void prefill_dequantized(Isa isa, const at::Tensor& x, int64_t N, int64_t ldd, int64_t grain, const float* bias,
+void prefill_dequantized(bool sgemm, const at::Tensor& x, int64_t N, int64_t ldd, int64_t grain, const float* bias,
                          at::Tensor& out, Decode decode) {
-  if (fp32_prefill_by_panels256(isa)) return prefill_by_panels256(x, N, ldd, bias, out, decode);
+  if (!sgemm) return prefill_by_panels256(x, N, ldd, bias, out, decode);
   prefill_by_sgemm(x, N, ldd, grain, bias, out, decode);
 }
 

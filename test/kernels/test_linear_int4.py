@@ -20,8 +20,8 @@ from torchqkit.kernels.reference import linear_int4wo_tiled_ref
 
 OP = torch.ops.torchqkit.linear_int4wo_tiled
 # avx512_bf16 included: bf16 activations there take the vdpbf16ps decode (Note [int4 bf16 decode]) and prefill
-# (Note [int4 tiled in bf16]); avx_vnni: one token on inner_k_tiles 8 or 4 takes the int16-pair decode (Note [int4
-# decode on int16 pairs]).
+# (Note [int4 tiled in bf16]); avx_vnni: one token on inner_k_tiles 8 or 4 may take the int16-pair decode (Note [int4
+# decode on int16 pairs]), as it may at the AVX-512 levels.
 LEVELS = cpu_levels("torchqkit::linear_int4wo_tiled", with_avx_vnni=True, with_avx512_bf16=True)
 needs_ext = needs_kernel(LEVELS)
 isa_param = isa_param_for(LEVELS)
@@ -94,9 +94,13 @@ def test_kernel_matches_reference(monkeypatch, isa, dtype, case):
     m, n, k, g, t = case
     w = _tiled(n, k, g, t, dtype)
     x, b = _act(m, k, dtype), torch.randn(n, generator=gen(2)).to(dtype)
-    # the fp32 prefill routes (Note [fp32 prefill by sgemm]): AVX2's 256-bit panels from M = 48, AVX-512's from 128
-    for route in ("sgemm", "panels") if m >= 48 else ("",):
-        monkeypatch.setenv("TORCHQKIT_CPU_FP32_PREFILL", route)
+    # every route a case can take, pinned (Note [Routes chosen by measurement]): the fp32 prefill routes (Note [fp32
+    # prefill by sgemm]: AVX2 from M = 16, AVX-512 from 32) and the decode kernels of one float32 token
+    pins = ([("TORCHQKIT_CPU_FP32_PREFILL", r) for r in ("sgemm", "panels")] if m >= 16 else
+            [("TORCHQKIT_CPU_INT4_DECODE", r) for r in ("float", "int16", "bf16")] if m == 1 else [("", "")])
+    for variable, route in pins:
+        if variable:
+            monkeypatch.setenv(variable, route)
         what = f"{isa} {case} {route}"
         assert_rel(OP(*_args(w, x, b)), linear_int4wo_tiled_ref(*_args(w, x, b)), TOL[dtype], what)
         assert_rel(OP(*_args(w, x)), linear_int4wo_tiled_ref(*_args(w, x)), TOL[dtype], f"{what} no bias")
@@ -134,11 +138,12 @@ VNNI_BUILDS = _avx_vnni_builds()
 @pytest.mark.parametrize("build", VNNI_BUILDS or ["none"])
 @pytest.mark.parametrize("t", [8, 4])
 @pytest.mark.parametrize("g", [32, 64, 128, 256])
-def test_int16_pair_decode_is_float32_accurate(monkeypatch, build, t, g):
-    """AVX-VNNI, M = 1, inner_k_tiles 8 / 4 (Note [int4 decode on int16 pairs]): activations spanning 60 orders of two
-    within one call (a chunk of 1e-12 next to one of 1e6, one outlier 1e4 times its chunk) match the float32 kernel
-    of the AVX2 level to float32 rounding; a chunk below 2^-98, an Inf and a NaN take the float32 kernel (the same
-    result as AVX2, NaN / Inf included)."""
+@pytest.mark.parametrize("level", [lv for lv in ("avx_vnni", "avx512_vnni") if lv in LEVELS])
+def test_int16_pair_decode_is_float32_accurate(monkeypatch, level, build, t, g):
+    """AVX-VNNI and AVX-512 levels, M = 1, inner_k_tiles 8 / 4, the int16-pair route pinned (Note [int4 decode on int16
+    pairs]): activations spanning 60 orders of two within one call (a chunk of 1e-12 next to one of 1e6, one outlier
+    1e4 times its chunk) match the float32 kernel of the AVX2 level to float32 rounding; a chunk below 2^-98, an Inf
+    and a NaN take the float32 kernel (the same result as AVX2, NaN / Inf included)."""
     n, k = 37, 1024
     w = _tiled(n, k, g, t)
     x = _act(1, k, torch.float32)
@@ -150,10 +155,11 @@ def test_int16_pair_decode_is_float32_accurate(monkeypatch, build, t, g):
     cases["inf"][0, 700] = float("inf")
     cases["nan"][0, 5] = float("nan")
     monkeypatch.setenv("TORCHQKIT_CPU_AVX_VNNI", build)
+    monkeypatch.setenv("TORCHQKIT_CPU_INT4_DECODE", "int16")  # the AVX2 level has no such route: its float32 kernel
     for what, xx in cases.items():
         monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx2")
         want = OP(*_args(w, xx))
-        monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx_vnni")
+        monkeypatch.setenv("TORCHQKIT_CPU_ISA", level)
         got = OP(*_args(w, xx))
         assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf()), what
         fin = want.isfinite()
@@ -185,13 +191,15 @@ def test_kernel_matches_dequantized_linear(monkeypatch, isa, m):
 @pytest.mark.parametrize("m, t", [(1, 8), (5, 8), (5, 4), (5, 2), (40, 4)])
 def test_float32_activations_take_bf16_under_medium_precision(monkeypatch, m, t):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx512_bf16")  # whatever level the session forces
+    monkeypatch.setenv("TORCHQKIT_CPU_INT4_DECODE", "bf16")  # one token may measure another kernel faster
     w = _tiled(37, 320, 64, t)
     x, b = _act(m, 320, torch.float32), torch.randn(37, generator=gen(2))
     exact = linear_int4wo_tiled_ref(*_args(w, x, b))
     rounded = linear_int4wo_tiled_ref(*_args(w, x.bfloat16().float(), b))
     op = "torchqkit::linear_int4wo_tiled"
     with float32_matmul_precision("medium"):
-        assert "every M (M >= 32 at inner_k_tiles 2) in the bf16 kernels" in kernels.cpu_backend(op)[1]
+        assert "every M (M >= 32 at inner_k_tiles 2; one token: the kernel measured fastest, Note [Routes chosen by " \
+               "measurement]) in the bf16 kernels" in kernels.cpu_backend(op)[1]
         out = OP(*_args(w, x, b))
     bf16 = m >= 32 or t in (8, 4)
     assert_rel(out, rounded if bf16 else exact, TOL[torch.float32], f"medium, M = {m}, inner_k_tiles {t}")
@@ -642,6 +650,7 @@ def test_avx_vnni_builds_agree(monkeypatch, m):
     int8 x int4 decode and panels, the int8 x int8 panels (M >= 16); the VEX build is checked against the reference
     by the tests above."""
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", "avx_vnni")
+    monkeypatch.setenv("TORCHQKIT_CPU_INT4_DECODE", "int16")
     w4, d4 = _tiled(45, 576, 32, 8), _int4_packed(45, 576, 64, "asymmetric")
     act = qk.ActivationQuantSpec(qk.qdtypes.int8, qk.PerToken(), "asymmetric")
     d8 = qk.quantize_weight(torch.randn(45, 576, generator=gen(3)), qk.qdtypes.int8, qk.PerRow(), qk.PlainLayout(),
@@ -671,9 +680,10 @@ def test_avx_vnni_build_variable_is_checked(monkeypatch):
 @pytest.mark.skipif("avx_vnni" not in LEVELS, reason="no AVX-VNNI level on this CPU")
 def test_smollm2_int16_pair_decode_keeps_the_avx2_tokens(monkeypatch):
     """SmolLM2-135M, every Linear and the tied lm_head int4 g128 (inner_k_tiles 8): greedy decoding at the AVX-VNNI
-    level (the int16-pair kernel for every one-token call) gives the AVX2 level's tokens, and the next-token logits
-    within float32 rounding of them."""
+    level (the int16-pair kernel pinned for every one-token call) gives the AVX2 level's tokens, and the next-token
+    logits within float32 rounding of them."""
     pytest.importorskip("transformers")
+    monkeypatch.setenv("TORCHQKIT_CPU_INT4_DECODE", "int16")
     from torchqkit.eval import LeanDecoder, load_gguf, smollm2_gguf_path
 
     model, tokenizer = load_gguf(smollm2_gguf_path())

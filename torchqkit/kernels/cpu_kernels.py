@@ -57,9 +57,14 @@ def _fp32_prefill_note(described: dict, isa: str) -> str:
         return ""
     route = torch.ops.torchqkit_cpu.fp32_prefill_route()
     forced = os.environ.get("TORCHQKIT_CPU_FP32_PREFILL")
-    how = ("the scalar level's only one" if isa == "scalar" else f"TORCHQKIT_CPU_FP32_PREFILL={forced}" if forced
-           else "this CPU's default")
-    return f" | float32 prefill here: {_FP32_PREFILL_ROUTE[route]} ({how})"
+    if isa == "scalar":
+        return f" | float32 prefill here: {_FP32_PREFILL_ROUTE[route]} (the scalar level's only one)"
+    if forced:
+        return f" | float32 prefill here: {_FP32_PREFILL_ROUTE[route]} (TORCHQKIT_CPU_FP32_PREFILL={forced})"
+    if os.environ.get("TORCHQKIT_CPU_ROUTES") == "rules":
+        return f" | float32 prefill here: {_FP32_PREFILL_ROUTE[route]} (this CPU's default; TORCHQKIT_CPU_ROUTES=rules)"
+    return (f" | float32 prefill here: the route measured fastest per case at its first call (kernels.routes() lists "
+            f"them; Note [Routes chosen by measurement]), else {_FP32_PREFILL_ROUTE[route]} (this CPU's default)")
 
 
 def cpu_backend(op: str) -> tuple[str, str]:

@@ -1,14 +1,16 @@
 """status(): one table of what serves every quantized linear and every custom op, and why. Rows come from the
 layouts' declared routes (registered here by layouts/, above this package), from the C++ CPU kernels' own
-descriptions (cpu_kernels.py) and from the backend choice per device (choice.py)."""
+descriptions (cpu_kernels.py), from the routes they measured (routes.py) and from the backend choice per device
+(choice.py)."""
 from __future__ import annotations
 
 from . import loading
 from .choice import choose_backend, usable_backends
 from .cpu_kernels import cpu_backend
 from .registry import OPS
+from .routes import routes
 
-__all__ = ["status", "format_status", "register_status_rows", "backend_status"]
+__all__ = ["status", "format_status", "register_status_rows", "backend_status", "route_status"]
 
 _STATUS_SOURCES: list = []  # callables returning status() rows, registered by the packages above (layouts/)
 
@@ -36,7 +38,21 @@ def status() -> list[dict]:
     for op in (loading.CPU_OPS if loading.CPU_EXTENSION_LOADED else tuple(OPS)):
         path, why = cpu_backend(op)
         rows.append({"layout": "(op)", "linear": op, "path": path, "why": why})
+    rows += route_status()
     rows += backend_status()
+    return rows
+
+
+def route_status() -> list[dict]:
+    """One row per case whose route the C++ CPU kernels measured (or loaded): the choice and the times."""
+    rows = []
+    for r in routes():
+        times = ", ".join(f"{name} {us / 1000:.3g} ms" for name, us in r["median_us"].items())
+        why = (f"loaded from a route table (kernels.load_routes)" if r["loaded"] else
+               f"measured at the first call: {times} (median); unmeasured it takes {r['rule']}")
+        rows.append({"layout": "(route)", "path": f"{r['site']}: {r['choice']}", "why": why,
+                     "linear": f"{r['op']} {r['isa']} {r['dtype']} M {r['m']} N {r['n']} K {r['k']} "
+                               f"threads {r['threads']}"})
     return rows
 
 
