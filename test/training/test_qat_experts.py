@@ -151,7 +151,8 @@ def test_every_kind_of_recipe_converts_to_the_last_forward(config):
 def test_one_call_on_a_stack_equals_quantizing_expert_by_expert(config):
     """The fake quantizer's (E, N, K) path against quantize_experts (the config's handler per expert) for every
     config kind, on experts of very different magnitudes (statistics shared across experts would show)."""
-    stack = torch.randn(3, 48, 96, generator=torch.Generator().manual_seed(2)) * torch.tensor([1e-3, 1.0, 50.0])[:, None, None]
+    magnitudes = torch.tensor([1e-3, 1.0, 50.0])[:, None, None]
+    stack = torch.randn(3, 48, 96, generator=torch.Generator().manual_seed(2)) * magnitudes
     recipe = recipe_for(CONFIGS[config])
     fake, inside = WeightFakeQuantizer(recipe, clipped=True).values(stack)
     assert torch.equal(fake, quantize_experts(CONFIGS[config], stack, "w").dequantize())
@@ -198,10 +199,11 @@ def test_module_configs_name_expert_stacks_as_quantize_does():
     assert set(expert_stacks(model)) == {f.fqn for f in converted.quantized}
 
 
-@pytest.mark.parametrize("impl", ["grouped_mm", "batched_mm"])
-def test_compiled_training_step_matches_eager(impl):
-    """fullgraph compile of the block's loss, traced with aot_eager (the same graph capture without inductor's C++
-    build, to keep the file fast; test/moe/test_moe_compile.py says why the "eager" experts can't be fullgraph)."""
+@pytest.mark.parametrize("impl,fullgraph", [("grouped_mm", True), ("batched_mm", True), ("eager", False)])
+def test_compiled_training_step_matches_eager(impl, fullgraph):
+    """Compile of the block's loss, traced with aot_eager (the same graph capture without inductor's C++ build, to
+    keep the file fast); fullgraph but for the "eager" experts, whose loop over ``nonzero()`` breaks any graph
+    (test/moe/test_moe_compile.py)."""
     config = qk.QATConfig(INT4, grad="clipped_ste")
     eager, compiled = tiny_moe("qwen3_moe"), tiny_moe("qwen3_moe")
     for m in (eager, compiled):
@@ -210,10 +212,11 @@ def test_compiled_training_step_matches_eager(impl):
     x = torch.randn(1, 5, 64, generator=torch.Generator().manual_seed(4))
     torch._dynamo.reset()
     loss_fn = lambda block, x: block(x).square().mean()  # noqa: E731
-    step = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")
+    step = torch.compile(loss_fn, fullgraph=fullgraph, backend="aot_eager")
     blocks = eager.model.layers[0].mlp, compiled.model.layers[0].mlp
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        for _ in range(2):  # the second call reuses the graph
+    # fullgraph: the second call reuses the graph (the eager experts recompile per expert's token count, as float)
+    with torch._dynamo.config.patch(error_on_recompile=fullgraph):
+        for _ in range(2):
             a, b = loss_fn(blocks[0], x), step(blocks[1], x)
             a.backward()
             b.backward()
@@ -254,7 +257,8 @@ def test_activation_quantizing_configs_leave_the_stacks_float_with_the_reason():
     model = tiny_moe("qwen3_moe")
     before = {n: p.clone() for n, p in model.named_parameters()}
     with pytest.raises(qk.QuantizationError, match=r"model.layers.0.mlp.experts.gate_up_proj: quantization-aware "
-                                                   r"training fake-quantizes expert stacks' weights, not the activations"):
+                                                   r"training fake-quantizes expert stacks' weights, not the "
+                                                   r"activations"):
         qk.prepare_qat_(model, config, strict=True)
     assert _untouched(model, before)
     with pytest.warns(UserWarning, match="4 selected layer"):

@@ -11,6 +11,6 @@ from .qat_config import QATConfig
 from .sparse_training import SparseTrainingLinear, convert_sparse_, prepare_sparse_
 
 __all__ = ["QATConfig", "prepare_qat_", "convert_qat_", "is_qat_prepared", "FakeQuantizedLinear",
-           "FakeQuantizedExperts", "enable_float8_training_", "float8_training_status", "Float8TrainingLinear", "Float8StaticScales",
-           "float8_training_calibration", "float8_training_overflows", "LoRALinear", "add_lora_",
+           "FakeQuantizedExperts", "enable_float8_training_", "float8_training_status", "Float8TrainingLinear",
+           "Float8StaticScales", "float8_training_calibration", "float8_training_overflows", "LoRALinear", "add_lora_",
            "prepare_sparse_", "convert_sparse_", "SparseTrainingLinear"]

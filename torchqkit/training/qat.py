@@ -61,14 +61,16 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
 
     Returns:
         QuantizationReport: the report ``quantize_`` would give for ``config.base`` (``"quantized"`` means
-            fake-quantized now, quantized by ``convert_qat_``).
+            fake-quantized now, quantized by ``convert_qat_``); layers and expert stacks it can't train are
+            ``"skipped"`` with the reason.
 
     Raises:
         TypeError: ``config`` is not a ``QATConfig``, or a config a fake quantizer can't emulate (no per-weight
             recipe).
         ValueError: the model holds quantized weights or was already prepared, stochastic rounding with a
             non-integer format, or a weight tied to a module that isn't a plain Linear (model left unchanged).
-        QuantizationError: with ``strict=True``, a selected layer the config can't take.
+        QuantizationError: with ``strict=True``, a selected layer or expert stack the config can't take or
+            fake quantization can't train (an expert stack under an activation-quantizing config).
 
     Example:
         ```python
@@ -158,10 +160,12 @@ def _trainable_swaps(report, swaps):
 
 
 def convert_qat_(model: nn.Module) -> QuantizationReport:
-    """Quantize every layer ``prepare_qat_`` fake-quantized, with its config, and restore its class, in place.
+    """Quantize every layer and expert stack ``prepare_qat_`` fake-quantized, with its config, and restore each
+    module's class, in place.
 
-    The quantized weights dequantize to the last training forward's fake-quantized weights bit for bit (with
-    round-to-nearest; stochastic rounding trains around them).
+    The quantized weights (for expert stacks: the (E, N, K) stacks ``quantize_`` stores) dequantize to the last
+    training forward's fake-quantized weights bit for bit (with round-to-nearest; stochastic rounding trains around
+    them). Experts modules become the transformers classes they were.
 
     Args:
         model (torch.nn.Module): a model prepared by ``prepare_qat_`` (and trained).
@@ -181,7 +185,8 @@ def convert_qat_(model: nn.Module) -> QuantizationReport:
         print(qk.convert_qat_(model))
         ```
     """
-    prepared = {fqn: m for fqn, m in model.named_modules() if isinstance(m, (FakeQuantizedLinear, FakeQuantizedExperts))}
+    prepared = {fqn: m for fqn, m in model.named_modules()
+                if isinstance(m, (FakeQuantizedLinear, FakeQuantizedExperts))}
     sparse = [fqn for fqn, m in model.named_modules() if isinstance(m, SparseTrainingLinear) and m.sparse.quantizer]
     if sparse and not prepared:
         raise ValueError(f"convert_qat_: {sparse[0]}{' and others' if len(sparse) > 1 else ''} train sparse and "
