@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 from ..api.configs.base import recipe_for
+from ..api.expert_weights import expert_parameters
 from ..api.module_configs import ModuleConfigs
 from ..api.quantize import QuantizationError, as_module_configs, plan_quantize, quantize_
 from ..api.report import QuantizationReport
 from ..core.qdtype import QKind
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
-from ..api.expert_weights import expert_parameters
 from .fake_quantize import WeightFakeQuantizer
 from .fake_quantized_experts import (ExpertsQATState, ExpertWeightQAT, FakeQuantizedExperts,
                                      fake_quantized_experts_class)
@@ -99,7 +99,7 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
     for swap in swaps:
         if swap.weight.dim() == 3:  # one expert stack: Note [Fake-quantized experts]
             (h,) = swap.holders
-            plans.append((swap.holders, configs.lookup(f"{h.fqn}.{h.attr}")[1], True))
+            plans.append((swap.holders, configs.lookup(_stack_name(h.fqn, h.attr))[1], True))
             continue
         # The planned Linear that owns the weight (holders run in module order: an embedding may come first).
         owner = next(h.fqn for h in swap.holders if report[h.fqn].status == "quantized")
@@ -141,7 +141,7 @@ def _trainable_swaps(report, swaps):
             if swap.weight.act_quant is None:
                 kept.append(swap)
                 continue
-            entries = [report[f"{h.fqn}.{h.attr}"] for h in swap.holders]
+            entries = [report[_stack_name(h.fqn, h.attr)] for h in swap.holders]
             reason = ("quantization-aware training fake-quantizes expert stacks' weights, not the activations this "
                       "config also quantizes inside the experts' forward; give the experts a weight-only config "
                       "(ModuleConfigs with a 're:.*experts.*' key), or quantize them after training with quantize_")
@@ -157,6 +157,11 @@ def _trainable_swaps(report, swaps):
         for entry in entries:
             entry.status, entry.bytes_after, entry.reason = "skipped", entry.bytes_before, reason
     return kept
+
+
+def _stack_name(module_fqn: str, attr: str) -> str:
+    """An expert stack's report entry and ModuleConfigs name, as expert_parameters gives it."""
+    return f"{module_fqn}.{attr}" if module_fqn else attr
 
 
 def convert_qat_(model: nn.Module) -> QuantizationReport:
@@ -198,7 +203,7 @@ def convert_qat_(model: nn.Module) -> QuantizationReport:
     named = {}  # Linears by module name, expert stacks by "<module>.<attribute>" (as quantize_ names them)
     for fqn, m in prepared.items():
         if isinstance(m, FakeQuantizedExperts):
-            named.update({f"{fqn}.{attr}" if fqn else attr: w.config for attr, w in m.qat.weights.items()})
+            named.update({_stack_name(fqn, attr): w.config for attr, w in m.qat.weights.items()})
         else:
             named[fqn] = m.qat.config
     try:
