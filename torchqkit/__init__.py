@@ -35,8 +35,8 @@ from .integrations import hub_import as _hub_import  # torchqkit.from_pretrained
 from .integrations.compressed_tensors_export import CompressedTensorsExport, save_compressed_tensors
 from .serialization import CheckpointError, load_quantized, quantize_checkpoint, save_quantized
 from .serialization import register_safe_globals as _register_safe_globals
-from .training import (FakeQuantizedLinear, Float8StaticScales, Float8TrainingLinear, LoRALinear, QATConfig,
-                       SparseTrainingLinear, add_lora_, convert_qat_, convert_sparse_, enable_float8_training_,
+from .training import (FakeQuantizedExperts, FakeQuantizedLinear, Float8StaticScales, Float8TrainingLinear,
+                       LoRALinear, QATConfig, SparseTrainingLinear, add_lora_, convert_qat_, convert_sparse_, enable_float8_training_,
                        float8_training_calibration, float8_training_overflows, float8_training_status, prepare_qat_,
                        prepare_sparse_)
 from .tensor import ActivationQuantSpec, AffineQuantizedTensor, KernelPreference, UnsupportedOpError
@@ -71,8 +71,8 @@ _PUBLIC = {
                                      "from_pretrained", "from_gguf", "save_gguf", "GGUFExportReport",
                                      "GGUFTensorExport", "TorchqkitConfig", "save_compressed_tensors",
                                      "CompressedTensorsExport"],
-    "training": ["QATConfig", "prepare_qat_", "convert_qat_", "FakeQuantizedLinear", "add_lora_", "LoRALinear",
-                 "enable_float8_training_", "float8_training_status", "Float8TrainingLinear", "Float8StaticScales",
+    "training": ["QATConfig", "prepare_qat_", "convert_qat_", "FakeQuantizedLinear", "FakeQuantizedExperts",
+                 "add_lora_", "LoRALinear", "enable_float8_training_", "float8_training_status", "Float8TrainingLinear", "Float8StaticScales",
                  "float8_training_calibration", "float8_training_overflows", "prepare_sparse_",
                  "convert_sparse_", "SparseTrainingLinear"],
     "distributed": ["shard_multiple", "parallelize_experts_"],
@@ -102,6 +102,6 @@ def __dir__():
 for _cls in (AffineQuantizedTensor, CalibrationData, PlainLayout, ActivationQuantSpec, KernelPreference, ModuleConfigs,
              PackedIntxLayout, NMSparseLayout, TensorCoreTiledLayout,
              QuantizationReport, Float8Layout, MXLayout, NVFP4Layout, FP6Layout, NF4Layout, QATConfig,
-             FakeQuantizedLinear, Float8TrainingLinear, Float8StaticScales, KernelsMissingWarning, KVCacheConfig):
+             FakeQuantizedLinear, FakeQuantizedExperts, Float8TrainingLinear, Float8StaticScales, KernelsMissingWarning, KVCacheConfig):
     _cls.__module__ = "torchqkit"
 del _cls

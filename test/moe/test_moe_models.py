@@ -211,15 +211,3 @@ def test_transposed_experts_with_biases(config):
     for impl in IMPLEMENTATIONS:
         torch.testing.assert_close(_logits(model, impl), _logits(float_model, impl), atol=2e-5, rtol=0)
 
-
-def test_qat_reports_expert_parameters_it_leaves_float():
-    model = tiny_moe("qwen3_moe")
-    with pytest.warns(UserWarning, match="4 selected layer"):
-        report = qk.prepare_qat_(model, qk.QATConfig(qk.Int4WeightOnlyConfig(group_size=32)))
-    entry = report["model.layers.1.mlp.experts.down_proj"]
-    assert entry.status == "skipped" and "not expert Parameters yet" in entry.reason
-    assert report["model.layers.1.self_attn.q_proj"].status == "quantized"
-    with pytest.raises(qk.QuantizationError, match="experts.gate_up_proj"):
-        qk.prepare_qat_(tiny_moe("qwen3_moe"), qk.QATConfig(qk.Int4WeightOnlyConfig(group_size=32)), strict=True)
-    converted = qk.convert_qat_(model)
-    assert len(converted.quantized) == 9 and not expert_stacks(model)

@@ -34,7 +34,7 @@ from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
 from .report import LayerReport
 
-__all__ = ["ExpertPlan", "plan_experts", "expert_parameters", "ROUTER_NAMES"]
+__all__ = ["ExpertPlan", "plan_experts", "expert_parameters", "experts_nk", "ROUTER_NAMES"]
 
 ROUTER_NAMES = ("gate", "router")
 ROUTER_REASON = ("router of {experts}: kept in float (quantization noise in its logits sends tokens to other "
@@ -58,6 +58,12 @@ class ExpertPlan(NamedTuple):
 
 def is_experts_module(module: nn.Module) -> bool:
     return type(module).__name__.endswith("Experts") or hasattr(module, "is_transposed")
+
+
+def experts_nk(module: nn.Module, weight: torch.Tensor) -> torch.Tensor:
+    """``weight``, a stack ``module`` holds, as E weights of (N, K): a module storing them transposed
+    (``is_transposed``: (E, K, N)) gets the view with its last two dims swapped, which is also the way back."""
+    return weight.transpose(-2, -1) if getattr(module, "is_transposed", False) else weight
 
 
 def expert_parameters(modules: dict[str, nn.Module]) -> list[ExpertParameter]:
@@ -134,12 +140,11 @@ def quantize_expert_parameter(p: ExpertParameter, configs: ModuleConfigs, device
     if problem is not None:
         return LayerReport(p.fqn, "skipped", desc, problem, nbytes, nbytes), None
     w = weight.detach() if device is None else weight.detach().to(device)
-    transposed = bool(getattr(p.module, "is_transposed", False))
     try:
-        stack = quantize_experts(config, w.transpose(-2, -1) if transposed else w, p.fqn)
+        stack = quantize_experts(config, experts_nk(p.module, w), p.fqn)
     except (UnsupportedWeight, ValueError) as e:
         return LayerReport(p.fqn, "skipped", desc, str(e), nbytes, nbytes), None
-    if transposed:
+    if getattr(p.module, "is_transposed", False):  # the module still sees (E, K, N)
         stack = stack.with_changes(transposed=True)
     return _stack_entry(p.fqn, desc, nbytes, stack), stack
 

@@ -7,9 +7,10 @@ from typing import NamedTuple
 import torch
 
 from ..algorithms import check_algorithm, hqq_qparams
+from ..core.calibration import parse_calibration
 from ..core.granularity import Granularity, validate_block_size
-from ..core.primitives import (MappingType, ZeroPointDomain, choose_qparams_affine, default_zero_point_domain,
-                               quantize_affine)
+from ..core.primitives import (FLOAT8_E4M3, MappingType, ZeroPointDomain, choose_qparams_affine,
+                               default_zero_point_domain, quantize_affine)
 from ..core.qdtype import QDType
 from ..layouts.base import Layout, PlainParts, WeightFormat
 from ..tensor.activation import ActivationQuantSpec, KernelPreference
@@ -72,9 +73,22 @@ class WeightRecipe:
     algorithm: str = "rtn"
     calibration: str | None = None
 
+    @property
+    def blockwise(self) -> bool:
+        """Whether each block's stored qparams depend on that block's values alone, so that one ``qparams(stack,
+        experts=True)`` call on a stack of experts (E, N, K) chooses what quantizing each expert on its own
+        would. Not so for HQQ (its stopping rule sums the error of the whole weight), float8_e4m3 scale rounding
+        (one power-of-two global scale per weight) and a layout that stores its scales lossily (NF4's double
+        quantization: statistics over all of a weight's scales); nor, to be bit-exact, for "rms" ranges (a sum
+        over a block, which a differently shaped reduction may add in another order; min / max are exact)."""
+        return (self.algorithm == "rtn" and self.scale_rounding != FLOAT8_E4M3
+                and (self.calibration is None or parse_calibration(self.calibration).method != "rms")
+                and type(self.layout).stored_scale is Layout.stored_scale)
+
     def qparams(self, weight: torch.Tensor, *, check_finite: bool = True, stochastic: bool = False,
-                name: str = "weight") -> WeightQParams:
-        return weight_qparams(weight, self, check_finite=check_finite, stochastic=stochastic, name=name)
+                name: str = "weight", experts: bool = False) -> WeightQParams:
+        return weight_qparams(weight, self, check_finite=check_finite, stochastic=stochastic, name=name,
+                              experts=experts)
 
     def quantize(self, weight: torch.Tensor, name: str = "weight", *, stochastic: bool = False,
                  generator: torch.Generator | None = None, check_finite: bool = True) -> AffineQuantizedTensor:
@@ -96,30 +110,39 @@ class WeightRecipe:
 
 
 def weight_qparams(weight: torch.Tensor, recipe: WeightRecipe, *, check_finite: bool = True, stochastic: bool = False,
-                   name: str = "weight") -> WeightQParams:
+                   name: str = "weight", experts: bool = False) -> WeightQParams:
     """Check that ``recipe.layout`` can store ``weight`` the recipe's way and choose its qparams: the first half of
     ``quantize_weight`` (the codes are ``quantize_affine`` of the result). Fake quantization for training
-    calls it too, so fake and real weights share one decision. Raises UnsupportedWeight with the reason."""
+    calls it too, so fake and real weights share one decision. Raises UnsupportedWeight with the reason.
+    ``experts=True``: ``weight`` is a stack of experts (E, N, K), checked as one (N, K) weight, whose qparams
+    (block size (1, bn, bk)) are each expert's own; only for a ``recipe.blockwise`` recipe."""
     check_algorithm(name, recipe.algorithm)
     if isinstance(weight, AffineQuantizedTensor):
         raise UnsupportedWeight(f"{name} is already quantized ({weight!r})")
     if not weight.dtype.is_floating_point:
         raise UnsupportedWeight(f"{name} has dtype {weight.dtype}; only floating weights can be quantized")
-    if weight.dim() != 2:
-        raise UnsupportedWeight(f"{name} has {weight.dim()} dims; quantized weights are 2-d (out, in)")
+    if weight.dim() != (3 if experts else 2):
+        raise UnsupportedWeight(f"{name} has {weight.dim()} dims; quantized weights are 2-d (out, in)"
+                                + (" and stacks of experts 3-d (experts, out, in)" if experts else ""))
+    if experts and not recipe.blockwise:
+        raise ValueError(f"{name}: this recipe's qparams depend on more than one block (see WeightRecipe.blockwise); "
+                         f"choose them expert by expert")
+    shape = tuple(weight.shape[1:] if experts else weight.shape)
     g = recipe.granularity
-    block_size = tuple(g) if isinstance(g, tuple) else g.block_size(tuple(weight.shape))
-    reason = validate_block_size(weight.shape, block_size)
+    block_size = tuple(g) if isinstance(g, tuple) else g.block_size(shape)
+    reason = validate_block_size(shape, block_size)
     if reason is not None:
-        raise UnsupportedWeight(f"{name} of shape {tuple(weight.shape)} can't use block_size {block_size}: {reason}")
+        raise UnsupportedWeight(f"{name} of shape {shape} can't use block_size {block_size}: {reason}")
     mapping = MappingType(recipe.mapping)
     if recipe.algorithm == "hqq":
         _check_hqq(mapping, recipe.calibration, recipe.scale_rounding, stochastic, name)
     zpd = ZeroPointDomain(recipe.zero_point_domain if recipe.zero_point_domain is not None
                           else default_zero_point_domain(recipe.qdtype, mapping))
-    reason = recipe.layout.supports(WeightFormat.of(recipe.qdtype, block_size, weight.shape, zpd))
+    reason = recipe.layout.supports(WeightFormat.of(recipe.qdtype, block_size, shape, zpd))
     if reason is not None:
         raise UnsupportedWeight(f"{name}: {reason}")
+    if experts:
+        block_size = (1, *block_size)
     w = weight.detach()
     if recipe.algorithm == "hqq":
         scale, zero_point = hqq_qparams(w, recipe.qdtype, block_size, zero_point_domain=zpd,

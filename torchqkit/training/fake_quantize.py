@@ -75,20 +75,30 @@ class WeightFakeQuantizer:
     def values(self, weight: torch.Tensor, qparams_from: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(fake-quantized weight in weight.dtype, inside-grid mask or None when not clipped), no autograd.
-        qparams_from: the tensor the scales and zero points are chosen on (default the weight itself; sparse
-        training passes the masked weight with its pruned entries filled, Note [Sparse qparams])."""
+        weight: (N, K), or a stack of experts (E, N, K), each expert fake-quantized on its own (Note
+        [Fake-quantized experts]). qparams_from: the tensor the scales and zero points are chosen on (default the
+        weight itself; sparse training passes the masked weight with its pruned entries filled, Note [Sparse
+        qparams])."""
+        if weight.dim() == 3 and not self.recipe.blockwise:  # statistics over a whole expert: one at a time
+            parts = [self._values(w, None, f"{self.name}[{e}]") for e, w in enumerate(weight.unbind(0))]
+            fake = torch.stack([p[0] for p in parts])
+            return fake, (torch.stack([p[1] for p in parts]) if self.clipped else None)
+        return self._values(weight, qparams_from, self.name)
+
+    def _values(self, weight: torch.Tensor, qparams_from: torch.Tensor | None, name: str):
         r = self.recipe
         w = weight.detach()
         # check_finite=False: a finiteness check is a data-dependent branch (a graph break under torch.compile);
         # a NaN weight shows up in the loss anyway.
         source = w if qparams_from is None else qparams_from.detach()
-        qp = r.qparams(source, check_finite=False, stochastic=self.generator is not None, name=self.name)
+        qp = r.qparams(source, check_finite=False, stochastic=self.generator is not None, name=name,
+                       experts=w.dim() == 3)
         codes = quantize_affine(w, r.qdtype, qp.block_size, qp.scale, qp.zero_point,
                                 zero_point_domain=qp.zero_point_domain, stochastic=self.generator is not None,
-                                generator=self.generator, check_finite=False, name=self.name)
+                                generator=self.generator, check_finite=False, name=name)
         scale = r.layout.stored_scale(qp.scale)  # what the layout keeps (NF4 double quantization rounds it)
         fake = dequantize_affine(codes, r.qdtype, qp.block_size, scale, qp.zero_point,
-                                 zero_point_domain=qp.zero_point_domain, output_dtype=weight.dtype, name=self.name)
+                                 zero_point_domain=qp.zero_point_domain, output_dtype=weight.dtype, name=name)
         inside = None
         if self.clipped:
             inside = inside_grid(w, codes, r.qdtype, qp.block_size, scale, qp.zero_point, qp.zero_point_domain)

@@ -16,12 +16,15 @@ import torch
 from torch import nn
 
 from ..api.configs.base import recipe_for
+from ..api.expert_weights import expert_parameters
 from ..api.module_configs import ModuleConfigs
 from ..api.quantize import QuantizationError, as_module_configs, plan_quantize, quantize_
 from ..api.report import QuantizationReport
 from ..core.qdtype import QKind
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from .fake_quantize import WeightFakeQuantizer
+from .fake_quantized_experts import (ExpertsQATState, ExpertWeightQAT, FakeQuantizedExperts,
+                                     fake_quantized_experts_class)
 from .fake_quantized_linear import FakeQuantizedLinear, QATState, fake_quantized_class
 from .qat_config import QATConfig
 from .sparse_training import SparseTrainingLinear, prepare_sparse_qat
@@ -31,12 +34,18 @@ __all__ = ["prepare_qat_", "convert_qat_", "is_qat_prepared"]
 
 def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn.Module, str], bool] | None = None,
                  strict: bool = False) -> QuantizationReport:
-    """Make ``model``'s Linear layers train through fake quantization towards ``config.base``, in place.
+    """Make ``model``'s Linear layers and expert stacks train through fake quantization towards ``config.base``,
+    in place.
 
     Each selected Linear becomes a ``FakeQuantizedLinear`` (its class changes; identity, hooks, Parameters and
-    state-dict keys stay), whose forward fake-quantizes the weight exactly as ``quantize_`` would store it. It plans
-    with ``quantize_``'s own first phase, so it selects exactly the layers ``convert_qat_`` will quantize, with the
-    same per-module configs and tied-weight rules. Train the model as usual, then call ``convert_qat_``.
+    state-dict keys stay), whose forward fake-quantizes the weight exactly as ``quantize_`` would store it. The 3-d
+    expert Parameters of a mixture-of-experts model (``...mlp.experts.gate_up_proj``, one report entry and
+    ModuleConfigs name each, as in ``quantize_``) train the same way: their experts module becomes a
+    ``FakeQuantizedExperts``, whose forward reads each stack fake-quantized expert by expert, under every
+    transformers experts implementation (Note [Fake-quantized experts]); a config that also quantizes activations
+    leaves them float (reported as skipped). It plans with ``quantize_``'s own first phase, so it selects exactly
+    the layers ``convert_qat_`` will quantize, with the same per-module configs and tied-weight rules. Train the
+    model as usual, then call ``convert_qat_``.
     On a model ``prepare_sparse_`` prepared, the sparse layers instead train towards their SparsityConfig's
     ``base`` (``config.base`` must equal it) under their N:M masks, and ``convert_sparse_`` converts them (Note
     [Sparse quantization-aware training]); the other layers stay float.
@@ -44,21 +53,24 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
     Args:
         model (torch.nn.Module): the float model, changed in place.
         config (QATConfig): what to train towards.
-        filter_fn (Callable[[nn.Module, str], bool] | None): ``filter_fn(module, fqn)`` selects the modules; None
-            (default): every ``nn.Linear``. Keyword-only.
+        filter_fn (Callable[[nn.Module, str], bool] | None): ``filter_fn(module, fqn)`` selects the modules (for an
+            expert stack: its experts module and the stack's name); None (default): every ``nn.Linear`` and expert
+            stack. Keyword-only.
         strict (bool): raise ``QuantizationError`` (changing nothing) if a selected layer can't be quantized by the
             config, instead of reporting and warning; default False. Keyword-only.
 
     Returns:
         QuantizationReport: the report ``quantize_`` would give for ``config.base`` (``"quantized"`` means
-            fake-quantized now, quantized by ``convert_qat_``).
+            fake-quantized now, quantized by ``convert_qat_``); layers and expert stacks it can't train are
+            ``"skipped"`` with the reason.
 
     Raises:
         TypeError: ``config`` is not a ``QATConfig``, or a config a fake quantizer can't emulate (no per-weight
             recipe).
         ValueError: the model holds quantized weights or was already prepared, stochastic rounding with a
             non-integer format, or a weight tied to a module that isn't a plain Linear (model left unchanged).
-        QuantizationError: with ``strict=True``, a selected layer the config can't take.
+        QuantizationError: with ``strict=True``, a selected layer or expert stack the config can't take or
+            fake quantization can't train (an expert stack under an activation-quantizing config).
 
     Example:
         ```python
@@ -85,19 +97,30 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
                                 + "; ".join(f"{e.fqn}: {e.reason}" for e in report.skipped))
     plans = []
     for swap in swaps:
+        if swap.weight.dim() == 3:  # one expert stack: Note [Fake-quantized experts]
+            (h,) = swap.holders
+            plans.append((swap.holders, configs.lookup(_stack_name(h.fqn, h.attr))[1], True))
+            continue
         # The planned Linear that owns the weight (holders run in module order: an embedding may come first).
         owner = next(h.fqn for h in swap.holders if report[h.fqn].status == "quantized")
         for h in swap.holders:
             _check_holder(h.fqn, h.module, h.attr, owner)
-        plans.append((swap.holders, configs.lookup(owner)[1]))
-    for index, (holders, base) in enumerate(plans):  # nothing above changed the model; from here nothing fails
+        plans.append((swap.holders, configs.lookup(owner)[1], False))
+    clipped = config.grad == "clipped_ste"
+    experts: dict[nn.Module, dict[str, ExpertWeightQAT]] = {}
+    for index, (holders, base, stack) in enumerate(plans):  # nothing above changed the model; from here nothing fails
         generator = torch.Generator().manual_seed(config.seed + index) if config.stochastic_rounding else None
-        clipped = config.grad == "clipped_ste"
         quantizer = WeightFakeQuantizer(recipe_for(base), clipped=clipped, generator=generator,
-                                        name=f"{holders[0].fqn}.weight")
+                                        name=f"{holders[0].fqn}.{holders[0].attr}")
+        if stack:  # its experts module changes class once all of its stacks are known
+            experts.setdefault(holders[0].module, {})[holders[0].attr] = ExpertWeightQAT(base, quantizer)
+            continue
         for h in holders:
             h.module.qat = QATState(base, type(h.module), quantizer, clipped)
             h.module.__class__ = fake_quantized_class(type(h.module))
+    for module, weights in experts.items():
+        module.qat = ExpertsQATState(type(module), weights, clipped)
+        module.__class__ = fake_quantized_experts_class(type(module), weights)
     if report.skipped:
         warnings.warn(f"torchqkit.prepare_qat_: {len(report.skipped)} selected layer(s) stay in float (convert_qat_ "
                       f"won't quantize them either): "
@@ -107,34 +130,47 @@ def prepare_qat_(model: nn.Module, config: QATConfig, *, filter_fn: Callable[[nn
 
 
 def _trainable_swaps(report, swaps):
-    """The planned swaps QAT can train: Linear weights. The others' report entries become "skipped" with the reason:
-    fake quantization wraps nn.Linear's forward, and the 3-d expert Parameters of MoE models (Note [Expert
-    Parameters in quantize_]), GPT-2's Conv1D, 1x1 convolutions and standalone embeddings (Note [Weight-bearing
-    modules]) have none; quantize_ quantizes them after training."""
+    """The planned swaps QAT can train: Linear weights and the 3-d expert stacks of MoE models (Note [Fake-quantized
+    experts]). The others' report entries become "skipped" with the reason: expert stacks under a config that
+    quantizes activations too (their inputs are made inside the experts' forward), GPT-2's Conv1D, 1x1
+    convolutions and standalone embeddings (Note [Weight-bearing modules]); quantize_ quantizes them after
+    training."""
     kept = []
     for swap in swaps:
         if swap.weight.dim() == 3:
-            entries = [report[f"{h.fqn}.{h.attr}"] for h in swap.holders]
-            what = "expert Parameters"
+            if swap.weight.act_quant is None:
+                kept.append(swap)
+                continue
+            entries = [report[_stack_name(h.fqn, h.attr)] for h in swap.holders]
+            reason = ("quantization-aware training fake-quantizes expert stacks' weights, not the activations this "
+                      "config also quantizes inside the experts' forward; give the experts a weight-only config "
+                      "(ModuleConfigs with a 're:.*experts.*' key), or quantize them after training with quantize_")
         else:
             owner = next(h for h in swap.holders if report[h.fqn].status == "quantized")
             if isinstance(owner.module, nn.Linear):
                 kept.append(swap)
                 continue
             entries = [report[owner.fqn]]
-            what = f"{type(owner.module).__name__} weights"
+            reason = (f"quantization-aware training fake-quantizes nn.Linear weights and expert stacks, not "
+                      f"{type(owner.module).__name__} weights yet; quantize them after training with quantize_ (a "
+                      f"ModuleConfigs naming them)")
         for entry in entries:
-            entry.status, entry.bytes_after = "skipped", entry.bytes_before
-            entry.reason = (f"quantization-aware training fake-quantizes nn.Linear weights, not {what} yet; quantize "
-                            f"them after training with quantize_ (a ModuleConfigs naming them)")
+            entry.status, entry.bytes_after, entry.reason = "skipped", entry.bytes_before, reason
     return kept
 
 
-def convert_qat_(model: nn.Module) -> QuantizationReport:
-    """Quantize every layer ``prepare_qat_`` fake-quantized, with its config, and restore its class, in place.
+def _stack_name(module_fqn: str, attr: str) -> str:
+    """An expert stack's report entry and ModuleConfigs name, as expert_parameters gives it."""
+    return f"{module_fqn}.{attr}" if module_fqn else attr
 
-    The quantized weights dequantize to the last training forward's fake-quantized weights bit for bit (with
-    round-to-nearest; stochastic rounding trains around them).
+
+def convert_qat_(model: nn.Module) -> QuantizationReport:
+    """Quantize every layer and expert stack ``prepare_qat_`` fake-quantized, with its config, and restore each
+    module's class, in place.
+
+    The quantized weights (for expert stacks: the (E, N, K) stacks ``quantize_`` stores) dequantize to the last
+    training forward's fake-quantized weights bit for bit (with round-to-nearest; stochastic rounding trains around
+    them). Experts modules become the transformers classes they were.
 
     Args:
         model (torch.nn.Module): a model prepared by ``prepare_qat_`` (and trained).
@@ -154,7 +190,8 @@ def convert_qat_(model: nn.Module) -> QuantizationReport:
         print(qk.convert_qat_(model))
         ```
     """
-    prepared = {fqn: m for fqn, m in model.named_modules() if isinstance(m, FakeQuantizedLinear)}
+    prepared = {fqn: m for fqn, m in model.named_modules()
+                if isinstance(m, (FakeQuantizedLinear, FakeQuantizedExperts))}
     sparse = [fqn for fqn, m in model.named_modules() if isinstance(m, SparseTrainingLinear) and m.sparse.quantizer]
     if sparse and not prepared:
         raise ValueError(f"convert_qat_: {sparse[0]}{' and others' if len(sparse) > 1 else ''} train sparse and "
@@ -163,9 +200,14 @@ def convert_qat_(model: nn.Module) -> QuantizationReport:
     if not prepared:
         raise ValueError("convert_qat_: no layer of this model was prepared for quantization-aware training; call "
                          "prepare_qat_(model, QATConfig(...)) before training, then convert_qat_(model)")
-    configs = ModuleConfigs({fqn: m.qat.config for fqn, m in prepared.items()})
+    named = {}  # Linears by module name, expert stacks by "<module>.<attribute>" (as quantize_ names them)
+    for fqn, m in prepared.items():
+        if isinstance(m, FakeQuantizedExperts):
+            named.update({_stack_name(fqn, attr): w.config for attr, w in m.qat.weights.items()})
+        else:
+            named[fqn] = m.qat.config
     try:
-        report = quantize_(model, configs, filter_fn=lambda module, fqn: fqn in prepared, strict=True)
+        report = quantize_(model, ModuleConfigs(named), filter_fn=lambda module, fqn: fqn in named, strict=True)
     except QuantizationError as e:
         raise QuantizationError(f"convert_qat_: the model was left as prepared (still fake-quantized) because "
                                 f"{str(e).split('because ', 1)[-1]}") from None
@@ -176,14 +218,16 @@ def convert_qat_(model: nn.Module) -> QuantizationReport:
 
 
 def is_qat_prepared(model: nn.Module) -> bool:
-    return any(isinstance(m, FakeQuantizedLinear) for m in model.modules())
+    return any(isinstance(m, (FakeQuantizedLinear, FakeQuantizedExperts)) for m in model.modules())
 
 
 def _refuse_quantized_or_prepared(modules: dict[str, nn.Module]) -> None:
     for fqn, module in modules.items():
-        if isinstance(module, FakeQuantizedLinear):
+        if isinstance(module, (FakeQuantizedLinear, FakeQuantizedExperts)):
+            configs = ([module.qat.config] if isinstance(module, FakeQuantizedLinear)
+                       else [w.config for w in module.qat.weights.values()])
             raise ValueError(f"prepare_qat_: {fqn or 'the model'} is already prepared for quantization-aware training "
-                             f"({module.qat.config.describe()}); train it and call convert_qat_, or start again from "
+                             f"({configs[0].describe()}); train it and call convert_qat_, or start again from "
                              f"the float model")
         for attr, p in module._parameters.items():
             if isinstance(p, AffineQuantizedTensor):
@@ -201,6 +245,11 @@ def _check_emulable(configs: ModuleConfigs, modules: dict[str, nn.Module], filte
             key, cfg = configs.lookup(fqn)
             if cfg is not None:
                 chosen.setdefault(key, []).append(fqn)
+    for p in expert_parameters(modules):  # selected as plan_experts selects them
+        if p.fqn in configs.configs or filter_fn is None or filter_fn(p.module, p.fqn):
+            key, cfg = configs.lookup(p.fqn)
+            if cfg is not None:
+                chosen.setdefault(key, []).append(p.fqn)
     for key, fqns in chosen.items():
         cfg = configs.configs[key]
         where = f"{', '.join(fqns[:3])}{' ...' if len(fqns) > 3 else ''}"
