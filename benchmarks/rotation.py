@@ -30,11 +30,14 @@ from .common import cli, llm
 from .common.configs import build
 
 GROUP = "rotation"
-DEFAULT_CONFIGS = ["float32", "intx4-wo-sym-g32", "int8-dyn-int4-g32", "int4-dyn-int4-g32", "int4-dyn-int4-g32+gptq",
-                   "fp8-dyn-int4-g32", "mxfp8-dyn-mxfp4"]
-QUICK_CONFIGS = ["float32", "int8-dyn-int4-g32", "int4-dyn-int4-g32", "int4-dyn-int4-g32+gptq"]
-# (config, the largest allowed loss ratio rotated / not rotated): the targets.
-TARGETS = [("int8-dyn-int4-g32", 0.5), ("int4-dyn-int4-g32", 0.5)]
+DEFAULT_CONFIGS = ["float32", "intx4-wo-sym-g32", "intx4-wo-sym-g32+gptq", "int8-dyn-int4-g32",
+                   "int8-dyn-int4-g32+gptq", "int4-dyn-int4-g32", "int4-dyn-int4-g32+gptq", "fp8-dyn-int4-g32",
+                   "mxfp8-dyn-mxfp4"]
+QUICK_CONFIGS = ["float32", "int8-dyn-int4-g32", "int8-dyn-int4-g32+gptq", "int4-dyn-int4-g32",
+                 "int4-dyn-int4-g32+gptq"]
+# (config, the largest allowed loss ratio rotated / not rotated): the targets. W4A8 and W4A4 with or without GPTQ.
+TARGETS = [("int8-dyn-int4-g32", 0.5), ("int8-dyn-int4-g32+gptq", 0.5), ("int4-dyn-int4-g32", 0.5),
+           ("int4-dyn-int4-g32+gptq", 0.5)]
 CALIB_START, CALIB_WINDOW = 8192, 256
 ROTATION = qk.RotationConfig(seed=0)
 

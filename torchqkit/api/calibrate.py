@@ -303,6 +303,26 @@ def _mlp_up_proj(fqn, linears, block, prefix):
     return (up, m) if isinstance(m, nn.Linear) else None
 
 
+# Note [GPTQ Hessians under dynamic activations]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A GPTQConfig base may quantize activations at run time (int8 x int8, int8 x intx (W4A8), int4 x int4, float8 x
+# int4): the installed layer computes Q(x) Wq^T, Q the base's per-token (or per-group) rounding. GPTQ chooses only
+# Wq's codes, on the base's own weight grid (ConfigGrid: its bits, group size, mapping); the activation spec, layout
+# and kernel preference are the base's, so the layer takes the same kernel route round-to-nearest would give it.
+#
+# The Hessian H = 2/n sum x x^T is taken from each Linear's input as it enters the layer (the pre-hook in _collect),
+# before the layer rounds it: the activations are not fake-quantized for it. That input already carries the rounding
+# upstream: the blocks before this one run with their quantized weights installed (their real linears, activation
+# rounding included), and with true_sequential so do the Linears before o_proj / down_proj. Why x and not Q(x):
+# - the layer's error is x (Wq - W)^T + (Q(x) - x) Wq^T; GPTQ minimises the first term, whose mean square is
+#   tr((Wq - W) H (Wq - W)^T) with H from x exactly. The second term is the activation rounding, which the codes
+#   barely change;
+# - for int8, Q(x)'s Hessian differs from x's by at most (max|x| / 127)^2 / 12 per diagonal entry (uniform rounding
+#   noise), under GPTQ's damping (1% of the mean diagonal) unless a token's largest entry is ~40x its RMS. On the
+#   tiny test LLaMA (3 seeds, W4A8 g16) GPTQ's logits error over round-to-nearest's was 0.74 / 0.88 / 0.82 from x and
+#   0.77 / 0.90 / 0.78 from Q(x): no consistent difference.
+# 4-bit activations round 16x more coarsely, and there Q(x) measured slightly better on the same model (0.95 / 0.92
+# / 1.09 from x, 0.89 / 0.89 / 1.02 from Q(x)); a model of 14 tiny Linears doesn't settle it, so every base gets x.
 def _collect(block, linears, groups, inputs) -> None:
     def hook_for(g: _Group, fqn: str):
         def hook(module, args):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..quantize_weight import UnsupportedWeight
 from .base import QuantConfig, register_config
-from .dynamic_activation import Int8DynamicActivationInt8WeightConfig
+from .dynamic_activation import Int8DynamicActivationInt8WeightConfig, Int8DynamicActivationIntxWeightConfig
 from .float8 import Float8DynamicActivationFloat8WeightConfig, Float8StaticActivationFloat8WeightConfig
 from .int4_dynamic_activation import Float8DynamicActivationInt4WeightConfig, Int4DynamicActivationInt4WeightConfig
 from .integer import Int4WeightOnlyConfig, Int8WeightOnlyConfig, IntxWeightOnlyConfig
@@ -56,10 +56,12 @@ class GPTQConfig(CalibratedConfig):
 
     Args:
         base (QuantConfig): the weight config whose grid GPTQ fills: an ``Int4WeightOnlyConfig`` (default
-            ``Int4WeightOnlyConfig()``), ``IntxWeightOnlyConfig``, ``Int8WeightOnlyConfig``,
-            ``Int8DynamicActivationInt8WeightConfig``, ``Int4DynamicActivationInt4WeightConfig`` or
-            ``Float8DynamicActivationInt4WeightConfig`` (the Hessian comes from the float inputs; the activations
-            are quantized at run time as the base says). The only argument that may be given by position.
+            ``Int4WeightOnlyConfig()``), ``IntxWeightOnlyConfig``, ``Int8WeightOnlyConfig``, or a dynamic-activation
+            config: ``Int8DynamicActivationInt8WeightConfig``, ``Int8DynamicActivationIntxWeightConfig`` (W4A8:
+            its bits, group size and mapping are the grid), ``Int4DynamicActivationInt4WeightConfig`` or
+            ``Float8DynamicActivationInt4WeightConfig``. Their activations are quantized at run time as the base
+            says; the Hessian comes from each Linear's unrounded input (Note [GPTQ Hessians under dynamic
+            activations], api/calibrate.py). The only argument that may be given by position.
         damp (float): fraction of the mean Hessian diagonal added to the diagonal, in (0, 1]; default 0.01.
         block (int): columns per lazy batch update, >= 1; default 128.
         act_order (bool): process columns by decreasing Hessian diagonal (implies static groups); default False.
@@ -79,6 +81,9 @@ class GPTQConfig(CalibratedConfig):
         import torchqkit as qk
         config = qk.GPTQConfig(qk.Int4WeightOnlyConfig(group_size=128), act_order=True)
         report = qk.quantize_(model, config, calibration_data=batches)
+        # or W4A8: int8 dynamic activations x int4 weights whose codes GPTQ chooses
+        w4a8 = qk.Int8DynamicActivationIntxWeightConfig(weight_bits=4, weight_granularity=qk.PerGroup(32))
+        config = qk.GPTQConfig(w4a8)
         ```
     """
     damp: float = field(default=0.01, metadata={"gt": 0.0, "le": 1.0})
@@ -87,7 +92,8 @@ class GPTQConfig(CalibratedConfig):
     static_groups: bool = False
     true_sequential: bool = False
     BASES = (Int4WeightOnlyConfig, IntxWeightOnlyConfig, Int8WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig,
-             Int4DynamicActivationInt4WeightConfig, Float8DynamicActivationInt4WeightConfig)
+             Int8DynamicActivationIntxWeightConfig, Int4DynamicActivationInt4WeightConfig,
+             Float8DynamicActivationInt4WeightConfig)
 
     def describe(self):
         order = (" act-order" if self.act_order else "") + (" true-sequential" if self.true_sequential else "")
