@@ -15,7 +15,8 @@
 // softmax(q k^T * scale + mask) v with -inf for hidden positions and 0 for rows that see nothing; without a mask
 // the Lq queries are the last Lq positions, causal, so a chunk stops at its last query's position (half the work
 // of a prefill). e^x is a polynomial the compiler vectorizes (exp_nonpositive). Decode (Lq = 1) is one unit per kv
-// head; a prefill has many, split across threads. The source is plain loops and GCC vector extensions, compiled
+// head, cut into splits over positions when that is too few for the threads (Note [Quantized KV attention split over
+// positions]); a prefill has many, split across threads. The source is plain loops and GCC vector extensions, compiled
 // once per ISA region below at that region's width. Float8 codes are decoded through 256-entry tables built from
 // the format's bits.
 #include "quantized_kv_attention.h"
@@ -107,6 +108,46 @@ void quantized_kv_attention(Isa isa, const QuantizedAttentionArgs& p, int64_t un
     case Isa::kAvx512Vnni: return avx512::attend_units(p, unit0, unit1, s);
     case Isa::kAvx2: return avx2::attend_units(p, unit0, unit1, s);
     default: return scalar::attend_units(p, unit0, unit1, s);
+  }
+}
+
+// Note [Quantized KV attention split over positions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A decode step has one work unit per kv head (SmolLM2: 3), too few to keep the threads equally busy (two threads
+// take two units and one). So when the units are fewer than the threads times kSplitUnitsPerThread and the cache is
+// long, the glue cuts each unit's positions into S splits of whole key blocks (S chosen so the units divide evenly
+// over the threads; at least kSplitMinPositions each). Each split runs the same online softmax over its positions
+// and leaves its rows unnormalized with their running maximum m_s and sum l_s; then each row's output is
+// sum_s e^(m_s - m) acc_s / sum_s e^(m_s - m) l_s with m = max_s m_s (a split that saw nothing has m_s = -inf and
+// weighs 0; a row that saw nothing anywhere is 0, as without splits). The sums are the unsplit ones regrouped, so the
+// result differs from one pass by float32 rounding only.
+void combine_splits(const QuantizedAttentionArgs& p, int64_t item0, int64_t item1) {
+  const int64_t G = p.Hq / p.Hkv, R = G * p.Lq, chunks = query_chunks(p), S = p.splits, Dv = p.Dv;
+  for (int64_t item = item0; item < item1; ++item) {
+    const int64_t b = item / p.Hkv, kvh = item % p.Hkv;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const float* first = p.partial + (item * chunks + chunk) * S * partial_floats(p);
+      const int64_t r0 = chunk * kQueryChunk, rb = std::min(kQueryChunk, R - r0);
+      for (int64_t i = 0; i < rb; ++i) {
+        const int64_t r = r0 + i, h = kvh * G + r / p.Lq, l = r % p.Lq;
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t s = 0; s < S; ++s) m = std::max(m, first[s * partial_floats(p) + i * (Dv + 2)]);
+        float* o = p.out + b * p.o_sb + h * p.o_sh + l * p.o_sl;
+        for (int64_t d = 0; d < Dv; ++d) o[d] = 0.f;
+        float total = 0.f;
+        if (m != -std::numeric_limits<float>::infinity()) {
+          for (int64_t s = 0; s < S; ++s) {
+            const float* row = first + s * partial_floats(p) + i * (Dv + 2);
+            if (row[0] == -std::numeric_limits<float>::infinity()) continue;
+            const float w = std::exp(row[0] - m);
+            total += w * row[1];
+            for (int64_t d = 0; d < Dv; ++d) o[d] += w * row[2 + d];
+          }
+        }
+        const float inv = total > 0.f ? 1.f / total : 0.f;
+        for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
+      }
+    }
   }
 }
 

@@ -45,6 +45,10 @@ struct QuantizedAttentionArgs {
   int64_t n;
   float* out;
   int64_t o_sb, o_sh, o_sl;
+  // Position splits per (item, chunk) (Note [Quantized KV attention split over positions]): 1, or S > 1 with
+  // `partial` holding each split's rows as (running max, sum, Dv accumulators), combined by combine_splits.
+  int64_t splits = 1;
+  float* partial = nullptr;
 };
 
 // Keys per block of the online softmax, and query rows per work unit (Note [Quantized KV attention kernel]).
@@ -57,8 +61,14 @@ inline int64_t query_chunks(const QuantizedAttentionArgs& p) {
   return ((p.Hq / p.Hkv) * p.Lq + kQueryChunk - 1) / kQueryChunk;
 }
 
-// Units [unit0, unit1) of [0, B * Hkv * query_chunks(p)), unit = (b * Hkv + kv head) * chunks + chunk; the glue splits
-// them across threads.
+// Units [unit0, unit1) of [0, B * Hkv * query_chunks(p) * p.splits), unit = ((b * Hkv + kv head) * chunks + chunk) *
+// splits + split; the glue splits them across threads, then (splits > 1) calls combine_splits.
 void quantized_kv_attention(Isa isa, const QuantizedAttentionArgs& p, int64_t unit0, int64_t unit1);
+
+// Floats of p.partial per work unit: its query rows' (max, sum, Dv accumulators).
+inline int64_t partial_floats(const QuantizedAttentionArgs& p) { return kQueryChunk * (p.Dv + 2); }
+
+// The outputs of items [item0, item1) (b * Hkv + kv head) from their splits' partial rows.
+void combine_splits(const QuantizedAttentionArgs& p, int64_t item0, int64_t item1);
 
 }  // namespace torchqkit_cpu

@@ -12,7 +12,7 @@ struct ScaleRow {
 
 // Elements [d0, d1) of a codes row into out[d0, d1): (code - mid) * scale + zero (float8: value * scale), with a
 // scale and zero per element (sc, zp) or, when sc is null, the same `a` and `z` for all of them.
-inline void decode_span(KvFormat format, const uint8_t* c, int64_t d0, int64_t d1, const float* sc, const float* zp,
+__attribute__((always_inline)) inline void decode_span(KvFormat format, const uint8_t* c, int64_t d0, int64_t d1, const float* sc, const float* zp,
                         float* out, float a = 0.f, float z = 0.f) {
 #define TORCHQKIT_KV_DECODE(VALUE)                                              \
   if (sc) {                                                                     \
@@ -59,7 +59,7 @@ inline void decode_span(KvFormat format, const uint8_t* c, int64_t d0, int64_t d
 }
 
 // Row j of one side, D floats into `out`: the tail row copied, or its codes decoded and scaled.
-inline void decode_row(const QuantizedSide& s, int64_t b, int64_t h, int64_t j, int64_t D, float* out, ScaleRow& sr) {
+__attribute__((always_inline)) inline void decode_row(const QuantizedSide& s, int64_t b, int64_t h, int64_t j, int64_t D, float* out, ScaleRow& sr) {
   if (j >= s.nq) {
     std::memcpy(out, s.tail + b * s.t_sb + h * s.t_sh + (j - s.nq) * s.t_ss, sizeof(float) * D);
     return;
@@ -84,6 +84,23 @@ inline void decode_row(const QuantizedSide& s, int64_t b, int64_t h, int64_t j, 
     for (int64_t g0 = 0, gi = 0; g0 < D; g0 += s.group, ++gi)
       decode_span(s.format, c, g0, std::min(D, g0 + s.group), nullptr, nullptr, out, sr.scale[gi], sr.zero[gi]);
   }
+}
+
+// Rows [j0, j0 + jb) of one side into out (row c at out + c * D): decode_row's result, with what rows of a block
+// share done once per block (a decode step's K and V rows are 64 floats, so per-row overhead, the division finding
+// the scale row and the call itself, cost as much as the decoding): the scale row found once for per-channel groups
+// that hold whole blocks, the codes' row pointer stepped instead of recomputed.
+inline void decode_block(const QuantizedSide& s, int64_t b, int64_t h, int64_t j0, int64_t jb, int64_t D, float* out,
+                         ScaleRow& sr) {
+  const int64_t quantized = std::max<int64_t>(0, std::min(jb, s.nq - j0));
+  if (quantized > 0 && s.per_channel && s.group % kKeyBlock == 0) {
+    decode_row(s, b, h, j0, D, out, sr);  // converts the block's one scale row
+    const uint8_t* c = s.codes + b * s.c_sb + h * s.c_sh + j0 * s.c_ss;
+    for (int64_t r = 1; r < quantized; ++r) decode_span(s.format, c + r * s.c_ss, 0, D, sr.scale, sr.zero, out + r * D);
+  } else {
+    for (int64_t r = 0; r < quantized; ++r) decode_row(s, b, h, j0 + r, D, out + r * D, sr);
+  }
+  for (int64_t r = quantized; r < jb; ++r) decode_row(s, b, h, j0 + r, D, out + r * D, sr);
 }
 
 // kKeyBlock floats (one per key of a block) as a GCC vector: one zmm in the AVX-512 region, two ymm in the AVX2 one,
@@ -227,10 +244,11 @@ inline void accumulate_values(float* acc, float factor, keys_f w, const float* v
   }
 }
 
-// Query rows [r0, r0 + rb) of item (b, kv head) over all n positions, kKeyBlock keys at a time with an online
-// softmax (Note [Quantized KV attention kernel]).
+// Query rows [r0, r0 + rb) of item (b, kv head) over the positions of split `split` of p.splits (all n when 1),
+// kKeyBlock keys at a time with an online softmax (Note [Quantized KV attention kernel]); a split's rows go to
+// `partial` unnormalized, with their maxima and sums (Note [Quantized KV attention split over positions]).
 inline void attend_rows(const QuantizedAttentionArgs& p, int64_t b, int64_t kvh, int64_t r0, int64_t rb,
-                        float* scratch) {
+                        int64_t split, float* partial, float* scratch) {
   constexpr int64_t KB = kKeyBlock;
   const int64_t G = p.Hq / p.Hkv, n = p.n, D = p.D, Dv = p.Dv;
   const bool transpose = rb >= kTransposeRows;
@@ -255,12 +273,13 @@ inline void attend_rows(const QuantizedAttentionArgs& p, int64_t b, int64_t kvh,
   const int64_t first_l = r0 % p.Lq, last_l = (r0 + rb - 1) % p.Lq;
   const int64_t max_l = (rb >= p.Lq || last_l < first_l) ? p.Lq - 1 : last_l;  // rows may wrap to the next head
   const int64_t seen = masked ? n : n - p.Lq + max_l + 1;
-  for (int64_t j0 = 0; j0 < seen; j0 += KB) {
+  // This split's positions: whole key blocks, the last split the rest.
+  const int64_t per_split = (seen + p.splits * KB - 1) / (p.splits * KB) * KB;
+  const int64_t j_begin = split * per_split, j_end = std::min(seen, j_begin + per_split);
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += KB) {
     const int64_t jb = std::min(KB, n - j0);
-    for (int64_t c = 0; c < jb; ++c) {
-      decode_row(p.k, b, kvh, j0 + c, D, kr + c * D, ks);
-      decode_row(p.v, b, kvh, j0 + c, Dv, vt + c * Dv, vs);
-    }
+    decode_block(p.k, b, kvh, j0, jb, D, kr, ks);
+    decode_block(p.v, b, kvh, j0, jb, Dv, vt, vs);
     for (int64_t c = jb; c < KB; ++c)
       for (int64_t d = 0; d < D; ++d) kr[c * D + d] = 0.f;
     if (transpose)
@@ -291,6 +310,15 @@ inline void attend_rows(const QuantizedAttentionArgs& p, int64_t b, int64_t kvh,
       accumulate_values(acc + i * Dv, factor, w, vt, jb, Dv);
     }
   }
+  if (partial) {
+    for (int64_t i = 0; i < rb; ++i) {
+      float* row = partial + i * (Dv + 2);
+      row[0] = mx[i];
+      row[1] = sum[i];
+      for (int64_t d = 0; d < Dv; ++d) row[2 + d] = acc[i * Dv + d];
+    }
+    return;
+  }
   for (int64_t r = r0; r < r0 + rb; ++r) {
     const int64_t h = kvh * G + r / p.Lq, l = r % p.Lq, i = r - r0;
     float* o = p.out + b * p.o_sb + h * p.o_sh + l * p.o_sl;
@@ -299,12 +327,14 @@ inline void attend_rows(const QuantizedAttentionArgs& p, int64_t b, int64_t kvh,
   }
 }
 
-// Work units [unit0, unit1): unit = item * chunks + chunk, item = b * Hkv + kv head, chunk = kQueryChunk of the
-// R = G * Lq query rows of that kv head (quantized_kv_attention.h).
+// Work units [unit0, unit1): unit = (item * chunks + chunk) * splits + split, item = b * Hkv + kv head, chunk =
+// kQueryChunk of the R = G * Lq query rows of that kv head (quantized_kv_attention.h).
 inline void attend_units(const QuantizedAttentionArgs& p, int64_t unit0, int64_t unit1, float* scratch) {
   const int64_t R = (p.Hq / p.Hkv) * p.Lq, chunks = query_chunks(p);
   for (int64_t unit = unit0; unit < unit1; ++unit) {
-    const int64_t item = unit / chunks, r0 = (unit % chunks) * kQueryChunk;
-    attend_rows(p, item / p.Hkv, item % p.Hkv, r0, std::min(kQueryChunk, R - r0), scratch);
+    const int64_t split = unit % p.splits, piece = unit / p.splits;
+    const int64_t item = piece / chunks, r0 = (piece % chunks) * kQueryChunk;
+    float* partial = p.splits > 1 ? p.partial + unit * partial_floats(p) : nullptr;
+    attend_rows(p, item / p.Hkv, item % p.Hkv, r0, std::min(kQueryChunk, R - r0), split, partial, scratch);
   }
 }

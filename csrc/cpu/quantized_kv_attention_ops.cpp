@@ -19,6 +19,21 @@ namespace {
 
 constexpr const char* kOp = "torchqkit::sdpa_quantized_kv_cache";
 constexpr int64_t kParallelMinWork = 1 << 19;  // as sdpa_over_filled_cache: below it one thread does the call
+// Note [Quantized KV attention split over positions] (quantized_kv_attention.cpp): splits when the units are fewer
+// than this many per thread, each split at least kSplitMinPositions long.
+constexpr int64_t kSplitUnitsPerThread = 4;
+constexpr int64_t kSplitMinPositions = 256;
+
+// S splits per unit: 1 where the units already fill the threads or the cache is short; else the smallest S that gives
+// every thread kSplitUnitsPerThread units and divides the units evenly over the threads (within 2x of it).
+int64_t position_splits(int64_t units, int64_t n, int64_t threads) {
+  if (threads <= 1 || units >= kSplitUnitsPerThread * threads) return 1;
+  const int64_t most = std::max<int64_t>(1, n / kSplitMinPositions);
+  int64_t s = std::min(most, (kSplitUnitsPerThread * threads + units - 1) / units);
+  for (int64_t t = s; t <= std::min(most, 2 * s); ++t)
+    if ((units * t) % threads == 0) return t;
+  return s;
+}
 
 KvFormat parse_format(const std::string& name, const char* side) {
   if (name == "int8") return KvFormat::kInt8;
@@ -141,11 +156,18 @@ at::Tensor sdpa_quantized_kv_cache(const at::Tensor& query, const at::Tensor& k_
   p.n = n;
   p.out = o.data_ptr<float>(); p.o_sb = o.stride(0); p.o_sh = o.stride(1); p.o_sl = o.stride(2);
   const Isa isa = selected_isa_exact();
-  const int64_t chunks = query_chunks(p);
-  const int64_t work = std::max<int64_t>(1, std::min<int64_t>(kQueryChunk, (Hq / Hkv) * Lq) * n * (D + Dv));
-  at::parallel_for(0, B * Hkv * chunks, std::max<int64_t>(1, kParallelMinWork / work), [&](int64_t u0, int64_t u1) {
+  const int64_t chunks = query_chunks(p), units = B * Hkv * chunks;
+  p.splits = position_splits(units, n, (int64_t)at::get_num_threads());
+  at::Tensor partial;
+  if (p.splits > 1) {
+    partial = at::empty({units * p.splits * partial_floats(p)}, query.options().dtype(at::kFloat));
+    p.partial = partial.data_ptr<float>();
+  }
+  const int64_t work = std::max<int64_t>(1, std::min<int64_t>(kQueryChunk, (Hq / Hkv) * Lq) * n * (D + Dv) / p.splits);
+  at::parallel_for(0, units * p.splits, std::max<int64_t>(1, kParallelMinWork / work), [&](int64_t u0, int64_t u1) {
     quantized_kv_attention(isa, p, u0, u1);
   });
+  if (p.splits > 1) combine_splits(p, 0, B * Hkv);
   if (!direct) out.copy_(o);
   return out;
 }

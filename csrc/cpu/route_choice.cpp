@@ -51,9 +51,12 @@ struct SiteInfo {
   int count;
 };
 
+constexpr const char* kFp32PrefillPin = "TORCHQKIT_CPU_FP32_PREFILL";
+constexpr const char* kInt4DecodePin = "TORCHQKIT_CPU_INT4_DECODE";
+
 const SiteInfo kSites[kRouteSites] = {
-    {"fp32_prefill", "TORCHQKIT_CPU_FP32_PREFILL", {"panels", "sgemm", nullptr}, 2},
-    {"int4_decode", "TORCHQKIT_CPU_INT4_DECODE", {"float", "int16", "bf16"}, 3},
+    {"fp32_prefill", kFp32PrefillPin, {"panels", "sgemm", nullptr}, 2},
+    {"int4_decode", kInt4DecodePin, {"float", "int16", "bf16"}, 3},
 };
 
 std::string choice_list(const SiteInfo& s) {

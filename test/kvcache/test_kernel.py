@@ -98,3 +98,42 @@ def test_bad_input_names_the_tensor():
     args[14] = "int3"
     with pytest.raises(RuntimeError, match="'int3' is not one of"):
         OP(*args)
+
+
+def _window_mask(hq, n, width, window):
+    """(1, hq, 1, width) bool mask of a decode step: each head sees only the last `window` positions (a sliding
+    window: the first splits of the positions see nothing), head 0 sees nothing at all (its output is 0)."""
+    visible = torch.zeros(1, hq, 1, width, dtype=torch.bool)
+    visible[..., n - window:n] = True
+    visible[:, 0] = False
+    return visible
+
+
+# Decode steps over long caches, cut into splits over positions when the kv heads are fewer than the threads times 4
+# (Note [Quantized KV attention split over positions]): the combined splits equal the reference as one pass does.
+SPLIT_CASES = [  # (config, hq, hkv, n, chunks, window): window None = causal, else _window_mask
+    pytest.param(KVCacheConfig("int8", key_granularity="channel"), 9, 3, 2048, (2047, 1), None, id="int8-channel"),
+    pytest.param(KVCacheConfig("int4", key_granularity="channel", group_size=32, residual_length=16), 9, 3, 1101,
+                 (1100, 1), None, id="int4-channel-residual-odd-n"),
+    pytest.param(KVCacheConfig("float8_e4m3fn", group_size=32), 4, 1, 777, (None,), 100, id="e4m3-window"),
+    pytest.param(KVCacheConfig("int8"), 6, 2, 1300, (700, 600), 1000, id="int8-token-window"),
+]
+
+
+@needs_ext
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("cfg,hq,hkv,n,chunks,window", SPLIT_CASES)
+def test_long_decode_split_over_positions_equals_reference(cfg, hq, hkv, n, chunks, window, threads):
+    args = list(_inputs(cfg, hq, hkv, 1, n, 64, chunks, None))
+    if window is not None:
+        args[11] = _window_mask(hq, n, n + 5, window)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = OP(*args)
+    finally:
+        torch.set_num_threads(saved)
+    want = sdpa_quantized_kv_cache_ref(*args)
+    torch.testing.assert_close(got, want, rtol=0, atol=ATOL)
+    if window is not None:
+        assert torch.equal(got[:, 0], torch.zeros_like(got[:, 0]))  # a head that sees nothing
