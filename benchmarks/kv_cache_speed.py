@@ -11,13 +11,16 @@ file's Q4_1 weights exactly; the tied output layer at int8 per row), decoded by 
 (torchqkit.eval.decode_tokens_per_second: prefill excluded, Note [Decode timing]) with a float32 static cache and with
 each KVCacheConfig below. llama.cpp (peer_llama_cpp.py in --peers-python's venv, the same prompt ids, the same thread
 count) decodes the same file with its default f16 cache and with q8_0 keys and values (flash attention on, as
-llama.cpp requires for a quantized V cache). Rows of one length run one after the other in one process; the
-machine should be otherwise idle.
+llama.cpp requires for a quantized V cache). The torchqkit rows of one length run in --rounds rounds, the caches in
+turn, and each gives its median rate and the median of its per-round ratios to the float32 cache (a shared host's
+speed drifts by 10% from minute to minute, more than the differences measured); the machine should be otherwise
+idle.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 
@@ -49,10 +52,16 @@ def _rows(model, ids, args):
     gguf = smollm2_gguf_path()
     for length in args.lengths:
         prompt = _prompt(ids, length - args.new_tokens)
-        for name, cfg in CACHES.items():
-            rate = decode_tokens_per_second(model, prompt, args.new_tokens, args.repeats, compile=args.compile,
-                                            kv_cache=cfg)
-            yield length, f"torchqkit {CONFIG}, {name}", f"{rate:.1f}"
+        rates = {name: [] for name in CACHES}
+        for _ in range(args.rounds):  # the caches in turn, so a slow minute of a shared host hits every row alike
+            for name, cfg in CACHES.items():
+                rates[name].append(decode_tokens_per_second(model, prompt, args.new_tokens, args.repeats,
+                                                            compile=args.compile, kv_cache=cfg))
+        base = rates["float32 static cache"]
+        for name in CACHES:
+            ratio = statistics.median(r / b for r, b in zip(rates[name], base))
+            yield (length, f"torchqkit {CONFIG}, {name}", f"{statistics.median(rates[name]):.1f}",
+                   f"{ratio:.3f}x")
         with tempfile.NamedTemporaryFile("w", suffix=".ids", delete=False) as f:
             f.write(",".join(str(int(t)) for t in prompt))
         try:
@@ -62,7 +71,7 @@ def _rows(model, ids, args):
                                 "--repeats", str(args.repeats), "--threads", str(threads), "--batch",
                                 str(args.peer_batch))
                 rate = f"{out['tok_s']:.1f}" if "tok_s" in out else out["note"]
-                yield length, f"llama.cpp {out.get('version', '')}, {cache} KV cache", rate
+                yield length, f"llama.cpp {out.get('version', '')}, {cache} KV cache", rate, "-"
         finally:
             os.unlink(f.name)
 
@@ -74,6 +83,9 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=33, help="tokens decoded per run (default 33)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row, median (default 3)")
     parser.add_argument("--compile", action="store_true", help="compile the lean loop's step")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of the torchqkit rows, the caches in turn; each row gives the median round and "
+                             "the median of its per-round ratios to the float32 cache (default 3)")
     parser.add_argument("--peer-batch", type=int, default=512,
                         help="prompt tokens per llama.cpp batch (default 512; 1 on a Xeon with AMX, where "
                              "llama-cpp-python 0.3.36 crashed on larger batches)")
@@ -88,11 +100,12 @@ def main(argv=None) -> int:
     lines = [f"SmolLM2-135M, decode tokens/s after a long prompt; torch {torch.__version__}, torchqkit "
              f"{qk.__version__}, {torch.get_num_threads()} threads",
              f"command: python -m benchmarks.kv_cache_speed --lengths {','.join(map(str, args.lengths))} "
-             f"--new-tokens {args.new_tokens} --repeats {args.repeats}" + (" --compile" if args.compile else ""),
-             "", "| positions | decoder, cache | decode tokens/s |", "|---|---|---|"]
+             f"--new-tokens {args.new_tokens} --repeats {args.repeats} --rounds {args.rounds}"
+             + (" --compile" if args.compile else ""),
+             "", "| positions | decoder, cache | decode tokens/s | vs the float32 cache |", "|---|---|---|---|"]
     print("\n".join(lines), flush=True)
-    for length, name, rate in _rows(model, ids, args):
-        lines.append(f"| {length} | {name} | {rate} |")
+    for length, name, rate, ratio in _rows(model, ids, args):
+        lines.append(f"| {length} | {name} | {rate} | {ratio} |")
         print(lines[-1], flush=True)
     return 0
 

@@ -1,4 +1,4 @@
-"""Every Triton GEMM (and the N:M sparse GEMV) compiles for a real GPU target (sm80, sm90) on this GPU-less machine:
+"""Every Triton GEMM (and the N:M sparse GEMV, the quantized KV attention) compiles for a real GPU target (sm80, sm90) on this GPU-less machine:
 Triton's NVIDIA backend runs front end -> TTIR -> TTGIR -> LLVM -> PTX -> ptxas cubin without a device. The
 interpreter tests (test_triton_kernels.py, test_nm_sparse.py) check the numbers; this checks that the same source is
 valid compiled Triton (the interpreter accepts Python a GPU compile refuses, e.g. closures or non-constexpr globals),
@@ -62,6 +62,14 @@ CASES = [
      dict(x_ptr=PF16, kept_ptr=PI8, pos_ptr=PU8, scale_ptr=P32, zero_ptr=P32, part_ptr=P32,
           **_ints("M", "N", "K", "E", "KEPT_BYTES", "POS_BYTES", "G", "GROUP", "BN", "stride_xm")),
      dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=4, N_KEEP=4, M_BLOCK=8, BITS=8, PBITS=3, SIGNED=True, DOMAIN=0)),
+    # attention over a quantized KV cache: int8 per-channel keys, int4 values, a bool mask; IEEE float32 dots
+    ("quantized_kv_attention_int8_int4", "quantized_kv_attention", "_quantized_kv_attention_kernel",
+     dict(q_ptr=P32, out_ptr=P32, mask_ptr=PU8, kc_ptr=PU8, ks_ptr=PF16, kz_ptr=PF16, kt_ptr=P32, kn_ptr="*i64",
+          vc_ptr=PU8, vs_ptr=PF16, vz_ptr=PF16, vt_ptr=P32, vn_ptr="*i64", scale="fp32",
+          **_ints("q_sb", "q_sh", "q_sl", "o_sb", "o_sh", "o_sl", "m_sb", "m_sh", "m_sl", "kc_sb", "kc_sh", "kc_ss",
+                  "ks_sb", "ks_sh", "ks_ss", "kt_sb", "kt_sh", "kt_ss", "vc_sb", "vc_sh", "vc_ss", "vs_sb", "vs_sh",
+                  "vs_ss", "vt_sb", "vt_sh", "vt_ss", "Hq", "Hkv", "Lq", "D", "Dv", "K_GROUP", "V_GROUP")),
+     dict(K_FMT=10, K_PER_CHANNEL=True, V_FMT=11, MASK=1, BLOCK_R=16, BLOCK_N=32, BLOCK_D=64, BLOCK_DV=64)),
     ("fp8_rowwise", "float8_rowwise", "_fp8_rowwise_kernel",
      dict(a_ptr=PU8, b_ptr=PU8, sa_ptr=P32, sb_ptr=P32, bias_ptr=P32, out_ptr=P32, **_ints("M", "N", "K")),
      dict(META, A_FMT=0, B_FMT=1)),
@@ -108,7 +116,8 @@ def compiled():
 def test_kernel_compiles_for_gpu(compiled, case, arch):
     out = compiled[f"{case[0]}-sm{arch}"]
     assert out["cubin"] > 10_000, out
-    # float16 tiles go to tensor cores; float32 with input_precision="ieee" is exact FMA, no MMA; a split-K GEMV
-    # reduces with a multiply + sum, no tl.dot
+    # float16 tiles go to tensor cores; float32 with input_precision="ieee" (the attention's dots too) is exact FMA,
+    # no MMA; a split-K GEMV reduces with a multiply + sum, no tl.dot
     gemv = "SPLIT_K" in case[4]
-    assert out["mma"] == (not gemv and case[4].get("DOT_PRECISION") != "ieee"), out
+    ieee = case[4].get("DOT_PRECISION") == "ieee" or case[0].startswith("quantized_kv_attention")
+    assert out["mma"] == (not gemv and not ieee), out

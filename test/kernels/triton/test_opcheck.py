@@ -41,7 +41,19 @@ def _samples(device="cpu"):
         "linear_int8wo_plain": (x, i8.qdata, i8.scale, bias),
         "linear_nm_sparse_wo": (x, ns.kept, ns.positions, ns.scale, ns.zero_point, 2, 4, 4, False, "float", bias),
         "scaled_mm_fp8_rowwise": (a, b, sa, sb, bias, torch.float32),
+        "sdpa_quantized_kv_cache": _kv_args(device),
     }
+
+
+def _kv_args(device):
+    """A decode step over 40 cached positions of an int8 cache with per-channel keys (the op's arguments)."""
+    from torchqkit.kvcache import KVCacheConfig
+    from test.kvcache.kv_testing import filled_store, op_args
+    cfg = KVCacheConfig("int8", key_granularity="channel", group_size=16)
+    torch.manual_seed(1)
+    k, v = torch.randn(1, 2, 40, 64), torch.randn(1, 2, 40, 64)
+    args = op_args(torch.randn(1, 4, 1, 64), filled_store(k, cfg, True), filled_store(v, cfg, False), None, cfg)
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
 # opcheck's test_schema compares inputs before / after with arithmetic that has no float8 CPU kernel
@@ -69,4 +81,4 @@ def test_the_interpreter_registers_every_triton_kernel():
     assert sorted(TRITON_OPS) == ["torchqkit::linear_fp6wo", "torchqkit::linear_fp8wo", "torchqkit::linear_int4wo_tiled",
                                   "torchqkit::linear_int8wo_plain", "torchqkit::linear_mxwo", "torchqkit::linear_nf4wo",
                                   "torchqkit::linear_nm_sparse_wo", "torchqkit::linear_nvfp4wo",
-                                  "torchqkit::scaled_mm_fp8_rowwise"]
+                                  "torchqkit::scaled_mm_fp8_rowwise", "torchqkit::sdpa_quantized_kv_cache"]
