@@ -93,6 +93,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if min(args.lengths) <= args.new_tokens + 1:
         parser.error(f"--lengths must exceed --new-tokens + 1 = {args.new_tokens + 1}")
+    # Each run builds a new decoder and cache, whose step the compiled loop specializes on (guards on the cache's
+    # objects): every run of every length is one compile of the same code, more than dynamo's default limit of 8.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                               2 * args.rounds * len(CACHES) * len(args.lengths))
     model, tokenizer = load_gguf(smollm2_gguf_path())
     model.eval()
     model, _ = quantized_copy(model, CONFIG)
