@@ -10,19 +10,14 @@ import torch
 
 import torchqkit as qk
 
-from ..eval.models import tiny_llama
+from ..eval.models import tiny_llama, tiny_llama_with_outlier_norms
 
 INT4 = qk.Int4WeightOnlyConfig(group_size=32)
 
 
 @pytest.fixture(scope="module")
 def llama():
-    model = tiny_llama(vocab_size=96)
-    with torch.no_grad():  # outlier channels, as real LLM norms have: where AWQ / SmoothQuant matter
-        for layer in model.model.layers:
-            layer.input_layernorm.weight[:3] = 12.0
-            layer.post_attention_layernorm.weight[5:7] = 8.0
-    return model
+    return tiny_llama_with_outlier_norms(vocab_size=96)
 
 
 @pytest.fixture(scope="module")

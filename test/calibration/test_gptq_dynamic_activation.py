@@ -13,7 +13,7 @@ import torchqkit as qk
 from torchqkit.layouts.routes import route_for
 
 from ..common import OpLog
-from ..eval.models import tiny_llama
+from ..eval.models import tiny_llama_with_outlier_norms
 
 W4A8 = qk.Int8DynamicActivationIntxWeightConfig(weight_bits=4, weight_granularity=qk.PerGroup(16))
 CALIBRATION = 8  # sequences of 48 tokens; 4 more from the same distribution are held out
@@ -21,12 +21,7 @@ CALIBRATION = 8  # sequences of 48 tokens; 4 more from the same distribution are
 
 @pytest.fixture(scope="module")
 def llama():
-    model = tiny_llama(vocab_size=96)
-    with torch.no_grad():  # outlier channels, as real LLM norms have
-        for layer in model.model.layers:
-            layer.input_layernorm.weight[:3] = 12.0
-            layer.post_attention_layernorm.weight[5:7] = 8.0
-    return model
+    return tiny_llama_with_outlier_norms(vocab_size=96)
 
 
 @pytest.fixture(scope="module")

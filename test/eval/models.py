@@ -33,6 +33,17 @@ def tiny_llama(vocab_size: int = 96, *, tied: bool = True, bias: bool = False, s
     return model
 
 
+def tiny_llama_with_outlier_norms(vocab_size: int = 96):
+    """tiny_llama with outlier channels in its norm weights, as real LLMs have: where AWQ, SmoothQuant and GPTQ's
+    Hessians matter."""
+    model = tiny_llama(vocab_size=vocab_size)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.input_layernorm.weight[:3] = 12.0
+            layer.post_attention_layernorm.weight[5:7] = 8.0
+    return model
+
+
 def tiny_tokenizer(vocab_size: int = 300):
     """A byte-level BPE tokenizer trained on SAMPLE_TEXT, wrapped as a transformers fast tokenizer."""
     from tokenizers import ByteLevelBPETokenizer

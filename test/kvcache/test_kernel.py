@@ -9,7 +9,7 @@ from torchqkit.kernels.reference import sdpa_quantized_kv_cache_ref
 from torchqkit.kvcache import KVCacheConfig
 
 from ..kernels.cpu_kernel_testing import cpu_levels, gen
-from .kv_testing import filled_store, op_args
+from .kv_testing import ATTENTION_CASES, attention_mask, filled_store, op_args
 
 OP = torch.ops.torchqkit.sdpa_quantized_kv_cache
 LEVELS = cpu_levels("torchqkit::sdpa_quantized_kv_cache")
@@ -20,34 +20,6 @@ needs_ext = pytest.mark.skipif(not LEVELS, reason="no C++ CPU kernel for torchqk
 ATOL = 1e-5
 
 
-def _mask(kind, lq, n, width):
-    """None (causal), or a (1, 1, Lq, width) mask: causal rows for the last Lq of n positions, with positions 2..4
-    hidden as well (a sliding window's kind of hole), bool or additive."""
-    if kind is None:
-        return None
-    rows = torch.arange(n - lq, n).unsqueeze(1)
-    visible = torch.arange(width).unsqueeze(0) <= rows
-    visible[:, 2:5] = False
-    visible = visible.reshape(1, 1, lq, width)
-    if kind == "bool":
-        return visible
-    return torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)
-
-
-CASES = [  # (config, hq, hkv, lq, n, d, chunks, mask)
-    pytest.param(KVCacheConfig("int8"), 9, 3, 1, 100, 64, (99, 1), None, id="int8-smollm2-decode"),
-    pytest.param(KVCacheConfig("int8", key_granularity="channel", group_size=16, residual_length=8), 4, 2, 3, 77, 64,
-                 (40, 1, 36), None, id="int8-channel-residual-lq3"),
-    pytest.param(KVCacheConfig("int4", key_granularity="channel", group_size=32), 6, 2, 1, 70, 64, (69, 1), "bool",
-                 id="int4-channel-boolmask"),
-    pytest.param(KVCacheConfig("int4", group_size=13, residual_length=3), 2, 1, 2, 30, 13, (None,), "float",
-                 id="int4-token-odd-d"),
-    pytest.param(KVCacheConfig("float8_e4m3fn", group_size=32), 4, 4, 1, 50, 64, (49, 1), "float", id="e4m3-mha"),
-    pytest.param(KVCacheConfig("float8_e5m2", key_granularity="channel", group_size=8, residual_length=4), 8, 2, 5, 45,
-                 16, (20, 25), None, id="e5m2-channel-lq5"),
-]
-
-
 def _inputs(cfg, hq, hkv, lq, n, d, chunks, mask_kind, seed=0):
     g = gen(seed)
     q = torch.randn(1, lq, hq, d, generator=g).transpose(1, 2)  # transformers' memory order
@@ -55,12 +27,12 @@ def _inputs(cfg, hq, hkv, lq, n, d, chunks, mask_kind, seed=0):
     v = torch.randn(1, hkv, n, d, generator=g)
     ks = filled_store(k, cfg, cfg.key_per_channel, chunks, capacity=n + 5)
     vs = filled_store(v, cfg, False, chunks, capacity=n + 5)
-    return op_args(q, ks, vs, _mask(mask_kind, lq, n, n + 5), cfg)
+    return op_args(q, ks, vs, attention_mask(mask_kind, lq, n, n + 5), cfg)
 
 
 @needs_ext
 @pytest.mark.parametrize("isa", LEVELS or ["none"])
-@pytest.mark.parametrize("cfg,hq,hkv,lq,n,d,chunks,mask", CASES)
+@pytest.mark.parametrize("cfg,hq,hkv,lq,n,d,chunks,mask", ATTENTION_CASES)
 def test_kernel_equals_reference(isa, monkeypatch, cfg, hq, hkv, lq, n, d, chunks, mask):
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     args = _inputs(cfg, hq, hkv, lq, n, d, chunks, mask)
@@ -79,7 +51,7 @@ def test_bfloat16_query_runs_in_float32_and_returns_bfloat16():
     torch.testing.assert_close(got, sdpa_quantized_kv_cache_ref(*args), rtol=0, atol=1e-2)  # bf16 output rounding
 
 
-@pytest.mark.parametrize("cfg,hq,hkv,lq,n,d,chunks,mask", [CASES[1], CASES[2]])
+@pytest.mark.parametrize("cfg,hq,hkv,lq,n,d,chunks,mask", [ATTENTION_CASES[1], ATTENTION_CASES[2]])
 def test_opcheck(cfg, hq, hkv, lq, n, d, chunks, mask):
     torch.library.opcheck(OP, _inputs(cfg, hq, hkv, lq, n, d, chunks, mask))
 

@@ -16,38 +16,14 @@ from torchqkit.kernels.reference import sdpa_quantized_kv_cache_ref
 from torchqkit.kernels.triton import INTERPRET
 from torchqkit.kvcache import KVCacheConfig
 from test.devices import DEVICES
-from test.kvcache.kv_testing import filled_store, op_args
+from test.kvcache.kv_testing import ATTENTION_CASES, attention_mask, filled_store, op_args
 
 ATOL = 1e-5
 
-CASES = [  # (config, hq, hkv, lq, n, d, chunks, mask)
-    pytest.param(KVCacheConfig("int8"), 9, 3, 1, 100, 64, (99, 1), None, id="int8-smollm2-decode"),
-    pytest.param(KVCacheConfig("int8", key_granularity="channel", group_size=16, residual_length=8), 4, 2, 3, 77, 64,
-                 (40, 1, 36), None, id="int8-channel-residual-lq3"),
-    pytest.param(KVCacheConfig("int4", key_granularity="channel", group_size=32), 6, 2, 1, 70, 64, (69, 1), "bool",
-                 id="int4-channel-boolmask"),
-    pytest.param(KVCacheConfig("int4", group_size=13, residual_length=3), 2, 1, 2, 30, 13, (None,), "float",
-                 id="int4-token-odd-d"),
-    pytest.param(KVCacheConfig("float8_e4m3fn", group_size=32), 4, 4, 1, 50, 64, (49, 1), "float", id="e4m3-mha"),
-    pytest.param(KVCacheConfig("float8_e5m2", key_granularity="channel", group_size=8, residual_length=4), 8, 2, 5, 45,
-                 16, (20, 25), None, id="e5m2-channel-lq5"),
+CASES = ATTENTION_CASES + [
     pytest.param(KVCacheConfig("int8", residual_length=64), 9, 3, 1, 20, 64, (None,), None, id="int8-all-in-the-tail"),
 ]
 OP = torch.ops.torchqkit_triton.sdpa_quantized_kv_cache
-
-
-def _mask(kind, lq, n, width):
-    """None (causal), or a (1, 1, Lq, width) mask: causal rows for the last Lq of n positions with positions 2..4
-    hidden as well (a sliding window's kind of hole), bool or additive."""
-    if kind is None:
-        return None
-    rows = torch.arange(n - lq, n).unsqueeze(1)
-    visible = torch.arange(width).unsqueeze(0) <= rows
-    visible[:, 2:5] = False
-    visible = visible.reshape(1, 1, lq, width)
-    if kind == "bool":
-        return visible
-    return torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)
 
 
 def _inputs(cfg, hq, hkv, lq, n, d, chunks, mask_kind, device, seed=0):
@@ -57,7 +33,7 @@ def _inputs(cfg, hq, hkv, lq, n, d, chunks, mask_kind, device, seed=0):
     v = torch.randn(1, hkv, n, d, generator=g)
     ks = filled_store(k, cfg, cfg.key_per_channel, chunks, capacity=n + 5)
     vs = filled_store(v, cfg, False, chunks, capacity=n + 5)
-    args = op_args(q, ks, vs, _mask(mask_kind, lq, n, n + 5), cfg)
+    args = op_args(q, ks, vs, attention_mask(mask_kind, lq, n, n + 5), cfg)
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
