@@ -138,7 +138,7 @@ TEST_GROUPS=(
   "triton-int4|test/kernels/triton/test_triton_kernels.py|int4"
   "triton-int8-nf4|test/kernels/triton/test_triton_kernels.py|int8 or nf4"
   "triton-mx-fp8|test/kernels/triton/test_triton_kernels.py|not int4 and not int8 and not nf4"
-  "triton-nm-sparse|test/kernels/triton/test_nm_sparse.py|"
+  "triton-nm-sparse-kv|test/kernels/triton/test_nm_sparse.py test/kernels/triton/test_quantized_kv_attention.py|"
   "paths-opcheck-moe|test/kernels/triton/test_layout_paths.py test/kernels/triton/test_opcheck.py test/moe/test_expert_backends.py|"
   "training|test/training|"
   "end-to-end|test/end_to_end|"

@@ -16,6 +16,9 @@
 //     process. The call returns the kept route's result, so every call of a case gives the same numbers.
 //   - Only the first such site of a body is measured (no op asks about two in one call today); a case whose body
 //     asked about no site is not stored and is looked at again on its next call (cheap: that call is the call).
+//   - Routes are exact, not bit-identical: they sum the same products in other orders. Within a process every call
+//     of a case gives the same bits; two processes may keep different routes for a close race and differ by float32
+//     rounding. A route table loaded from a file (or the rules, or a pin) makes them agree.
 //   - The cost is paid once per case: about 2R + 3 calls of it, e.g. 1.3 ms for a 4096 x 4096 int4 decode and
 //     0.3 s for its 256-token prefill.
 // TORCHQKIT_CPU_ROUTES=rules turns the measuring off (each site takes its rule); a site's own variable
