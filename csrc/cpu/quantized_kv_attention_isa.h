@@ -12,8 +12,9 @@ struct ScaleRow {
 
 // Elements [d0, d1) of a codes row into out[d0, d1): (code - mid) * scale + zero (float8: value * scale), with a
 // scale and zero per element (sc, zp) or, when sc is null, the same `a` and `z` for all of them.
-__attribute__((always_inline)) inline void decode_span(KvFormat format, const uint8_t* c, int64_t d0, int64_t d1, const float* sc, const float* zp,
-                        float* out, float a = 0.f, float z = 0.f) {
+__attribute__((always_inline)) inline void decode_span(KvFormat format, const uint8_t* c, int64_t d0, int64_t d1,
+                                                       const float* sc, const float* zp, float* out, float a = 0.f,
+                                                       float z = 0.f) {
 #define TORCHQKIT_KV_DECODE(VALUE)                                              \
   if (sc) {                                                                     \
     for (int64_t d = d0; d < d1; ++d) out[d] = (VALUE) * sc[d] + zp[d];         \
@@ -59,7 +60,8 @@ __attribute__((always_inline)) inline void decode_span(KvFormat format, const ui
 }
 
 // Row j of one side, D floats into `out`: the tail row copied, or its codes decoded and scaled.
-__attribute__((always_inline)) inline void decode_row(const QuantizedSide& s, int64_t b, int64_t h, int64_t j, int64_t D, float* out, ScaleRow& sr) {
+__attribute__((always_inline)) inline void decode_row(const QuantizedSide& s, int64_t b, int64_t h, int64_t j,
+                                                      int64_t D, float* out, ScaleRow& sr) {
   if (j >= s.nq) {
     std::memcpy(out, s.tail + b * s.t_sb + h * s.t_sh + (j - s.nq) * s.t_ss, sizeof(float) * D);
     return;

@@ -1,6 +1,6 @@
-"""Kernel routes chosen by measurement (Note [Routes chosen by measurement] in csrc/cpu/route_choice.cpp): the first call
-of a case times its routes and keeps the fastest, later calls give the same numbers, pins and TORCHQKIT_CPU_ROUTES=rules
-skip the measuring, and kernels.save_routes / load_routes keep the table under its key."""
+"""Kernel routes chosen by measurement (Note [Routes chosen by measurement] in csrc/cpu/route_choice.cpp): the first
+call of a case times its routes and keeps the fastest, later calls give the same numbers, pins and
+TORCHQKIT_CPU_ROUTES=rules skip the measuring, and kernels.save_routes / load_routes keep the table under its key."""
 from __future__ import annotations
 
 import json
