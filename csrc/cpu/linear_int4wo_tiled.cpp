@@ -1135,8 +1135,10 @@ at::Tensor linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& qdata, con
                                int64_t group_size, int64_t out_features, const std::optional<at::Tensor>& bias) {
   const int64_t K = x.dim() >= 1 ? x.size(-1) : 0, M = K > 0 ? x.numel() / K : 0;
   const int64_t T = qdata.dim() == 4 ? 2 * qdata.size(3) : 0;
-  const RouteCase c{"torchqkit::linear_int4wo_tiled", (int)selected_isa_exact(), (int)x.scalar_type(), M,
-                    out_features, K, group_size * 16 + T};
+  // keyed by the level whose kernels run (AVX-VNNI has its own int16-pair decode; the AVX-512 levels share theirs)
+  const Isa level = selected_isa_exact();
+  const RouteCase c{"torchqkit::linear_int4wo_tiled", (int)(level == Isa::kAvxVnni ? level : base_isa(level)),
+                    (int)x.scalar_type(), M, out_features, K, group_size * 16 + T};
   return measured_routes(c, [&] {
     return linear_int4wo_tiled_kernels(x, qdata, scale_and_zero, group_size, out_features, bias);
   });

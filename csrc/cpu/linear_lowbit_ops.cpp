@@ -199,7 +199,9 @@ at::Tensor run_kernels(const at::Tensor& x, LowbitArgs p, const std::optional<at
 // run_kernels under the routes measured for the case (Note [Routes chosen by measurement]).
 at::Tensor run(const at::Tensor& x, const LowbitArgs& p, const std::optional<at::Tensor>& bias, const char* op) {
   const int64_t M = p.K > 0 && x.size(-1) == p.K ? x.numel() / p.K : 0;
-  const RouteCase c{op, (int)selected_isa_exact(), (int)x.scalar_type(), M, p.N, p.K, (int)p.fmt * 1024 + p.g};
+  // keyed by the level whose kernels run: AVX-VNNI shares the AVX2 level's measured routes
+  const RouteCase c{op, (int)base_isa(selected_isa_exact()), (int)x.scalar_type(), M, p.N, p.K,
+                    (int)p.fmt * 1024 + p.g};
   return measured_routes(c, [&] { return run_kernels(x, p, bias, op); });
 }
 

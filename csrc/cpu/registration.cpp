@@ -191,8 +191,9 @@ at::Tensor linear_int8wo_plain(const at::Tensor& x, const at::Tensor& qdata, con
   const int64_t K = qdata.dim() == 2 ? qdata.size(1) : 0, N = qdata.dim() == 2 ? qdata.size(0) : 0;
   const int64_t M = K > 0 && x.dim() >= 1 && x.size(-1) == K ? x.numel() / K : 0;
   const int64_t groups = scale.dim() == 2 ? scale.size(1) : 0;
-  const RouteCase c{"torchqkit::linear_int8wo_plain", (int)selected_isa_exact(), (int)x.scalar_type(), M, N, K,
-                    groups};
+  // keyed by the level whose kernels run: AVX-VNNI shares the AVX2 level's measured routes
+  const RouteCase c{"torchqkit::linear_int8wo_plain", (int)base_isa(selected_isa_exact()), (int)x.scalar_type(), M,
+                    N, K, groups};
   return measured_routes(c, [&] { return linear_int8wo_plain_kernels(x, qdata, scale, bias); });
 }
 
