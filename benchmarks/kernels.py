@@ -118,16 +118,14 @@ def _torchao_int8(w: torch.Tensor):
     return lin
 
 
-# The routes a weight-only op can be pinned to for M float32 rows (Note [Routes chosen by measurement]): the int4
-# decode kernels of one token, the float32 prefill's GEMMs from the M where both serve (AVX2 int4: 16).
-_PREFILL_OPS = ("linear_int8wo_plain", "linear_int4wo_tiled", "linear_nf4wo", "linear_fp8wo", "linear_mxwo",
-                "linear_nvfp4wo", "linear_fp6wo", "linear_intxwo")
-
-
 def _pinned_routes(op: str, m: int) -> list[tuple[str, str]]:
-    if op.endswith("linear_int4wo_tiled") and m == 1:
+    """The routes a weight-only op can be pinned to for M float32 rows (Note [Routes chosen by measurement]): the int4
+    decode kernels of one token; the float32 prefill's GEMMs, for the ops whose C++ description says they have them,
+    from the M where both serve (AVX2 int4: 16)."""
+    from torchqkit import kernels
+    if op == "torchqkit::linear_int4wo_tiled" and m == 1:
         return [("TORCHQKIT_CPU_INT4_DECODE", r) for r in ("float", "int16")]
-    if op.split("::")[-1] in _PREFILL_OPS and m >= 16:
+    if kernels.cpu_kernel_descriptions().get(op, {}).get("fp32_prefill_routes") and m >= 16:
         return [("TORCHQKIT_CPU_FP32_PREFILL", r) for r in ("panels", "sgemm")]
     return []
 

@@ -174,7 +174,7 @@ int take_route(RouteSite site, unsigned candidates, int rule) {
   return f >= 0 && (candidates & route_bit(f)) ? f : rule;
 }
 
-at::Tensor measured_routes(const RouteCase& c, const std::function<at::Tensor()>& body) {
+at::Tensor measured_routes(const RouteCase& c, RouteBody body) {
   if (probe.active || !measuring()) return body();  // an op inside an op: its caller's probe decides
   const Key key{c.op, c.isa, c.dtype, m_class(c.m), c.n, c.k, c.extra, (int)at::get_num_threads(),
                 fp32_matmul_allows_bf16()};

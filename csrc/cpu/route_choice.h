@@ -8,8 +8,8 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
-#include <functional>
 #include <string>
+#include <type_traits>
 
 namespace torchqkit_cpu {
 
@@ -43,10 +43,23 @@ struct RouteCase {
   int64_t m, n, k, extra;
 };
 
+// An op's body as measured_routes calls it: a reference to the caller's lambda, not a copy (std::function would
+// allocate its captures on every op call).
+class RouteBody {
+ public:
+  template <class F>
+  RouteBody(F&& f) : fn_(&f), call_([](void* fn) { return (*static_cast<std::remove_reference_t<F>*>(fn))(); }) {}
+  at::Tensor operator()() const { return call_(fn_); }
+
+ private:
+  void* fn_;
+  at::Tensor (*call_)(void*);
+};
+
 // Runs `body`, an op's whole computation (no effect but its result), under the routes chosen for `c`; the first
 // call of a case whose body asks take_route() about a site with two or more candidates times each candidate and
 // returns the fastest one's result. TORCHQKIT_CPU_ROUTES=rules turns the measuring off.
-at::Tensor measured_routes(const RouteCase& c, const std::function<at::Tensor()>& body);
+at::Tensor measured_routes(const RouteCase& c, RouteBody body);
 
 // The routes chosen so far, as a JSON list (kernels.routes()); forget them all (tests); add ones saved by
 // routes_json() (kernels.load_routes(): lines of "key\tsite\tchoice").

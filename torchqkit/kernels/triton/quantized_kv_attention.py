@@ -28,7 +28,7 @@ from .registration import register, traceable
 # The code formats as the kernel's compile-time FMT (float8 ones are decode.py's FMT values).
 # Globals a compiled kernel reads must be tl.constexpr (the interpreter doesn't check; test_gpu_compile.py does).
 _INT8, _INT4 = tl.constexpr(10), tl.constexpr(11)
-_FORMATS = {"int8": 10, "int4": 11, "float8_e4m3fn": F8_E4M3FN, "float8_e5m2": F8_E5M2}
+_FORMATS = {"int8": _INT8.value, "int4": _INT4.value, "float8_e4m3fn": F8_E4M3FN, "float8_e5m2": F8_E5M2}
 _NO_MASK, _BOOL_MASK, _ADDITIVE_MASK = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
@@ -147,13 +147,13 @@ def sdpa_quantized_kv_cache(query: torch.Tensor, k_codes: torch.Tensor, k_scale:
     out = torch.empty(B, Hq, Lq, Dv, dtype=torch.float32, device=query.device)
     if out.numel() == 0:
         return out.to(query.dtype)
-    mask_kind, mask, mask_strides = 0, out, (0, 0, 0)
+    mask_kind, mask, mask_strides = _NO_MASK.value, out, (0, 0, 0)
     if attn_mask is not None:
         mask = attn_mask.expand(B, Hq, Lq, attn_mask.shape[-1])
         if mask.dtype == torch.bool:
-            mask_kind, mask = 1, mask.view(torch.uint8)
+            mask_kind, mask = _BOOL_MASK.value, mask.view(torch.uint8)
         else:
-            mask_kind, mask = 2, mask.float()  # MASK: 0 none (causal), 1 bool, 2 additive
+            mask_kind, mask = _ADDITIVE_MASK.value, mask.float()
         if mask.stride(3) != 1:
             mask = mask.contiguous()
         mask_strides = _dims(mask)
