@@ -9,9 +9,11 @@ reads (attention, router-chosen experts, lm_head) next to the bytes the model st
 
 The weights are random (no MoE checkpoint ships with the machine): the rate depends on the shapes and the bytes
 read, not on the values, but which experts the router picks does, so every row decodes the same prompt with the
-same seed and "routed expert MB per token" is computed from the router's actual choices during the timed run
-(distinct experts per layer per decode step x each expert's stored bytes). Timing: torchqkit.eval's DecodeLoop through HF
-generate (Note [Decode timing] in torchqkit/eval/speed.py), one warm-up run, the median of --repeats runs.
+same seed and "routed expert MB per token" is computed from the router's actual choices (distinct experts per layer
+per decode step x each expert's stored bytes), counted on an uncompiled run of the same loop. Timing: torchqkit.eval's
+DecodeLoop (Note [Decode timing] in torchqkit/eval/speed.py): the lean loop (static KV cache; --compile compiles its
+step, as `python -m torchqkit eval --decode lean --compile` does) or HF generate (--decode generate), one warm-up
+run, the median of --repeats runs.
 
 llama.cpp column (--peers-python: a Python with llama-cpp-python): each config's model written by qk.save_gguf (its
 codes exactly; a config with no exact GGUF type, e.g. NF4, gets no llama.cpp row and says why) with a placeholder
@@ -62,6 +64,10 @@ def _args(argv):
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt length (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs after a warm-up (default: %(default)s)")
     p.add_argument("--no-dense", action="store_true", help="skip the dense model with the same active parameters")
+    p.add_argument("--decode", choices=("lean", "generate"), default="lean",
+                   help="the decode loop: torchqkit.eval's lean loop (static KV cache) or HF generate "
+                        "(default: %(default)s)")
+    p.add_argument("--compile", action="store_true", help="compile the lean loop's step (torch.compile)")
     peers.add_option(p)
     args, rec = cli.start(GROUP, p, argv)
     cli.quick(args, argv, new_tokens=4, repeats=1, prompt_tokens=4)
@@ -69,6 +75,8 @@ def _args(argv):
     unknown = sorted(set(args.experts_impl) - set(IMPLEMENTATIONS))
     if unknown:
         p.error(f"--experts-impl: {unknown} are not CPU experts implementations; choose from {IMPLEMENTATIONS}")
+    if args.compile and args.decode != "lean":
+        p.error("--compile compiles the lean loop's step: use it with --decode lean")
     return args, rec
 
 
@@ -122,14 +130,24 @@ def dense_bytes(model) -> int:
                if ".experts." not in n and "embed_tokens" not in n)
 
 
+def timed_loop(model, ids, args) -> DecodeLoop:
+    """The decode loop --decode / --compile ask for, run once (warm-up; a compiled step compiles here)."""
+    loop = DecodeLoop(model, ids, args.new_tokens, decode=args.decode, compile=args.compile)
+    loop.run()
+    return loop
+
+
+def loop_name(args) -> str:
+    return args.decode + (" compiled" if args.compile else "")
+
+
 def measure(model, ids, args) -> dict:
-    loop = DecodeLoop(model, ids, args.new_tokens, decode="generate")
-    loop.run()  # warm-up
+    per_token = median_seconds_per_token(timed_loop(model, ids, args), args.repeats)
+    # The routers' choices, counted by hooks on an uncompiled run of the same loop (a compiled step runs no hooks).
     routed = RoutedBytes(model)
-    per_token = median_seconds_per_token(loop, args.repeats)
+    DecodeLoop(model, ids, args.new_tokens, decode=args.decode).run()
     routed.close()
-    steps = args.repeats * (args.new_tokens - 1)  # the first token comes from the prefill
-    return {"s_per_token": per_token, "routed_mb": routed.total / steps / 1e6}
+    return {"s_per_token": per_token, "routed_mb": routed.total / (args.new_tokens - 1) / 1e6}  # first token: prefill
 
 
 def median_seconds_per_token(loop, repeats: int) -> float:
@@ -171,11 +189,9 @@ def dense_row(rec, name: str, model, ids, args) -> None:
     if config is not None:
         qk.quantize_(model, config)
     print(f"[{GROUP}] {name} dense, same active", file=sys.stderr, flush=True)
-    loop = DecodeLoop(model, ids, args.new_tokens, decode="generate")
-    loop.run()  # warm-up
-    per_token = median_seconds_per_token(loop, args.repeats)
+    per_token = median_seconds_per_token(timed_loop(model, ids, args), args.repeats)
     shape = {"model": "qwen3 dense random, the MoE's active parameters", "experts_impl": "-",
-             "new_tokens": args.new_tokens}
+             "loop": loop_name(args), "new_tokens": args.new_tokens}
     read = sum(tensor_bytes(p) for n, p in model.named_parameters() if "embed_tokens" not in n) / 1e6
     for metric, value, unit in (("decode", 1 / per_token, "tok/s"), ("per token", 1e3 * per_token, "ms"),
                                 ("weights read per token", read, "MB")):
@@ -198,14 +214,14 @@ def main(argv=None) -> int:
             model.set_experts_implementation(impl)
             row = measure(model, ids, args)
             shape = {"model": "qwen3-moe random " + ("tiny" if args.quick else "1B"), "experts_impl": impl,
-                     "new_tokens": args.new_tokens}
+                     "loop": loop_name(args), "new_tokens": args.new_tokens}
             read = dense_bytes(model) / 1e6 + row["routed_mb"]
             for metric, value, unit in (("decode", 1 / row["s_per_token"], "tok/s"),
                                         ("per token", 1e3 * row["s_per_token"], "ms"),
                                         ("routed expert MB per token", row["routed_mb"], "MB"),
                                         ("weights read per token", read, "MB"),
                                         ("weights stored", stored, "MB")):
-                rec.add("generate", name, shape, metric, value, unit)
+                rec.add("mixture of experts", name, shape, metric, value, unit)
         llama_cpp_row(rec, name, model, folder, args)
         del model
         if not args.no_dense:

@@ -34,6 +34,7 @@
 #include "panel_activations.h"
 #include "bf16_gemm.h"
 #include "fp32_matmul_precision.h"
+#include "grouped_rows.h"
 #include "kernel_descriptions.h"
 #include "kernels.h"
 #include "route_choice.h"
@@ -1178,9 +1179,26 @@ const DescribeOp kDescribed(
                       "chosen by measurement])", "M >= 32")
         .fp32_prefill_routes());
 
+// A stack of experts (E, ...) of these tiles: rows [offs[g - 1], offs[g]) of x through expert g (Note [Grouped
+// linear in C++], grouped_rows.h).
+at::Tensor grouped_linear_int4wo_tiled(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
+                                       const at::Tensor& scale_and_zero, int64_t group_size, int64_t out_features) {
+  constexpr const char* op = "torchqkit::grouped_linear_int4wo_tiled";
+  TORCH_CHECK(qdata.dim() == 5 && scale_and_zero.dim() == 4 && qdata.size(0) == scale_and_zero.size(0), op,
+              ": qdata (E, N8/8, Kt/(16T), 32, T/2) and scale_and_zero (E, Kt/g, N8, 2) of the same E experts, got ",
+              qdata.sizes(), " and ", scale_and_zero.sizes());
+  return grouped_rows(op, x, offs, qdata.size(0), out_features, [&](const at::Tensor& rows, int64_t g) {
+    return linear_int4wo_tiled(rows, qdata.select(0, g), scale_and_zero.select(0, g), group_size, out_features, {});
+  });
+}
+
+const DescribeOp kGroupedInt4Described(
+    grouped_description("torchqkit::grouped_linear_int4wo_tiled", "torchqkit::linear_int4wo_tiled"));
+
 }  // namespace
 }  // namespace torchqkit_cpu
 
 TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
   m.impl("linear_int4wo_tiled", &torchqkit_cpu::linear_int4wo_tiled);
+  m.impl("grouped_linear_int4wo_tiled", &torchqkit_cpu::grouped_linear_int4wo_tiled);
 }

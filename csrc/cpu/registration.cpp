@@ -14,6 +14,7 @@
 
 #include "panel_activations.h"
 #include "fp32_matmul_precision.h"
+#include "grouped_rows.h"
 #include "kernel_descriptions.h"
 #include "kernels.h"
 #include "route_choice.h"
@@ -273,6 +274,37 @@ const DescribeOp kInt8DynamicActDescribed(
         .at("avx2", "exact int16 madd (vpmaddwd): M < 16 dot kernel; M >= 16 int16 k-pair panels + 6x16 tiles")
         .at("scalar", "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it"));
 
+// Stacks of experts (E, N, K) of int8 codes, scale (E, N) or (E, N, groups): rows [offs[g - 1], offs[g]) of x
+// through expert g (Note [Grouped linear in C++], grouped_rows.h).
+void check_stack(const char* op, const at::Tensor& qdata, const at::Tensor& scale) {
+  TORCH_CHECK(qdata.dim() == 3 && scale.dim() >= 2 && qdata.size(0) == scale.size(0), op,
+              ": qdata (E, N, K) and scale (E, N[, groups]) of the same E experts, got ", qdata.sizes(), " and ",
+              scale.sizes());
+}
+
+at::Tensor grouped_linear_int8wo_plain(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
+                                       const at::Tensor& scale) {
+  constexpr const char* op = "torchqkit::grouped_linear_int8wo_plain";
+  check_stack(op, qdata, scale);
+  return grouped_rows(op, x, offs, qdata.size(0), qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
+    return linear_int8wo_plain(rows, qdata.select(0, g), scale.select(0, g), {});
+  });
+}
+
+at::Tensor grouped_linear_int8da_int8_plain(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
+                                            const at::Tensor& scale, bool act_symmetric) {
+  constexpr const char* op = "torchqkit::grouped_linear_int8da_int8_plain";
+  check_stack(op, qdata, scale);
+  return grouped_rows(op, x, offs, qdata.size(0), qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
+    return linear_int8da_int8_plain(rows, qdata.select(0, g), scale.select(0, g), {}, act_symmetric);
+  });
+}
+
+const DescribeOp kGroupedInt8WeightOnlyDescribed(
+    grouped_description("torchqkit::grouped_linear_int8wo_plain", "torchqkit::linear_int8wo_plain"));
+const DescribeOp kGroupedInt8DynamicActDescribed(
+    grouped_description("torchqkit::grouped_linear_int8da_int8_plain", "torchqkit::linear_int8da_int8_plain"));
+
 }  // namespace
 
 Isa selected_isa_for_ops() { return base_isa(selected_isa()); }
@@ -301,6 +333,8 @@ void kv_cache_append(const at::Tensor& codes, const at::Tensor& scale, const at:
 TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
   m.impl("linear_int8wo_plain", &torchqkit_cpu::linear_int8wo_plain);
   m.impl("linear_int8da_int8_plain", &torchqkit_cpu::linear_int8da_int8_plain);
+  m.impl("grouped_linear_int8wo_plain", &torchqkit_cpu::grouped_linear_int8wo_plain);
+  m.impl("grouped_linear_int8da_int8_plain", &torchqkit_cpu::grouped_linear_int8da_int8_plain);
   m.impl("sdpa_over_filled_cache", &torchqkit_cpu::sdpa_over_filled_cache);
   m.impl("sdpa_quantized_kv_cache", &torchqkit_cpu::sdpa_quantized_kv_cache);
   m.impl("kv_cache_append", &torchqkit_cpu::kv_cache_append);

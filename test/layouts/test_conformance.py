@@ -129,6 +129,21 @@ class TestLayoutConformance:
         with pytest.raises(ValueError, match="same format"):
             dst.copy_(torch.zeros(shape))
 
+    def test_views_and_matmuls_under_inference_mode(self, layout, kwargs, shape):
+        """A weight made outside torch.inference_mode, used inside it (Note [Views under inference mode]): the views
+        alias it as outside, and matmuls through them give the same numbers."""
+        aqt = _quantize(layout, kwargs, shape)
+        x = _weight((3, shape[1]), seed=1)
+        expected = F.linear(x, aqt)
+        step = _slice_step(aqt, 0, at_least=8)
+        with torch.inference_mode():
+            views = {"t": aqt.t(), "detach": aqt.detach(), "slice": aqt.narrow(0, 0, step)}
+            assert not any(v.is_inference() for v in views.values())  # torch's rule: a view of a normal tensor
+            torch.testing.assert_close(x @ views["t"], expected, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(F.linear(x, views["detach"]), expected, rtol=0, atol=0)
+            torch.testing.assert_close(F.linear(x, aqt), expected, rtol=0, atol=0)
+            torch.testing.assert_close(views["slice"].dequantize(), aqt.dequantize()[:step], rtol=0, atol=0)
+
     def test_weights_only_save_load(self, layout, kwargs, shape):
         aqt = _quantize(layout, kwargs, shape)
         buf = io.BytesIO()

@@ -163,7 +163,9 @@ def test_fnuz_linear_runs_the_kernel_and_scaled_mm(qdtype):
         dynamic = _f8(w, qdtype, g, act_quant=qk.ActivationQuantSpec(qdtype, g))
         assert aten._scaled_mm.default in _linear_ops(dynamic, x)  # torch's CPU _scaled_mm takes fnuz operands
         reference = qk.layouts.routes.reference_linear(dynamic, x, None)
-        assert torch.equal(F.linear(x, dynamic), reference)  # Note [torch._scaled_mm's contract]: bit for bit on CPU
+        # Note [torch._scaled_mm's contract]: the same products, summed in torch's CPU kernel's order (bit for bit
+        # on Intel AVX-512; a few float32 ulps apart on AMD Zen 5)
+        assert (F.linear(x, dynamic) - reference).abs().max() <= 2e-6 * reference.abs().max()
 
 
 def test_fnuz_on_an_nvidia_gpu_takes_the_rowwise_op(monkeypatch):

@@ -85,14 +85,18 @@ def test_grouped_mm_skips_empty_groups(weight, name):
     torch.testing.assert_close(F.grouped_mm(x, stack.transpose(-2, -1), offs=offs), ref, atol=ATOL, rtol=0)
 
 
-def test_grouped_mm_reads_only_routed_experts(weight, monkeypatch):
-    stack = quantize_experts(CONFIGS["int8"], weight, "experts")
-    seen = []
-    real = qk.AffineQuantizedTensor.linear
-    monkeypatch.setattr(qk.AffineQuantizedTensor, "linear",
-                        lambda self, x, bias=None: seen.append(self.qdata.data_ptr()) or real(self, x, bias))
-    torch._grouped_mm(torch.randn(2, K), stack.transpose(-2, -1), offs=torch.tensor([0, 0, 0, 2]))
-    assert seen == [stack.qdata[3].data_ptr()]
+@pytest.mark.parametrize("name", CONFIGS)
+def test_grouped_mm_reads_only_routed_experts(weight, name):
+    """Every floating tensor of experts 0-2 set to NaN: a path that read them (the grouped C++ op or the per-expert
+    loop, whichever serves the format) would put NaN in the output of the one token routed to expert 3."""
+    stack = quantize_experts(CONFIGS[name], weight, "experts")
+    ref = F.linear(x := torch.randn(1, K), stack.dequantize()[3])
+    poisoned = [t for t in _inner(stack) if t.is_floating_point() and t.dim() >= 1 and t.shape[0] == E]
+    assert poisoned, name
+    for t in poisoned:
+        t[:3] = float("nan")
+    out = torch._grouped_mm(x, stack.transpose(-2, -1), offs=torch.tensor([0, 0, 0, 1]))
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["int4", "nf4"])
@@ -113,7 +117,8 @@ def test_index_by_expert_ids_and_bmm(weight, name):
 
 
 def test_batched_mm_reads_each_routed_expert_once(weight, monkeypatch):
-    stack = quantize_experts(CONFIGS["int8"], weight, "experts")
+    """The per-expert loop (nf4 has no grouped op): one 2-d linear per routed expert, with all its rows."""
+    stack = quantize_experts(CONFIGS["nf4"], weight, "experts")
     seen = []
     real = qk.AffineQuantizedTensor.linear
     monkeypatch.setattr(qk.AffineQuantizedTensor, "linear",

@@ -73,13 +73,18 @@ def float32_losses(text):
 
 
 def _end(losses):
-    return sum(losses[-5:]) / 5  # the mean of the last 5 steps: less noise than one batch
+    # The median of the last 10 steps: less noise than one batch, and one loss spike doesn't decide (static scales
+    # saturate as training grows the activations, and e5m2 gradients then spike a step or two here and there,
+    # where float rounding puts them: the same run spikes at steps 36-37 with AVX-512 kernels, 35 with AVX2 ones).
+    last = sorted(losses[-10:])
+    return (last[4] + last[5]) / 2
 
 
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_every_recipe_trains_like_float32(text, float32_losses, name):
-    # Measured (mean of the last 5 losses vs float32's 3.068; first loss 4.808 in every run): dynamic-e5m2 +0.09%,
-    # dynamic-e4m3 -0.11%, delayed-e4m3 -0.05%, static-e5m2 +1.58%, static-e4m3 -0.07%. Budget: 3%.
+    # Measured (median of the last 10 losses vs float32's 3.064; first loss 4.808 in every run), with torch's AVX-512
+    # kernels / its AVX2 ones: dynamic-e5m2 +0.23% / +0.28%, dynamic-e4m3 -0.02% / -0.02%, delayed-e4m3 -0.11% /
+    # -0.15%, static-e5m2 +0.23% / +0.28%, static-e4m3 +0.03% / +0.05%. Budget: 3%.
     assert _end(float32_losses) < 0.7 * float32_losses[0]  # it learns
     losses, model = _train(text, *RECIPES[name])
     assert abs(losses[0] - float32_losses[0]) <= 1e-3 * float32_losses[0]  # the same model and batch

@@ -25,12 +25,12 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ..layouts.slicing import cut_multiple
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from ..tensor.dispatch import GENERIC_OPS, fill_defaults
 from ..tensor.fsdp import collective_form
+from ..layouts.aliasing import return_view
 
 aten = torch.ops.aten
 c10d = torch.ops.c10d
@@ -247,7 +247,7 @@ def _view(func, args, kwargs):
     if shape != tuple(w.shape) and shape != (-1,):
         raise NotImplementedError(f"view{shape} of a quantized weight {tuple(w.shape)}: only a view of the same shape "
                                   f"(an alias) is supported; call .dequantize() first to reshape the values")
-    return return_and_correct_aliasing(func, args, kwargs, w.map_tensors(aten.alias.default))
+    return return_view(func, args, kwargs, lambda: w.map_tensors(aten.alias.default))
 
 
 @GENERIC_OPS.implements(aten.as_strided.default)
@@ -257,4 +257,4 @@ def _as_strided(func, args, kwargs):
     if tuple(size) != tuple(w.shape) or tuple(stride) != tuple(w.stride()) or offset:
         raise NotImplementedError(f"as_strided({tuple(size)}, {tuple(stride)}, {offset}) of a quantized weight "
                                   f"{tuple(w.shape)}: only the identity is supported; call .dequantize() first")
-    return return_and_correct_aliasing(func, args, kwargs, w.map_tensors(aten.alias.default))
+    return return_view(func, args, kwargs, lambda: w.map_tensors(aten.alias.default))

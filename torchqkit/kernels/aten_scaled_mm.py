@@ -12,9 +12,10 @@ bfloat16 output; torch 2.11's CPU implementation takes per-tensor scales only. S
 - anything else (e5m2 operands, float32 / float16 outputs) multiplies the codes with unit scales into float32,
   which is exact per product as the scaled kernels are, and applies the scales to that float32 result.
 Only the float32 accumulation order differs between these forms. On a CPU, torch's reference ``_scaled_mm`` takes
-any shape, and from torch 2.13 row-wise scales: it is called as it is there, so CPU results stay those of the
-dequantize-then-matmul definition bit for bit (dynamic float8 activations amplify a last-bit difference: one
-layer's output rounds the next layer's activations).
+any shape, and from torch 2.13 row-wise scales: it is called as it is there, so CPU results are those of the
+dequantize-then-matmul definition up to its float32 summation order (bit for bit on an Intel Xeon with AVX-512, a
+few ulps apart on an AMD Zen 5; dynamic float8 activations amplify a last-bit difference: one layer's output
+rounds the next layer's activations).
 """
 from __future__ import annotations
 

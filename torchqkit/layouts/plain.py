@@ -21,7 +21,7 @@ import torch
 from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind, int8
 from .base import Layout, PlainParts, WeightFormat, pad_features, register_layout
-from .routes import Route, flatten_tokens, in_dtype_of
+from .routes import GroupedRoute, Route, flatten_tokens, in_dtype_of
 from .scaled_mm import SCALED_MM_ROUTES
 
 
@@ -101,6 +101,14 @@ def _dynamic_int8_call(fn, w, x, bias):
     return fn(x, w.qdata, w.scale, bias, w.act_quant.mapping is MappingType.SYMMETRIC)
 
 
+def _weight_only_grouped_call(fn, tensors, w, x, offs):
+    return fn(pad_features(x, tensors["qdata"].shape[2]), offs, tensors["qdata"], tensors["scale"])
+
+
+def _dynamic_int8_grouped_call(fn, tensors, w, x, offs):
+    return fn(x, offs, tensors["qdata"], tensors["scale"], w.act_quant.mapping is MappingType.SYMMETRIC)
+
+
 _ANY_FLOAT = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
@@ -119,9 +127,11 @@ def _int8_dynamic_linear(w, x, bias):
 PlainLayout.routes = (
     Route("weight-only symmetric int codes in int8, per-row or group-wise",
           lambda w, x: w.act_quant is None and _symmetric_int8_codes(w),
-          op="torchqkit::linear_int8wo_plain", call=_weight_only_call),
+          op="torchqkit::linear_int8wo_plain", call=_weight_only_call,
+          grouped=GroupedRoute("torchqkit::grouped_linear_int8wo_plain", _weight_only_grouped_call)),
     Route("int8 dynamic act (per token, symmetric / asymmetric) x per-row symmetric int8 weight",
-          _dynamic_int8_applies, op="torchqkit::linear_int8da_int8_plain", call=_dynamic_int8_call),
+          _dynamic_int8_applies, op="torchqkit::linear_int8da_int8_plain", call=_dynamic_int8_call,
+          grouped=GroupedRoute("torchqkit::grouped_linear_int8da_int8_plain", _dynamic_int8_grouped_call)),
     Route("int8 static per-tensor act (calibrated scale), or the symmetric_no_clipping_err mapping, x per-row "
           "symmetric int weight", lambda w, x: _int_act_per_row_weight(w),
           aten=_int8_dynamic_linear, aten_name="aten._int_mm",

@@ -27,8 +27,25 @@ import torch.nn.functional as F
 from ..kernels import KERNEL_ACT_DTYPES, cpu_backend, linear_op
 from ..kernels.preference import KernelPreference
 
-__all__ = ["Route", "quantized_linear", "reference_linear", "route_for", "route_rows", "flatten_tokens", "in_dtype_of",
+__all__ = ["Route", "GroupedRoute", "quantized_linear", "reference_linear", "route_for", "route_rows", "flatten_tokens", "in_dtype_of",
            "empty_linear"]
+
+
+@dataclass(frozen=True)
+class GroupedRoute:
+    """A route's case for a stack of experts (E, N, K): rows ``[offs[g - 1], offs[g])`` of x through expert g, in one
+    op call (Note [Grouped quantized linear] in tensor/grouped_linear.py).
+
+    op:    the torchqkit grouped op ("torchqkit::grouped_linear_int4wo_tiled")
+    call:  (fn, tensors, w, x, offs) -> y: runs ``fn`` on the stack's inner tensors (``tensors``: by name), where
+           ``w`` is one expert (its 2-d fields: block size, logical shape, activation spec)
+    """
+    op: str
+    call: Callable
+
+    @cached_property
+    def dispatched_op(self):
+        return getattr(torch.ops.torchqkit, self.op.split("::")[1])
 
 
 @dataclass(frozen=True)
@@ -42,6 +59,7 @@ class Route:
     aten:       (w, x, bias) -> y: a torch path AUTO takes instead of ``op`` (e.g. ``torch._int_mm``)
     aten_name:  that path's name in status(); why: why it serves this case (status())
     act_dtypes: activation dtypes the route takes; other dtypes fall through to the next route
+    grouped:    the op serving the case for a whole stack of experts at once, where there is one (GroupedRoute)
     """
     case: str
     applies: Callable
@@ -51,6 +69,7 @@ class Route:
     aten_name: str = ""
     why: str = ""
     act_dtypes: tuple[torch.dtype, ...] = KERNEL_ACT_DTYPES
+    grouped: GroupedRoute | None = None
 
     @cached_property
     def dispatched_op(self):

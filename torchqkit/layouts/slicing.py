@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ..core.primitives import num_blocks, padded_shape
 from .op_table import fill_defaults
+from .aliasing import return_view
 
 __all__ = ["BlockSlice", "block_slice", "cut_multiple", "slice_quantized"]
 
@@ -67,5 +67,5 @@ def slice_quantized(func, args, kwargs):
     self, dim, start, end, step = fill_defaults(args, 5, [0, None, None, 1])
     cut = block_slice(self, dim, start, end, step)
     tensors, layout = self.qlayout.narrow(self, cut)
-    out = self.with_changes(tensors, logical_shape=cut.logical_shape, block_size=cut.block_size, qlayout=layout)
-    return return_and_correct_aliasing(func, args, kwargs, out)
+    return return_view(func, args, kwargs, lambda: self.with_changes(
+        tensors, logical_shape=cut.logical_shape, block_size=cut.block_size, qlayout=layout))

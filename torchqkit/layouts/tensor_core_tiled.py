@@ -62,7 +62,7 @@ from ..core.qdtype import uint4
 from ..kernels.ops.linear_int4wo_tiled import int4_tiled_codes
 from .base import (FLOAT_DTYPES, Layout, PackedSpec, PlainParts, WeightFormat, kernel_reach_problem, pad_features,
                    register_layout)
-from .routes import Route
+from .routes import GroupedRoute, Route
 
 
 GROUP_SIZES = (32, 64, 128, 256)
@@ -247,7 +247,13 @@ def _int4_call(fn, w, x, bias):
     return fn(x, w.qdata, w.scale_and_zero, w.block_size[1], w.logical_shape[0], bias)
 
 
+def _int4_grouped_call(fn, tensors, w, x, offs):
+    x = pad_features(x, padded_shape(w.logical_shape, w.block_size)[1])
+    return fn(x, offs, tensors["qdata"], tensors["scale_and_zero"], w.block_size[1], w.logical_shape[0])
+
+
 TensorCoreTiledLayout.routes = (
     Route("int4 weight-only (uint4, group-wise float zero point)", lambda w, x: w.act_quant is None,
-          op="torchqkit::linear_int4wo_tiled", call=_int4_call),
+          op="torchqkit::linear_int4wo_tiled", call=_int4_call,
+          grouped=GroupedRoute("torchqkit::grouped_linear_int4wo_tiled", _int4_grouped_call)),
 )

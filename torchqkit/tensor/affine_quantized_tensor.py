@@ -288,10 +288,14 @@ class AffineQuantizedTensor(torch.Tensor):
         if self.is_experts:  # the layout's ops take 2-d weights: an expert stack has its own table
             fn = EXPERT_OPS.get(func) or EXPERT_OPS.get(_op_qualname(func))
             if fn is None:
+                if _decomposes(func):
+                    return func.decompose(*args, **kwargs)
                 raise UnsupportedOpError(func, f"{self.qlayout!r} (a stack of experts)", EXPERT_OPS.fns)
             return fn(func, args, kwargs)
         fn = self.qlayout.ops.get(func) or GENERIC_OPS.get(func)
         if fn is None:
+            if _decomposes(func):
+                return func.decompose(*args, **kwargs)
             raise UnsupportedOpError(func, self.qlayout, {**GENERIC_OPS.fns, **self.qlayout.ops.fns})
         return fn(func, args, kwargs)
 
@@ -426,6 +430,14 @@ _COPY_INTO_FLOAT = (
     "implicitly. A quantized state dict loads into a float model with load_state_dict(state, assign=True) (the "
     "model then holds the quantized weights), into a model quantized with the same config (torchqkit.quantize_), "
     "or with torchqkit.load_quantized for safetensors files. (source: {src!r})")
+
+
+def _decomposes(func) -> bool:
+    """``func`` has a CompositeImplicitAutograd kernel: outside torch.inference_mode it decomposes before reaching a
+    subclass (``x @ w.t()`` arrives as aten.mm); inside it, where the autograd keys are off, it arrives whole, so
+    the subclass runs that same decomposition."""
+    return isinstance(func, torch._ops.OpOverload) and torch._C._dispatch_has_kernel_for_dispatch_key(
+        func.name(), "CompositeImplicitAutograd")
 
 
 def _linear_args(args, kwargs):

@@ -14,7 +14,6 @@ Both matmuls become the grouped quantized linear (Note [Grouped quantized linear
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from .affine_quantized_tensor import AffineQuantizedTensor
 from .dispatch import EXPERT_OPS, fill_defaults
@@ -22,6 +21,7 @@ from .expert_selection import ExpertSelection
 from .experts import expert_range, expert_view, gather_experts
 from .generic_ops import _clone, _copy_, _detach, _to_copy
 from .grouped_linear import grouped_linear
+from ..layouts.aliasing import return_view
 
 aten = torch.ops.aten
 
@@ -37,7 +37,7 @@ def _select(func, args, kwargs):
     if dim % 3 != 0:
         raise IndexError(f"select(dim={dim}) of a quantized expert stack {tuple(w.shape)}: only dim 0 (one expert) "
                          f"selects a quantized weight; call .dequantize() first for other dims")
-    return return_and_correct_aliasing(func, args, kwargs, expert_view(w, index))
+    return return_view(func, args, kwargs, lambda: expert_view(w, index))
 
 
 @EXPERT_OPS.implements(aten.slice.Tensor)
@@ -49,7 +49,7 @@ def _slice(func, args, kwargs):
                          f"whole experts (dim 0, step 1) is a quantized stack; call .dequantize() first for other "
                          f"slices")
     start, end = slice(start, end).indices(count)[:2]
-    return return_and_correct_aliasing(func, args, kwargs, expert_range(w, start, max(start, end)))
+    return return_view(func, args, kwargs, lambda: expert_range(w, start, max(start, end)))
 
 
 @EXPERT_OPS.implements(aten.index.Tensor)
@@ -73,7 +73,7 @@ def _transpose(func, args, kwargs):
     if {d0 % 3, d1 % 3} != {1, 2}:
         raise ValueError(f"transpose({d0}, {d1}) of a quantized expert stack {tuple(w.shape)}: only the last two "
                          f"dims swap (the expert dim stays first)")
-    return return_and_correct_aliasing(func, args, kwargs, w.with_changes(transposed=not w.transposed))
+    return return_view(func, args, kwargs, lambda: w.with_changes(transposed=not w.transposed))
 
 
 def _logical_stack(w: AffineQuantizedTensor, op: str) -> AffineQuantizedTensor:

@@ -14,10 +14,10 @@ float gather.
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from .dispatch import OpTable, UnsupportedOpError
 from .grouped_linear import grouped_linear
+from ..layouts.aliasing import return_view
 
 __all__ = ["ExpertSelection"]
 
@@ -69,13 +69,13 @@ class ExpertSelection(torch.Tensor):
 @SELECTION_OPS.implements(aten.detach.default, aten.alias.default)
 def _detach(func, args, kwargs):
     sel = args[0]
-    return return_and_correct_aliasing(func, args, kwargs, ExpertSelection(func(sel.stack), func(sel.ids)))
+    return return_view(func, args, kwargs, lambda: ExpertSelection(func(sel.stack), func(sel.ids)))
 
 
 @SELECTION_OPS.implements(aten.transpose.int)
 def _transpose(func, args, kwargs):
     sel = args[0]
-    return return_and_correct_aliasing(func, args, kwargs, ExpertSelection(func(sel.stack, *args[1:]), sel.ids))
+    return return_view(func, args, kwargs, lambda: ExpertSelection(func(sel.stack, *args[1:]), sel.ids))
 
 
 @SELECTION_OPS.implements(aten.bmm.default)

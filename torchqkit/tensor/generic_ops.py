@@ -2,20 +2,20 @@
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from .affine_quantized_tensor import AffineQuantizedTensor
 from .conv import convolution
 from .dispatch import GENERIC_OPS, fill_defaults
 from .embedding import embedding
 from .merge import add_into_
+from ..layouts.aliasing import return_view
 
 aten = torch.ops.aten
 
 
 @GENERIC_OPS.implements(aten.detach.default, aten.alias.default)
 def _detach(func, args, kwargs):
-    return return_and_correct_aliasing(func, args, kwargs, args[0].map_tensors(func))
+    return return_view(func, args, kwargs, lambda: args[0].map_tensors(func))
 
 
 @GENERIC_OPS.implements(aten.clone.default)
@@ -76,7 +76,7 @@ def _t(func, args, kwargs):
     self = args[0]
     if self.dim() != 2:
         raise ValueError(f"t() of a {self.dim()}-d quantized tensor; only 2-d weights transpose")
-    return return_and_correct_aliasing(func, args, kwargs, self.with_changes(transposed=not self.transposed))
+    return return_view(func, args, kwargs, lambda: self.with_changes(transposed=not self.transposed))
 
 
 @GENERIC_OPS.implements(aten.transpose.int)
@@ -84,7 +84,7 @@ def _transpose(func, args, kwargs):
     self, d0, d1 = fill_defaults(args, 3, [])
     if self.dim() != 2 or {d0 % 2, d1 % 2} != {0, 1}:
         raise ValueError(f"transpose({d0}, {d1}) of a quantized tensor: only swapping the two dims of a 2-d weight")
-    return return_and_correct_aliasing(func, args, kwargs, self.with_changes(transposed=not self.transposed))
+    return return_view(func, args, kwargs, lambda: self.with_changes(transposed=not self.transposed))
 
 
 def _matmul(a, b: AffineQuantizedTensor, bias):

@@ -4,11 +4,15 @@ Note [Grouped quantized linear]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 ``torch._grouped_mm(x, W.transpose(-2, -1), offs=offs)`` (transformers' "grouped_mm" experts) and the batched
 ``torch.bmm`` on gathered experts (its "batched_mm") both mean: rows ``[offs[g - 1], offs[g])`` of x go through
-``F.linear`` with expert g. For a quantized stack this op does exactly that, one expert at a time, with the 2-d
-expert view (Note [Expert weights]), so every expert runs its layout's own linear kernel (C++ CPU, CUDA,
-Triton, or the reference, as ``kernels.status()`` says for the layout) and groups without tokens are skipped:
-a decode step reads only the routed experts' bytes. There is no fused multi-expert kernel; the loop's cost is one
-kernel launch per routed expert.
+``F.linear`` with expert g. For a quantized stack this op does exactly that, one expert at a time, and groups
+without tokens are skipped: a decode step reads only the routed experts' bytes. Two ways, the same numbers:
+- where the case's route has a grouped op with a C++ CPU kernel (``Route.grouped``: int4 tiled, int8 weight-only,
+  int8 dynamic activations) and the activations are on the CPU, that one op call for the whole stack: a C++ loop
+  over the experts with rows, each through the 2-d op's kernels on a view of it (Note [Grouped linear in C++],
+  csrc/cpu/grouped_rows.h). The route is decided once per format and activation dtype.
+- otherwise a Python loop over the 2-d expert views (Note [Expert weights]): every expert runs its layout's own
+  linear (C++ CPU, CUDA, Triton, or the reference, as ``kernels.status()`` says for the layout), at the cost of a
+  tensor subclass and a dispatch per routed expert (tens of microseconds, more than a small expert's kernel).
 
 It is a custom op, not Python inside ``__torch_dispatch__``, because the group boundaries are data: under
 ``torch.compile(fullgraph=True)`` the op stays opaque (its fake only gives the output shape) and runs eagerly
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +33,7 @@ from ..core import granularity as _granularity
 from ..core.qdtype import qdtype_from_name
 from ..kernels.status import register_status_rows
 from ..layouts.base import Layout
+from ..layouts.routes import GroupedRoute, route_for
 from .activation import ActivationQuantSpec, KernelPreference
 
 __all__ = ["grouped_linear", "expert_spec"]
@@ -81,15 +87,49 @@ def _grouped_linear_op(x: torch.Tensor, offs: torch.Tensor, tensors: list[torch.
     ``tensors``: the stack's inner tensors in the layout's ``tensor_names`` order (None where the stack has none)."""
     from .affine_quantized_tensor import AffineQuantizedTensor  # imports this module's package
     attrs = _attrs(spec)
+    names = attrs["qlayout"].tensor_names
+
+    def expert(g: int) -> AffineQuantizedTensor:
+        return AffineQuantizedTensor({n: None if t is None else t[g] for n, t in zip(names, tensors)}, **attrs)
+
+    grouped = _grouped_route(spec, x, expert)
+    if grouped is not None:
+        return grouped.call(grouped.dispatched_op, dict(zip(names, tensors)), _fields(spec), x, offs)
     out = x.new_zeros(x.shape[0], attrs["logical_shape"][0])
     start = 0
     for g, end in enumerate(offs.tolist()):  # one host sync for all groups
         if end > start:
-            views = {n: None if t is None else t[g] for n, t in zip(attrs["qlayout"].tensor_names, tensors)}
-            w = AffineQuantizedTensor(views, **attrs)
-            out[start:end] = w.linear(x[start:end])  # torch function is off here: the quantized linear directly
+            out[start:end] = expert(g).linear(x[start:end])  # torch function is off here: the quantized linear
         start = max(start, end)
     return out
+
+
+_GROUPED_ROUTES: dict[tuple[str, torch.dtype], GroupedRoute | None] = {}
+
+
+def _grouped_route(spec: str, x: torch.Tensor, expert) -> GroupedRoute | None:
+    """The grouped op serving the whole stack at once (Note [Grouped quantized linear]): under
+    KernelPreference.AUTO, for CPU activations, where the route the experts' linear takes has a grouped op with a
+    C++ CPU kernel; None means one 2-d linear per expert. Decided once per (format, activation dtype)."""
+    if x.device.type != "cpu" or x.shape[0] == 0:
+        return None
+    key = (spec, x.dtype)
+    if key not in _GROUPED_ROUTES:
+        route = None
+        if _attrs(spec)["kernel_preference"] is KernelPreference.AUTO:
+            route = route_for(expert(0), x)
+        grouped = None if route is None or route.aten is not None else route.grouped
+        if grouped is not None and not torch._C._dispatch_has_kernel_for_dispatch_key(grouped.op, "CPU"):
+            grouped = None  # no C++ kernel built: the 2-d ops per expert (their own status says what serves them)
+        _GROUPED_ROUTES[key] = grouped
+    return _GROUPED_ROUTES[key]
+
+
+@functools.lru_cache(maxsize=256)
+def _fields(spec: str) -> SimpleNamespace:
+    """One expert's fields (block_size, logical_shape, act_quant, ...) without its tensors: what a grouped call
+    reads of the format."""
+    return SimpleNamespace(**_attrs(spec))
 
 
 @_grouped_linear_op.register_fake
@@ -116,6 +156,7 @@ def grouped_linear(x: torch.Tensor, w, offs: torch.Tensor) -> torch.Tensor:
 
 register_status_rows(lambda: [{
     "layout": "(experts)", "linear": "torch._grouped_mm / torch.bmm on a quantized expert stack (E, N, K)",
-    "path": "torchqkit::grouped_linear_quantized (per routed expert: its layout's linear row above)",
-    "why": "no fused multi-expert kernel: one call of the layout's 2-d kernel per expert with tokens, empty groups "
-           "skipped (Note [Grouped quantized linear])"}])
+    "path": "torchqkit::grouped_linear_quantized: the route's grouped op (C++ CPU: int4 tiled, int8 weight-only, "
+            "int8 dynamic activations), else per routed expert its layout's linear row above",
+    "why": "one call per stack where a grouped C++ kernel exists, else one 2-d call per expert with tokens; empty "
+           "groups skipped either way (Note [Grouped quantized linear])"}])

@@ -1,0 +1,59 @@
+// The grouped weight-only ops' shared loop: rows [offs[g - 1], offs[g]) of x through expert g's 2-d kernel.
+//
+// Note [Grouped linear in C++]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A mixture-of-experts layer runs a few experts per token: at decode, 4 routed experts x 2 matmuls per layer, each a
+// small linear (1280 x 1024 at int4 is a 20 us kernel). Run from Python (Note [Grouped quantized linear] in
+// torchqkit/tensor/grouped_linear.py), every expert call also built a 2-d tensor subclass and went through the
+// layout's route choice and the dispatcher: tens of microseconds each, more than the kernel. The grouped ops
+// (torchqkit::grouped_linear_<format>) take the whole stack and the group ends and run the same 2-d kernels in a C++
+// loop, each on a view of its expert (select on dim 0: no copy), each with its own measured routes and parallel
+// region; groups without rows are skipped, so a decode step reads only the routed experts' bytes. The results
+// are exactly the 2-d op's, expert by expert.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "kernel_descriptions.h"
+
+namespace torchqkit_cpu {
+
+// out (M, N) in x's dtype: rows [start, end) of group g are `linear(x_rows, g)` (a (rows, N) tensor), start the
+// previous group's end (or 0), rows past the last group's end zeros. offs: E non-decreasing int64 / int32 group ends
+// on the CPU, each <= M.
+template <class ExpertLinear>
+at::Tensor grouped_rows(const char* op, const at::Tensor& x, const at::Tensor& offs, int64_t experts, int64_t N,
+                        ExpertLinear&& linear) {
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-d (tokens, features), got shape ", x.sizes());
+  TORCH_CHECK(offs.dim() == 1 && offs.size(0) == experts && (offs.scalar_type() == at::kLong ||
+                                                             offs.scalar_type() == at::kInt),
+              op, ": offs must be ", experts, " int64 / int32 group ends (one per expert), got ", offs.scalar_type(),
+              " ", offs.sizes());
+  const at::Tensor ends = offs.to(at::kLong).contiguous();
+  const int64_t* end = ends.data_ptr<int64_t>();
+  const int64_t M = x.size(0);
+  at::Tensor out = at::zeros({M, N}, x.options());
+  for (int64_t g = 0, start = 0; g < experts; ++g) {
+    TORCH_CHECK(end[g] <= M && (g == 0 || end[g] >= end[g - 1]), op, ": group ends must be non-decreasing and at "
+                "most the ", M, " rows of x; offs[", g, "] = ", end[g]);
+    if (end[g] > start) out.narrow(0, start, end[g] - start).copy_(linear(x.narrow(0, start, end[g] - start), g));
+    start = std::max(start, end[g]);
+  }
+  return out;
+}
+
+// What kernels.status() says of a grouped op: the same loop at every level, over `expert_op`'s kernels of the level.
+inline OpDescription grouped_description(const char* op, const char* expert_op) {
+  const std::string text = std::string("one C++ loop over the experts with rows, each through ") + expert_op +
+                           "'s kernels of this level on a view of that expert (Note [Grouped linear in C++]); "
+                           "experts without rows are not read";
+  OpDescription d(op);
+  for (const char* isa : {"amx", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2", "scalar"}) d.at(isa, text);
+  return d;
+}
+
+}  // namespace torchqkit_cpu

@@ -1,0 +1,150 @@
+"""torchqkit::grouped_linear_<format>: the C++ CPU loop over a stack's experts (csrc/cpu/grouped_rows.h) against
+its reference (each expert's 2-d reference op) at every ISA level this CPU runs, and bit for bit against the 2-d
+C++ op called per expert; group ends with empty groups and rows past the last end; bad group ends refused; opcheck;
+the MoE entry points (torch._grouped_mm, w[ids] + bmm) take one grouped op call per stack."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchqkit as qk
+from torchqkit.api.expert_weights import quantize_experts
+from torchqkit.kernels.ops import grouped_linear as ops
+
+from cpu_kernel_testing import assert_rel, cpu_levels, gen, isa_param, needs_kernel
+
+E, N, K = 4, 40, 96  # K = 96: the int4 tiles pad it to 128 (whole chunks), three groups of 32
+LEVELS = cpu_levels("torchqkit::grouped_linear_int4wo_tiled", with_avx_vnni=True, with_avx512_bf16=True)
+needs_ext = needs_kernel(LEVELS)
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2.0 ** -7}  # the 2-d ops' kernel tests' budgets
+
+CONFIGS = {
+    "int4_g32": qk.Int4WeightOnlyConfig(group_size=32),
+    "int8_row": qk.Int8WeightOnlyConfig(),
+    "int8_g32": qk.Int8WeightOnlyConfig(group_size=32),
+    "int8_dyn": qk.Int8DynamicActivationInt8WeightConfig(),
+}
+OFFS = {  # (M, group ends)
+    "empty_groups": (7, [2, 2, 7, 7]),
+    "one_row_last_expert": (1, [0, 0, 0, 1]),
+    "rows_past_the_end": (8, [1, 3, 5, 6]),  # rows 6, 7: zeros (expert-parallel sentinels)
+    "no_rows": (5, [0, 0, 0, 0]),
+}
+
+
+@pytest.fixture(scope="module")
+def stacks():
+    w = torch.randn(E, N, K, generator=gen(0))
+    return {name: quantize_experts(config, w, "experts") for name, config in CONFIGS.items()}
+
+
+def _tile_padded(stack, x):
+    """x with zero features up to the int4 tiles' padded K (Kt = chunks x 16 x inner_k_tiles)."""
+    return torch.nn.functional.pad(x, (0, stack.qdata.shape[2] * 16 * 2 * stack.qdata.shape[4] - x.shape[-1]))
+
+
+def _grouped(name, stack, x, offs, op=None):
+    """The grouped op of the stack's format (op: a backend, e.g. the reference; default: the dispatched op)."""
+    if name.startswith("int4"):
+        fn = op or torch.ops.torchqkit.grouped_linear_int4wo_tiled
+        return fn(_tile_padded(stack, x), offs, stack.qdata, stack.scale_and_zero, 32, N)
+    if name == "int8_dyn":
+        return (op or torch.ops.torchqkit.grouped_linear_int8da_int8_plain)(x, offs, stack.qdata, stack.scale, True)
+    return (op or torch.ops.torchqkit.grouped_linear_int8wo_plain)(x, offs, stack.qdata, stack.scale)
+
+
+REFERENCES = {"int4_g32": ops.grouped_linear_int4wo_tiled_ref, "int8_row": ops.grouped_linear_int8wo_plain_ref,
+              "int8_g32": ops.grouped_linear_int8wo_plain_ref, "int8_dyn": ops.grouped_linear_int8da_int8_plain_ref}
+
+
+@needs_ext
+@isa_param(LEVELS)
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("case", OFFS)
+def test_kernel_matches_reference(monkeypatch, stacks, isa, name, case):
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    m, ends = OFFS[case]
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(m, K, generator=gen(m)) * 3).to(dtype)
+        offs = torch.tensor(ends, dtype=torch.int32 if dtype == torch.bfloat16 else torch.int64)
+        out = _grouped(name, stacks[name], x, offs)
+        ref = _grouped(name, stacks[name], x, offs, REFERENCES[name])
+        assert_rel(out, ref, TOL[dtype] if name != "int8_dyn" else 1e-2, f"{isa} {name} {case} {dtype}")
+        assert torch.equal(out[ends[-1]:], torch.zeros_like(out[ends[-1]:]))
+
+
+@needs_ext
+@pytest.mark.parametrize("name", CONFIGS)
+def test_each_expert_is_exactly_its_2d_op(monkeypatch, stacks, name):
+    """The loop adds nothing: expert g's rows are what the 2-d op gives on expert g's view, bit for bit."""
+    monkeypatch.setenv("TORCHQKIT_CPU_ROUTES", "rules")  # both calls on the same kernels
+    stack, (m, ends) = stacks[name], OFFS["empty_groups"]
+    x = torch.randn(m, K, generator=gen(3))
+    out = _grouped(name, stack, x, torch.tensor(ends))
+    with torch.no_grad():
+        for g, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
+            if end > start:
+                assert torch.equal(out[start:end], torch.nn.functional.linear(x[start:end], stack[g])), (name, g)
+
+
+@needs_ext
+@pytest.mark.parametrize("ends, message", [
+    ([3, 2, 7, 7], r"non-decreasing and at most the 7 rows of x; offs\[1\] = 2"),
+    ([2, 2, 7, 9], r"at most the 7 rows of x; offs\[3\] = 9"),
+])
+def test_bad_group_ends_are_refused(stacks, ends, message):
+    x = torch.randn(7, K, generator=gen(4))
+    for op in (None, ops.grouped_linear_int8wo_plain_ref):
+        with pytest.raises(RuntimeError, match=message):
+            _grouped("int8_row", stacks["int8_row"], x, torch.tensor(ends), op)
+
+
+@needs_ext
+def test_bad_shapes_are_refused(stacks):
+    s = stacks["int8_row"]
+    with pytest.raises(RuntimeError, match=r"offs must be 4 int64 / int32 group ends \(one per expert\)"):
+        torch.ops.torchqkit.grouped_linear_int8wo_plain(torch.randn(2, K), torch.tensor([1, 2]), s.qdata, s.scale)
+    with pytest.raises(RuntimeError, match=r"qdata \(E, N, K\) and scale \(E, N\[, groups\]\) of the same E experts"):
+        torch.ops.torchqkit.grouped_linear_int8wo_plain(torch.randn(2, K), torch.tensor([0, 0, 1, 2]), s.qdata,
+                                                        s.scale[:3])
+    q = stacks["int4_g32"]
+    with pytest.raises(RuntimeError, match=r"qdata \(E, N8/8, Kt/\(16T\), 32, T/2\) and scale_and_zero"):
+        torch.ops.torchqkit.grouped_linear_int4wo_tiled(torch.randn(2, 128), torch.tensor([0, 0, 1, 2]), q.qdata[0],
+                                                        q.scale_and_zero, 32, N)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_opcheck(stacks, name):
+    s = stacks[name]
+    x = torch.randn(7, K, generator=gen(5))
+    if name.startswith("int4"):
+        op, args = torch.ops.torchqkit.grouped_linear_int4wo_tiled, (
+            _tile_padded(s, x), torch.tensor([2, 2, 7, 7]), s.qdata, s.scale_and_zero, 32, N)
+    elif name == "int8_dyn":
+        op, args = torch.ops.torchqkit.grouped_linear_int8da_int8_plain, (x, torch.tensor([2, 2, 7, 7]), s.qdata,
+                                                                         s.scale, True)
+    else:
+        op, args = torch.ops.torchqkit.grouped_linear_int8wo_plain, (x, torch.tensor([2, 2, 7, 7]), s.qdata, s.scale)
+    torch.library.opcheck(op, args, test_utils=["test_schema", "test_faketensor", "test_aot_dispatch_dynamic"])
+
+
+@needs_ext
+@pytest.mark.parametrize("name", CONFIGS)
+def test_moe_entry_points_take_one_grouped_call_per_stack(stacks, name):
+    """torch._grouped_mm and w[ids] + bmm (transformers' grouped_mm / batched_mm experts) reach the grouped op
+    once, with the same numbers as each expert's own linear."""
+    stack, op = stacks[name], "grouped_linear_int4wo_tiled" if name.startswith("int4") else (
+        "grouped_linear_int8da_int8_plain" if name == "int8_dyn" else "grouped_linear_int8wo_plain")
+    x = torch.randn(7, K, generator=gen(6))
+    w = stack.dequantize()
+    for call in (lambda: torch._grouped_mm(x, stack.transpose(-2, -1), offs=torch.tensor([2, 2, 7, 7])),
+                 lambda: torch.bmm(x[:4].unsqueeze(1), stack[torch.tensor([3, 0, 3, 1])].transpose(-2, -1))[:, 0]):
+        with torch.no_grad(), torch.profiler.profile() as prof:  # sees ops called inside other ops, unlike a mode
+            out = call()
+        calls = {e.key: e.count for e in prof.key_averages() if e.key.startswith("torchqkit::")}
+        assert calls == {"torchqkit::grouped_linear_quantized": 1, f"torchqkit::{op}": 1}, calls
+        if out.shape[0] == 7:
+            ref = torch.cat([x[:2] @ w[0].T, x[2:7] @ w[2].T])
+        else:
+            ref = torch.stack([x[i] @ w[e].T for i, e in enumerate([3, 0, 3, 1])])
+        assert_rel(out, ref, 1e-2 if name == "int8_dyn" else TOL[torch.float32], name)

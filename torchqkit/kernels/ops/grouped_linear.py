@@ -1,0 +1,69 @@
+"""torchqkit::grouped_linear_<format>(x, offs, <stack tensors>, ...): rows [offs[g - 1], offs[g]) of x (M, K) through
+expert g of a stack of quantized experts, one call for every expert (Note [Grouped linear in C++] in
+csrc/cpu/grouped_rows.h; the mixture-of-experts path that calls them: Note [Grouped quantized linear] in
+torchqkit/tensor/grouped_linear.py).
+
+    grouped_linear_int4wo_tiled(x, offs, qdata (E, N8/8, Kt/(16T), 32, T/2), scale_and_zero (E, Kt/g, N8, 2),
+                                group_size, out_features)
+    grouped_linear_int8wo_plain(x, offs, qdata (E, N, K) int8, scale (E, N[, groups]))
+    grouped_linear_int8da_int8_plain(x, offs, qdata (E, N, K) int8, scale (E, N), act_symmetric)
+
+offs: E non-decreasing group ends, each at most M; rows past offs[-1] are zeros. The reference runs each expert with
+rows through its 2-d op's reference; the C++ CPU kernel runs the 2-d op's CPU kernels in one loop. No autograd: the
+expert stacks are inference weights (QAT of experts trains FakeQuantizedExperts).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..registry import define_op
+from .linear_int4wo_tiled import linear_int4wo_tiled_ref
+from .linear_int8da_int8_plain import linear_int8da_int8_plain_ref
+from .linear_int8wo_plain import linear_int8wo_plain_ref
+
+__all__ = ["grouped_rows_ref", "grouped_linear_int4wo_tiled_ref", "grouped_linear_int8wo_plain_ref",
+           "grouped_linear_int8da_int8_plain_ref"]
+
+
+def grouped_rows_ref(name: str, x: torch.Tensor, offs: torch.Tensor, n: int, expert_linear) -> torch.Tensor:
+    """(M, n) in x's dtype: rows [start, end) of group g are ``expert_linear(rows, g)``, zeros past the last end."""
+    torch._check(x.dim() == 2, lambda: f"{name}: x must be 2-d (tokens, features), got {tuple(x.shape)}")
+    out = x.new_zeros(x.shape[0], n)
+    start = 0
+    for g, end in enumerate(offs.tolist()):  # one host sync for all groups
+        if end > x.shape[0] or end < start:
+            raise RuntimeError(f"{name}: group ends must be non-decreasing and at most the {x.shape[0]} rows of x; "
+                               f"offs[{g}] = {end}")
+        if end > start:
+            out[start:end] = expert_linear(x[start:end], g)
+        start = end
+    return out
+
+
+def grouped_linear_int4wo_tiled_ref(x, offs, qdata, scale_and_zero, group_size, out_features):
+    return grouped_rows_ref("grouped_linear_int4wo_tiled", x, offs, out_features, lambda rows, g: (
+        linear_int4wo_tiled_ref(rows, qdata[g], scale_and_zero[g], group_size, out_features)))
+
+
+def grouped_linear_int8wo_plain_ref(x, offs, qdata, scale):
+    return grouped_rows_ref("grouped_linear_int8wo_plain", x, offs, qdata.shape[1], lambda rows, g: (
+        linear_int8wo_plain_ref(rows, qdata[g], scale[g])))
+
+
+def grouped_linear_int8da_int8_plain_ref(x, offs, qdata, scale, act_symmetric=True):
+    return grouped_rows_ref("grouped_linear_int8da_int8_plain", x, offs, qdata.shape[1], lambda rows, g: (
+        linear_int8da_int8_plain_ref(rows, qdata[g], scale[g], None, act_symmetric)))
+
+
+def _fake(n_of):
+    return lambda x, offs, qdata, *rest: x.new_empty(x.shape[0], n_of(qdata, *rest))
+
+
+define_op("torchqkit::grouped_linear_int4wo_tiled",
+          "(Tensor x, Tensor offs, Tensor qdata, Tensor scale_and_zero, int group_size, int out_features) -> Tensor",
+          reference=grouped_linear_int4wo_tiled_ref, fake=_fake(lambda qdata, sz, g, n: n))
+define_op("torchqkit::grouped_linear_int8wo_plain", "(Tensor x, Tensor offs, Tensor qdata, Tensor scale) -> Tensor",
+          reference=grouped_linear_int8wo_plain_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
+define_op("torchqkit::grouped_linear_int8da_int8_plain",
+          "(Tensor x, Tensor offs, Tensor qdata, Tensor scale, bool act_symmetric=True) -> Tensor",
+          reference=grouped_linear_int8da_int8_plain_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
