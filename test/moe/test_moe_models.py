@@ -195,6 +195,18 @@ def test_generate_with_quantized_experts():
                                                                               do_sample=False))
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_every_implementation_runs_under_inference_mode(name):
+    """Note [Views under inference mode]: the stacks' views (w[e], w.transpose, w[ids]) inside
+    torch.inference_mode() on weights quantized outside it; the same logits as under no_grad."""
+    model = tiny_moe(name)
+    qk.quantize_(model, qk.Int4WeightOnlyConfig(group_size=32), strict=True)
+    for impl in IMPLEMENTATIONS:
+        expected = _logits(model, impl)
+        with torch.inference_mode():
+            assert torch.equal(model(IDS).logits, expected), impl
+
+
 @pytest.mark.parametrize("config", ["int4", "int8"])
 def test_transposed_experts_with_biases(config):
     """gpt-oss stores its experts (E, K, N) with float biases and calls ``x @ w[e]`` in its eager path: the stacks
