@@ -128,7 +128,8 @@ def op_calls(code: str, op: str) -> int:
     """Calls of torchqkit::`op` in compiled code (run_and_get_code): inductor's Python wrapper or its C++ one (the
     lean decode loop's default on CPU, Note [Lean decode] in torchqkit/eval/decode.py)."""
     return (code.count(f"torch.ops.torchqkit.{op}.default(")
-            + code.count(f'aoti_torch_call_dispatcher("torchqkit::{op}"'))
+            + code.count(f'aoti_torch_call_dispatcher("torchqkit::{op}"')
+            + code.count(f'findSchemaOrThrow("torchqkit::{op}"'))  # the C++ wrapper's boxed call (list arguments)
 
 
 # A float matmul in compiled code, in either wrapper.

@@ -17,11 +17,12 @@ without tokens are skipped: a decode step reads only the routed experts' bytes. 
 It is a custom op, not Python inside ``__torch_dispatch__``, because the group boundaries are data: under
 ``torch.compile(fullgraph=True)`` the op stays opaque (its fake only gives the output shape) and runs eagerly
 inside the compiled graph, as transformers' own float fallback does. A custom op takes tensors and plain values,
-so the stack's format travels as a JSON string (``expert_spec``) and each call rebuilds the 2-d views from the
-stack's inner tensors. Rows past ``offs[-1]`` (expert-parallel sentinels) are zeros.
+so the stack's format travels as a string (``expert_spec``: JSON, in base64 for inductor's C++ wrapper) and each
+call rebuilds the 2-d views from the stack's inner tensors. Rows past ``offs[-1]`` (expert-parallel sentinels) are zeros.
 """
 from __future__ import annotations
 
+import base64
 import functools
 import json
 from types import SimpleNamespace
@@ -43,7 +44,7 @@ _GRANULARITIES = {c.__name__: c for c in (_granularity.PerTensor, _granularity.P
 
 
 def expert_spec(w) -> str:
-    """The format of one expert of the stack ``w`` as a JSON string (the op's ``spec`` argument).
+    """The format of one expert of the stack ``w`` as a string (the op's ``spec`` argument: base64 of JSON).
 
     Kept on the stack after the first call: the fields it encodes are fixed when a tensor is built, and every
     decode step of every MoE layer asks for it (the JSON encoding costs about as much as the per-expert call of a
@@ -56,19 +57,25 @@ def expert_spec(w) -> str:
 
 def _encode_spec(w) -> str:
     act = w.act_quant
-    return json.dumps({
+    return _to_spec({
         "qdtype": w.qdtype.name, "block_size": list(w.block_size[1:]), "shape": list(w.logical_shape[1:]),
         "dtype": str(w.orig_dtype).removeprefix("torch."), "layout": w.qlayout.to_dict(),
         "zero_point_domain": w.zero_point_domain.value, "kernel_preference": w.kernel_preference.value,
         "act_quant": None if act is None else {
             "qdtype": act.qdtype.name, "mapping": act.mapping.value, "static_scale": act.static_scale,
             "granularity": {"type": type(act.granularity).__name__, **vars(act.granularity)}},
-    }, sort_keys=True)
+    })
+
+
+def _to_spec(fields: dict) -> str:
+    """JSON in URL-safe base64: no quote or backslash, because inductor's C++ wrapper (the compiled decode step's)
+    writes a str argument into a C++ string literal as it is, and the quotes of plain JSON end that literal."""
+    return base64.urlsafe_b64encode(json.dumps(fields, sort_keys=True).encode()).decode()
 
 
 @functools.lru_cache(maxsize=256)
 def _attrs(spec: str) -> dict:
-    d = json.loads(spec)
+    d = json.loads(base64.urlsafe_b64decode(spec))
     act = d["act_quant"]
     if act is not None:
         g = dict(act["granularity"])
