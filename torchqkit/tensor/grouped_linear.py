@@ -9,10 +9,12 @@ without tokens are skipped: a decode step reads only the routed experts' bytes. 
 - where the case's route has a grouped op with a C++ CPU kernel (``Route.grouped``: int4 tiled, int8 weight-only,
   int8 dynamic activations) and the activations are on the CPU, that one op call for the whole stack: a C++ loop
   over the experts with rows, each through the 2-d op's kernels on a view of it (Note [Grouped linear in C++],
-  csrc/cpu/grouped_rows.h). The route is decided once per format and activation dtype.
-- otherwise a Python loop over the 2-d expert views (Note [Expert weights]): every expert runs its layout's own
-  linear (C++ CPU, CUDA, Triton, or the reference, as ``kernels.status()`` says for the layout), at the cost of a
-  tensor subclass and a dispatch per routed expert (tens of microseconds, more than a small expert's kernel).
+  csrc/cpu/grouped_rows.h). The route is decided once per format and activation dtype, when ``grouped_linear``
+  runs (at trace time under torch.compile, so a compiled step calls the grouped op with no Python in between).
+- otherwise this module's op ``torchqkit::grouped_linear_quantized``: a Python loop over the 2-d expert views (Note
+  [Expert weights]) where every expert runs its layout's own linear (C++ CPU, CUDA, Triton, or the reference, as
+  ``kernels.status()`` says for the layout), at the cost of a tensor subclass and a dispatch per routed expert (tens
+  of microseconds, more than a small expert's kernel).
 
 It is a custom op, not Python inside ``__torch_dispatch__``, because the group boundaries are data: under
 ``torch.compile(fullgraph=True)`` the op stays opaque (its fake only gives the output shape) and runs eagerly
@@ -99,9 +101,6 @@ def _grouped_linear_op(x: torch.Tensor, offs: torch.Tensor, tensors: list[torch.
     def expert(g: int) -> AffineQuantizedTensor:
         return AffineQuantizedTensor({n: None if t is None else t[g] for n, t in zip(names, tensors)}, **attrs)
 
-    grouped = _grouped_route(spec, x, expert)
-    if grouped is not None:
-        return grouped.call(grouped.dispatched_op, dict(zip(names, tensors)), _fields(spec), x, offs)
     out = x.new_zeros(x.shape[0], attrs["logical_shape"][0])
     start = 0
     for g, end in enumerate(offs.tolist()):  # one host sync for all groups
@@ -114,17 +113,18 @@ def _grouped_linear_op(x: torch.Tensor, offs: torch.Tensor, tensors: list[torch.
 _GROUPED_ROUTES: dict[tuple[str, torch.dtype], GroupedRoute | None] = {}
 
 
-def _grouped_route(spec: str, x: torch.Tensor, expert) -> GroupedRoute | None:
-    """The grouped op serving the whole stack at once (Note [Grouped quantized linear]): under
+def _grouped_route(spec: str, x: torch.Tensor, w) -> GroupedRoute | None:
+    """The grouped op serving the whole stack ``w`` at once (Note [Grouped quantized linear]): under
     KernelPreference.AUTO, for CPU activations, where the route the experts' linear takes has a grouped op with a
     C++ CPU kernel; None means one 2-d linear per expert. Decided once per (format, activation dtype)."""
-    if x.device.type != "cpu" or x.shape[0] == 0:
+    if x.device.type != "cpu":
         return None
     key = (spec, x.dtype)
     if key not in _GROUPED_ROUTES:
         route = None
         if _attrs(spec)["kernel_preference"] is KernelPreference.AUTO:
-            route = route_for(expert(0), x)
+            from .experts import expert_view  # imports the tensor subclass, which imports this module
+            route = route_for(expert_view(w, 0), x)
         grouped = None if route is None or route.aten is not None else route.grouped
         if grouped is not None and not torch._C._dispatch_has_kernel_for_dispatch_key(grouped.op, "CPU"):
             grouped = None  # no C++ kernel built: the 2-d ops per expert (their own status says what serves them)
@@ -157,8 +157,12 @@ def grouped_linear(x: torch.Tensor, w, offs: torch.Tensor) -> torch.Tensor:
     if w.input_scale is not None:
         raise NotImplementedError(f"grouped matmul with a per-input-channel input_scale on an expert stack; weight: "
                                   f"{w!r}")
-    tensors = [getattr(w, n) for n in w.qlayout.tensor_names]
-    return _grouped_linear_op(x.contiguous(), offs, tensors, expert_spec(w))
+    names, spec, x = w.qlayout.tensor_names, expert_spec(w), x.contiguous()
+    tensors = [getattr(w, n) for n in names]
+    grouped = _grouped_route(spec, x, w)
+    if grouped is not None:  # called here, not inside the op below: a compiled graph calls it with no Python
+        return grouped.call(grouped.dispatched_op, dict(zip(names, tensors)), _fields(spec), x, offs)
+    return _grouped_linear_op(x, offs, tensors, spec)
 
 
 register_status_rows(lambda: [{
