@@ -13,14 +13,22 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "parallel.h"
 
 #include "kernel_descriptions.h"
 
 namespace torchqkit_cpu {
+
+// The most rows an expert may have for the experts to run side by side, one per thread (Note [Decoding experts side
+// by side]): the decode kernels' range (up to 4 tokens per pass).
+constexpr int64_t kSideBySideMaxRows = 4;
 
 // out (M, N) in x's dtype: rows [start, end) of group g are `linear(x_rows, g)` (a (rows, N) tensor), start the
 // previous group's end (or 0), rows past the last group's end zeros. offs: E non-decreasing int64 / int32 group ends
@@ -37,11 +45,35 @@ at::Tensor grouped_rows(const char* op, const at::Tensor& x, const at::Tensor& o
   const int64_t* end = ends.data_ptr<int64_t>();
   const int64_t M = x.size(0);
   at::Tensor out = at::zeros({M, N}, x.options());
+  std::vector<int64_t> groups;  // the groups with rows
+  int64_t most_rows = 0;
   for (int64_t g = 0, start = 0; g < experts; ++g) {
     TORCH_CHECK(end[g] <= M && (g == 0 || end[g] >= end[g - 1]), op, ": group ends must be non-decreasing and at "
                 "most the ", M, " rows of x; offs[", g, "] = ", end[g]);
-    if (end[g] > start) out.narrow(0, start, end[g] - start).copy_(linear(x.narrow(0, start, end[g] - start), g));
-    start = std::max(start, end[g]);
+    if (end[g] > start) groups.push_back(g), most_rows = std::max(most_rows, end[g] - start);
+    start = end[g];
+  }
+  auto run = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t g = groups[i], start = g == 0 ? 0 : end[g - 1];
+      out.narrow(0, start, end[g] - start).copy_(linear(x.narrow(0, start, end[g] - start), g));
+    }
+  };
+  // Note [Decoding experts side by side]: a few rows per expert (a decode step) makes each expert a small GEMV whose
+  // time is mostly ramping up the stream of a cold matrix and joining the threads at its end. With at least as many
+  // such experts as threads, each thread runs whole experts on its own (the 2-d kernel runs serially inside a
+  // parallel region), streaming one matrix after another with no join between them; more rows per expert keep the
+  // experts one after another, each split over the threads.
+  const int64_t threads = at::get_num_threads();
+  if (threads > 1 && !at::in_parallel_region() && most_rows <= kSideBySideMaxRows &&
+      (int64_t)groups.size() >= threads && (int64_t)groups.size() % threads == 0) {
+    const at::ThreadLocalState caller;  // inference / grad mode: the pool's threads don't inherit them
+    at::parallel_for(0, (int64_t)groups.size(), 1, [&](int64_t i0, int64_t i1) {
+      at::ThreadLocalStateGuard guard(caller);
+      run(i0, i1);
+    });
+  } else {
+    run(0, (int64_t)groups.size());
   }
   return out;
 }

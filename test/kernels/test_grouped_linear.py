@@ -88,6 +88,27 @@ def test_each_expert_is_exactly_its_2d_op(monkeypatch, stacks, name):
 
 
 @needs_ext
+@pytest.mark.parametrize("threads", [1, 2])
+def test_experts_side_by_side_under_inference_mode(stacks, threads):
+    """A decode step (a row per expert, as many experts as threads): the experts run one per thread (Note [Decoding
+    experts side by side]); the pool's threads take the caller's inference mode, so writing the result works
+    there, and the numbers are the sequential loop's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.randn(4, K, generator=gen(7))
+        offs = torch.tensor([1, 2, 3, 4])
+        for name, stack in stacks.items():
+            with torch.inference_mode():
+                out = _grouped(name, stack, x, offs)
+            assert out.is_inference()
+            assert_rel(out, _grouped(name, stack, x, offs, REFERENCES[name]),
+                       TOL[torch.float32] if name != "int8_dyn" else 1e-2, name)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_ext
 @pytest.mark.parametrize("ends, message", [
     ([3, 2, 7, 7], r"non-decreasing and at most the 7 rows of x; offs\[1\] = 2"),
     ([2, 2, 7, 9], r"at most the 7 rows of x; offs\[3\] = 9"),
