@@ -19,6 +19,7 @@
 
 #include "panel_activations.h"
 #include "fp32_matmul_precision.h"
+#include "grouped_rows.h"
 #include "kernel_descriptions.h"
 #include "kernels.h"
 #include "route_choice.h"
@@ -473,6 +474,68 @@ const DescribeOp kNvfp4Described(
         .at("scalar", "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it")
         .fp32_prefill_routes());
 
+// Stacks of experts (E, ...) of these formats: rows [offs[g - 1], offs[g]) of x through expert g (Note [Grouped
+// linear in C++], grouped_rows.h). Every tensor of a stack has the experts on dim 0.
+std::optional<at::Tensor> expert_of(const std::optional<at::Tensor>& t, int64_t g) {
+  return t.has_value() ? std::optional<at::Tensor>(t->select(0, g)) : std::nullopt;
+}
+
+int64_t stack_experts(const char* op, const at::Tensor& qdata, const at::Tensor& scale, int64_t qdata_dims) {
+  TORCH_CHECK(qdata.dim() == qdata_dims && scale.dim() >= 1 && qdata.size(0) == scale.size(0), op, ": qdata (E, ...) "
+              "of ", qdata_dims, " dims and scale (E, ...) of the same E experts, got ", qdata.sizes(), " and ",
+              scale.sizes());
+  return qdata.size(0);
+}
+
+at::Tensor grouped_linear_mxwo(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
+                               const at::Tensor& scale) {
+  constexpr const char* op = "torchqkit::grouped_linear_mxwo";
+  const int64_t experts = stack_experts(op, qdata, scale, 3);
+  return grouped_rows(op, x, offs, experts, qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
+    return linear_mxwo(rows, qdata.select(0, g), scale.select(0, g), {});
+  });
+}
+
+at::Tensor grouped_linear_fp8wo(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
+                                const at::Tensor& scale) {
+  constexpr const char* op = "torchqkit::grouped_linear_fp8wo";
+  const int64_t experts = stack_experts(op, qdata, scale, 3);
+  return grouped_rows(op, x, offs, experts, qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
+    return linear_fp8wo(rows, qdata.select(0, g), scale.select(0, g), {});
+  });
+}
+
+at::Tensor grouped_linear_nf4wo(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
+                                const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& scale_codes,
+                                const std::optional<at::Tensor>& scale_block_scale,
+                                const std::optional<at::Tensor>& scale_offset, int64_t block_size) {
+  constexpr const char* op = "torchqkit::grouped_linear_nf4wo";
+  TORCH_CHECK(qdata.dim() == 3, op, ": qdata must be (E, N, K / 2) nibble pairs, got ", qdata.sizes());
+  return grouped_rows(op, x, offs, qdata.size(0), qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
+    return linear_nf4wo(rows, qdata.select(0, g), expert_of(scale, g), expert_of(scale_codes, g),
+                        expert_of(scale_block_scale, g), expert_of(scale_offset, g), block_size, {});
+  });
+}
+
+at::Tensor grouped_linear_intxwo(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
+                                 const at::Tensor& scale, const std::optional<at::Tensor>& zero_point, int64_t bits,
+                                 bool is_signed, c10::string_view zero_point_domain) {
+  constexpr const char* op = "torchqkit::grouped_linear_intxwo";
+  const int64_t experts = stack_experts(op, qdata, scale, 3);
+  return grouped_rows(op, x, offs, experts, qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
+    return linear_intxwo(rows, qdata.select(0, g), scale.select(0, g), expert_of(zero_point, g), bits, is_signed,
+                         zero_point_domain, {});
+  });
+}
+
+const DescribeOp kGroupedMxDescribed(grouped_description("torchqkit::grouped_linear_mxwo", "torchqkit::linear_mxwo"));
+const DescribeOp kGroupedFp8Described(
+    grouped_description("torchqkit::grouped_linear_fp8wo", "torchqkit::linear_fp8wo"));
+const DescribeOp kGroupedNf4Described(
+    grouped_description("torchqkit::grouped_linear_nf4wo", "torchqkit::linear_nf4wo"));
+const DescribeOp kGroupedIntxDescribed(
+    grouped_description("torchqkit::grouped_linear_intxwo", "torchqkit::linear_intxwo"));
+
 }  // namespace
 }  // namespace torchqkit_cpu
 
@@ -494,4 +557,8 @@ TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
   m.impl("linear_intxwo", &torchqkit_cpu::linear_intxwo);
   m.impl("linear_nvfp4wo", &torchqkit_cpu::linear_nvfp4wo);
   m.impl("linear_fp6wo", &torchqkit_cpu::linear_fp6wo);
+  m.impl("grouped_linear_mxwo", &torchqkit_cpu::grouped_linear_mxwo);
+  m.impl("grouped_linear_fp8wo", &torchqkit_cpu::grouped_linear_fp8wo);
+  m.impl("grouped_linear_nf4wo", &torchqkit_cpu::grouped_linear_nf4wo);
+  m.impl("grouped_linear_intxwo", &torchqkit_cpu::grouped_linear_intxwo);
 }

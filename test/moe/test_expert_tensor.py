@@ -117,8 +117,9 @@ def test_index_by_expert_ids_and_bmm(weight, name):
 
 
 def test_batched_mm_reads_each_routed_expert_once(weight, monkeypatch):
-    """The per-expert loop (nf4 has no grouped op): one 2-d linear per routed expert, with all its rows."""
-    stack = quantize_experts(CONFIGS["nf4"], weight, "experts")
+    """The per-expert loop (what a format without a grouped op, or KernelPreference.REFERENCE, runs): one 2-d linear
+    per routed expert, with all its rows."""
+    stack = quantize_experts(CONFIGS["nf4"], weight, "experts").with_changes(kernel_preference="reference")
     seen = []
     real = qk.AffineQuantizedTensor.linear
     monkeypatch.setattr(qk.AffineQuantizedTensor, "linear",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ..core.primitives import pad_to, padded_shape
 from ..core.qdtype import QKind
 from .base import Layout, PlainParts, WeightFormat, crop_features, pad_features, register_layout
-from .routes import Route
+from .routes import GroupedRoute, Route
 from .scaled_mm import SCALED_MM_ROUTES
 
 
@@ -81,8 +81,14 @@ def _fp8_call(fn, w, x, bias):
     return crop_features(fn(pad_features(x, cols), w.qdata, w.scale, bias), w.logical_shape[0])
 
 
+def _fp8_grouped_call(fn, tensors, w, x, offs):
+    qdata = tensors["qdata"]  # rows padded to whole blocks: cropped off the output
+    return crop_features(fn(pad_features(x, qdata.shape[2]), offs, qdata, tensors["scale"]), w.logical_shape[0])
+
+
 Float8Layout.routes = (
     *SCALED_MM_ROUTES,
     Route("weight-only float8 (per tensor / row / block scales)", lambda w, x: w.act_quant is None,
-          op="torchqkit::linear_fp8wo", call=_fp8_call),
+          op="torchqkit::linear_fp8wo", call=_fp8_call,
+          grouped=GroupedRoute("torchqkit::grouped_linear_fp8wo", _fp8_grouped_call)),
 )

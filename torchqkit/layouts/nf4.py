@@ -44,7 +44,7 @@ from ..core.primitives import choose_qparams_affine, dequantize_affine, pad_to, 
 from ..core.qdtype import int8, nf4
 from ..kernels.ops.common import split_nibbles
 from .base import FLOAT_DTYPES, Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
-from .routes import Route
+from .routes import GroupedRoute, Route
 
 DQ_GROUP = 256  # absmax values per second-level scale (QLoRA)
 NF4_ZERO_CODE = 7  # the level 0.0: what padding past K holds
@@ -181,7 +181,13 @@ def _nf4_call(fn, w, x, bias):
               w.scale_offset, w.qlayout.block_size, bias)
 
 
+def _nf4_grouped_call(fn, tensors, w, x, offs):
+    return fn(pad_features(x, 2 * tensors["qdata"].shape[2]), offs, tensors["qdata"], tensors["scale"],
+              tensors["scale_codes"], tensors["scale_block_scale"], tensors["scale_offset"], w.qlayout.block_size)
+
+
 NF4Layout.routes = (
     Route("nf4 weight-only, single or double quant (QLoRA training included)",
-          lambda w, x: w.act_quant is None, op="torchqkit::linear_nf4wo", call=_nf4_call),
+          lambda w, x: w.act_quant is None, op="torchqkit::linear_nf4wo", call=_nf4_call,
+          grouped=GroupedRoute("torchqkit::grouped_linear_nf4wo", _nf4_grouped_call)),
 )

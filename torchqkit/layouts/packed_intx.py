@@ -49,7 +49,7 @@ from ..kernels.ops.linear_intxwo import intx_fields, pack_intx_fields
 from ..kernels.ops.linear_ternarywo import ternary_codes
 from .base import (Layout, PackedSpec, PlainParts, WeightFormat, kernel_reach_problem, pad_features, register_layout,
                    scale_specs)
-from .routes import Route, reference_linear
+from .routes import GroupedRoute, Route, reference_linear
 
 
 
@@ -218,13 +218,19 @@ def _intx_call(fn, w, x, bias):
               ZeroPointDomain(w.zero_point_domain).value, bias)
 
 
+def _intx_grouped_call(fn, tensors, w, x, offs):
+    return fn(pad_features(x, _stored_k(w)), offs, tensors["qdata"], tensors["scale"], tensors["zero_point"],
+              w.qdtype.bits, w.qdtype.signed, ZeroPointDomain(w.zero_point_domain).value)
+
+
 def _ternary_call(fn, w, x, bias):
     return fn(pad_features(x, _stored_k(w)), w.qdata, w.scale, bias)
 
 
 PackedIntxLayout.routes = (
     Route("1..7-bit int weight-only (any zero point domain, per-group / per-row), not ternary",
-          lambda w, x: w.act_quant is None and not w.qlayout.ternary, op="torchqkit::linear_intxwo", call=_intx_call),
+          lambda w, x: w.act_quant is None and not w.qlayout.ternary, op="torchqkit::linear_intxwo", call=_intx_call,
+          grouped=GroupedRoute("torchqkit::grouped_linear_intxwo", _intx_grouped_call)),
     Route("ternary weight-only (int2 codes in {-1, 0, 1} as bit planes), per-group / per-row",
           lambda w, x: w.act_quant is None and w.qlayout.ternary, op="torchqkit::linear_ternarywo",
           call=_ternary_call),

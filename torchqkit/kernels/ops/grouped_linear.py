@@ -7,6 +7,10 @@ torchqkit/tensor/grouped_linear.py).
                                 group_size, out_features)
     grouped_linear_int8wo_plain(x, offs, qdata (E, N, K) int8, scale (E, N[, groups]))
     grouped_linear_int8da_int8_plain(x, offs, qdata (E, N, K) int8, scale (E, N), act_symmetric)
+    grouped_linear_mxwo(x, offs, qdata, scale)        grouped_linear_fp8wo(x, offs, qdata, scale)
+    grouped_linear_nf4wo(x, offs, qdata, scale, scale_codes, scale_block_scale, scale_offset, block_size)
+    grouped_linear_intxwo(x, offs, qdata, scale, zero_point, bits, signed, zero_point_domain)
+(each tensor of a stack: its 2-d op's tensor with the experts on a new dim 0; the output has the 2-d op's N)
 
 offs: E non-decreasing group ends, each at most M; rows past offs[-1] are zeros. The reference runs each expert with
 rows through its 2-d op's reference; the C++ CPU kernel runs the 2-d op's CPU kernels in one loop. No autograd: the
@@ -20,9 +24,14 @@ from ..registry import define_op
 from .linear_int4wo_tiled import linear_int4wo_tiled_ref
 from .linear_int8da_int8_plain import linear_int8da_int8_plain_ref
 from .linear_int8wo_plain import linear_int8wo_plain_ref
+from .linear_fp8wo import linear_fp8wo_ref
+from .linear_intxwo import linear_intxwo_ref
+from .linear_mxwo import linear_mxwo_ref
+from .linear_nf4wo import linear_nf4wo_ref
 
 __all__ = ["grouped_rows_ref", "grouped_linear_int4wo_tiled_ref", "grouped_linear_int8wo_plain_ref",
-           "grouped_linear_int8da_int8_plain_ref"]
+           "grouped_linear_int8da_int8_plain_ref", "grouped_linear_mxwo_ref", "grouped_linear_fp8wo_ref",
+           "grouped_linear_nf4wo_ref", "grouped_linear_intxwo_ref"]
 
 
 def grouped_rows_ref(name: str, x: torch.Tensor, offs: torch.Tensor, n: int, expert_linear) -> torch.Tensor:
@@ -55,6 +64,31 @@ def grouped_linear_int8da_int8_plain_ref(x, offs, qdata, scale, act_symmetric=Tr
         linear_int8da_int8_plain_ref(rows, qdata[g], scale[g], None, act_symmetric)))
 
 
+def grouped_linear_mxwo_ref(x, offs, qdata, scale):
+    return grouped_rows_ref("grouped_linear_mxwo", x, offs, qdata.shape[1],
+                            lambda rows, g: linear_mxwo_ref(rows, qdata[g], scale[g]))
+
+
+def grouped_linear_fp8wo_ref(x, offs, qdata, scale):
+    return grouped_rows_ref("grouped_linear_fp8wo", x, offs, qdata.shape[1],
+                            lambda rows, g: linear_fp8wo_ref(rows, qdata[g], scale[g]))
+
+
+def _expert(t, g):
+    return None if t is None else t[g]
+
+
+def grouped_linear_nf4wo_ref(x, offs, qdata, scale, scale_codes, scale_block_scale, scale_offset, block_size):
+    return grouped_rows_ref("grouped_linear_nf4wo", x, offs, qdata.shape[1], lambda rows, g: linear_nf4wo_ref(
+        rows, qdata[g], _expert(scale, g), _expert(scale_codes, g), _expert(scale_block_scale, g),
+        _expert(scale_offset, g), block_size))
+
+
+def grouped_linear_intxwo_ref(x, offs, qdata, scale, zero_point, bits, signed, zero_point_domain):
+    return grouped_rows_ref("grouped_linear_intxwo", x, offs, qdata.shape[1], lambda rows, g: linear_intxwo_ref(
+        rows, qdata[g], scale[g], _expert(zero_point, g), bits, signed, zero_point_domain))
+
+
 def _fake(n_of):
     return lambda x, offs, qdata, *rest: x.new_empty(x.shape[0], n_of(qdata, *rest))
 
@@ -67,3 +101,15 @@ define_op("torchqkit::grouped_linear_int8wo_plain", "(Tensor x, Tensor offs, Ten
 define_op("torchqkit::grouped_linear_int8da_int8_plain",
           "(Tensor x, Tensor offs, Tensor qdata, Tensor scale, bool act_symmetric=True) -> Tensor",
           reference=grouped_linear_int8da_int8_plain_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
+define_op("torchqkit::grouped_linear_mxwo", "(Tensor x, Tensor offs, Tensor qdata, Tensor scale) -> Tensor",
+          reference=grouped_linear_mxwo_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
+define_op("torchqkit::grouped_linear_fp8wo", "(Tensor x, Tensor offs, Tensor qdata, Tensor scale) -> Tensor",
+          reference=grouped_linear_fp8wo_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
+define_op("torchqkit::grouped_linear_nf4wo",
+          "(Tensor x, Tensor offs, Tensor qdata, Tensor? scale, Tensor? scale_codes, Tensor? scale_block_scale, "
+          "Tensor? scale_offset, int block_size) -> Tensor",
+          reference=grouped_linear_nf4wo_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
+define_op("torchqkit::grouped_linear_intxwo",
+          "(Tensor x, Tensor offs, Tensor qdata, Tensor scale, Tensor? zero_point, int bits, bool signed, "
+          "str zero_point_domain) -> Tensor",
+          reference=grouped_linear_intxwo_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
