@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from ..kernels import KERNEL_ACT_DTYPES, cpu_backend, linear_op
 from ..kernels.preference import KernelPreference
 
-__all__ = ["Route", "GroupedRoute", "quantized_linear", "reference_linear", "route_for", "route_rows", "flatten_tokens", "in_dtype_of",
-           "empty_linear"]
+__all__ = ["Route", "GroupedRoute", "quantized_linear", "reference_linear", "route_for", "route_rows",
+           "flatten_tokens", "in_dtype_of", "empty_linear"]
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ Note [Grouped quantized linear]
 ``F.linear`` with expert g. For a quantized stack this op does exactly that, one expert at a time, and groups
 without tokens are skipped: a decode step reads only the routed experts' bytes. Two ways, the same numbers:
 - where the case's route has a grouped op with a C++ CPU kernel (``Route.grouped``: the weight-only formats int4
-  tiled, int8, NF4, float8, MX and 1-7-bit, and int8 dynamic activations) and the activations are on the CPU, that one op call for the whole stack: a C++ loop
-  over the experts with rows, each through the 2-d op's kernels on a view of it (Note [Grouped linear in C++],
-  csrc/cpu/grouped_rows.h). The route is decided once per format and activation dtype, when ``grouped_linear``
-  runs (at trace time under torch.compile, so a compiled step calls the grouped op with no Python in between).
+  tiled, int8, NF4, float8, MX and 1-7-bit, and int8 dynamic activations) and the activations are on the CPU, that
+  one op call for the whole stack: the 2-d op's kernels run from C++ on each expert with rows, on a view of it (Note
+  [Grouped linear in C++], csrc/cpu/grouped_rows.h). The route is decided once per format and activation dtype,
+  when ``grouped_linear`` runs (at trace time under torch.compile, so a compiled step calls the grouped op with no
+  Python in between).
 - otherwise this module's op ``torchqkit::grouped_linear_quantized``: a Python loop over the 2-d expert views (Note
   [Expert weights]) where every expert runs its layout's own linear (C++ CPU, CUDA, Triton, or the reference, as
   ``kernels.status()`` says for the layout), at the cost of a tensor subclass and a dispatch per routed expert (tens
@@ -20,7 +21,8 @@ It is a custom op, not Python inside ``__torch_dispatch__``, because the group b
 ``torch.compile(fullgraph=True)`` the op stays opaque (its fake only gives the output shape) and runs eagerly
 inside the compiled graph, as transformers' own float fallback does. A custom op takes tensors and plain values,
 so the stack's format travels as a string (``expert_spec``: JSON, in base64 for inductor's C++ wrapper) and each
-call rebuilds the 2-d views from the stack's inner tensors. Rows past ``offs[-1]`` (expert-parallel sentinels) are zeros.
+call rebuilds the 2-d views from the stack's inner tensors. Rows past ``offs[-1]`` (expert-parallel sentinels) are
+zeros.
 """
 from __future__ import annotations
 
@@ -117,7 +119,7 @@ def _grouped_route(spec: str, x: torch.Tensor, w) -> GroupedRoute | None:
     """The grouped op serving the whole stack ``w`` at once (Note [Grouped quantized linear]): under
     KernelPreference.AUTO, for CPU activations, where the route the experts' linear takes has a grouped op with a
     C++ CPU kernel; None means one 2-d linear per expert. Decided once per (format, activation dtype)."""
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or w.logical_shape[0] == 0:  # no expert to ask the route of: nothing to run
         return None
     key = (spec, x.dtype)
     if key not in _GROUPED_ROUTES:
