@@ -15,6 +15,7 @@
 
 #include "aligned_vector.h"
 #include "amx_tiles.h"
+#include "grouped_rows.h"
 #include "kernel_descriptions.h"
 #include "kernels.h"
 #include "scale_dtype.h"
@@ -671,9 +672,30 @@ const DescribeOp kDescribed(
             "(vpmaddubsw int16 windows of 32 k, then vpmaddwd)")
         .at("scalar", "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it"));
 
+// A stack of experts (E, N, K / 2) of these codes, scale (E, N, ...), zero_point likewise or none: rows
+// [offs[g - 1], offs[g]) of x through expert g (Note [Grouped linear in C++], grouped_rows.h).
+at::Tensor grouped_linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
+                                             const at::Tensor& scale, const std::optional<at::Tensor>& zero_point,
+                                             bool act_symmetric, int64_t act_group_size) {
+  constexpr const char* op = "torchqkit::grouped_linear_int8da_int4_packed";
+  TORCH_CHECK(qdata.dim() == 3 && scale.dim() >= 2 && qdata.size(0) == scale.size(0), op,
+              ": qdata (E, N, K / 2) and scale (E, N, ...) of the same E experts, got ", qdata.sizes(), " and ",
+              scale.sizes());
+  return grouped_rows(op, x, offs, qdata.size(0), qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
+    const std::optional<at::Tensor> zp =
+        zero_point.has_value() ? std::optional<at::Tensor>(zero_point->select(0, g)) : std::nullopt;
+    return linear_int8da_int4_packed(rows, qdata.select(0, g), scale.select(0, g), zp, {}, act_symmetric,
+                                     act_group_size);
+  });
+}
+
+const DescribeOp kGroupedInt8DynamicInt4Described(
+    grouped_description("torchqkit::grouped_linear_int8da_int4_packed", "torchqkit::linear_int8da_int4_packed"));
+
 }  // namespace
 }  // namespace torchqkit_cpu
 
 TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
   m.impl("linear_int8da_int4_packed", &torchqkit_cpu::linear_int8da_int4_packed);
+  m.impl("grouped_linear_int8da_int4_packed", &torchqkit_cpu::grouped_linear_int8da_int4_packed);
 }

@@ -528,6 +528,30 @@ at::Tensor grouped_linear_intxwo(const at::Tensor& x, const at::Tensor& offs, co
   });
 }
 
+at::Tensor grouped_linear_nvfp4wo(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
+                                  const at::Tensor& scale, const at::Tensor& global_scale) {
+  constexpr const char* op = "torchqkit::grouped_linear_nvfp4wo";
+  const int64_t experts = stack_experts(op, qdata, scale, 3);
+  TORCH_CHECK(global_scale.dim() >= 1 && global_scale.size(0) == experts, op, ": global_scale must hold one scale "
+              "per expert (E, ...), got ", global_scale.sizes());
+  return grouped_rows(op, x, offs, experts, qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
+    return linear_nvfp4wo(rows, qdata.select(0, g), scale.select(0, g), global_scale.select(0, g), {});
+  });
+}
+
+at::Tensor grouped_linear_fp6wo(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
+                                const at::Tensor& scale, int64_t ebits) {
+  constexpr const char* op = "torchqkit::grouped_linear_fp6wo";
+  const int64_t experts = stack_experts(op, qdata, scale, 3);
+  return grouped_rows(op, x, offs, experts, qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
+    return linear_fp6wo(rows, qdata.select(0, g), scale.select(0, g), ebits, {});
+  });
+}
+
+const DescribeOp kGroupedNvfp4Described(
+    grouped_description("torchqkit::grouped_linear_nvfp4wo", "torchqkit::linear_nvfp4wo"));
+const DescribeOp kGroupedFp6Described(
+    grouped_description("torchqkit::grouped_linear_fp6wo", "torchqkit::linear_fp6wo"));
 const DescribeOp kGroupedMxDescribed(grouped_description("torchqkit::grouped_linear_mxwo", "torchqkit::linear_mxwo"));
 const DescribeOp kGroupedFp8Described(
     grouped_description("torchqkit::grouped_linear_fp8wo", "torchqkit::linear_fp8wo"));
@@ -561,4 +585,6 @@ TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
   m.impl("grouped_linear_fp8wo", &torchqkit_cpu::grouped_linear_fp8wo);
   m.impl("grouped_linear_nf4wo", &torchqkit_cpu::grouped_linear_nf4wo);
   m.impl("grouped_linear_intxwo", &torchqkit_cpu::grouped_linear_intxwo);
+  m.impl("grouped_linear_nvfp4wo", &torchqkit_cpu::grouped_linear_nvfp4wo);
+  m.impl("grouped_linear_fp6wo", &torchqkit_cpu::grouped_linear_fp6wo);
 }

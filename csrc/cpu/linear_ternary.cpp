@@ -28,6 +28,7 @@
 #include "aligned_vector.h"
 #include "avx2_transpose.h"
 #include "avx512_transpose.h"
+#include "grouped_rows.h"
 #include "kernel_descriptions.h"
 #include "kernels.h"
 #include "sgemm_prefill.h"
@@ -308,6 +309,27 @@ at::Tensor linear_ternarywo(const at::Tensor& x, const at::Tensor& planes, const
   return out.reshape(torchqkit_glue::out_shape(x, N)).to(dt);
 }
 
+// A stack of experts (E, N, ...) of these bit planes: rows [offs[g - 1], offs[g]) of x through expert g (Note [Grouped
+// linear in C++], grouped_rows.h).
+at::Tensor grouped_linear_ternarywo(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& planes,
+                                   const at::Tensor& scale) {
+  constexpr const char* op = "torchqkit::grouped_linear_ternarywo";
+  TORCH_CHECK(planes.dim() >= 3 && scale.dim() >= 2 && planes.size(0) == scale.size(0), op,
+              ": planes (E, N, ...) and scale (E, N, ...) of the same E experts, got ", planes.sizes(), " and ",
+              scale.sizes());
+  return grouped_rows(op, x, offs, planes.size(0), planes.size(1), [&](const at::Tensor& rows, int64_t g) {
+    return linear_ternarywo(rows, planes.select(0, g), scale.select(0, g), {});
+  });
+}
+
+namespace {
+const DescribeOp kGroupedTernaryDescribed(
+    grouped_description("torchqkit::grouped_linear_ternarywo", "torchqkit::linear_ternarywo"));
+}  // namespace
+
 }  // namespace torchqkit_cpu
 
-TORCH_LIBRARY_IMPL(torchqkit, CPU, m) { m.impl("linear_ternarywo", &torchqkit_cpu::linear_ternarywo); }
+TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
+  m.impl("linear_ternarywo", &torchqkit_cpu::linear_ternarywo);
+  m.impl("grouped_linear_ternarywo", &torchqkit_cpu::grouped_linear_ternarywo);
+}

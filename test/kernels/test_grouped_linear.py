@@ -31,6 +31,10 @@ CONFIGS = {
     "nf4": qk.NF4WeightOnlyConfig(),
     "nf4_double": qk.NF4WeightOnlyConfig(double_quant=True),
     "int3_asym": qk.IntxWeightOnlyConfig(bits=3),
+    "nvfp4": qk.NVFP4WeightOnlyConfig(),
+    "fp6_e3m2": qk.FP6WeightOnlyConfig(ebits=3),
+    "ternary": qk.presets.get("ternary-g32"),
+    "w4a8": qk.Int8DynamicActivationIntxWeightConfig(),
 }
 OFFS = {  # (M, group ends)
     "empty_groups": (7, [2, 2, 7, 7]),
@@ -60,7 +64,7 @@ def _grouped(stack, x, offs, reference=False):
 
 
 def _tol(name, dtype):
-    return 1e-2 if name == "int8_dyn" else TOL[dtype]  # int8 activations: a code may round the other way
+    return 1e-2 if name in ("int8_dyn", "w4a8") else TOL[dtype]  # int8 activations: a code may round the other way
 
 
 @needs_ext
@@ -149,9 +153,11 @@ def test_opcheck(stacks, name):
     op = grouped.dispatched_op
 
     # torch's SchemaCheckMode compares inputs before / after with allclose, which float8 tensors lack: ops on float8
-    # bytes skip that one check (as the 2-d ops' opcheck does)
+    # codes or scales skip that one check (as the 2-d ops' opcheck does)
+    float8 = any(t is not None and t.dtype.is_floating_point and t.dtype.itemsize == 1
+                 for t in stack.inner_tensors().values())
     utils = [u for u in ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
-             if not (stack.qdata.dtype.is_floating_point and u == "test_schema")]
+             if not (float8 and u == "test_schema")]
 
     def check(*args):
         torch.library.opcheck(op, args, test_utils=utils)

@@ -28,7 +28,7 @@ from ..core.primitives import pad_to, padded_shape
 from ..core.qdtype import fp6_e2m3, fp6_e3m2
 from ..kernels.ops.linear_intxwo import intx_fields, pack_intx_fields
 from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout, scale_specs
-from .routes import Route
+from .routes import GroupedRoute, Route
 
 _FP6 = (fp6_e3m2, fp6_e2m3)
 _CODES_PER_3_BYTES = 4
@@ -103,6 +103,12 @@ def _fp6_call(fn, w, x, bias):
     return fn(pad_features(x, k), w.qdata, w.scale, 3 if w.qdtype is fp6_e3m2 else 2, bias)
 
 
+def _fp6_grouped_call(fn, tensors, w, x, offs):
+    k = padded_shape(w.logical_shape, w.block_size)[1]
+    return fn(pad_features(x, k), offs, tensors["qdata"], tensors["scale"], 3 if w.qdtype is fp6_e3m2 else 2)
+
+
 FP6Layout.routes = (
-    Route("FP6 weight-only", lambda w, x: w.act_quant is None, op="torchqkit::linear_fp6wo", call=_fp6_call),
+    Route("FP6 weight-only", lambda w, x: w.act_quant is None, op="torchqkit::linear_fp6wo", call=_fp6_call,
+          grouped=GroupedRoute("torchqkit::grouped_linear_fp6wo", _fp6_grouped_call)),
 )

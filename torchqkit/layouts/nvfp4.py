@@ -36,7 +36,7 @@ from ..core.qdtype import fp4_e2m1
 from ..kernels.ops.common import pack_nibbles, split_nibbles
 from ..kernels.ops.linear_nvfp4wo import NVFP4_BLOCK, nvfp4_block_scales
 from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
-from .routes import Route, reference_linear
+from .routes import GroupedRoute, Route, reference_linear
 
 
 @register_layout("nvfp4")
@@ -101,8 +101,14 @@ def _nvfp4_call(fn, w, x, bias):
     return fn(pad_features(x, NVFP4_BLOCK * w.scale.shape[1]), w.qdata, w.scale, w.global_scale, bias)
 
 
+def _nvfp4_grouped_call(fn, tensors, w, x, offs):
+    return fn(pad_features(x, NVFP4_BLOCK * tensors["scale"].shape[2]), offs, tensors["qdata"], tensors["scale"],
+              tensors["global_scale"])
+
+
 NVFP4Layout.routes = (
-    Route("NVFP4 weight-only", lambda w, x: w.act_quant is None, op="torchqkit::linear_nvfp4wo", call=_nvfp4_call),
+    Route("NVFP4 weight-only", lambda w, x: w.act_quant is None, op="torchqkit::linear_nvfp4wo", call=_nvfp4_call,
+          grouped=GroupedRoute("torchqkit::grouped_linear_nvfp4wo", _nvfp4_grouped_call)),
     Route("NVFP4 weights x NVFP4 dynamic activations (per token and 16 features)",
           lambda w, x: w.act_quant is not None, aten=reference_linear,
           aten_name="reference (activations fake-quantized to NVFP4, then dequantize + F.linear)",

@@ -227,16 +227,26 @@ def _ternary_call(fn, w, x, bias):
     return fn(pad_features(x, _stored_k(w)), w.qdata, w.scale, bias)
 
 
+def _ternary_grouped_call(fn, tensors, w, x, offs):
+    return fn(pad_features(x, _stored_k(w)), offs, tensors["qdata"], tensors["scale"])
+
+
+def _int8_int4_grouped_call(fn, tensors, w, x, offs):
+    return fn(pad_features(x, _stored_k(w)), offs, tensors["qdata"], tensors["scale"], tensors["zero_point"],
+              w.act_quant.mapping is MappingType.SYMMETRIC, w.act_quant.group_size or 0)
+
+
 PackedIntxLayout.routes = (
     Route("1..7-bit int weight-only (any zero point domain, per-group / per-row), not ternary",
           lambda w, x: w.act_quant is None and not w.qlayout.ternary, op="torchqkit::linear_intxwo", call=_intx_call,
           grouped=GroupedRoute("torchqkit::grouped_linear_intxwo", _intx_grouped_call)),
     Route("ternary weight-only (int2 codes in {-1, 0, 1} as bit planes), per-group / per-row",
           lambda w, x: w.act_quant is None and w.qlayout.ternary, op="torchqkit::linear_ternarywo",
-          call=_ternary_call),
+          call=_ternary_call, grouped=GroupedRoute("torchqkit::grouped_linear_ternarywo", _ternary_grouped_call)),
     Route("int8 dynamic act (per token, or per token and weight group) x int4 (symmetric / int or float zero "
           "point), per group of 8..128 (dividing 128) or multiples of 128, or per channel", _int8_int4_applies,
-          op="torchqkit::linear_int8da_int4_packed", call=_int8_int4_call),
+          op="torchqkit::linear_int8da_int4_packed", call=_int8_int4_call,
+          grouped=GroupedRoute("torchqkit::grouped_linear_int8da_int4_packed", _int8_int4_grouped_call)),
     Route("int4 or float8 dynamic act x 1..7-bit int weight", lambda w, x: w.act_quant is not None and
           w.act_quant.qdtype != int8, aten=reference_linear,
           aten_name="reference (activations fake-quantized, then dequantize + F.linear)",

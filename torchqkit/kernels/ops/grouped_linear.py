@@ -10,6 +10,9 @@ torchqkit/tensor/grouped_linear.py).
     grouped_linear_mxwo(x, offs, qdata, scale)        grouped_linear_fp8wo(x, offs, qdata, scale)
     grouped_linear_nf4wo(x, offs, qdata, scale, scale_codes, scale_block_scale, scale_offset, block_size)
     grouped_linear_intxwo(x, offs, qdata, scale, zero_point, bits, signed, zero_point_domain)
+    grouped_linear_nvfp4wo(x, offs, qdata, scale, global_scale)    grouped_linear_fp6wo(x, offs, qdata, scale, ebits)
+    grouped_linear_ternarywo(x, offs, planes, scale)
+    grouped_linear_int8da_int4_packed(x, offs, qdata, scale, zero_point, act_symmetric, act_group_size)
 (each tensor of a stack: its 2-d op's tensor with the experts on a new dim 0; the output has the 2-d op's N)
 
 offs: E non-decreasing group ends, each at most M; rows past offs[-1] are zeros. The reference runs each expert with
@@ -24,14 +27,19 @@ from ..registry import define_op
 from .linear_int4wo_tiled import linear_int4wo_tiled_ref
 from .linear_int8da_int8_plain import linear_int8da_int8_plain_ref
 from .linear_int8wo_plain import linear_int8wo_plain_ref
+from .linear_fp6wo import linear_fp6wo_ref
 from .linear_fp8wo import linear_fp8wo_ref
+from .linear_int8da_int4_packed import linear_int8da_int4_packed_ref
+from .linear_nvfp4wo import linear_nvfp4wo_ref
+from .linear_ternarywo import linear_ternarywo_ref
 from .linear_intxwo import linear_intxwo_ref
 from .linear_mxwo import linear_mxwo_ref
 from .linear_nf4wo import linear_nf4wo_ref
 
 __all__ = ["grouped_rows_ref", "grouped_linear_int4wo_tiled_ref", "grouped_linear_int8wo_plain_ref",
            "grouped_linear_int8da_int8_plain_ref", "grouped_linear_mxwo_ref", "grouped_linear_fp8wo_ref",
-           "grouped_linear_nf4wo_ref", "grouped_linear_intxwo_ref"]
+           "grouped_linear_nf4wo_ref", "grouped_linear_intxwo_ref", "grouped_linear_nvfp4wo_ref",
+           "grouped_linear_fp6wo_ref", "grouped_linear_ternarywo_ref", "grouped_linear_int8da_int4_packed_ref"]
 
 
 def grouped_rows_ref(name: str, x: torch.Tensor, offs: torch.Tensor, n: int, expert_linear) -> torch.Tensor:
@@ -89,6 +97,27 @@ def grouped_linear_intxwo_ref(x, offs, qdata, scale, zero_point, bits, signed, z
         rows, qdata[g], scale[g], _expert(zero_point, g), bits, signed, zero_point_domain))
 
 
+def grouped_linear_nvfp4wo_ref(x, offs, qdata, scale, global_scale):
+    return grouped_rows_ref("grouped_linear_nvfp4wo", x, offs, qdata.shape[1],
+                            lambda rows, g: linear_nvfp4wo_ref(rows, qdata[g], scale[g], global_scale[g]))
+
+
+def grouped_linear_fp6wo_ref(x, offs, qdata, scale, ebits):
+    return grouped_rows_ref("grouped_linear_fp6wo", x, offs, qdata.shape[1],
+                            lambda rows, g: linear_fp6wo_ref(rows, qdata[g], scale[g], ebits))
+
+
+def grouped_linear_ternarywo_ref(x, offs, planes, scale):
+    return grouped_rows_ref("grouped_linear_ternarywo", x, offs, planes.shape[1],
+                            lambda rows, g: linear_ternarywo_ref(rows, planes[g], scale[g]))
+
+
+def grouped_linear_int8da_int4_packed_ref(x, offs, qdata, scale, zero_point, act_symmetric=True, act_group_size=0):
+    return grouped_rows_ref("grouped_linear_int8da_int4_packed", x, offs, qdata.shape[1], lambda rows, g: (
+        linear_int8da_int4_packed_ref(rows, qdata[g], scale[g], _expert(zero_point, g), None, act_symmetric,
+                                      act_group_size)))
+
+
 def _fake(n_of):
     return lambda x, offs, qdata, *rest: x.new_empty(x.shape[0], n_of(qdata, *rest))
 
@@ -113,3 +142,14 @@ define_op("torchqkit::grouped_linear_intxwo",
           "(Tensor x, Tensor offs, Tensor qdata, Tensor scale, Tensor? zero_point, int bits, bool signed, "
           "str zero_point_domain) -> Tensor",
           reference=grouped_linear_intxwo_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
+define_op("torchqkit::grouped_linear_nvfp4wo",
+          "(Tensor x, Tensor offs, Tensor qdata, Tensor scale, Tensor global_scale) -> Tensor",
+          reference=grouped_linear_nvfp4wo_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
+define_op("torchqkit::grouped_linear_fp6wo", "(Tensor x, Tensor offs, Tensor qdata, Tensor scale, int ebits) -> Tensor",
+          reference=grouped_linear_fp6wo_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
+define_op("torchqkit::grouped_linear_ternarywo", "(Tensor x, Tensor offs, Tensor planes, Tensor scale) -> Tensor",
+          reference=grouped_linear_ternarywo_ref, fake=_fake(lambda planes, *_: planes.shape[1]))
+define_op("torchqkit::grouped_linear_int8da_int4_packed",
+          "(Tensor x, Tensor offs, Tensor qdata, Tensor scale, Tensor? zero_point, bool act_symmetric=True, "
+          "int act_group_size=0) -> Tensor",
+          reference=grouped_linear_int8da_int4_packed_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
