@@ -118,38 +118,26 @@ def grouped_linear_int8da_int4_packed_ref(x, offs, qdata, scale, zero_point, act
                                       act_group_size)))
 
 
-def _fake(n_of):
-    return lambda x, offs, qdata, *rest: x.new_empty(x.shape[0], n_of(qdata, *rest))
+def _define(name: str, schema: str, reference, rows_of=lambda qdata, *_: qdata.shape[1]) -> None:
+    """``torchqkit::<name>(Tensor x, Tensor offs, <schema>) -> Tensor``: an (M, N) output, N = ``rows_of(<schema's
+    arguments>)`` (default: the stack's dim 1, the experts' rows)."""
+    define_op(f"torchqkit::{name}", f"(Tensor x, Tensor offs, {schema}) -> Tensor", reference=reference,
+              fake=lambda x, offs, *args: x.new_empty(x.shape[0], rows_of(*args)))
 
 
-define_op("torchqkit::grouped_linear_int4wo_tiled",
-          "(Tensor x, Tensor offs, Tensor qdata, Tensor scale_and_zero, int group_size, int out_features) -> Tensor",
-          reference=grouped_linear_int4wo_tiled_ref, fake=_fake(lambda qdata, sz, g, n: n))
-define_op("torchqkit::grouped_linear_int8wo_plain", "(Tensor x, Tensor offs, Tensor qdata, Tensor scale) -> Tensor",
-          reference=grouped_linear_int8wo_plain_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
-define_op("torchqkit::grouped_linear_int8da_int8_plain",
-          "(Tensor x, Tensor offs, Tensor qdata, Tensor scale, bool act_symmetric=True) -> Tensor",
-          reference=grouped_linear_int8da_int8_plain_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
-define_op("torchqkit::grouped_linear_mxwo", "(Tensor x, Tensor offs, Tensor qdata, Tensor scale) -> Tensor",
-          reference=grouped_linear_mxwo_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
-define_op("torchqkit::grouped_linear_fp8wo", "(Tensor x, Tensor offs, Tensor qdata, Tensor scale) -> Tensor",
-          reference=grouped_linear_fp8wo_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
-define_op("torchqkit::grouped_linear_nf4wo",
-          "(Tensor x, Tensor offs, Tensor qdata, Tensor? scale, Tensor? scale_codes, Tensor? scale_block_scale, "
-          "Tensor? scale_offset, int block_size) -> Tensor",
-          reference=grouped_linear_nf4wo_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
-define_op("torchqkit::grouped_linear_intxwo",
-          "(Tensor x, Tensor offs, Tensor qdata, Tensor scale, Tensor? zero_point, int bits, bool signed, "
-          "str zero_point_domain) -> Tensor",
-          reference=grouped_linear_intxwo_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
-define_op("torchqkit::grouped_linear_nvfp4wo",
-          "(Tensor x, Tensor offs, Tensor qdata, Tensor scale, Tensor global_scale) -> Tensor",
-          reference=grouped_linear_nvfp4wo_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
-define_op("torchqkit::grouped_linear_fp6wo", "(Tensor x, Tensor offs, Tensor qdata, Tensor scale, int ebits) -> Tensor",
-          reference=grouped_linear_fp6wo_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
-define_op("torchqkit::grouped_linear_ternarywo", "(Tensor x, Tensor offs, Tensor planes, Tensor scale) -> Tensor",
-          reference=grouped_linear_ternarywo_ref, fake=_fake(lambda planes, *_: planes.shape[1]))
-define_op("torchqkit::grouped_linear_int8da_int4_packed",
-          "(Tensor x, Tensor offs, Tensor qdata, Tensor scale, Tensor? zero_point, bool act_symmetric=True, "
-          "int act_group_size=0) -> Tensor",
-          reference=grouped_linear_int8da_int4_packed_ref, fake=_fake(lambda qdata, *_: qdata.shape[1]))
+_define("grouped_linear_int4wo_tiled", "Tensor qdata, Tensor scale_and_zero, int group_size, int out_features",
+        grouped_linear_int4wo_tiled_ref, rows_of=lambda qdata, sz, g, n: n)
+_define("grouped_linear_int8wo_plain", "Tensor qdata, Tensor scale", grouped_linear_int8wo_plain_ref)
+_define("grouped_linear_int8da_int8_plain", "Tensor qdata, Tensor scale, bool act_symmetric=True",
+        grouped_linear_int8da_int8_plain_ref)
+_define("grouped_linear_mxwo", "Tensor qdata, Tensor scale", grouped_linear_mxwo_ref)
+_define("grouped_linear_fp8wo", "Tensor qdata, Tensor scale", grouped_linear_fp8wo_ref)
+_define("grouped_linear_nf4wo", "Tensor qdata, Tensor? scale, Tensor? scale_codes, Tensor? scale_block_scale, "
+        "Tensor? scale_offset, int block_size", grouped_linear_nf4wo_ref)
+_define("grouped_linear_intxwo", "Tensor qdata, Tensor scale, Tensor? zero_point, int bits, bool signed, "
+        "str zero_point_domain", grouped_linear_intxwo_ref)
+_define("grouped_linear_nvfp4wo", "Tensor qdata, Tensor scale, Tensor global_scale", grouped_linear_nvfp4wo_ref)
+_define("grouped_linear_fp6wo", "Tensor qdata, Tensor scale, int ebits", grouped_linear_fp6wo_ref)
+_define("grouped_linear_ternarywo", "Tensor planes, Tensor scale", grouped_linear_ternarywo_ref)
+_define("grouped_linear_int8da_int4_packed", "Tensor qdata, Tensor scale, Tensor? zero_point, bool act_symmetric=True, "
+        "int act_group_size=0", grouped_linear_int8da_int4_packed_ref)
