@@ -9,7 +9,8 @@
 // halves), and the bf16 decode where torch's fp32 matmul precision allows it. So an op asks take_route() at each
 // point of choice, and its entry point runs the op's body under measured_routes():
 //   - A case is (op, level, activations' dtype, class of M: 1, 2-3, 4-7, ..., N, K, an op-specific number such as
-//     the group size, threads, whether torch's fp32 matmul precision allows bf16).
+//     the group size, threads (1 inside another op's parallel region, where the kernel runs on its own thread),
+//     whether torch's fp32 matmul precision allows bf16).
 //   - The first call of a case runs the body by the rules while noting the sites it asks about. When a site had
 //     two or more candidates (and no pin), each candidate runs once to warm up, then all of them R times in turn
 //     (R = 5 below 2 ms a call, 3 below 20 ms, else 1), and the one with the smallest median is kept for the
@@ -176,7 +177,9 @@ int take_route(RouteSite site, unsigned candidates, int rule) {
 
 at::Tensor measured_routes(const RouteCase& c, RouteBody body) {
   if (probe.active || !measuring()) return body();  // an op inside an op: its caller's probe decides
-  const Key key{c.op, c.isa, c.dtype, m_class(c.m), c.n, c.k, c.extra, (int)at::get_num_threads(),
+  // Inside another op's parallel region (a grouped op's experts side by side) the kernel runs on its one thread.
+  const int threads = at::in_parallel_region() ? 1 : (int)at::get_num_threads();
+  const Key key{c.op, c.isa, c.dtype, m_class(c.m), c.n, c.k, c.extra, threads,
                 fp32_matmul_allows_bf16()};
   Entry found;
   {

@@ -118,6 +118,27 @@ def test_experts_side_by_side_under_inference_mode(stacks, threads):
 
 
 @needs_ext
+def test_experts_side_by_side_measure_their_routes_on_one_thread(monkeypatch):
+    """Note [Routes chosen by measurement]: a case is keyed by the threads its kernel runs on; an expert run side by
+    side runs on one, whatever torch's thread count."""
+    monkeypatch.setenv("TORCHQKIT_CPU_ROUTES", "measure")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        qk.kernels.clear_routes()
+        # K = 256: inner_k_tiles 8, where one token has two exact routes (K = 96 tiles by 2: one route)
+        stack = quantize_experts(CONFIGS["int4_g32"], torch.randn(E, 64, 256, generator=gen(8)), "experts")
+        _grouped(stack, torch.randn(4, 256, generator=gen(9)), torch.tensor([1, 2, 3, 4]))
+        threads = {r["threads"] for r in qk.kernels.routes() if r["op"] == "torchqkit::linear_int4wo_tiled"}
+        # the levels with two int4 decode routes (float, int16 pairs) measure them; the others have one to take
+        measured = torch.ops.torchqkit_cpu.isa() in ("avx_vnni", "avx512_vnni", "avx512_bf16", "amx")
+        assert threads == ({1} if measured else set()), threads
+    finally:
+        torch.set_num_threads(before)
+        qk.kernels.clear_routes()
+
+
+@needs_ext
 @pytest.mark.parametrize("ends, message", [
     ([3, 2, 7, 7], r"non-decreasing and at most the 7 rows of x; offs\[1\] = 2"),
     ([2, 2, 7, 9], r"at most the 7 rows of x; offs\[3\] = 9"),
