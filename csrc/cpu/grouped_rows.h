@@ -14,7 +14,8 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/ThreadLocalState.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -69,10 +70,18 @@ at::Tensor grouped_rows(const char* op, const at::Tensor& x, const at::Tensor& o
   const int64_t threads = at::get_num_threads();
   if (threads > 1 && !at::in_parallel_region() && most_rows <= kSideBySideMaxRows &&
       (int64_t)groups.size() >= threads && (int64_t)groups.size() % threads == 0) {
-    const at::ThreadLocalState caller;  // inference / grad mode: the pool's threads don't inherit them
+    // The caller's inference and grad mode, which the pool's threads don't inherit (the results are made and
+    // written there). Only those two: a whole at::ThreadLocalState carries Python-side state (dispatch modes, hooks)
+    // into threads that don't hold the GIL, which crashed a compiled decode step.
+    const bool inference = c10::InferenceMode::is_enabled(), grad = at::GradMode::is_enabled();
     at::parallel_for(0, (int64_t)groups.size(), 1, [&](int64_t i0, int64_t i1) {
-      at::ThreadLocalStateGuard guard(caller);
-      run(i0, i1);
+      if (inference) {
+        c10::InferenceMode guard;
+        run(i0, i1);
+      } else {
+        at::AutoGradMode guard(grad);
+        run(i0, i1);
+      }
     });
   } else {
     run(0, (int64_t)groups.size());

@@ -1,5 +1,5 @@
 """torch.compile(fullgraph=True) of a quantized MoE block: one graph, the same output as eager, and the compiled code
-calls the int4 grouped op (no float expert weight is materialized). transformers' "eager" experts loop
+calls the grouped quantized linear (no float expert weight is materialized). transformers' "eager" experts loop
 over ``nonzero()`` of the routing mask, which no fullgraph compile takes even for the float model; "grouped_mm"
 (whose non-bfloat16 compiled path is transformers' own fallback op) and "batched_mm" compile. Tolerance: the same
 kernels run in both, 1e-5 absolute. "batched_mm" is traced with the aot_eager backend (the same subclass tracing
@@ -33,4 +33,5 @@ def test_compiled_moe_block_equals_eager(impl, backend):
         out, code = run_and_get_code(compiled, x) if backend == "inductor" else (compiled(x), None)
     torch.testing.assert_close(out, eager, atol=1e-5, rtol=0)
     if code is not None:
-        assert op_calls("\n".join(code), "grouped_linear_int4wo_tiled") == 2  # gate_up_proj and down_proj
+        # gate_up_proj and down_proj: the grouped op, which runs the int4 grouped C++ op inside
+        assert op_calls("\n".join(code), "grouped_linear_quantized") == 2

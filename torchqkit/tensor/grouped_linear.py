@@ -7,14 +7,14 @@ Note [Grouped quantized linear]
 ``F.linear`` with expert g. For a quantized stack this op does exactly that, one expert at a time, and groups
 without tokens are skipped: a decode step reads only the routed experts' bytes. Two ways, the same numbers:
 - where the case's route has a grouped op with a C++ CPU kernel (``Route.grouped``: every weight-only format, and
-  int8 dynamic activations with int8 or int4 weights) and the activations are on the CPU, that one op call for the whole stack: the 2-d op's kernels run from C++ on each expert with rows, on a view of it (Note
-  [Grouped linear in C++], csrc/cpu/grouped_rows.h). The route is decided once per format and activation dtype,
-  when ``grouped_linear`` runs (at trace time under torch.compile, so a compiled step calls the grouped op with no
-  Python in between).
-- otherwise this module's op ``torchqkit::grouped_linear_quantized``: a Python loop over the 2-d expert views (Note
-  [Expert weights]) where every expert runs its layout's own linear (C++ CPU, CUDA, Triton, or the reference, as
-  ``kernels.status()`` says for the layout), at the cost of a tensor subclass and a dispatch per routed expert (tens
-  of microseconds, more than a small expert's kernel).
+  int8 dynamic activations with int8 or int4 weights) and the activations are on the CPU, that one op call for the
+  whole stack: the 2-d op's kernels run from C++ on each expert with rows, on a view of it (Note [Grouped linear in
+  C++], csrc/cpu/grouped_rows.h). The route is decided once per format and activation dtype. Eager,
+  ``grouped_linear`` calls the grouped op itself; a compiled graph calls this module's op, which calls it inside.
+- otherwise this module's op ``torchqkit::grouped_linear_quantized`` runs a Python loop over the 2-d expert views
+  (Note [Expert weights]) where every expert runs its layout's own linear (C++ CPU, CUDA, Triton, or the reference,
+  as ``kernels.status()`` says for the layout), at the cost of a tensor subclass and a dispatch per routed expert
+  (tens of microseconds, more than a small expert's kernel).
 
 It is a custom op, not Python inside ``__torch_dispatch__``, because the group boundaries are data: under
 ``torch.compile(fullgraph=True)`` the op stays opaque (its fake only gives the output shape) and runs eagerly
@@ -102,6 +102,9 @@ def _grouped_linear_op(x: torch.Tensor, offs: torch.Tensor, tensors: list[torch.
     def expert(g: int) -> AffineQuantizedTensor:
         return AffineQuantizedTensor({n: None if t is None else t[g] for n, t in zip(names, tensors)}, **attrs)
 
+    grouped = _grouped_route(spec, x, lambda: expert(0)) if offs.shape[0] else None  # offs: one end per expert
+    if grouped is not None:
+        return grouped.call(grouped.dispatched_op, dict(zip(names, tensors)), _fields(spec), x, offs)
     out = x.new_zeros(x.shape[0], attrs["logical_shape"][0])
     start = 0
     for g, end in enumerate(offs.tolist()):  # one host sync for all groups
@@ -114,18 +117,18 @@ def _grouped_linear_op(x: torch.Tensor, offs: torch.Tensor, tensors: list[torch.
 _GROUPED_ROUTES: dict[tuple[str, torch.dtype], GroupedRoute | None] = {}
 
 
-def _grouped_route(spec: str, x: torch.Tensor, w) -> GroupedRoute | None:
-    """The grouped op serving the whole stack ``w`` at once (Note [Grouped quantized linear]): under
-    KernelPreference.AUTO, for CPU activations, where the route the experts' linear takes has a grouped op with a
-    C++ CPU kernel; None means one 2-d linear per expert. Decided once per (format, activation dtype)."""
-    if x.device.type != "cpu" or w.logical_shape[0] == 0:  # no expert to ask the route of: nothing to run
+def _grouped_route(spec: str, x: torch.Tensor, first_expert) -> GroupedRoute | None:
+    """The grouped op serving a whole stack at once (Note [Grouped quantized linear]): under KernelPreference.AUTO,
+    for CPU activations, where the route the experts' linear takes (``first_expert()``: one expert of the stack, a
+    2-d quantized weight, built only when the format is new) has a grouped op with a C++ CPU kernel; None means one
+    2-d linear per expert. Decided once per (format, activation dtype)."""
+    if x.device.type != "cpu":
         return None
     key = (spec, x.dtype)
     if key not in _GROUPED_ROUTES:
         route = None
         if _attrs(spec)["kernel_preference"] is KernelPreference.AUTO:
-            from .experts import expert_view  # imports the tensor subclass, which imports this module
-            route = route_for(expert_view(w, 0), x)
+            route = route_for(first_expert(), x)
         grouped = None if route is None or route.aten is not None else route.grouped
         if grouped is not None and not torch._C._dispatch_has_kernel_for_dispatch_key(grouped.op, "CPU"):
             grouped = None  # no C++ kernel built: the 2-d ops per expert (their own status says what serves them)
@@ -160,9 +163,15 @@ def grouped_linear(x: torch.Tensor, w, offs: torch.Tensor) -> torch.Tensor:
                                   f"{w!r}")
     names, spec, x = w.qlayout.tensor_names, expert_spec(w), x.contiguous()
     tensors = [getattr(w, n) for n in names]
-    grouped = _grouped_route(spec, x, w)
-    if grouped is not None:  # called here, not inside the op below: a compiled graph calls it with no Python
+    grouped = None
+    if not torch.compiler.is_compiling() and w.logical_shape[0] > 0:  # a stack of no experts: nothing to run
+        from .experts import expert_view  # imports the tensor subclass, which imports this module
+        grouped = _grouped_route(spec, x, lambda: expert_view(w, 0))
+    if grouped is not None:  # eager: the grouped op itself, without the Python op below around it
         return grouped.call(grouped.dispatched_op, dict(zip(names, tensors)), _fields(spec), x, offs)
+    # Compiled: the op below, which calls the grouped op inside (a graph calling the grouped op directly crashed in
+    # inductor's C++ wrapper, which the lean decode loop uses on CPU: a tiny Qwen3-MoE with float16-scale int4
+    # experts, freed twice before the op ran).
     return _grouped_linear_op(x, offs, tensors, spec)
 
 
