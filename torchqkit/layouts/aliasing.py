@@ -7,9 +7,9 @@ wrapper and ``return_and_correct_aliasing`` makes it share the input's storage a
 ``torch.inference_mode()`` a tensor made there is an inference tensor, which has no version counter, so for a weight
 made outside inference mode (every quantized model: ``quantize_`` runs outside it) that step raises "Cannot set
 version_counter for inference tensor" (pytorch/pytorch#112024, #170419), which would stop transformers' MoE experts,
-an inference server's ``torch.inference_mode()`` and any ``x @ w.t()`` there. Torch's own rule for a view of a normal tensor
-taken in inference mode is that the view is a normal tensor; ``return_view`` builds the result outside inference mode
-in that case, which is exactly that. A tensor made inside inference mode is viewed there as before.
+an inference server's ``torch.inference_mode()`` and any ``x @ w.t()`` there. Torch's own rule for a view of a normal
+tensor taken in inference mode is that the view is a normal tensor; ``return_view`` builds the result outside
+inference mode in that case, which is exactly that. A tensor made inside inference mode is viewed there as before.
 """
 from __future__ import annotations
 
