@@ -71,8 +71,8 @@ at::Tensor grouped_rows(const char* op, const at::Tensor& x, const at::Tensor& o
   if (threads > 1 && !at::in_parallel_region() && most_rows <= kSideBySideMaxRows &&
       (int64_t)groups.size() >= threads && (int64_t)groups.size() % threads == 0) {
     // The caller's inference and grad mode, which the pool's threads don't inherit (the results are made and
-    // written there). Only those two: a whole at::ThreadLocalState carries Python-side state (dispatch modes, hooks)
-    // into threads that don't hold the GIL, which crashed a compiled decode step.
+    // written there). Only those two: handing over the whole at::ThreadLocalState made the op fail inside a compiled
+    // decode step (inductor's C++ wrapper, AVX2 level).
     const bool inference = c10::InferenceMode::is_enabled(), grad = at::GradMode::is_enabled();
     at::parallel_for(0, (int64_t)groups.size(), 1, [&](int64_t i0, int64_t i1) {
       if (inference) {
