@@ -104,7 +104,7 @@ def _grouped_linear_op(x: torch.Tensor, offs: torch.Tensor, tensors: list[torch.
 
     grouped = _grouped_route(spec, x, lambda: expert(0)) if offs.shape[0] else None  # offs: one end per expert
     if grouped is not None:
-        return grouped.call(grouped.dispatched_op, dict(zip(names, tensors)), _fields(spec), x, offs)
+        return _run_grouped(grouped, names, tensors, spec, x, offs)
     out = x.new_zeros(x.shape[0], attrs["logical_shape"][0])
     start = 0
     for g, end in enumerate(offs.tolist()):  # one host sync for all groups
@@ -134,6 +134,11 @@ def _grouped_route(spec: str, x: torch.Tensor, first_expert) -> GroupedRoute | N
             grouped = None  # no C++ kernel built: the 2-d ops per expert (their own status says what serves them)
         _GROUPED_ROUTES[key] = grouped
     return _GROUPED_ROUTES[key]
+
+
+def _run_grouped(grouped: GroupedRoute, names, tensors, spec: str, x: torch.Tensor, offs: torch.Tensor):
+    """The stack (inner ``tensors`` in ``names`` order, format ``spec``) through its grouped op, in one call."""
+    return grouped.call(grouped.dispatched_op, dict(zip(names, tensors)), _fields(spec), x, offs)
 
 
 @functools.lru_cache(maxsize=256)
@@ -168,7 +173,7 @@ def grouped_linear(x: torch.Tensor, w, offs: torch.Tensor) -> torch.Tensor:
         from .experts import expert_view  # imports the tensor subclass, which imports this module
         grouped = _grouped_route(spec, x, lambda: expert_view(w, 0))
     if grouped is not None:  # eager: the grouped op itself, without the Python op below around it
-        return grouped.call(grouped.dispatched_op, dict(zip(names, tensors)), _fields(spec), x, offs)
+        return _run_grouped(grouped, names, tensors, spec, x, offs)
     # Compiled: the op below, which calls the grouped op inside (a graph calling the grouped op directly crashed in
     # inductor's C++ wrapper, which the lean decode loop uses on CPU: a tiny Qwen3-MoE with float16-scale int4
     # experts, freed twice before the op ran).
