@@ -10,7 +10,9 @@ import torch
 import torchqkit as qk
 from torchqkit.api.expert_weights import quantize_experts
 from torchqkit.kernels.ops import grouped_linear as ops
-from torchqkit.layouts.routes import route_for
+from torchqkit.core import qdtypes as Q
+from torchqkit.layouts.routes import fake_quantized_input, route_for
+from torchqkit.tensor.experts import stack_experts
 
 from cpu_kernel_testing import assert_rel, cpu_levels, gen, isa_param, needs_kernel
 
@@ -35,6 +37,11 @@ CONFIGS = {
     "fp6_e3m2": qk.FP6WeightOnlyConfig(ebits=3),
     "ternary": qk.presets.get("ternary-g32"),
     "w4a8": qk.Int8DynamicActivationIntxWeightConfig(),
+    # Note [Activations fake-quantized before a weight-only kernel]: the weight-only grouped op on quantized inputs
+    "w4a4": qk.Int4DynamicActivationInt4WeightConfig(group_size=32),
+    "fp8_int4": qk.Float8DynamicActivationInt4WeightConfig(group_size=32),
+    "mxfp8_mxfp4": qk.MXDynamicActivationMXWeightConfig(weight="mxfp4"),
+    "nvfp4_nvfp4": qk.NVFP4DynamicActivationNVFP4WeightConfig(),
 }
 OFFS = {  # (M, group ends)
     "empty_groups": (7, [2, 2, 7, 7]),
@@ -202,8 +209,30 @@ def test_moe_entry_points_take_one_grouped_call_per_stack(stacks, name):
             out = call()
         calls = {e.key: e.count for e in prof.key_averages() if e.key.startswith("torchqkit::")}
         assert calls == {f"torchqkit::{op}": 1}, calls
+        xq = fake_quantized_input(stack[0], x)  # activation specs here are per token: the same for any rows
         if out.shape[0] == 7:
-            ref = torch.cat([x[:2] @ w[0].T, x[2:7] @ w[2].T])
+            ref = torch.cat([xq[:2] @ w[0].T, xq[2:7] @ w[2].T])
         else:
-            ref = torch.stack([x[i] @ w[e].T for i, e in enumerate([3, 0, 3, 1])])
+            ref = torch.stack([xq[i] @ w[e].T for i, e in enumerate([3, 0, 3, 1])])
         assert_rel(out, ref, _tol(name, torch.float32), name)
+
+
+@needs_ext
+def test_per_tensor_activation_scales_are_taken_per_expert():
+    """A dynamic per-tensor activation scale spans the rows one expert's linear sees, not the whole sorted input:
+    the grouped op's rows equal each expert's own 2-d linear."""
+    act = qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerTensor())
+    w = torch.randn(E, N, K, generator=gen(10))
+    stack = stack_experts([qk.quantize_weight(w[e], Q.int4, qk.PerGroup(32), qk.PackedIntxLayout(),
+                                              mapping="symmetric", act_quant=act) for e in range(E)], "experts")
+    m, ends = OFFS["empty_groups"]
+    x = torch.randn(m, K, generator=gen(11))
+    x[0] *= 100  # expert 0's rows: a scale 100x the others'
+    out = _grouped(stack, x, torch.tensor(ends))
+    with torch.no_grad():
+        for g, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
+            if end > start:
+                ref = torch.nn.functional.linear(x[start:end], stack[g])
+                assert_rel(out[start:end], ref, TOL[torch.float32], g)
+    # the case matters: one scale over the whole input would quantize expert 2's rows otherwise
+    assert not torch.equal(act.fake_quantize(x)[2:7], act.fake_quantize(x[2:7]))

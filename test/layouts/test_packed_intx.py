@@ -192,5 +192,6 @@ def test_ternary_knob_is_checked():
 
 def test_kernel_status_reports_the_kernel_and_the_reference_path():
     rows = [r for r in qk.kernels.status() if r["layout"] == "packed_intx"]
-    assert [r["path"].split(" ")[0] for r in rows] == ["torchqkit::linear_intxwo", "torchqkit::linear_ternarywo",
-                                                      "torchqkit::linear_int8da_int4_packed", "reference", "reference"]
+    assert [r["path"].split(" ")[0] for r in rows] == [
+        "torchqkit::linear_intxwo", "torchqkit::linear_ternarywo", "torchqkit::linear_int8da_int4_packed",
+        "torchqkit::linear_intxwo", "torchqkit::linear_ternarywo", "reference"]

@@ -95,7 +95,7 @@ PRESETS: dict[str, Callable[[], QuantConfig | ModuleConfigs]] = {
     "fp8-dyn-row-fnuz": lambda: Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(),
                                                                           activation_dtype="float8_e4m3fnuz",
                                                                           weight_dtype="float8_e4m3fnuz"),
-    # 4-bit activations: on an LLM after qk.rotate_ (QuaRot); reference path on every backend so far
+    # 4-bit activations: on an LLM after qk.rotate_ (QuaRot); the weight-only kernels on fake-quantized activations
     "int4-dyn-int4-g32": lambda: Int4DynamicActivationInt4WeightConfig(group_size=32),
     "fp8-dyn-int4-g32": lambda: Float8DynamicActivationInt4WeightConfig(group_size=32),
     "mxfp8-dyn-mxfp4": lambda: MXDynamicActivationMXWeightConfig(weight="mxfp4"),

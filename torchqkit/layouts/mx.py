@@ -31,7 +31,7 @@ from ..core.primitives import pad_to, padded_shape
 from ..core.qdtype import float8_e4m3fn, float8_e5m2, fp4_e2m1
 from ..kernels.ops.common import pack_nibbles, split_nibbles
 from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
-from .routes import GroupedRoute, Route, reference_linear
+from .routes import GroupedRoute, Route, grouped_on_fake_quantized_input, on_fake_quantized_input
 
 MX_BLOCK = 32
 E8M0_BIAS = 127
@@ -134,8 +134,8 @@ def _mx_grouped_call(fn, tensors, w, x, offs):
 MXLayout.routes = (
     Route("MXFP8 / MXFP4 weight-only", lambda w, x: w.act_quant is None, op="torchqkit::linear_mxwo", call=_mx_call,
           grouped=GroupedRoute("torchqkit::grouped_linear_mxwo", _mx_grouped_call)),
-    Route("MXFP8 / MXFP4 weights x MXFP8 dynamic activations (per token and 32 features)",
-          lambda w, x: w.act_quant is not None, aten=reference_linear,
-          aten_name="reference (activations fake-quantized to MXFP8, then dequantize + F.linear)",
-          why="no MX x MX kernel yet on any backend; the reference computes the same product in float32"),
+    Route("MXFP8 / MXFP4 weights x MXFP8 dynamic activations (per token and 32 features): activations "
+          "fake-quantized, then the weight-only kernel", lambda w, x: w.act_quant is not None,
+          op="torchqkit::linear_mxwo", call=on_fake_quantized_input(_mx_call),
+          grouped=GroupedRoute("torchqkit::grouped_linear_mxwo", grouped_on_fake_quantized_input(_mx_grouped_call))),
 )

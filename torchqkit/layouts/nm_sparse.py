@@ -42,7 +42,7 @@ from ..core.qdtype import QKind
 from ..kernels.ops.linear_intxwo import pack_intx_fields
 from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout, scale_specs
 from .nm_format import check_nm_mask, check_pattern, nm_mask, pack_nm, position_bits
-from .routes import Route, reference_linear
+from .routes import Route, on_fake_quantized_input, reference_linear
 
 __all__ = ["NMSparseLayout"]
 
@@ -218,10 +218,13 @@ NMSparseLayout.routes = (
     Route("integer codes of 1..8 bits, weight-only (any zero point domain, per-group / per-row)",
           lambda w, x: w.act_quant is None and w.qdtype.kind is QKind.INT, op="torchqkit::linear_nm_sparse_wo",
           call=_nm_sparse_call),
-    Route("float values, float8 codes, or dynamic activations", lambda w, x: True, aten=reference_linear,
+    Route("integer codes of 1..8 bits x quantized activations: activations fake-quantized, then the weight-only "
+          "kernel", lambda w, x: w.act_quant is not None and w.qdtype.kind is QKind.INT,
+          op="torchqkit::linear_nm_sparse_wo", call=on_fake_quantized_input(_nm_sparse_call)),
+    Route("float values or float8 codes", lambda w, x: True, aten=reference_linear,
           aten_name="reference (dequantize with pruned entries 0, activations fake-quantized, then F.linear)",
-          why="no N:M kernel reads float / float8 kept values or quantized activations yet; the reference computes "
-              "the same product in float32"),
+          why="no N:M kernel reads float / float8 kept values yet; the reference computes the same product in "
+              "float32"),
 )
 
 

@@ -36,7 +36,7 @@ from ..core.qdtype import fp4_e2m1
 from ..kernels.ops.common import pack_nibbles, split_nibbles
 from ..kernels.ops.linear_nvfp4wo import NVFP4_BLOCK, nvfp4_block_scales
 from .base import Layout, PackedSpec, PlainParts, WeightFormat, pad_features, register_layout
-from .routes import GroupedRoute, Route, reference_linear
+from .routes import GroupedRoute, Route, grouped_on_fake_quantized_input, on_fake_quantized_input
 
 
 @register_layout("nvfp4")
@@ -109,8 +109,9 @@ def _nvfp4_grouped_call(fn, tensors, w, x, offs):
 NVFP4Layout.routes = (
     Route("NVFP4 weight-only", lambda w, x: w.act_quant is None, op="torchqkit::linear_nvfp4wo", call=_nvfp4_call,
           grouped=GroupedRoute("torchqkit::grouped_linear_nvfp4wo", _nvfp4_grouped_call)),
-    Route("NVFP4 weights x NVFP4 dynamic activations (per token and 16 features)",
-          lambda w, x: w.act_quant is not None, aten=reference_linear,
-          aten_name="reference (activations fake-quantized to NVFP4, then dequantize + F.linear)",
-          why="no NVFP4 x NVFP4 kernel yet on any backend; the reference computes the same product in float32"),
+    Route("NVFP4 weights x NVFP4 dynamic activations (per token and 16 features): activations fake-quantized, "
+          "then the weight-only kernel", lambda w, x: w.act_quant is not None, op="torchqkit::linear_nvfp4wo",
+          call=on_fake_quantized_input(_nvfp4_call),
+          grouped=GroupedRoute("torchqkit::grouped_linear_nvfp4wo",
+                               grouped_on_fake_quantized_input(_nvfp4_grouped_call))),
 )

@@ -10,8 +10,9 @@ byte boundary, so slicing out_features is a row view; slices along in_features c
 
 Linear (routes below): weight-only, not ternary: ``torchqkit::linear_intxwo`` on these bytes (C++ CPU kernels);
 ternary planes weight-only: ``torchqkit::linear_ternarywo`` (table lookups, no multiplies by weights);
-int8 dynamic activations x int4: ``torchqkit::linear_int8da_int4_packed``; ternary planes with activation
-quantization run the reference (dequantize + F.linear). ``torchqkit.kernels.status()`` reports which.
+int8 dynamic activations x int4: ``torchqkit::linear_int8da_int4_packed``; any other activation quantization: the
+weight-only op on the fake-quantized input (Note [Activations fake-quantized before a weight-only kernel] in
+routes.py). ``torchqkit.kernels.status()`` reports which.
 
 Note [Packed intx bits]
 ~~~~~~~~~~~~~~~~~~~~~~~
@@ -49,7 +50,7 @@ from ..kernels.ops.linear_intxwo import intx_fields, pack_intx_fields
 from ..kernels.ops.linear_ternarywo import ternary_codes
 from .base import (Layout, PackedSpec, PlainParts, WeightFormat, kernel_reach_problem, pad_features, register_layout,
                    scale_specs)
-from .routes import GroupedRoute, Route, reference_linear
+from .routes import GroupedRoute, Route, grouped_on_fake_quantized_input, on_fake_quantized_input
 
 
 
@@ -63,8 +64,8 @@ class PackedIntxLayout(Layout):
     (uint8), ``scale`` and ``zero_point`` (None without a zero point). It is the default layout of
     ``IntxWeightOnlyConfig`` below 8 bits and of ``Int8DynamicActivationIntxWeightConfig`` at 4 bits. Weight-only
     linears run ``torchqkit::linear_intxwo``, int8 dynamic activations x int4 ``torchqkit::linear_int8da_int4_packed``;
-    ternary planes ``torchqkit::linear_ternarywo`` (additions of table entries, no multiplies by weights);
-    ternary planes with activation quantization and other activation quantization run the reference.
+    ternary planes ``torchqkit::linear_ternarywo`` (additions of table entries, no multiplies by weights); other
+    activation quantization runs the weight-only op on the fake-quantized input.
 
     Args:
         ternary (bool): store int2 codes that are all in {-1, 0, 1} as two bit planes per 8 codes (still 2 bits
@@ -247,9 +248,15 @@ PackedIntxLayout.routes = (
           "point), per group of 8..128 (dividing 128) or multiples of 128, or per channel", _int8_int4_applies,
           op="torchqkit::linear_int8da_int4_packed", call=_int8_int4_call,
           grouped=GroupedRoute("torchqkit::grouped_linear_int8da_int4_packed", _int8_int4_grouped_call)),
-    Route("int4 or float8 dynamic act x 1..7-bit int weight", lambda w, x: w.act_quant is not None and
-          w.act_quant.qdtype != int8, aten=reference_linear,
-          aten_name="reference (activations fake-quantized, then dequantize + F.linear)",
-          why="no int4 x int4 or float8 x int4 kernel yet on any backend; the reference computes the same product "
-              "in float32"),
+    Route("any other activation quantization (int4 / float8, int8 the kernel above doesn't take) x 1..7-bit int "
+          "weight, not ternary: activations fake-quantized, then the weight-only kernel",
+          lambda w, x: w.act_quant is not None and not w.qlayout.ternary, op="torchqkit::linear_intxwo",
+          call=on_fake_quantized_input(_intx_call),
+          grouped=GroupedRoute("torchqkit::grouped_linear_intxwo",
+                               grouped_on_fake_quantized_input(_intx_grouped_call))),
+    Route("ternary planes x any activation quantization: activations fake-quantized, then the weight-only kernel",
+          lambda w, x: w.act_quant is not None and w.qlayout.ternary, op="torchqkit::linear_ternarywo",
+          call=on_fake_quantized_input(_ternary_call),
+          grouped=GroupedRoute("torchqkit::grouped_linear_ternarywo",
+                               grouped_on_fake_quantized_input(_ternary_grouped_call))),
 )

@@ -28,7 +28,8 @@ from ..kernels import KERNEL_ACT_DTYPES, cpu_backend, linear_op
 from ..kernels.preference import KernelPreference
 
 __all__ = ["Route", "GroupedRoute", "quantized_linear", "reference_linear", "route_for", "route_rows",
-           "flatten_tokens", "in_dtype_of", "empty_linear"]
+           "flatten_tokens", "in_dtype_of", "empty_linear", "fake_quantized_input", "on_fake_quantized_input",
+           "grouped_on_fake_quantized_input"]
 
 
 @dataclass(frozen=True)
@@ -96,12 +97,55 @@ def empty_linear(w, x: torch.Tensor) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], w.logical_shape[0])
 
 
+def fake_quantized_input(w, x: torch.Tensor) -> torch.Tensor:
+    """``x`` quantized by the weight's ActivationQuantSpec and dequantized again (x itself without one): what the
+    quantized matmul multiplies, in x's dtype and shape."""
+    if w.act_quant is None:
+        return x
+    return w.act_quant.fake_quantize(flatten_tokens(x)).reshape(x.shape)
+
+
 def reference_linear(w, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """Dequantize the weight (and fake-quantize the activation when the weight carries an ActivationQuantSpec),
     then a float ``F.linear``: the definition every route's kernel is tested against."""
-    if w.act_quant is not None:
-        x = w.act_quant.fake_quantize(flatten_tokens(x)).reshape(x.shape)
-    return F.linear(x, in_dtype_of(x, w.dequantize()), in_dtype_of(x, bias))
+    return F.linear(fake_quantized_input(w, x), in_dtype_of(x, w.dequantize()), in_dtype_of(x, bias))
+
+
+# Note [Activations fake-quantized before a weight-only kernel]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A product whose activation format has no integer / low-precision matmul on the device (int4, float8 or MXFP8 /
+# NVFP4 activations on a CPU: no instruction multiplies them) is defined as F.linear(fake_quantize(x), dequantize(w))
+# (reference_linear). Its routes compute exactly that with the layout's weight-only kernel in place of dequantize +
+# F.linear: the activation is quantized and dequantized by the spec's own torch ops (the reference's code, so the
+# codes are the reference's; fused into the graph under torch.compile), and the kernel reads the weight's bytes as
+# stored. The result is the reference's product up to the kernel's float summation order, at the weight-only
+# kernel's speed (it reads the same bytes), where dequantizing the whole weight per call cost ~1000x that at M = 1.
+
+def on_fake_quantized_input(call: Callable) -> Callable:
+    """A Route ``call`` run on the fake-quantized input (Note [Activations fake-quantized before a weight-only
+    kernel])."""
+    return lambda fn, w, x, bias: call(fn, w, fake_quantized_input(w, x), bias)
+
+
+def grouped_on_fake_quantized_input(call: Callable) -> Callable:
+    """A GroupedRoute ``call`` run on the fake-quantized input, each expert's rows quantized as that expert's own
+    linear quantizes them."""
+    return lambda fn, tensors, w, x, offs: call(fn, tensors, w, _fake_quantized_groups(w, x, offs), offs)
+
+
+def _fake_quantized_groups(w, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Rows ``[offs[g - 1], offs[g])`` of x fake-quantized as group g's linear does it: a scale per token (or token
+    and group of features) or a static one is the same over the whole input; a dynamic per-tensor scale is taken
+    over each group's rows."""
+    spec = w.act_quant
+    if spec is None or not spec.per_tensor or spec.static_scale is not None:
+        return fake_quantized_input(w, x)
+    out, start = x.clone(), 0
+    for end in offs.tolist():  # one host sync for all groups
+        if end > start:
+            out[start:end] = spec.fake_quantize(x[start:end])
+        start = max(start, end)
+    return out
 
 
 def route_for(w, x: torch.Tensor) -> Route | None:

@@ -2,10 +2,11 @@
 Float8DynamicActivationInt4WeightConfig (W4A8 with float8 activations).
 
 Weights: symmetric int4 codes per group of input features (or per output channel) in PackedIntxLayout. The
-Linear's input is quantized on every call from the ActivationQuantSpec stored on the weight. No kernel takes these
-products yet: they run on the reference path (the activation fake-quantized, the weight dequantized, F.linear), and
-``torchqkit.kernels.status()`` lists them so. 4-bit activations need ``rotate_`` first on an LLM: without it a
-few outlier features set each token's scale and flatten the rest.
+Linear's input is quantized on every call from the ActivationQuantSpec stored on the weight. No CPU instruction
+multiplies int4 or float8 activations, so the input is quantized and dequantized (fake-quantized) and the weight-only
+kernel ``torchqkit::linear_intxwo`` multiplies it with the stored codes (Note [Activations fake-quantized before a
+weight-only kernel] in layouts/routes.py); ``torchqkit.kernels.status()`` lists the route. 4-bit activations need
+``rotate_`` first on an LLM: without it a few outlier features set each token's scale and flatten the rest.
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ class Int4DynamicActivationInt4WeightConfig(QuantConfig):
     Each Linear's weight becomes symmetric int4 codes with one scale per ``group_size`` input features (or per
     output channel), two codes per byte (``PackedIntxLayout``); its input is quantized to int4 per token (or per
     token and group of ``act_group_size`` features) on every call. On an LLM, call ``rotate_`` first (QuaRot):
-    4-bit activations lose too much to outlier features otherwise. Runs on the reference path (no int4 x int4
-    kernel yet; ``torchqkit.kernels.status()`` lists it).
+    4-bit activations lose too much to outlier features otherwise. The product runs the weight-only kernel
+    ``torchqkit::linear_intxwo`` on the fake-quantized input (``torchqkit.kernels.status()`` lists it).
 
     Args:
         group_size (int | None): weight input features per scale; None: one scale per output channel. Default 32.
@@ -96,8 +97,8 @@ class Float8DynamicActivationInt4WeightConfig(QuantConfig):
     """float8 activations quantized at run time (one scale per token) x symmetric int4 weights.
 
     Weights as ``Int4DynamicActivationInt4WeightConfig``; each Linear's input is quantized to float8 with one
-    float32 scale per token on every call. Runs on the reference path (no float8 x int4 kernel yet;
-    ``torchqkit.kernels.status()`` lists it).
+    float32 scale per token on every call. The product runs the weight-only kernel ``torchqkit::linear_intxwo`` on
+    the fake-quantized input (``torchqkit.kernels.status()`` lists it).
 
     Args:
         group_size (int | None): weight input features per scale; None: one scale per output channel. Default 32.

@@ -115,7 +115,8 @@ class MXDynamicActivationMXWeightConfig(QuantConfig):
     Weights as ``MXFP4WeightOnlyConfig`` (``weight="mxfp4"``) or ``MXFP8WeightOnlyConfig`` (``"mxfp8"``, e4m3
     elements). Each Linear's input is quantized on every call to float8 e4m3 with one power-of-two scale per token
     and block of 32 input features, chosen as the OCP MX spec says (the MX block runs along K for activations as
-    for weights). Runs on the reference path (no MX x MX kernel yet; ``torchqkit.kernels.status()`` lists it).
+    for weights). The product runs the weight-only kernel ``torchqkit::linear_mxwo`` on the fake-quantized input
+    (``torchqkit.kernels.status()`` lists it).
 
     Args:
         activation (str): the activation format: ``"mxfp8"`` (default; the only one).

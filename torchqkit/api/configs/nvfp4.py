@@ -63,8 +63,8 @@ class NVFP4DynamicActivationNVFP4WeightConfig(QuantConfig):
 
     Weights as ``NVFP4WeightOnlyConfig``. Each linear quantizes its input to e2m1 with a float8 e4m3 scale per token
     and block of 16 features under one power-of-two scale per call (the W4A4 scheme of compressed-tensors' NVFP4
-    preset). On CPU the product runs on the reference path (activations fake-quantized, then dequantize +
-    ``F.linear``); ``torchqkit.kernels.status()`` lists it.
+    preset). The product runs the weight-only kernel ``torchqkit::linear_nvfp4wo`` on the fake-quantized input
+    (quantized and dequantized); ``torchqkit.kernels.status()`` lists it.
 
     Args:
         kernel_preference (KernelPreference): which implementation serves the quantized matmul; default
