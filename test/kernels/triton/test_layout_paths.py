@@ -53,6 +53,10 @@ def test_triton_preference_compiles_fullgraph(device):
     (qk.MXFP4WeightOnlyConfig, "linear_mxwo"),
     (qk.NVFP4WeightOnlyConfig, "linear_nvfp4wo"),
     (qk.FP6WeightOnlyConfig, "linear_fp6wo"),
+    (lambda **kw: qk.IntxWeightOnlyConfig(bits=3, **kw), "linear_intxwo"),
+    (lambda **kw: qk.IntxWeightOnlyConfig(bits=2, mapping="symmetric_no_clipping_err",
+                                          layout=qk.PackedIntxLayout(ternary=True), **kw), "linear_ternarywo"),
+    (qk.Int4DynamicActivationInt4WeightConfig, "linear_intxwo"),
     (_sparse_int8, "linear_nm_sparse_wo"),
     (qk.Float8DynamicActivationFloat8WeightConfig, "scaled_mm_fp8_rowwise"),
 ])

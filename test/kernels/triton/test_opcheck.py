@@ -27,6 +27,8 @@ def _samples(device="cpu"):
     f8 = _weight(qk.Float8WeightOnlyConfig(), 37, 64, device)
     nv = _weight(qk.NVFP4WeightOnlyConfig(), 37, 64, device)
     f6 = _weight(qk.FP6WeightOnlyConfig(ebits=2, group_size=32), 37, 64, device)
+    ix = _weight(qk.IntxWeightOnlyConfig(bits=3, granularity=qk.PerGroup(32), mapping="asymmetric"), 37, 64, device)
+    tn = _weight(qk.presets.get("ternary-g32"), 37, 64, device)
     ns = _weight(qk.SparsityConfig(pattern=(2, 4), base=qk.Int4WeightOnlyConfig(group_size=32)), 37, 64, device)
     a = torch.randn(3, 64, device=device).to(torch.float8_e4m3fn)
     b = torch.randn(37, 64, device=device).to(torch.float8_e5m2)
@@ -39,6 +41,8 @@ def _samples(device="cpu"):
         "linear_nvfp4wo": (x, nv.qdata, nv.scale, nv.global_scale, bias),
         "linear_fp6wo": (x, f6.qdata, f6.scale, 2, bias),
         "linear_int8wo_plain": (x, i8.qdata, i8.scale, bias),
+        "linear_intxwo": (x, ix.qdata, ix.scale, ix.zero_point, 3, True, "int", bias),
+        "linear_ternarywo": (x, tn.qdata, tn.scale, bias),
         "linear_nm_sparse_wo": (x, ns.kept, ns.positions, ns.scale, ns.zero_point, 2, 4, 4, False, "float", bias),
         "scaled_mm_fp8_rowwise": (a, b, sa, sb, bias, torch.float32),
         "sdpa_quantized_kv_cache": _kv_args(device),
@@ -79,6 +83,8 @@ def test_reference_only_op(name):
 
 def test_the_interpreter_registers_every_triton_kernel():
     assert sorted(TRITON_OPS) == ["torchqkit::linear_fp6wo", "torchqkit::linear_fp8wo", "torchqkit::linear_int4wo_tiled",
-                                  "torchqkit::linear_int8wo_plain", "torchqkit::linear_mxwo", "torchqkit::linear_nf4wo",
+                                  "torchqkit::linear_int8wo_plain", "torchqkit::linear_intxwo",
+                                  "torchqkit::linear_mxwo", "torchqkit::linear_nf4wo",
                                   "torchqkit::linear_nm_sparse_wo", "torchqkit::linear_nvfp4wo",
+                                  "torchqkit::linear_ternarywo",
                                   "torchqkit::scaled_mm_fp8_rowwise", "torchqkit::sdpa_quantized_kv_cache"]

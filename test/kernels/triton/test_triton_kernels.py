@@ -173,6 +173,57 @@ def test_nvfp4_and_fp6(config, m, dtype, device):
 
 
 @pytest.mark.parametrize("config", [
+    pytest.param(qk.IntxWeightOnlyConfig(bits=3, granularity=qk.PerGroup(16)), id="bits3-sym-g16"),
+    pytest.param(qk.IntxWeightOnlyConfig(bits=5, granularity=qk.PerRow(), mapping="asymmetric"), id="bits5-asym-row"),
+    pytest.param(qk.IntxWeightOnlyConfig(bits=2, granularity=qk.PerGroup(16), algorithm="hqq"), id="bits2-hqq-g16"),
+    pytest.param(qk.IntxWeightOnlyConfig(bits=7, granularity=qk.PerGroup(16)), id="bits7-g16"),
+    pytest.param(qk.Int4DynamicActivationInt4WeightConfig(group_size=16), id="w4a4-g16"),
+])
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed_intx(config, m, dtype, device):
+    _check_case(device, m, dtype)
+    n, k = 37, 48  # 48 * bits / 8 bytes: a 64-wide K step reads past K (masked); bits 3 / 5 / 7 fields cross bytes
+    w = _weight(config, n, k, dtype, device)
+    x, bias = _x(m, k, dtype, n, device)
+    out = torch.ops.torchqkit_triton.linear_intxwo(x, w.qdata, w.scale, w.zero_point, w.qdtype.bits,
+                                                   w.qdtype.signed, w.zero_point_domain.value, bias)
+    torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
+
+
+@pytest.mark.parametrize("k,granularity", [pytest.param(48, qk.PerGroup(16), id="K48-g16"),
+                                           pytest.param(40, qk.PerRow(), id="K40-row")])
+@pytest.mark.parametrize("m", MS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ternary(k, granularity, m, dtype, device):
+    _check_case(device, m, dtype)
+    n = 37
+    config = qk.IntxWeightOnlyConfig(bits=2, granularity=granularity, mapping="symmetric_no_clipping_err",
+                                     layout=qk.PackedIntxLayout(ternary=True))
+    w = _weight(config, n, k, dtype, device)
+    assert set(w.dequantize().sign().unique().tolist()) == {-1.0, 0.0, 1.0}
+    x, bias = _x(m, k, dtype, n, device)
+    out = torch.ops.torchqkit_triton.linear_ternarywo(x, w.qdata, w.scale, bias)
+    torch.testing.assert_close(out.float(), _expected(x, w, bias), **TOL[dtype])
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda x, w: torch.ops.torchqkit_triton.linear_intxwo(x, w.qdata, w.scale, None, 4, True, "none"),
+     r"qdata \(N, ceil\(K \* bits / 8\)\) uint8 for K = 48"),
+    (lambda x, w: torch.ops.torchqkit_triton.linear_intxwo(x, w.qdata, w.scale, None, 3, True, "int"),
+     "'int' or 'float' with one"),
+    (lambda x, w: torch.ops.torchqkit_triton.linear_ternarywo(x, w.qdata, w.scale),
+     r"planes must be \(N, 2 \* ceil\(K / 8\)\) uint8 for K = 48"),
+], ids=["intx-bits", "intx-zero-point", "ternary-planes"])
+def test_packed_intx_bad_input(make, message):
+    if not INTERPRET:
+        pytest.skip("Triton kernels run on CPU tensors only under TRITON_INTERPRET=1")
+    w = _weight(qk.IntxWeightOnlyConfig(bits=3, granularity=qk.PerGroup(16)), 37, 48, torch.float32)
+    with pytest.raises(ValueError, match=message):
+        make(torch.randn(2, 48), w)
+
+
+@pytest.mark.parametrize("config", [
     pytest.param(qk.Float8WeightOnlyConfig(), id="e4m3fn-per-row"),
     pytest.param(qk.Float8WeightOnlyConfig(weight_dtype=float8_e5m2, granularity=qk.PerTensor()), id="e5m2-tensor"),
     pytest.param(qk.Float8WeightOnlyConfig(granularity=qk.PerBlock((8, 16))), id="e4m3fn-block8x16"),

@@ -23,9 +23,10 @@ It holds no second definition: schema and fake come from the torchqkit op, TRITO
 and a test compares every schema with its torchqkit op's.
 """
 from . import (float8_rowwise, float8_weight_only, fp6_weight_only, int4_tiled_gemm, int4_tiled_gemv, int8_weight_only,
-               mx_weight_only, nf4_weight_only, nm_sparse_weight_only, nvfp4_weight_only, quantized_kv_attention)
+               intx_weight_only, mx_weight_only, nf4_weight_only, nm_sparse_weight_only, nvfp4_weight_only,
+               quantized_kv_attention)
 from .registration import INTERPRET, TRITON_OPS, gpu_family
 
 __all__ = ["INTERPRET", "TRITON_OPS", "gpu_family", "float8_rowwise", "float8_weight_only", "int4_tiled_gemm", "int4_tiled_gemv",
            "int8_weight_only", "mx_weight_only", "nf4_weight_only", "nvfp4_weight_only", "fp6_weight_only",
-           "nm_sparse_weight_only", "quantized_kv_attention"]
+           "nm_sparse_weight_only", "intx_weight_only", "quantized_kv_attention"]
