@@ -20,6 +20,10 @@ Targets:
 - M = 256, every weight-only format, float32 activations: >= 1.5x fp32 F.linear with AVX-512, >= 1.0x below (bf16
   activations recorded, not checked).
 - int8 dynamic x int8 / int4 at M = 256: >= 7x fp32 F.linear with VNNI (AVX-512 or AVX-VNNI), >= 2.5x on AVX2.
+- The 4-bit / float8 / MX / NVFP4 activation configs (W4A4, float8 x int4, MXFP8 x MXFP4, NVFP4 x NVFP4): the weight
+  bytes at M = 1 as the weight-only formats, and M = 256 as them (they run the integer kernel with int4 codes, or
+  the weight-only kernels on the fake-quantized input).
+- ternary (bit planes, table lookups) at M = 1: >= 1.5x the packed int2 kernel (the same group scales).
 """
 from __future__ import annotations
 
@@ -47,8 +51,11 @@ LEVEL_ENV = {
     "avx_vnni": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI"},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
 }
-WEIGHT_ONLY = ("int8-wo", "int4-wo-g128", "nf4-b64", "fp8-wo", "mxfp4", "mxfp8", "intx4-wo-sym-g32+bits3")
+WEIGHT_ONLY = ("int8-wo", "int4-wo-g128", "nf4-b64", "fp8-wo", "mxfp4", "mxfp8", "intx4-wo-sym-g32+bits3", "nvfp4",
+               "fp6-e2m3", "fp6-e3m2")
 DYNAMIC = ("int8-dyn-int8", "int8-dyn-int4-g32+g128")
+LOW_BIT_ACTIVATIONS = ("int4-dyn-int4-g32", "fp8-dyn-int4-g32", "mxfp8-dyn-mxfp4", "nvfp4-dyn-nvfp4")
+TERNARY, INT2 = "ternary-g32", "intx4-wo-sym-g32+bits2"  # both int2 codes with an absmax-style scale per 32
 QUICK = ("int8-wo", "int4-wo-g128", "nf4-b64", "int8-dyn-int8")  # --quick: each kind of cell once
 
 
@@ -79,7 +86,8 @@ def _row(target, config, m, value, unit, goal, **extra) -> dict:
     return dict(target=target, config=config, M=m, value=value, unit=unit, goal=goal, **extra)
 
 
-def measure(level: str, k: int, n: int, timer: Timer, probe_bytes: int, names=WEIGHT_ONLY + DYNAMIC) -> list[dict]:
+def measure(level: str, k: int, n: int, timer: Timer, probe_bytes: int,
+            names=WEIGHT_ONLY + DYNAMIC + LOW_BIT_ACTIVATIONS) -> list[dict]:
     """This process's rows (it runs at `level`): one dict per target cell."""
     g = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=g) * 0.02
@@ -93,6 +101,8 @@ def measure(level: str, k: int, n: int, timer: Timer, probe_bytes: int, names=WE
         acts = {"f32": x, "bf16": xb}
         if m == 1:
             for name, q in weights.items():
+                if name in (TERNARY, INT2):
+                    continue  # their target is the ratio below
                 nbytes = stored_bytes(q)
                 for act, xa in acts.items():
                     if name in DYNAMIC and act == "bf16":
@@ -105,6 +115,13 @@ def measure(level: str, k: int, n: int, timer: Timer, probe_bytes: int, names=WE
                     goal = 0.9 if name in DYNAMIC else bw_goal
                     rows.append(_row(f"M=1 {act} x: share of read bandwidth", name, m, 100 * nbytes / t / 1e9 / bw, "%",
                                      100 * goal, read_bw_gbs=bw, cached_gbs=nbytes / cached / 1e9, op=op))
+            if TERNARY in names:
+                times = {}
+                for name in (INT2, TERNARY):
+                    fn, _ = direct_call(weights[name], x)
+                    times[name] = timer(fn, weights[name], cold=True)
+                rows.append(_row("M=1 f32 x: x the packed int2 kernel", TERNARY, m, times[INT2] / times[TERNARY], "x",
+                                 1.5, op=direct_call(weights[TERNARY], x)[1]))
             q = weights["int4-wo-g128"]
             packed, sz = torch_int4_pack(q, k, n, 128)
             fn, _ = direct_call(q, xb)
@@ -123,6 +140,8 @@ def measure(level: str, k: int, n: int, timer: Timer, probe_bytes: int, names=WE
                         continue
                     fn, op = direct_call(q, xa)
                     t = timer(fn, q)
+                    if name in (TERNARY, INT2):
+                        continue  # their target is the decode ratio
                     if name in DYNAMIC:
                         goal = 7.0 if has_vnni(level) else 2.5
                     else:
@@ -167,7 +186,8 @@ def main(argv=None) -> int:
         got = machine.isa_level()
         if got != args.child:
             raise SystemExit(f"asked for ISA level {args.child}, the extension runs {got}")
-        print(json.dumps(measure(args.child, k, n, timer, probe_bytes, QUICK if args.quick else WEIGHT_ONLY + DYNAMIC)))
+        names = QUICK if args.quick else WEIGHT_ONLY + DYNAMIC + LOW_BIT_ACTIVATIONS + (TERNARY, INT2)
+        print(json.dumps(measure(args.child, k, n, timer, probe_bytes, names)))
         return 0
     levels = (args.levels.split(",") if args.levels else [machine.isa_level()] if args.quick else
               levels_this_cpu_runs())

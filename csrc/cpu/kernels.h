@@ -93,12 +93,13 @@ struct DynamicActArgs {
 };
 
 // Rows [m0, m1) of x (fp32, row stride ldx) -> shifted codes, scale and 128 + zero point, with the
-// oracle's numerics (core/primitives.py): symmetric s = amax / 127.5, asymmetric s = (hi - lo) / 255 with
-// lo <= 0 <= hi and zp = clamp(-128 - round(lo / s)); zero range -> s = 1; s >= float32 eps; s capped at
+// oracle's numerics (core/primitives.py) for `bits`-bit codes qmin..qmax (int8: -128..127; int4: -8..7, stored in
+// the same bytes): symmetric s = amax / ((qmax - qmin) / 2), asymmetric s = (hi - lo) / (qmax - qmin) with
+// lo <= 0 <= hi and zp = clamp(qmin - round(lo / s)); zero range -> s = 1; s >= float32 eps; s capped at
 // float32's edge (Note [Finite range]);
-// q = clamp(round_half_even(x / s) [+ zp], -128, 127).
+// q = clamp(round_half_even(x / s) [+ zp], qmin, qmax), stored as q + 128.
 void quantize_rows(Isa isa, const float* x, int64_t ldx, int64_t K, bool symmetric, uint8_t* a, int64_t lda,
-                   float* scale, int32_t* zp128, int64_t m0, int64_t m1);
+                   float* scale, int32_t* zp128, int64_t m0, int64_t m1, int bits = 8);
 
 // Work split: the glue calls these on blocks of `*_block_rows(...)` weight rows (the last one shorter).
 int64_t weight_only_block_rows(Isa isa, const WeightOnlyArgs& p);

@@ -46,16 +46,22 @@ constexpr float kScaleEps = FLT_MIN;  // the oracle's floor: finfo(float32).tiny
 // ISA's quantize_rows calls them once per row.
 constexpr float kFiniteLimit = FLT_MAX * (1.f - FLT_EPSILON);
 
-inline float symmetric_act_scale(float amax) {  // int8 codes -128..127 around 0: the largest offset is 128
-  const float s = amax > 0.f ? std::max(amax / 127.5f, kScaleEps) : 1.f;
-  return std::min(s, kFiniteLimit / 128.f);
+// The code range of `bits`-bit activation codes: qmin = -2^(bits - 1), qmax = 2^(bits - 1) - 1 (int8 and int4).
+inline float act_qmin(int bits) { return -(float)(1 << (bits - 1)); }
+inline float act_qmax(int bits) { return (float)((1 << (bits - 1)) - 1); }
+
+inline float symmetric_act_scale(float amax, int bits) {  // codes qmin..qmax around 0: the largest offset is -qmin
+  const float half_range = (act_qmax(bits) - act_qmin(bits)) / 2.f;  // 127.5, 7.5: exact
+  const float s = amax > 0.f ? std::max(amax / half_range, kScaleEps) : 1.f;
+  return std::min(s, kFiniteLimit / -act_qmin(bits));
 }
 
-inline float asymmetric_act_scale(float lo, float hi, int* zp) {  // lo <= 0 <= hi
-  const float span = hi - lo;
-  const float s = span > 0.f ? std::max(std::isfinite(span) ? span / 255.f : hi / 255.f - lo / 255.f, kScaleEps) : 1.f;
-  *zp = (int)std::fmin(std::fmax(-128.f - std::nearbyint(lo / s), -128.f), 127.f);
-  return std::min(s, kFiniteLimit / (float)std::max(*zp + 128, 127 - *zp));  // the zero point stays, as the oracle's
+inline float asymmetric_act_scale(float lo, float hi, int* zp, int bits) {  // lo <= 0 <= hi
+  const float qmin = act_qmin(bits), qmax = act_qmax(bits), range = qmax - qmin, span = hi - lo;
+  const float s = span > 0.f ? std::max(std::isfinite(span) ? span / range : hi / range - lo / range, kScaleEps) : 1.f;
+  *zp = (int)std::fmin(std::fmax(qmin - std::nearbyint(lo / s), qmin), qmax);
+  // the zero point stays, as the oracle's
+  return std::min(s, kFiniteLimit / std::max((float)*zp - qmin, qmax - (float)*zp));
 }
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -65,7 +71,8 @@ const float kNaN = std::numeric_limits<float>::quiet_NaN();
 namespace scalar {
 
 void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8_t* a, int64_t lda,
-                   float* scale, int32_t* zp128, int64_t m0, int64_t m1) {
+                   float* scale, int32_t* zp128, int64_t m0, int64_t m1, int bits) {
+  const float qmin = act_qmin(bits), qmax = act_qmax(bits);
   for (int64_t m = m0; m < m1; ++m) {
     const float* xr = x + m * ldx;
     uint8_t* ar = a + m * lda;
@@ -78,16 +85,16 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8
     } else if (symmetric) {
       float amax = 0.f;
       for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(xr[k]));
-      s = symmetric_act_scale(amax);
+      s = symmetric_act_scale(amax, bits);
     } else {
       float lo = 0.f, hi = 0.f;  // the range always contains 0, so 0.0 maps to a code exactly
       for (int64_t k = 0; k < K; ++k) { lo = std::min(lo, xr[k]); hi = std::max(hi, xr[k]); }
-      s = asymmetric_act_scale(lo, hi, &zp);
+      s = asymmetric_act_scale(lo, hi, &zp, bits);
     }
     const float fzp = (float)zp;
     for (int64_t k = 0; k < K; ++k) {
       // fmax / fmin return the number when one side is NaN: a non-finite row gets in-range codes.
-      const float q = std::fmin(std::fmax(std::nearbyint(xr[k] / s + fzp), -128.f), 127.f);
+      const float q = std::fmin(std::fmax(std::nearbyint(xr[k] / s + fzp), qmin), qmax);
       ar[k] = (uint8_t)((int)q + 128);
     }
     std::memset(ar + K, 0, lda - K);
@@ -730,11 +737,11 @@ const char* isa_name(Isa isa) {
 }
 
 void quantize_rows(Isa isa, const float* x, int64_t ldx, int64_t K, bool symmetric, uint8_t* a, int64_t lda,
-                   float* scale, int32_t* zp128, int64_t m0, int64_t m1) {
-  if (isa == Isa::kAvx512Vnni) return avx512::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1);
+                   float* scale, int32_t* zp128, int64_t m0, int64_t m1, int bits) {
+  if (isa == Isa::kAvx512Vnni) return avx512::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1, bits);
   if (isa == Isa::kAvx2 || isa == Isa::kAvxVnni)
-    return avx2::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1);
-  scalar::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1);
+    return avx2::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1, bits);
+  scalar::quantize_rows(x, ldx, K, symmetric, a, lda, scale, zp128, m0, m1, bits);
 }
 
 int64_t weight_only_block_rows(Isa isa, const WeightOnlyArgs& p) {

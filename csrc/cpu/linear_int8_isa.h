@@ -15,7 +15,7 @@ using I = V::I;
 // holding NaN / Inf would come out finite and wrong. Such a row gets a NaN scale instead, which makes exactly
 // its output row NaN, as F.linear on the float row gives (the oracle's reference does the same).
 void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8_t* a, int64_t lda,
-                   float* scale, int32_t* zp128, int64_t m0, int64_t m1) {
+                   float* scale, int32_t* zp128, int64_t m0, int64_t m1, int bits) {
   constexpr int L = V::L;
   for (int64_t m = m0; m < m1; ++m) {
     const float* xr = x + m * ldx;
@@ -35,15 +35,15 @@ void quantize_rows(const float* x, int64_t ldx, int64_t K, bool symmetric, uint8
     float s;
     int zp = 0;
     if (symmetric) {
-      s = symmetric_act_scale(V::reduce_max(hi));
+      s = symmetric_act_scale(V::reduce_max(hi), bits);
     } else {
-      s = asymmetric_act_scale(V::reduce_min(lo), V::reduce_max(hi), &zp);
+      s = asymmetric_act_scale(V::reduce_min(lo), V::reduce_max(hi), &zp, bits);
     }
     if (!std::isfinite(V::reduce(poison))) {
       s = kNaN;  // Note [non-finite activation rows]
       zp = 0;
     }
-    const F sv = V::set1(s), zv = V::set1((float)zp), qlo = V::set1(-128.f), qhi = V::set1(127.f);
+    const F sv = V::set1(s), zv = V::set1((float)zp), qlo = V::set1(act_qmin(bits)), qhi = V::set1(act_qmax(bits));
     const I shift = V::set1_i(128);
     for (k = 0; k < K; k += L) {
       const bool full = k + L <= K;

@@ -475,11 +475,16 @@ constexpr int64_t kDaInt4LaneSumMaxM = 4;
 
 at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
                                      const std::optional<at::Tensor>& zero_point,
-                                     const std::optional<at::Tensor>& bias, bool act_symmetric, int64_t act_group_size) {
+                                     const std::optional<at::Tensor>& bias, bool act_symmetric, int64_t act_group_size,
+                                     int64_t act_bits) {
   constexpr const char* op = "torchqkit::linear_int8da_int4_packed";
   const auto dt = x.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op,
               ": activations must be float32, bfloat16 or float16, got ", dt);
+  // int4 activation codes (W4A4) are int8 codes of a smaller range: the same kernels sum them (Note [int8 x int4
+  // VNNI]), only quantize_rows' range differs
+  TORCH_CHECK(act_bits == 8 || act_bits == 4, op, ": act_bits must be 8 or 4, got ", act_bits);
+  const int bits = static_cast<int>(act_bits);
   const int64_t K = x.size(-1);
   TORCH_CHECK(qdata.dim() == 2 && qdata.scalar_type() == at::kByte && qdata.size(1) == (K + 1) / 2 &&
                   qdata.stride(1) == 1, op, ": qdata must be uint8 (N, ceil(K / 2)) = (N, ", (K + 1) / 2,
@@ -563,12 +568,13 @@ at::Tensor linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& qdat
       thread_local std::vector<int32_t> gzp;  // quantize_rows' zero-point output, unused: kept across calls
       if ((int64_t)gzp.size() < G) gzp.resize(G);
       for (int64_t m = m0; m < m1; ++m) {
-        quantize_rows(isa, x2.data_ptr<float>() + m * K, g, g, true, a + m * lda, g, a_gscale + m * G, gzp.data(), 0, G);
+        quantize_rows(isa, x2.data_ptr<float>() + m * K, g, g, true, a + m * lda, g, a_gscale + m * G, gzp.data(), 0, G,
+                      bits);
         a_scale[m] = 1.f;
         zp[m] = 128;
       }
     } else {
-      quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a, lda, a_scale, zp, m0, m1);
+      quantize_rows(isa, x2.data_ptr<float>(), K, K, act_symmetric, a, lda, a_scale, zp, m0, m1, bits);
     }
     for (int64_t m = m0; m < m1; ++m) {
       const uint8_t* ar = a + m * lda;
@@ -676,7 +682,7 @@ const DescribeOp kDescribed(
 // [offs[g - 1], offs[g]) of x through expert g (Note [Grouped linear in C++], grouped_rows.h).
 at::Tensor grouped_linear_int8da_int4_packed(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
                                              const at::Tensor& scale, const std::optional<at::Tensor>& zero_point,
-                                             bool act_symmetric, int64_t act_group_size) {
+                                             bool act_symmetric, int64_t act_group_size, int64_t act_bits) {
   constexpr const char* op = "torchqkit::grouped_linear_int8da_int4_packed";
   TORCH_CHECK(qdata.dim() == 3 && scale.dim() >= 2 && qdata.size(0) == scale.size(0), op,
               ": qdata (E, N, K / 2) and scale (E, N, ...) of the same E experts, got ", qdata.sizes(), " and ",
@@ -685,7 +691,7 @@ at::Tensor grouped_linear_int8da_int4_packed(const at::Tensor& x, const at::Tens
     const std::optional<at::Tensor> zp =
         zero_point.has_value() ? std::optional<at::Tensor>(zero_point->select(0, g)) : std::nullopt;
     return linear_int8da_int4_packed(rows, qdata.select(0, g), scale.select(0, g), zp, {}, act_symmetric,
-                                     act_group_size);
+                                     act_group_size, act_bits);
   });
 }
 

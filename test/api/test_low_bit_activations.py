@@ -102,13 +102,16 @@ def test_every_linear_of_the_model_is_its_reference(name):
 
 
 @pytest.mark.parametrize("name,act,op", [
-    ("w4a4", "int4 PerToken symmetric dynamic", "linear_intxwo"),
-    ("w4a4-act-groups", "int4 PerGroup symmetric dynamic", "linear_intxwo"),
+    # int4 codes are int8 codes of a smaller range: the integer kernel quantizes them itself (act_bits = 4)
+    ("w4a4", "int4 PerToken symmetric dynamic", "linear_int8da_int4_packed"),
+    ("w4a4-act-groups", "int4 PerGroup symmetric dynamic", "linear_int8da_int4_packed"),
+    ("w4a4-asym-per-channel", "int4 PerToken asymmetric dynamic", "linear_int8da_int4_packed"),
+    # no CPU instruction multiplies float8: the weight-only kernel on the fake-quantized input
     ("fp8-int4", "float8_e4m3fn PerRow symmetric dynamic", "linear_intxwo"),
     ("mxfp8-mxfp4", "float8_e4m3fn PerGroup symmetric dynamic", "linear_mxwo"),
     ("mxfp8-mxfp8", "float8_e4m3fn PerGroup symmetric dynamic", "linear_mxwo")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_weight_only_kernel_runs_on_the_fake_quantized_input(name, act, op, dtype):
+def test_each_config_runs_its_kernel(name, act, op, dtype):
     lin = torch.nn.Linear(64, 32)
     qk.quantize_(lin, CONFIGS[name], strict=True)
     w = lin.weight
@@ -117,9 +120,9 @@ def test_weight_only_kernel_runs_on_the_fake_quantized_input(name, act, op, dtyp
     assert route_for(w, x).op == f"torchqkit::{op}"
     with OpLog() as log:
         y = lin(x)
-    assert op in log.ops
-    # the int8 x int4 VNNI kernel must not take int4 / float8 activations (it quantizes to int8 itself)
-    assert "linear_int8da_int4_packed" not in log.ops
+    assert log.ops.count(op) == 1
+    if op != "linear_int8da_int4_packed":  # the int8 x int4 kernel quantizes to integers itself: never float8
+        assert "linear_int8da_int4_packed" not in log.ops
     ref = F.linear(w.act_quant.fake_quantize(x.reshape(-1, 64)), w.dequantize().to(dtype),
                    lin.bias.to(dtype)).reshape(3, 5, 32)
     tol = 1e-6 if dtype == torch.float32 else 2e-2
@@ -130,6 +133,16 @@ def test_int8_activations_still_take_the_int8_kernel():
     lin = torch.nn.Linear(64, 32)
     qk.quantize_(lin, qk.Int8DynamicActivationIntxWeightConfig(weight_granularity=qk.PerGroup(32)), strict=True)
     assert route_for(lin.weight, torch.randn(2, 64)).op == "torchqkit::linear_int8da_int4_packed"
+
+
+def test_int4_activations_per_group_other_than_the_weights_run_the_weight_only_kernel():
+    # the integer kernel takes activation groups equal to the weight's only: other groups are fake-quantized
+    lin = torch.nn.Linear(64, 32)
+    qk.quantize_(lin, qk.Int4DynamicActivationInt4WeightConfig(group_size=32, act_group_size=16), strict=True)
+    x = torch.randn(4, 64)
+    assert route_for(lin.weight, x).op == "torchqkit::linear_intxwo"
+    ref = F.linear(lin.weight.act_quant.fake_quantize(x), lin.weight.dequantize(), lin.bias)
+    torch.testing.assert_close(lin(x), ref, rtol=0, atol=1e-6 * ref.abs().max().item())
 
 
 def test_int8_activations_the_int8_kernel_cannot_take_run_the_weight_only_kernel():

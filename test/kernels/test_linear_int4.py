@@ -449,21 +449,23 @@ DA4_CASES = [(1, 1, 8, 8, "symmetric"), (3, 37, 96, 32, "asymmetric"), (17, 19, 
 @needs_ext
 @pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
 @pytest.mark.parametrize("symmetric", [True, False], ids=["act_sym", "act_asym"])
+@pytest.mark.parametrize("act_bits", [8, 4], ids=["a8", "a4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", DA4_CASES, ids=str)
-def test_int8da_int4_matches_reference(monkeypatch, isa, symmetric, dtype, case):
-    # Same activation codes (the oracle's numerics, as in linear_int8da_int8_plain); the kernel's sums are
-    # exact int32 per group, scaled in fp32: budget TOL (summation order), measured <= 2e-6 in fp32.
+def test_int8da_int4_matches_reference(monkeypatch, isa, symmetric, act_bits, dtype, case):
+    # Same activation codes (the oracle's numerics, as in linear_int8da_int8_plain; int4 codes -8..7 with act_bits
+    # 4, W4A4); the kernel's sums are exact int32 per group, scaled in fp32: budget TOL (summation order), measured
+    # <= 2e-6 in fp32.
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
-    _check_da4_case(isa, symmetric, dtype, case)
+    _check_da4_case(isa, symmetric, dtype, case, act_bits)
 
 
-def _check_da4_case(isa, symmetric, dtype, case):
+def _check_da4_case(isa, symmetric, dtype, case, act_bits=8):
     m, n, k, group, wmap = case
     w = _int4_packed(n, k, group, wmap)
     x = (_act(m, k, torch.float32) + (0 if symmetric else 1.5)).to(dtype)
     b = torch.randn(n, generator=gen(2)).to(dtype)
-    args = (x, w.qdata, w.scale, w.zero_point, b, symmetric)
+    args = (x, w.qdata, w.scale, w.zero_point, b, symmetric, 0, act_bits)
     from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
     assert_rel(DA4(*args), linear_int8da_int4_packed_ref(*args), TOL[dtype], f"{isa} {case}")
 
@@ -556,9 +558,11 @@ DA4_GROUP_CASES = [(1, 37, 576, 32), (3, 9, 96, 32), (5, 17, 1536, 64), (17, 19,
 @pytest.mark.parametrize("isa", DA4_LEVELS or ["none"])
 @pytest.mark.parametrize("zero", ["none", "int", "float"])
 @pytest.mark.parametrize("act_groups", [False, True], ids=["act_per_token", "act_per_group"])
+@pytest.mark.parametrize("act_bits", [8, 4], ids=["a8", "a4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", DA4_GROUP_CASES, ids=str)
-def test_int8da_int4_group_activations_and_float_zero_points(monkeypatch, isa, zero, act_groups, dtype, case):
+def test_int8da_int4_group_activations_and_float_zero_points(monkeypatch, isa, zero, act_groups, act_bits, dtype,
+                                                             case):
     # Tolerance as test_int8da_int4_matches_reference: exact int32 sums per group, fp32 scaling (measured <= 5e-7).
     monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
     m, n, k, group = case
@@ -569,7 +573,7 @@ def test_int8da_int4_group_activations_and_float_zero_points(monkeypatch, isa, z
          "float": (torch.randn(s.shape, generator=g) * 0.05).to(dtype)}[zero]
     # feature magnitudes 0.1 .. 5 along K: one scale per token would flatten the small features
     x = (torch.randn(m, k, generator=g) * torch.linspace(0.1, 5, k)).to(dtype)
-    args = (x, q, s, z, torch.randn(n, generator=g).to(dtype), True, group if act_groups else 0)
+    args = (x, q, s, z, torch.randn(n, generator=g).to(dtype), True, group if act_groups else 0, act_bits)
     from torchqkit.kernels.reference import linear_int8da_int4_packed_ref
     assert_rel(DA4(*args), linear_int8da_int4_packed_ref(*args), TOL[dtype], f"{isa} {case} {zero}")
 
@@ -591,6 +595,21 @@ def test_int8da_int4_group_activations_are_closer_to_float():
         out = DA4(x, q, s, None, None, True, groups)
         err[groups] = ((out - exact).norm() / exact.norm()).item()
     assert err[32] < 1e-2 and err[0] > 20 * err[32], err  # measured: 6.6e-3 per group, 0.40 per token
+
+
+def test_int4_activation_codes_are_the_oracles():
+    # act_bits = 4: the kernel's product is F.linear of the activation quantized to int4 by ActivationQuantSpec (the
+    # oracle) with the dequantized weight, at every token count of the decode and panel paths
+    w = _int4_packed(48, 256, 32)
+    for m in (1, 5, 20):
+        for mapping in ("symmetric", "asymmetric"):
+            x = _act(m, 256, torch.float32) + (0 if mapping == "symmetric" else 1.5)
+            spec = qk.ActivationQuantSpec(qk.qdtypes.int4, qk.PerToken(), mapping)
+            ref = torch.nn.functional.linear(spec.fake_quantize(x), w.dequantize())
+            out = DA4(x, w.qdata, w.scale, w.zero_point, None, mapping == "symmetric", 0, 4)
+            assert_rel(out, ref, TOL[torch.float32], f"m={m} {mapping}")
+    with pytest.raises(RuntimeError, match="act_bits must be 8 or 4, got 2"):
+        DA4(x, w.qdata, w.scale, w.zero_point, None, True, 0, 2)
 
 
 def linear_int8da_int4_packed_weight_f32(q, s, k):
@@ -633,7 +652,7 @@ def test_int8da_int4_config_routes_to_the_op_and_matches_fake_quant():
     ref = F.linear(w.act_quant.fake_quantize(x), w.dequantize(), lin.bias)  # fp32: summation order only
     assert_rel(out, ref, 2e-5, "layout")
     if LEVELS:
-        row = next(r for r in kernels.status() if r["linear"].startswith("int8 dynamic act (per token, or per token and weight group) x int4"))
+        row = next(r for r in kernels.status() if r["linear"].startswith("int8 or int4 dynamic act (per token, or per token and weight group) x int4"))
         assert row["path"] == f"torchqkit::linear_int8da_int4_packed (cpp {running_level(DA4_LEVELS)})"
 
 

@@ -95,7 +95,8 @@ PRESETS: dict[str, Callable[[], QuantConfig | ModuleConfigs]] = {
     "fp8-dyn-row-fnuz": lambda: Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(),
                                                                           activation_dtype="float8_e4m3fnuz",
                                                                           weight_dtype="float8_e4m3fnuz"),
-    # 4-bit activations: on an LLM after qk.rotate_ (QuaRot); the weight-only kernels on fake-quantized activations
+    # 4-bit activations: on an LLM after qk.rotate_ (QuaRot); int4 codes through the int8 x int4 kernel, float8 / MXFP8
+    # activations through the weight-only kernels (fake-quantized)
     "int4-dyn-int4-g32": lambda: Int4DynamicActivationInt4WeightConfig(group_size=32),
     "fp8-dyn-int4-g32": lambda: Float8DynamicActivationInt4WeightConfig(group_size=32),
     "mxfp8-dyn-mxfp4": lambda: MXDynamicActivationMXWeightConfig(weight="mxfp4"),

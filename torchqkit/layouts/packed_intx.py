@@ -10,7 +10,7 @@ byte boundary, so slicing out_features is a row view; slices along in_features c
 
 Linear (routes below): weight-only, not ternary: ``torchqkit::linear_intxwo`` on these bytes (C++ CPU kernels);
 ternary planes weight-only: ``torchqkit::linear_ternarywo`` (table lookups, no multiplies by weights);
-int8 dynamic activations x int4: ``torchqkit::linear_int8da_int4_packed``; any other activation quantization: the
+int8 or int4 dynamic activations x int4: ``torchqkit::linear_int8da_int4_packed``; any other activation quantization: the
 weight-only op on the fake-quantized input (Note [Activations fake-quantized before a weight-only kernel] in
 routes.py). ``torchqkit.kernels.status()`` reports which.
 
@@ -48,6 +48,7 @@ from ..core.primitives import MappingType, ZeroPointDomain, pad_to, padded_shape
 from ..core.qdtype import QKind, int2, int4, int8
 from ..kernels.ops.linear_intxwo import intx_fields, pack_intx_fields
 from ..kernels.ops.linear_ternarywo import ternary_codes
+from ..kernels.preference import KernelPreference
 from .base import (Layout, PackedSpec, PlainParts, WeightFormat, kernel_reach_problem, pad_features, register_layout,
                    scale_specs)
 from .routes import GroupedRoute, Route, grouped_on_fake_quantized_input, on_fake_quantized_input
@@ -63,7 +64,8 @@ class PackedIntxLayout(Layout):
     Every 8 b-bit codes fill exactly b bytes, each row starting on a byte boundary; inner tensors ``qdata``
     (uint8), ``scale`` and ``zero_point`` (None without a zero point). It is the default layout of
     ``IntxWeightOnlyConfig`` below 8 bits and of ``Int8DynamicActivationIntxWeightConfig`` at 4 bits. Weight-only
-    linears run ``torchqkit::linear_intxwo``, int8 dynamic activations x int4 ``torchqkit::linear_int8da_int4_packed``;
+    linears run ``torchqkit::linear_intxwo``, int8 or int4 dynamic activations x int4
+    ``torchqkit::linear_int8da_int4_packed``;
     ternary planes ``torchqkit::linear_ternarywo`` (additions of table entries, no multiplies by weights); other
     activation quantization runs the weight-only op on the fake-quantized input.
 
@@ -104,17 +106,18 @@ class PackedIntxLayout(Layout):
         return None
 
     def kernel_range_problem(self, parts: PlainParts, fmt: WeightFormat, act_quant) -> str | None:
-        if act_quant is None or act_quant.qdtype != int8 or not parts.scale.numel():
+        if act_quant is None or act_quant.qdtype not in (int8, int4) or not parts.scale.numel():
             return None
-        # torchqkit::linear_int8da_int4_packed sums int8 activation codes (|q| <= 128, and as much again for an
-        # asymmetric activation's zero-point term) times the weight, and applies the activation scale last: the
-        # sum reaches 256 * K * max|w| whatever the activation's own magnitude.
+        # torchqkit::linear_int8da_int4_packed sums integer activation codes (int8: |q| <= 128, and as much again
+        # for an asymmetric activation's zero-point term: 256; int4: 16) times the weight, and applies the
+        # activation scale last: the sum reaches 2^bits * K * max|w| whatever the activation's own magnitude.
         qdtype = fmt.qdtype
         w_max = float(parts.scale.float().abs().max()) * (qdtype.qmax - qdtype.qmin + 1)
         if parts.zero_point is not None and parts.zero_point.dtype.is_floating_point:
             w_max += float(parts.zero_point.float().abs().max())
-        return kernel_reach_problem(self, 256 * fmt.shape[-1] * w_max, "with int8 activations sum activation codes "
-                                    "times the weight over in_features in float32 before the activation scale")
+        return kernel_reach_problem(self, 2 ** act_quant.qdtype.bits * fmt.shape[-1] * w_max,
+                                    f"with {act_quant.qdtype.name} activations sum activation codes times the weight "
+                                    f"over in_features in float32 before the activation scale")
 
     def slice_multiple(self, fmt: WeightFormat, dim: int) -> int:
         qdtype, block_size, shape, _ = fmt
@@ -195,13 +198,17 @@ def _stored_k(w) -> int:
 
 
 def _int8_int4_applies(w, x) -> bool:
-    """int8 dynamic act (per token, or per token and weight group) x int4 (symmetric, integer or float zero point),
-    per group of 8 k dividing 128 (or a multiple of 128) or per channel: the torchqkit::linear_int8da_int4_packed
-    kernel takes it."""
+    """int8 or int4 dynamic act (per token, or per token and weight group) x int4 (symmetric, integer or float zero
+    point), per group of 8 k dividing 128 (or a multiple of 128) or per channel: the
+    torchqkit::linear_int8da_int4_packed kernel takes it (int4 codes are int8 codes of a smaller range)."""
     spec = w.act_quant
-    if (spec is None or w.qlayout.ternary or w.qdtype != int4 or spec.qdtype != int8
+    if (spec is None or w.qlayout.ternary or w.qdtype != int4 or spec.qdtype not in (int8, int4)
             or spec.static_scale is not None or spec.mapping not in (MappingType.SYMMETRIC, MappingType.ASYMMETRIC)
             or w.block_size[0] != 1):
+        return False
+    # int4 codes: the integer kernel is a C++ CPU one; on a GPU, or with a backend asked for, the route below runs
+    # the weight-only op (which has a Triton kernel) on the fake-quantized input instead
+    if spec.qdtype == int4 and (x.device.type != "cpu" or w.kernel_preference is not KernelPreference.AUTO):
         return False
     g, k = w.block_size[1], w.logical_shape[1]
     if spec.group_size is not None and (spec.group_size != g or g >= k):
@@ -211,7 +218,7 @@ def _int8_int4_applies(w, x) -> bool:
 
 def _int8_int4_call(fn, w, x, bias):
     return fn(pad_features(x, _stored_k(w)), w.qdata, w.scale, w.zero_point, bias,
-              w.act_quant.mapping is MappingType.SYMMETRIC, w.act_quant.group_size or 0)
+              w.act_quant.mapping is MappingType.SYMMETRIC, w.act_quant.group_size or 0, w.act_quant.qdtype.bits)
 
 
 def _intx_call(fn, w, x, bias):
@@ -234,7 +241,7 @@ def _ternary_grouped_call(fn, tensors, w, x, offs):
 
 def _int8_int4_grouped_call(fn, tensors, w, x, offs):
     return fn(pad_features(x, _stored_k(w)), offs, tensors["qdata"], tensors["scale"], tensors["zero_point"],
-              w.act_quant.mapping is MappingType.SYMMETRIC, w.act_quant.group_size or 0)
+              w.act_quant.mapping is MappingType.SYMMETRIC, w.act_quant.group_size or 0, w.act_quant.qdtype.bits)
 
 
 PackedIntxLayout.routes = (
@@ -244,11 +251,11 @@ PackedIntxLayout.routes = (
     Route("ternary weight-only (int2 codes in {-1, 0, 1} as bit planes), per-group / per-row",
           lambda w, x: w.act_quant is None and w.qlayout.ternary, op="torchqkit::linear_ternarywo",
           call=_ternary_call, grouped=GroupedRoute("torchqkit::grouped_linear_ternarywo", _ternary_grouped_call)),
-    Route("int8 dynamic act (per token, or per token and weight group) x int4 (symmetric / int or float zero "
-          "point), per group of 8..128 (dividing 128) or multiples of 128, or per channel", _int8_int4_applies,
+    Route("int8 or int4 dynamic act (per token, or per token and weight group) x int4 (symmetric / int or float "
+          "zero point), per group of 8..128 (dividing 128) or multiples of 128, or per channel", _int8_int4_applies,
           op="torchqkit::linear_int8da_int4_packed", call=_int8_int4_call,
           grouped=GroupedRoute("torchqkit::grouped_linear_int8da_int4_packed", _int8_int4_grouped_call)),
-    Route("any other activation quantization (int4 / float8, int8 the kernel above doesn't take) x 1..7-bit int "
+    Route("any other activation quantization (float8; int8 / int4 the kernel above doesn't take) x 1..7-bit int "
           "weight, not ternary: activations fake-quantized, then the weight-only kernel",
           lambda w, x: w.act_quant is not None and not w.qlayout.ternary, op="torchqkit::linear_intxwo",
           call=on_fake_quantized_input(_intx_call),

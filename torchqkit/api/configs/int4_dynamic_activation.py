@@ -2,10 +2,12 @@
 Float8DynamicActivationInt4WeightConfig (W4A8 with float8 activations).
 
 Weights: symmetric int4 codes per group of input features (or per output channel) in PackedIntxLayout. The
-Linear's input is quantized on every call from the ActivationQuantSpec stored on the weight. No CPU instruction
-multiplies int4 or float8 activations, so the input is quantized and dequantized (fake-quantized) and the weight-only
-kernel ``torchqkit::linear_intxwo`` multiplies it with the stored codes (Note [Activations fake-quantized before a
-weight-only kernel] in layouts/routes.py); ``torchqkit.kernels.status()`` lists the route. 4-bit activations need
+Linear's input is quantized on every call from the ActivationQuantSpec stored on the weight. On CPU, int4 activation
+codes are summed against the int4 weights by ``torchqkit::linear_int8da_int4_packed`` (the W4A8 kernel, with int4
+codes); float8 activations, which no CPU instruction multiplies, are quantized and dequantized (fake-quantized) and
+the weight-only kernel ``torchqkit::linear_intxwo`` multiplies them with the stored codes, as it does for int4
+activations on a GPU (Note [Activations fake-quantized before a weight-only kernel] in layouts/routes.py);
+``torchqkit.kernels.status()`` lists the routes. 4-bit activations need
 ``rotate_`` first on an LLM: without it a few outlier features set each token's scale and flatten the rest.
 """
 from __future__ import annotations
@@ -47,8 +49,10 @@ class Int4DynamicActivationInt4WeightConfig(QuantConfig):
     Each Linear's weight becomes symmetric int4 codes with one scale per ``group_size`` input features (or per
     output channel), two codes per byte (``PackedIntxLayout``); its input is quantized to int4 per token (or per
     token and group of ``act_group_size`` features) on every call. On an LLM, call ``rotate_`` first (QuaRot):
-    4-bit activations lose too much to outlier features otherwise. The product runs the weight-only kernel
-    ``torchqkit::linear_intxwo`` on the fake-quantized input (``torchqkit.kernels.status()`` lists it).
+    4-bit activations lose too much to outlier features otherwise. On CPU the int4 codes are multiplied by
+    ``torchqkit::linear_int8da_int4_packed`` (integer sums; activation groups other than the weight's run the
+    weight-only kernel on the fake-quantized input); on a GPU ``torchqkit::linear_intxwo`` on the fake-quantized input
+    (``torchqkit.kernels.status()`` lists them).
 
     Args:
         group_size (int | None): weight input features per scale; None: one scale per output channel. Default 32.

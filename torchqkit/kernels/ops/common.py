@@ -5,23 +5,24 @@ from __future__ import annotations
 import torch
 
 from ...core.primitives import MappingType, ZeroPointDomain, choose_qparams_affine, quantize_affine
-from ...core.qdtype import fp4_e2m1, int8
+from ...core.qdtype import fp4_e2m1, int4, int8
 from ..registry import OpDef, define_weight_only_op
 
 __all__ = ["int8_activation_rows", "expand_blocks", "check_features", "split_nibbles", "pack_nibbles", "e2m1_values",
            "define_qdata_scale_op"]
 
 
-def int8_activation_rows(x2: torch.Tensor, act_symmetric: bool, group_size: int = 0):
-    """Per-token int8 quantization as the ops do it: (codes minus zero point, as float32; scale (M, 1)); with a
-    group_size, one scale per token and group of group_size features: scale (M, K / group_size)."""
+def int8_activation_rows(x2: torch.Tensor, act_symmetric: bool, group_size: int = 0, bits: int = 8):
+    """Per-token int8 (or, bits = 4, int4) quantization as the ops do it: (codes minus zero point, as float32; scale
+    (M, 1)); with a group_size, one scale per token and group of group_size features: scale (M, K / group_size)."""
     k = x2.shape[1]
     block = (1, group_size or k)
+    qdtype = {8: int8, 4: int4}[bits]
     mapping = MappingType.SYMMETRIC if act_symmetric else MappingType.ASYMMETRIC
     zpd = ZeroPointDomain.NONE if act_symmetric else ZeroPointDomain.INT
-    a_scale, a_zp = choose_qparams_affine(x2, int8, block, mapping=mapping, zero_point_domain=zpd,
+    a_scale, a_zp = choose_qparams_affine(x2, qdtype, block, mapping=mapping, zero_point_domain=zpd,
                                           scale_dtype=torch.float32, check_finite=False, name="activation")
-    qa = quantize_affine(x2, int8, block, a_scale, a_zp, check_finite=False, name="activation").float()
+    qa = quantize_affine(x2, qdtype, block, a_scale, a_zp, check_finite=False, name="activation").float()
     # A row holding NaN / Inf gives a NaN output row (as F.linear on the float row would), whatever its codes.
     a_scale = torch.where(torch.isfinite(x2).all(1, keepdim=True), a_scale, float("nan"))
     return (qa if a_zp is None else qa - a_zp.float()), a_scale

@@ -12,7 +12,7 @@ torchqkit/tensor/grouped_linear.py).
     grouped_linear_intxwo(x, offs, qdata, scale, zero_point, bits, signed, zero_point_domain)
     grouped_linear_nvfp4wo(x, offs, qdata, scale, global_scale)    grouped_linear_fp6wo(x, offs, qdata, scale, ebits)
     grouped_linear_ternarywo(x, offs, planes, scale)
-    grouped_linear_int8da_int4_packed(x, offs, qdata, scale, zero_point, act_symmetric, act_group_size)
+    grouped_linear_int8da_int4_packed(x, offs, qdata, scale, zero_point, act_symmetric, act_group_size, act_bits)
 (each tensor of a stack: its 2-d op's tensor with the experts on a new dim 0; the output has the 2-d op's N)
 
 offs: E non-decreasing group ends, each at most M; rows past offs[-1] are zeros. The reference runs each expert with
@@ -112,10 +112,11 @@ def grouped_linear_ternarywo_ref(x, offs, planes, scale):
                             lambda rows, g: linear_ternarywo_ref(rows, planes[g], scale[g]))
 
 
-def grouped_linear_int8da_int4_packed_ref(x, offs, qdata, scale, zero_point, act_symmetric=True, act_group_size=0):
+def grouped_linear_int8da_int4_packed_ref(x, offs, qdata, scale, zero_point, act_symmetric=True, act_group_size=0,
+                                          act_bits=8):
     return grouped_rows_ref("grouped_linear_int8da_int4_packed", x, offs, qdata.shape[1], lambda rows, g: (
         linear_int8da_int4_packed_ref(rows, qdata[g], scale[g], _expert(zero_point, g), None, act_symmetric,
-                                      act_group_size)))
+                                      act_group_size, act_bits)))
 
 
 def _define(name: str, schema: str, reference, rows_of=lambda qdata, *_: qdata.shape[1]) -> None:
@@ -140,4 +141,4 @@ _define("grouped_linear_nvfp4wo", "Tensor qdata, Tensor scale, Tensor global_sca
 _define("grouped_linear_fp6wo", "Tensor qdata, Tensor scale, int ebits", grouped_linear_fp6wo_ref)
 _define("grouped_linear_ternarywo", "Tensor planes, Tensor scale", grouped_linear_ternarywo_ref)
 _define("grouped_linear_int8da_int4_packed", "Tensor qdata, Tensor scale, Tensor? zero_point, bool act_symmetric=True, "
-        "int act_group_size=0", grouped_linear_int8da_int4_packed_ref)
+        "int act_group_size=0, int act_bits=8", grouped_linear_int8da_int4_packed_ref)

@@ -1,7 +1,8 @@
-"""torchqkit::linear_int8da_int4_packed(x, qdata, scale, zero_point, bias, act_symmetric, act_group_size).
+"""torchqkit::linear_int8da_int4_packed(x, qdata, scale, zero_point, bias, act_symmetric, act_group_size, act_bits).
 
 int8 dynamic activation (quantized inside the op like linear_int8da_int8_plain: one scale per token, or with
-act_group_size = the weight's group size one symmetric scale per token and group, llama.cpp's Q8_1 way) x int4
+act_group_size = the weight's group size one symmetric scale per token and group, llama.cpp's Q8_1 way; with
+act_bits = 4 the same on int4 codes -8..7, W4A4) x int4
 PackedIntxLayout bytes: qdata (N, ceil(K / 2)) uint8, code k in byte k // 2, low nibble first, stored as u = q + 8;
 scale (N, G) group-wise (G = K / group_size) or per channel (G = 1); zero_point None, integer codes shaped like
 scale (w = (q - zero_point) * scale) or floats shaped like scale (w = q * scale + zero_point: GGUF's Q4_1).
@@ -28,17 +29,18 @@ def int4_packed_weight(qdata, scale, zero_point, k):
     return (u - c) * s
 
 
-def linear_int8da_int4_packed_ref(x, qdata, scale, zero_point, bias=None, act_symmetric=True, act_group_size=0):
+def linear_int8da_int4_packed_ref(x, qdata, scale, zero_point, bias=None, act_symmetric=True, act_group_size=0,
+                                  act_bits=8):
     k = x.shape[-1]
     x2 = x.reshape(-1, k).float()
     w = int4_packed_weight(qdata, scale, zero_point, k)
     if act_group_size:
-        qa, a_scale = int8_activation_rows(x2, True, act_group_size)  # (M, K), (M, G)
+        qa, a_scale = int8_activation_rows(x2, True, act_group_size, act_bits)  # (M, K), (M, G)
         g = act_group_size
         parts = torch.einsum("mgk,ngk->mgn", qa.reshape(-1, k // g, g), w.reshape(-1, k // g, g))
         out = (parts * a_scale.unsqueeze(-1)).sum(1)
     else:
-        qa, a_scale = int8_activation_rows(x2, act_symmetric)
+        qa, a_scale = int8_activation_rows(x2, act_symmetric, bits=act_bits)
         out = (qa @ w.t()) * a_scale
     if bias is not None:
         out = out + bias.float()
@@ -54,6 +56,6 @@ def _check(x, qdata, *_):
 define_linear_op(
     "torchqkit::linear_int8da_int4_packed",
     "(Tensor x, Tensor qdata, Tensor scale, Tensor? zero_point, Tensor? bias=None, bool act_symmetric=True, "
-    "int act_group_size=0) -> Tensor",
+    "int act_group_size=0, int act_bits=8) -> Tensor",
     reference=linear_int8da_int4_packed_ref, weight=int4_packed_weight,
     out_features=lambda x, qdata, *_: qdata.shape[0], check=_check)
