@@ -642,21 +642,28 @@ __attribute__((always_inline)) inline int64_t whole_groups_fixed(F (&acc)[1][NB]
 // Scales of the G groups of the row whose scale row starts at base, without scale_mul: the stored fp32 row
 // itself, or E8M0 exponents / double-quantized absmax decoded into dst (once per block of rows, in a loop the
 // compiler vectorizes, so the dot loop reads one float per group and row).
+// n NVFP4 scale bytes e -> dst: each float8 e4m3 value / global, the reference's quotient (nvfp4_block_scale).
+// V::L bytes at a time through fp16 as F8's e4m3 decode (value / 256, NaN codes given an all-ones exponent), times
+// 256 (exact), divided by the global scale: one correctly rounded division, as the reference's.
+inline void e4m3_quotients(const uint8_t* e, int64_t n, float global, float* dst) {
+  const F g256 = V::set1(256.f), gv = V::set1(global);
+  int64_t g = 0;
+  for (; g + V::L <= n; g += V::L) {
+    const V::H u = V::hi16<0>(e + g);
+    V::H h = V::and_h(V::srai1_h(u), V::set1_h(static_cast<int16_t>(0xBFFF)));
+    h = V::or_h(h, V::and_h(V::cmpeq_h(V::and_h(u, V::set1_h(0x7F00)), V::set1_h(0x7F00)), V::set1_h(0x7C00)));
+    V::storeu(dst + g, V::div(V::mul(V::half_to_f(h), g256), gv));
+  }
+  for (; g < n; ++g) dst[g] = nvfp4_block_scale(e[g], global);
+}
+
+// Scales of the G groups of the row whose scale row starts at base, without scale_mul: the stored fp32 row
+// itself, or E8M0 exponents / e4m3 bytes / double-quantized absmax decoded into dst (once per block of rows, in a
+// loop the compiler vectorizes, so the dot loop reads one float per group and row).
 inline const float* scale_row(const LowbitArgs& p, int64_t base, float* dst) {
   if (p.scale) return p.scale + base;
-  if (p.scale_e4m3) {  // NVFP4: float8 block scale / global scale, the reference's quotient (nvfp4_block_scale)
-    // V::L bytes at a time through fp16 as F8's e4m3 decode (value / 256, NaN codes given an all-ones exponent),
-    // times 256 (exact), divided by the global scale: one correctly rounded division, as the reference's.
-    const uint8_t* e = p.scale_e4m3 + base;
-    const F g256 = V::set1(256.f), global = V::set1(p.e4m3_global);
-    int64_t g = 0;
-    for (; g + V::L <= p.G; g += V::L) {
-      const V::H u = V::hi16<0>(e + g);
-      V::H h = V::and_h(V::srai1_h(u), V::set1_h(static_cast<int16_t>(0xBFFF)));
-      h = V::or_h(h, V::and_h(V::cmpeq_h(V::and_h(u, V::set1_h(0x7F00)), V::set1_h(0x7F00)), V::set1_h(0x7C00)));
-      V::storeu(dst + g, V::div(V::mul(V::half_to_f(h), g256), global));
-    }
-    for (; g < p.G; ++g) dst[g] = nvfp4_block_scale(e[g], p.e4m3_global);
+  if (p.scale_e4m3) {
+    e4m3_quotients(p.scale_e4m3 + base, p.G, p.e4m3_global, dst);
     return dst;
   }
   if (p.scale_e8m0) {
@@ -676,14 +683,15 @@ inline const float* scale_row(const LowbitArgs& p, int64_t base, float* dst) {
 
 // Rows [n0, n1) in blocks of kRows (their scale rows decoded once per block) x tokens in tiles of up to kMaxMB:
 // tile(std::integral_constant<int, MB>, srow, m0, n0, nr) for each, so each token count is its own instantiation.
-// The fp32 and the bf16 dot kernels both walk their output this way.
+// The fp32 and the bf16 dot kernels both walk their output this way. scales = false: srow is all nullptr (a tile
+// that reads its scales itself).
 template <class Tile>
-void for_each_tile(const LowbitArgs& p, int64_t n0, int64_t n1, const Tile& tile) {
-  AlignedVector<float> sbuf(kRows * p.G);
+void for_each_tile(const LowbitArgs& p, int64_t n0, int64_t n1, const Tile& tile, bool scales = true) {
+  AlignedVector<float> sbuf(scales ? kRows * p.G : 0);
   for (int64_t n = n0; n < n1; n += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, n1 - n));
-    const float* srow[kRows];
-    for (int i = 0; i < kRows; ++i)
+    const float* srow[kRows] = {};
+    for (int i = 0; i < (scales ? kRows : 0); ++i)
       srow[i] = scale_row(p, scale_base(p, n + std::min(i, nr - 1)), sbuf.data() + i * p.G);
     for (int64_t m = 0; m < p.M; m += kMaxMB) {
       switch (std::min<int64_t>(kMaxMB, p.M - m)) {
@@ -879,27 +887,37 @@ template <class D> struct DotOrderFn {
 template <class D, class = void> constexpr G16 kG16Of = G16::kKOrder;
 template <class D> constexpr G16 kG16Of<D, std::void_t<decltype(D::kG16)>> = D::kG16;
 
+// A tile's group scales: the decoded rows srow (scale_row), or for NVFP4 (kE4m3) each row's scale bytes er[i] looked
+// up in q, the 256 quotients of e4m3_quotients (the same values, without a pass over the scale rows).
+template <bool kE4m3>
+struct G16Scales {
+  const float* const* srow;
+  const uint8_t* er[kRows];
+  const float* q;
+  // The scales of groups gi and gi + 1 of row i (a pointer each: V::set1 / V::halves read them as loads).
+  __attribute__((always_inline)) const float* at(int i, int64_t gi) const {
+    if constexpr (kE4m3) return q + er[i][gi];
+    else return srow[i] + gi;
+  }
+};
+
 // One step c of NB rows (row i's bytes at src[i]) x MB tokens; kTail: the step's second group may not exist, or its
 // bytes come through step_ptr's copy.
-template <class D, int MB, int NB, bool kTail>
+template <class D, int MB, int NB, bool kTail, bool kE4m3>
 __attribute__((always_inline)) inline void g16_step(F (&acc)[MB][NB], const D& dec, const uint8_t* const (&src)[NB],
-                                                    const float* const (&xr)[MB], const float* const* srow,
+                                                    const float* const (&xr)[MB], const G16Scales<kE4m3>& sc,
                                                     int64_t c, int64_t G) {
   constexpr G16 kOrder = kG16Of<D>;
+  static const float zero = 0.f;
 #pragma GCC unroll 4
   for (int i = 0; i < NB; ++i) {
     F w[W], sv[2];  // the scales of the vectors (kLaneHalves: lanes) of the step's first / second group
     if constexpr (kOrder == G16::kKOrder) dec(src[i], w);
     else dec.dot_order(src[i], w);
-    alignas(8) float tail[2];
-    const float* s = srow[i] + 2 * c;
-    if constexpr (kTail) {
-      tail[0] = s[0];
-      tail[1] = 2 * c + 1 < G ? s[1] : 0.f;
-      s = tail;
-    }
-    if constexpr (kOrder == G16::kLaneHalves) sv[0] = sv[1] = V::halves(s);
-    else sv[0] = V::set1(s[0]), sv[1] = V::set1(s[1]);
+    const float* s0 = sc.at(i, 2 * c);
+    const float* s1 = kTail && 2 * c + 1 >= G ? &zero : sc.at(i, 2 * c + 1);
+    if constexpr (kOrder == G16::kLaneHalves) sv[0] = sv[1] = V::halves(s0, s1);
+    else sv[0] = V::set1(*s0), sv[1] = V::set1(*s1);
     if constexpr (MB == 1) {
       F sum[2];
 #pragma GCC unroll 4
@@ -922,12 +940,18 @@ __attribute__((always_inline)) inline void g16_step(F (&acc)[MB][NB], const D& d
 }
 
 // p.x in D's dot order when D::kG16 says it is used (dot_g16).
-template <class D, int MB, int NB>
-void dot_tile_g16(const LowbitArgs& p, const D& dec, const float* const* srow, int64_t m0, int64_t n0, int nr) {
+template <class D, int MB, int NB, bool kE4m3>
+void dot_tile_g16(const LowbitArgs& p, const D& dec, const float* const* srow, const float* q, int64_t m0, int64_t n0,
+                  int nr) {
   const int64_t nst = (p.K + kStep - 1) / kStep, rb = D::row_bytes(p), nfull = full_steps<D>(rb, nst);
   const int64_t nfast = std::min(nfull, p.G / 2);  // steps with both groups, read straight from the rows
   const uint8_t* wr[NB];
-  for (int i = 0; i < NB; ++i) wr[i] = p.w + (n0 + std::min(i, nr - 1)) * p.ldw;  // a short tile repeats its last row
+  G16Scales<kE4m3> sc{srow, {}, q};
+  for (int i = 0; i < NB; ++i) {
+    const int64_t n = n0 + std::min(i, nr - 1);  // a short tile repeats its last row
+    wr[i] = p.w + n * p.ldw;
+    if constexpr (kE4m3) sc.er[i] = p.scale_e4m3 + scale_base(p, n);
+  }
   const float* xr[MB];
   for (int m = 0; m < MB; ++m) xr[m] = p.x + (m0 + m) * p.ldx;
   F acc[MB][NB];
@@ -944,12 +968,12 @@ void dot_tile_g16(const LowbitArgs& p, const D& dec, const float* const* srow, i
     const uint8_t* src[NB];
 #pragma GCC unroll 4
     for (int i = 0; i < NB; ++i) src[i] = wr[i] + off;
-    g16_step<D, MB, NB, false>(acc, dec, src, xr, srow, c, p.G);
+    g16_step<D, MB, NB, false>(acc, dec, src, xr, sc, c, p.G);
   }
   for (; c < nst; ++c) {
     const uint8_t* src[NB];
     for (int i = 0; i < NB; ++i) src[i] = c < nfull ? wr[i] + c * D::kBytes : step_ptr<D>(wr[i], c, rb, tmp[i]);
-    g16_step<D, MB, NB, true>(acc, dec, src, xr, srow, c, p.G);
+    g16_step<D, MB, NB, true>(acc, dec, src, xr, sc, c, p.G);
   }
   float red[MB][NB];  // every acc index a compile-time constant: Note [accumulators in registers]
 #pragma GCC unroll 16
@@ -960,14 +984,27 @@ void dot_tile_g16(const LowbitArgs& p, const D& dec, const float* const* srow, i
     for (int m = 0; m < MB; ++m) store(p, m0 + m, n0 + i, red[m][i] * p.scale_mul);
 }
 
+template <class D, bool kE4m3>
+void dot_g16_rows(const LowbitArgs& p, const D& dec, int64_t n0, int64_t n1) {
+  alignas(64) float q[kE4m3 ? 256 : 1];
+  if constexpr (kE4m3) {
+    alignas(64) uint8_t bytes[256];
+    for (int b = 0; b < 256; ++b) bytes[b] = static_cast<uint8_t>(b);
+    e4m3_quotients(bytes, 256, p.e4m3_global, q);
+  }
+  for_each_tile(p, n0, n1, [&](auto mb, const float* const* srow, int64_t m, int64_t n, int nr) {
+    constexpr int MB = decltype(mb)::value, NB = kNB<MB>;
+    for (int r = 0; r < nr; r += NB)
+      dot_tile_g16<D, MB, NB, kE4m3>(p, dec, srow + r, q, m, n + r, std::min(NB, nr - r));
+  }, !kE4m3);
+}
+
 template <class D>
 void dot_g16(const LowbitArgs& p_in, const D& dec, int64_t n0, int64_t n1) {
   AlignedVector<float> xperm;
   const LowbitArgs p = kG16Of<D> == G16::kKOrder ? p_in : dot_order_x<D>(p_in, xperm);
-  for_each_tile(p, n0, n1, [&](auto mb, const float* const* srow, int64_t m, int64_t n, int nr) {
-    constexpr int MB = decltype(mb)::value, NB = kNB<MB>;
-    for (int r = 0; r < nr; r += NB) dot_tile_g16<D, MB, NB>(p, dec, srow + r, m, n + r, std::min(NB, nr - r));
-  });
+  if (p.scale_e4m3) dot_g16_rows<D, true>(p, dec, n0, n1);
+  else dot_g16_rows<D, false>(p, dec, n0, n1);
 }
 
 // The dot kernel where groups are whole steps, or half steps without offsets (Note [Groups of half a step]); other
