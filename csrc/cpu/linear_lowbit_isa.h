@@ -357,9 +357,11 @@ struct F32 {
 // AVX2 has no per-word shift) moves the code to bits 10..15, its sign already fp16's; an arithmetic shift by the
 // mantissa width and one mask leave the fp16 bits, and vcvtph2ps widens each 128-bit half: k order, no permutation.
 // AVX-512 skips the conversion (Fp6Words below).
-template <class Vt, int kMant>
+template <class Vt, int kMant, bool kUnit = true>
 struct Fp6Fp16 {
   static_assert(Vt::L == 8, "16-bit lanes of one ymm: AVX2");
+  using Raw = Fp6Fp16<Vt, kMant, false>;  // the fp16 values themselves (the dot kernel, with x times kRawScale)
+  static constexpr float kRawScale = kMant == 2 ? 0x1p12f : 0x1p14f;
   static constexpr int kBytes = 24, kRead = 28;
   static constexpr bool kPermuted = false;
   static int64_t row_bytes(const LowbitArgs& p) { return (p.K * 6 + 7) / 8; }
@@ -380,9 +382,10 @@ struct Fp6Fp16 {
     const __m256i top = _mm256_mullo_epi16(_mm256_shuffle_epi8(v, ctrl), mult);
     const __m256i h = _mm256_and_si256(_mm256_srai_epi16(top, kMant),
                                        _mm256_set1_epi16(static_cast<int16_t>(0x8000 | 31 << (10 - kMant))));
-    const F f = Vt::set1(kMant == 2 ? 0x1p12f : 0x1p14f);
-    w[0] = Vt::mul(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), f);
-    w[1] = Vt::mul(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), f);
+    const F f = Vt::set1(kRawScale);
+    w[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    w[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    if constexpr (kUnit) w[0] = Vt::mul(w[0], f), w[1] = Vt::mul(w[1], f);
   }
   void operator()(const uint8_t* b, F (&w)[W]) const {
     half(b, w);
@@ -1007,11 +1010,32 @@ void dot_g16(const LowbitArgs& p_in, const D& dec, int64_t n0, int64_t n1) {
   else dot_g16_rows<D, false>(p, dec, n0, n1);
 }
 
+// x times f (a power of two) into xs, when every product is exact (no finite |x| above 2^115: none overflows).
+inline bool scaled_x(const LowbitArgs& p, float f, AlignedVector<float>& xs) {
+  const int64_t n = p.M * p.ldx;
+  for (int64_t i = 0; i < n; ++i)
+    if (std::abs(p.x[i]) > 0x1p115f && !std::isinf(p.x[i])) return false;
+  xs.resize(n);
+  for (int64_t i = 0; i < n; ++i) xs[i] = p.x[i] * f;
+  return true;
+}
+
+inline LowbitArgs with_x(const LowbitArgs& p, const float* x) {
+  LowbitArgs q = p;
+  q.x = x;
+  return q;
+}
+
 // The dot kernel where groups are whole steps, or half steps without offsets (Note [Groups of half a step]); other
 // group sizes (intx PerGroup(24), offsets with groups of 16, ...) run the prefill's decode-to-fp32 blocks, which
 // scale per lane.
 template <class D> struct DotFn {
   static void run(const LowbitArgs& p, int64_t n0, int64_t n1) {
+    if constexpr (requires { typename D::Raw; }) {  // Note [FP6 through fp16]: x times 2^12 / 2^14 instead
+      AlignedVector<float> xs;
+      if (steps_aligned(p) && scaled_x(p, D::kRawScale, xs))
+        return dot_aligned<typename D::Raw>(with_x(p, xs.data()), typename D::Raw(p), n0, n1);
+    }
     if (steps_aligned(p)) dot_aligned<D>(p, D(p), n0, n1);
     else if (p.g == 16 && !p.offset) dot_g16<D>(p, D(p), n0, n1);
     else prefill<D>(p, n0, n1);
