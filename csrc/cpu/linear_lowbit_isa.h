@@ -349,14 +349,18 @@ struct F32 {
 // Note [FP6 through fp16]: an FP6 code s eee mm (e3m2) / s ee mmm (e2m3) is read as the fp16 with sign s, exponent
 // 00eee / 000ee and mantissa mm00000000 / mmm0000000: the same fields shifted into place, whose value is the FP6 value
 // times 2^(bias - 15) (2^-12 for e3m2, 2^-14 for e2m3), subnormals included (vcvtph2ps converts fp16 subnormals
-// exactly, and no fp32 subnormal is formed, so denormals-are-zero modes can't touch it); one multiply by 2^12 / 2^14
-// per vector gives the FP6 values themselves. (Not folded into scale_mul like float8's 256: e3m2's largest value is
-// 28, so a weight near float32's maximum has a scale near 2^123, and 2^12 more overflows.)
-// Fields are cut in 16-bit lanes, 16 codes (12 bytes) per ymm: pshufb puts the two bytes holding code u into word u
-// (both 128-bit lanes read the same 16 bytes), and a vpmullw by 2^(10 - s) (s: the code's bit offset in its word;
-// AVX2 has no per-word shift) moves the code to bits 10..15, its sign already fp16's; an arithmetic shift by the
-// mantissa width and one mask leave the fp16 bits, and vcvtph2ps widens each 128-bit half: k order, no permutation.
-// AVX-512 skips the conversion (Fp6Words below).
+// exactly, and no fp32 subnormal is formed, so denormals-are-zero modes can't touch it). The AVX2 decoder (AVX-512's:
+// Note [FP6 codes to bf16 by vpermi2w]) cuts the fields in 16-bit lanes, 16 codes (12 bytes) per ymm: pshufb puts
+// the two bytes holding code u into word u (both 128-bit lanes read the same 16 bytes), a vpmullw by 2^(10 - s) (s:
+// the code's bit offset in its word; AVX2 has no per-word shift) moves the code to bits 10..15, its sign already
+// fp16's, and an arithmetic shift by the mantissa width and one mask leave the fp16 bits; vcvtph2ps widens each
+// 128-bit half (k order, no permutation). Times 2^12 / 2^14 per vector these are the FP6 values themselves (the
+// fp32 blocks of the prefill); the dot kernel takes the fp16 values as they are (Raw) and multiplies x by 2^12 / 2^14
+// once per call instead, the same products (powers of two: exact) unless some |x| exceeds 2^115, which takes the
+// multiply per vector. (Not folded into scale_mul like float8's 256: e3m2's largest value is 28, so a weight near
+// float32's maximum has a scale near 2^123, and 2^12 more overflows.) 4096 x 4096 e2m3 per row, M = 1, one Zen 5
+// core, weights cached: 3.09 ms through the packed intx fields and an fp32 -> fp16 bit conversion, 1.18 ms cut in
+// 16-bit lanes, 1.01 ms with x scaled.
 template <class Vt, int kMant, bool kUnit = true>
 struct Fp6Fp16 {
   static_assert(Vt::L == 8, "16-bit lanes of one ymm: AVX2");
@@ -400,8 +404,9 @@ struct Fp6Fp16 {
 // 16-bit lanes: 128-bit lane q holds codes 8q .. 8q + 7 (bytes 6q .. 6q + 5: lanes 0, 1 read bytes 0..15, lanes 2, 3
 // bytes 12..27), pshufb puts each code's two bytes into its word and vpsrlvw shifts it down; then the table, and
 // vpunpcklwd / vpunpckhwd with zero make the fp32 lanes (dot order: vector t, lane j is code 8 (j / 4) + 4 t + j % 4).
-// Per 32 weights: two loads (one a masked broadcast), pshufb, vpsrlvw, vpermi2w, two unpacks, against Fp6Fp16's
-// conversion with a multiply per 16 weights. k order (operator()) widens the words with vpmovzxwd instead.
+// Per 32 weights: two loads (one a masked broadcast), pshufb, vpsrlvw, vpermi2w, two unpacks; k order (operator())
+// widens the words with vpmovzxwd instead. 4096 x 4096 e2m3 per row, M = 1, one Zen 5 core, weights cached: 1.82 ms
+// through the packed intx fields and an fp32 -> fp16 bit conversion with a multiply, 0.44 ms.
 template <class Vt, int kMant>
 struct Fp6Words {
   static_assert(Vt::L == 16, "32 words per zmm: AVX-512 BW");
@@ -433,7 +438,8 @@ struct Fp6Words {
   // The step's 32 codes' bf16 values, word u = code u.
   __m512i words(const uint8_t* b) const {
     const __m512i first = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
-    const __m512i v = _mm512_mask_broadcast_i32x4(first, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 12)));
+    const __m128i second = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 12));
+    const __m512i v = _mm512_mask_broadcast_i32x4(first, 0xFF00, second);
     return _mm512_permutex2var_epi16(lo, _mm512_srlv_epi16(_mm512_shuffle_epi8(v, ctrl), shifts), hi);
   }
   void dot_order(const uint8_t* b, F (&w)[W]) const {
@@ -832,7 +838,7 @@ void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_
     float* d = dst + (n - n0) * ldd - k0;
     const int64_t base = scale_base(p, n);
     // Groups that are not whole steps (NVFP4's 16, nf4 block_size 16, ...): the row's scales decoded once, then
-    // looked up per lane.
+    // taken per half step (groups of 16) or looked up per lane.
     const float* srow = aligned ? nullptr : scale_row(p, base, sbuf.data());
     for (int64_t c = c0; c < c1; ++c) {
       F w[W];
@@ -841,6 +847,12 @@ void decode_rows(const LowbitArgs& p, int64_t n0, int64_t n1, int64_t k0, int64_
         const int64_t gi = p.G == 1 ? 0 : c * kStep / p.g;
         const F s = V::set1(scale_at(p, base, gi)), o = V::set1(offset_at(p, base, gi));
         for (int t = 0; t < W; ++t) V::storeu(d + kStep * c + V::L * t, V::fmadd(w[t], s, o));
+      } else if (p.g == 16) {  // vectors t < W / 2 hold the step's first group: Note [Groups of half a step]
+        const int64_t g0 = std::min(2 * c, p.G - 1), g1 = std::min(2 * c + 1, p.G - 1);
+        const F s0 = V::set1(srow[g0] * p.scale_mul), s1 = V::set1(srow[g1] * p.scale_mul);
+        const F o0 = V::set1(offset_at(p, base, g0)), o1 = V::set1(offset_at(p, base, g1));
+        for (int t = 0; t < W; ++t)
+          V::storeu(d + kStep * c + V::L * t, V::fmadd(w[t], t < W / 2 ? s0 : s1, t < W / 2 ? o0 : o1));
       } else {
         for (int j = 0; j < kStep; ++j) {
           const int64_t gi = std::min((kStep * c + j) / p.g, p.G - 1);
@@ -885,8 +897,10 @@ template <class D> struct DotOrderFn {
 // other decoders run their k-order decode (operator(): vectors t < W / 2 hold the first group). With one token the
 // products of the vectors sharing a scale are summed first and the sum multiplied into the row's accumulator by the
 // scale (one FMA, Note [Group scales once per group]); with several the levels are scaled once and shared by the
-// tokens. A step whose second half lies past K (K an odd multiple of 16) takes scale 0 there (its x lanes are zero
-// padding anyway). 4096 x 4096 NVFP4, M = 1, one Zen 5 core, weights cached (--hot): 0.87 -> 0.4 ms at AVX-512.
+// tokens. NVFP4's scales are looked up per step in the 256 quotients of its e4m3 bytes (G16Scales), not decoded into
+// rows first. A step whose second half lies past K (K an odd multiple of 16) takes scale 0 there (its x lanes are zero
+// padding anyway). 4096 x 4096 NVFP4, M = 1, one Zen 5 core, weights cached: AVX-512 1.01 ms in k order with scale
+// rows, 0.43 ms in dot order, 0.36 ms with the looked-up scales; AVX2 1.64 -> 0.78 -> 0.66 ms.
 template <class D, class = void> constexpr G16 kG16Of = G16::kKOrder;
 template <class D> constexpr G16 kG16Of<D, std::void_t<decltype(D::kG16)>> = D::kG16;
 
@@ -925,9 +939,9 @@ __attribute__((always_inline)) inline void g16_step(F (&acc)[MB][NB], const D& d
       F sum[2];
 #pragma GCC unroll 4
       for (int t = 0; t < W; ++t) {
-        const int h = kOrder == G16::kLaneHalves ? 0 : t / (W / 2), first = kOrder == G16::kLaneHalves ? 0 : h * (W / 2);
+        const int h = kOrder == G16::kLaneHalves ? 0 : t / (W / 2);  // the sum of this vector's group
         const F x = V::loadu(xr[0] + kStep * c + V::L * t);
-        sum[h] = t == first ? V::mul(x, w[t]) : V::fmadd(x, w[t], sum[h]);
+        sum[h] = t == (kOrder == G16::kLaneHalves ? 0 : h * (W / 2)) ? V::mul(x, w[t]) : V::fmadd(x, w[t], sum[h]);
       }
       acc[0][i] = V::fmadd(sum[0], sv[0], acc[0][i]);
       if constexpr (kOrder != G16::kLaneHalves) acc[0][i] = V::fmadd(sum[1], sv[1], acc[0][i]);
