@@ -24,8 +24,11 @@ def _child_argv(args, out: Path) -> list[str]:
 
 
 def _run(tree: Path, args, out: Path) -> dict[tuple, dict]:
-    """{record key: time record} of one kernels run on `tree`'s torchqkit (this checkout's benchmarks package)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(REPO)])}
+    """{record key: time record} of one kernels run on `tree`'s torchqkit (and its benchmarks package, or this
+    checkout's where the tree has none)."""
+    # PYTHONSAFEPATH: `-m` would put the working directory (this checkout) ahead of PYTHONPATH, so both runs would
+    # import this checkout's torchqkit.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(REPO)]), "PYTHONSAFEPATH": "1"}
     proc = subprocess.run([sys.executable, "-m", "benchmarks", "kernels", *_child_argv(args, out)], cwd=REPO, env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:

@@ -158,8 +158,8 @@ void gemm_u8s8_amx(int R, const uint8_t* a, int64_t lda, const int8_t* panel, in
 // fnuz bytes] in linear_lowbit_isa.h);
 // intx: the unsigned field u plus code_offset (the glue folds qmin, and the code midpoint of a float-domain zero
 // point, into code_offset, and the rest of the zero point into o).
-// fp6 e3m2 / e2m3 (6-bit fields packed as intx at 6 bits, FP6Layout): value * 2^-12 / 2^-14, the fp16 conversion's
-// scale (Note [FP6 through fp16] in linear_lowbit_isa.h; scale_mul puts it back).
+// fp6 e3m2 / e2m3 (6-bit fields packed as intx at 6 bits, FP6Layout): the FP6 value (Note [FP6 through fp16], Note
+// [FP6 codes to bf16 by vpermi2w] in linear_lowbit_isa.h).
 enum class LowbitFormat : int { kNf4 = 0, kFloat8E4m3 = 1, kFloat8E5m2 = 2, kIntx = 3, kFp4E2m1 = 4, kFp6E3m2 = 5,
                                 kFp6E2m3 = 6, kFloat8E4m3Fnuz = 7, kFloat8E5m2Fnuz = 8 };
 

@@ -35,7 +35,7 @@ using torchqkit_glue::out_shape;
 // Tokens up to which the dot kernel (4 per pass over the weights) beats decoding to fp32 first: nf4 and
 // float8 decode cheaply, packed intx doesn't (measured with benchmarks/bench_linear.py --formats, M = 8:
 // nf4 2.5 vs 4.6 ms, int3 6.3 vs 4.7 ms at 4096 x 4096).
-// FP6 decodes through the packed intx fields (Note [FP6 through fp16]): intx's bound.
+// FP6 keeps intx's bound.
 int64_t dot_max_m(LowbitFormat fmt) {
   return fmt == LowbitFormat::kIntx || fmt == LowbitFormat::kFp6E3m2 || fmt == LowbitFormat::kFp6E2m3 ? 4 : 8;
 }
@@ -316,10 +316,10 @@ at::Tensor linear_mxwo(const at::Tensor& x, const at::Tensor& qdata, const at::T
 
 // NVFP4Layout bytes (torchqkit/layouts/nvfp4.py): the e2m1 decoder of MXFP4 with float8 e4m3 scales per 16 k. A
 // block scale is its byte's value divided by the global scale (the reference's float32 division, so bit for bit its
-// scales): the kernels decode a block of rows' scale bytes with vector ops and divide them once per block
-// (scale_row in linear_lowbit_isa.h), instead of building a table of the 256 quotients with ATen calls per product
-// and looking each byte up in a scalar loop. Groups of 16 are half a decode step of 32: the dot kernel scales each half
-// (Note [Groups of half a step] in linear_lowbit_isa.h).
+// scales): the kernels divide the decoded bytes with vector ops (e4m3_quotients in linear_lowbit_isa.h), the dot
+// kernel the 256 possible bytes once per call and then looks each block's byte up, the fp32 blocks a block of rows'
+// scale bytes at a time. Groups of 16 are half a decode step of 32: the dot kernel scales each half (Note [Groups of
+// half a step] in linear_lowbit_isa.h).
 at::Tensor linear_nvfp4wo(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale,
                           const at::Tensor& global_scale, const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "torchqkit::linear_nvfp4wo";
@@ -342,8 +342,9 @@ at::Tensor linear_nvfp4wo(const at::Tensor& x, const at::Tensor& qdata, const at
   return run(x, p, bias, op);
 }
 
-// FP6Layout bytes (torchqkit/layouts/fp6.py): 6-bit fields as packed intx stores them, decoded through fp16
-// (Note [FP6 through fp16] in linear_lowbit_isa.h).
+// FP6Layout bytes (torchqkit/layouts/fp6.py): 6-bit fields as packed intx stores them, decoded by a table of bf16
+// values (AVX-512) or through fp16 (AVX2) (Note [FP6 codes to bf16 by vpermi2w], [FP6 through fp16] in
+// linear_lowbit_isa.h).
 at::Tensor linear_fp6wo(const at::Tensor& x, const at::Tensor& qdata, const at::Tensor& scale, int64_t ebits,
                         const std::optional<at::Tensor>& bias) {
   constexpr const char* op = "torchqkit::linear_fp6wo";
@@ -437,13 +438,14 @@ const DescribeOp kNf4Described(lowbit_description("torchqkit::linear_nf4wo", "M 
 const DescribeOp kFp8Described(lowbit_description("torchqkit::linear_fp8wo", "M > 8", "M > 8"));
 const DescribeOp kIntxDescribed(lowbit_description("torchqkit::linear_intxwo", "M > 4", "M > 4"));
 const DescribeOp kMxDescribed(lowbit_description("torchqkit::linear_mxwo", "M > 8", "M > 8"));
-// FP6: the packed intx decoder's 6-bit fields turned into fp16 bits (Note [FP6 through fp16]), intx's M bounds.
+// FP6: codes looked up as bf16 (Note [FP6 codes to bf16 by vpermi2w]) or turned into fp16 bits (Note [FP6 through
+// fp16]), intx's M bounds.
 const DescribeOp kFp6Described(
     OpDescription("torchqkit::linear_fp6wo")
         .at("avx512_vnni",
-            "M <= 4: 16 weights per zmm decoded in registers (6-bit fields cut from 3-byte lanes of whole codes, "
-            "their sign, exponent and mantissa placed as fp16 bits and converted, Note [FP6 through fp16]), 4 rows x "
-            "4 tokens, scales once per group; larger M: 32 x 1024 blocks decoded to fp32 (L2) then 4x4 dot tiles; "
+            "M <= 4: 32 weights per step decoded in registers (6-bit codes cut into 16-bit lanes and looked up as "
+            "bf16 values by vpermi2w, Note [FP6 codes to bf16 by vpermi2w]), 4 rows x 4 tokens, scales once per "
+            "group; larger M: 32 x 1024 blocks decoded to fp32 (L2) then 4x4 dot tiles; "
             "M >= 64: 32-row k-major panels + 6x32 FMA tiles, except from M = 128 on Intel CPUs: blocks of 512 rows "
             "decoded to fp32, then ATen's fp32 GEMM (" + kFp32PrefillSgemm + ")")
         .at("avx512_bf16",
@@ -451,7 +453,8 @@ const DescribeOp kFp6Described(
             "k-pair panels + 6x32 vdpbf16ps tiles; decode M, groups of a size not a multiple of 32 and float16 "
             "activations run the avx512_vnni kernels (fp32)")
         .at("avx2",
-            "8-lane decoders: in registers for M <= 4 (the same fp16 conversion); larger M: rows decoded to fp32 16 "
+            "8-lane decoders: in registers for M <= 4 (codes cut into 16-bit lanes, their sign, exponent and "
+            "mantissa placed as fp16 bits and converted, Note [FP6 through fp16]); larger M: rows decoded to fp32 16 "
             "at a time into k-major panels + 6x16 FMA tiles, on Intel CPUs fp32 blocks + dot tiles and from M = 128 "
             "blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" + kFp32PrefillPanels256 + ")")
         .at("scalar", "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it")
@@ -461,15 +464,16 @@ const DescribeOp kFp6Described(
 const DescribeOp kNvfp4Described(
     OpDescription("torchqkit::linear_nvfp4wo")
         .at("avx512_vnni",
-            "M <= 8: 16 weights per zmm decoded in registers in k order (4 rows x 4 tokens), each half of a 32-weight "
-            "step scaled by its block's float8 scale over the global scale (decoded once per 4 rows); larger M: "
-            "32 x 1024 blocks decoded to fp32 (L2) then 4x4 dot tiles; M >= 64: 32-row k-major panels + 6x32 FMA "
-            "tiles, except from M = 128 on Intel CPUs: blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" +
+            "M <= 8: 16 weights per zmm decoded in registers (4 rows x 4 tokens), the lanes of each half of a "
+            "32-weight step scaled by its block's float8 scale over the global scale (looked up per block in the 256 "
+            "quotients, Note [Groups of half a step]); larger M: 32 x 1024 blocks decoded to fp32 (L2) then 4x4 dot "
+            "tiles; M >= 64: 32-row k-major panels + 6x32 FMA tiles, except from M = 128 on Intel CPUs: blocks of "
+            "512 rows decoded to fp32, then ATen's fp32 GEMM (" +
                 kFp32PrefillSgemm + ")")
         .at("avx2",
-            "8-lane decoders: in registers for M <= 8 (each half step scaled by its block's scale); larger M: rows "
-            "decoded to fp32 16 at a time into k-major panels + 6x16 FMA tiles, on Intel CPUs fp32 blocks + dot "
-            "tiles and from M = 128 blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" +
+            "8-lane decoders: in registers for M <= 8 (each half step's vectors scaled by its block's scale); larger "
+            "M: rows decoded to fp32 16 at a time into k-major panels + 6x16 FMA tiles, on Intel CPUs fp32 blocks + "
+            "dot tiles and from M = 128 blocks of 512 rows decoded to fp32, then ATen's fp32 GEMM (" +
                 kFp32PrefillPanels256 + ")")
         .at("scalar", "plain loops: the CPU has no AVX2+FMA, or TORCHQKIT_CPU_ISA forced it")
         .fp32_prefill_routes());

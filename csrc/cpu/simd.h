@@ -21,6 +21,7 @@
 //                   dot(acc, a, b) adds each lane's products to acc's int32 lanes; sum_b(acc, b) adds b's bytes
 //   16-bit          and_h, or_h, srai1_h (arithmetic >> 1), srli1_h (logical >> 1), slli7_h (<< 7), sub_h, max_h
 //                   (signed), cmpeq_h, set1_h, half_to_f (fp16 bits -> fp32)
+//   halves(a, b)    lanes j < L / 2 = *a, the others *b
 //   Lut16           a 16-entry fp32 table in registers; lookup(t, i) = table[i & 15] per lane (reads bits 0..3 only)
 //   kPermEntries    entries of the one-instruction table lookup perm(table, i) = table[i % kPermEntries] (a vector
 //                   as the table: 16 for vpermps zmm, 8 for vpermps ymm)
@@ -110,6 +111,9 @@ struct Vec512 : VecTypes<16, 32, __m512, __m512i, __m256i> {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8((__mmask16)((1u << n) - 1), p)));
   }
   TQK_AVX512 void store_u8(uint8_t* p, I v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(v)); }
+  TQK_AVX512 F halves(const float* a, const float* b) {
+    return _mm512_mask_broadcastss_ps(_mm512_set1_ps(*a), 0xFF00, _mm_load_ss(b));
+  }
 
   TQK_AVX512 I broadcast128(__m128i v) { return _mm512_broadcast_i32x4(v); }
   TQK_AVX512 H narrow16(I v) { return _mm512_cvtepi32_epi16(v); }
@@ -182,6 +186,7 @@ struct Vec256 : VecTypes<8, 16, __m256, __m256i, __m128i> {
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
   }
 
+  TQK_AVX2 F halves(const float* a, const float* b) { return _mm256_setr_m128(_mm_set1_ps(*a), _mm_set1_ps(*b)); }
   TQK_AVX2 I broadcast128(__m128i v) { return _mm256_broadcastsi128_si256(v); }
   TQK_AVX2 H narrow16(I v) { return _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)); }
   template <int T>

@@ -14,8 +14,9 @@ codes 4j .. 4j + 3 fill bytes 3j .. 3j + 2 exactly: byte 3j = c0 | (c1 & 3) << 6
 bits, bias 3; e2m3: 2 + 3 bits, bias 1). Example, e3m2 codes [0b001100 (1.0), 0b101100 (-1.0), 0, 0b011111
 (28.0)] -> bytes [0x0C, 0x0B, 0x7C]. Rows start on a byte; slices along K cut at multiples of 4 codes.
 
-Linear: weight-only runs torchqkit::linear_fp6wo on the stored bytes (C++ on CPU: the 6-bit fields of the packed
-intx decoder, turned into fp16 bits and converted); the reference (dequantize + F.linear) serves the rest.
+Linear: weight-only runs torchqkit::linear_fp6wo on the stored bytes (C++ on CPU: the 6-bit codes cut into 16-bit
+lanes and looked up as bf16 values at AVX-512, turned into fp16 bits and converted at AVX2); the reference (dequantize
++ F.linear) serves the rest.
 """
 from __future__ import annotations
 
