@@ -648,9 +648,6 @@ __attribute__((always_inline)) inline int64_t whole_groups_fixed(F (&acc)[1][NB]
   }
 }
 
-// Scales of the G groups of the row whose scale row starts at base, without scale_mul: the stored fp32 row
-// itself, or E8M0 exponents / double-quantized absmax decoded into dst (once per block of rows, in a loop the
-// compiler vectorizes, so the dot loop reads one float per group and row).
 // n NVFP4 scale bytes e -> dst: each float8 e4m3 value / global, the reference's quotient (nvfp4_block_scale).
 // V::L bytes at a time through fp16 as F8's e4m3 decode (value / 256, NaN codes given an all-ones exponent), times
 // 256 (exact), divided by the global scale: one correctly rounded division, as the reference's.

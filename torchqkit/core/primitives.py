@@ -703,6 +703,9 @@ def _nearest_level(v: torch.Tensor, qdtype: QDType) -> torch.Tensor:
     lo, hi = values[0], values[-1]
     mids = (uniq[1:] + uniq[:-1]) / 2
     v = v.clamp(lo, hi)
-    # right=False puts a tie on the lower level (nearer zero for v > 0); right=True the upper one (v < 0).
-    idx = torch.where(v >= 0, torch.bucketize(v, mids, right=False), torch.bucketize(v, mids, right=True))
+    # bucketize (right=False) puts a tie on the lower level: nearer zero for v > 0; a negative tie moves one level
+    # up (what right=True gives), found by comparing with the midpoint (one search, not one per side: it is most of
+    # the cost of quantizing to a codebook)
+    idx = torch.bucketize(v, mids, right=False)
+    idx = idx + ((v < 0) & (mids[idx.clamp(max=mids.numel() - 1)] == v))
     return codes[idx].to(qdtype.storage_dtype)

@@ -23,8 +23,8 @@ divides the block scale by it), so the three tensors are ``weight_packed``, ``we
 Linear: weight-only runs torchqkit::linear_nvfp4wo on the stored bytes (C++ on CPU: the e2m1 table of MXFP4, the
 float8 block scales divided by G (the 256 possible quotients once per call), each half of a 32-weight decode step
 scaled by its block's scale: Note [Groups of half a step] in csrc/cpu/linear_lowbit_isa.h); with NVFP4 activations
-(NVFP4DynamicActivationNVFP4WeightConfig) it runs the reference, activations quantized per 16 on the fly, then
-dequantize + F.linear.
+(NVFP4DynamicActivationNVFP4WeightConfig) the same op on the activations quantized per 16 and dequantized (Note
+[Activations fake-quantized before a weight-only kernel] in routes.py).
 """
 from __future__ import annotations
 
