@@ -652,7 +652,8 @@ def test_int8da_int4_config_routes_to_the_op_and_matches_fake_quant():
     ref = F.linear(w.act_quant.fake_quantize(x), w.dequantize(), lin.bias)  # fp32: summation order only
     assert_rel(out, ref, 2e-5, "layout")
     if LEVELS:
-        row = next(r for r in kernels.status() if r["linear"].startswith("int8 or int4 dynamic act (per token, or per token and weight group) x int4"))
+        row = next(r for r in kernels.status()
+                   if r["linear"].startswith("int8 or int4 dynamic act (per token, or per token and weight group) x int4"))
         assert row["path"] == f"torchqkit::linear_int8da_int4_packed (cpp {running_level(DA4_LEVELS)})"
 
 

@@ -10,8 +10,8 @@ byte boundary, so slicing out_features is a row view; slices along in_features c
 
 Linear (routes below): weight-only, not ternary: ``torchqkit::linear_intxwo`` on these bytes (C++ CPU kernels);
 ternary planes weight-only: ``torchqkit::linear_ternarywo`` (table lookups, no multiplies by weights);
-int8 or int4 dynamic activations x int4: ``torchqkit::linear_int8da_int4_packed``; any other activation quantization: the
-weight-only op on the fake-quantized input (Note [Activations fake-quantized before a weight-only kernel] in
+int8 or int4 dynamic activations x int4: ``torchqkit::linear_int8da_int4_packed``; any other activation quantization:
+the weight-only op on the fake-quantized input (Note [Activations fake-quantized before a weight-only kernel] in
 routes.py). ``torchqkit.kernels.status()`` reports which.
 
 Note [Packed intx bits]

@@ -113,8 +113,9 @@ def reference_linear(w, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Ten
 
 # Note [Activations fake-quantized before a weight-only kernel]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A product whose activation format has no integer / low-precision matmul on the device (int4, float8 or MXFP8 /
-# NVFP4 activations on a CPU: no instruction multiplies them) is defined as F.linear(fake_quantize(x), dequantize(w))
+# A product whose activation format has no integer / low-precision matmul on the device (float8, MXFP8 or NVFP4
+# activations on a CPU, which no instruction multiplies; int4 codes on a GPU, where torchqkit has no integer kernel
+# for them) is defined as F.linear(fake_quantize(x), dequantize(w))
 # (reference_linear). Its routes compute exactly that with the layout's weight-only kernel in place of dequantize +
 # F.linear: the activation is quantized and dequantized by the spec's own torch ops (the reference's code, so the
 # codes are the reference's; fused into the graph under torch.compile), and the kernel reads the weight's bytes as
