@@ -13,8 +13,8 @@ Every Linear but the lm_head is quantized (the lm_head stays float in both colum
 [0, --tokens) of the text torchqkit ships in windows of 512; GPTQ (`+gptq`) calibrates on --calib-batches windows of
 256 tokens from token 8192 on. The loss of a config is its perplexity increase over float32; the targets: with the
 rotation, W4A8 (int8 activations x int4) and W4A4 lose at most 0.5x what they lose without it. MiniLM: all 37
-Linears, 1 - cosine of each packaged demo sentence's embedding to the float32 one (mean). Quality only: no timings
-(these configs run on the reference path). The committed run: benchmarks/rotation_results.md.
+Linears, 1 - cosine of each packaged demo sentence's embedding to the float32 one (mean). Quality only: no timings.
+The committed run: benchmarks/rotation_results.md.
 """
 from __future__ import annotations
 
