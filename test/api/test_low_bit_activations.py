@@ -80,7 +80,7 @@ def test_every_linear_of_the_model_is_its_reference(name):
     # The kernels sum in another order than F.linear, and a 4-bit activation code that flips on a last-bit
     # difference changes the next layer's output by a whole step: so each Linear is compared with its reference on
     # the input it was given, and the logits are as far from the float model's as the reference model's are (W4A4
-    # on this random model: 6.3 vs 6.5 dB; int4 x int4 logits of the two differ at 12 dB).
+    # on this random model: 6.3 vs 6.5 dB, while the two models' logits are 11.9 dB apart).
     model = tiny_llama(tied=False)
     qk.quantize_(model, CONFIGS[name], strict=True)
     reference = _fake_quantizing_reference(model)
