@@ -116,12 +116,12 @@ def measure(level: str, k: int, n: int, timer: Timer, probe_bytes: int,
                     rows.append(_row(f"M=1 {act} x: share of read bandwidth", name, m, 100 * nbytes / t / 1e9 / bw, "%",
                                      100 * goal, read_bw_gbs=bw, cached_gbs=nbytes / cached / 1e9, op=op))
             if TERNARY in names:
-                times = {}
+                times, ops = {}, {}
                 for name in (INT2, TERNARY):
-                    fn, _ = direct_call(weights[name], x)
+                    fn, ops[name] = direct_call(weights[name], x)
                     times[name] = timer(fn, weights[name], cold=True)
                 rows.append(_row("M=1 f32 x: x the packed int2 kernel", TERNARY, m, times[INT2] / times[TERNARY], "x",
-                                 1.5, op=direct_call(weights[TERNARY], x)[1]))
+                                 1.5, op=ops[TERNARY]))
             q = weights["int4-wo-g128"]
             packed, sz = torch_int4_pack(q, k, n, 128)
             fn, _ = direct_call(q, xb)

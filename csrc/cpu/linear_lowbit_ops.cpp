@@ -484,29 +484,32 @@ std::optional<at::Tensor> expert_of(const std::optional<at::Tensor>& t, int64_t 
   return t.has_value() ? std::optional<at::Tensor>(t->select(0, g)) : std::nullopt;
 }
 
-int64_t stack_experts(const char* op, const at::Tensor& qdata, const at::Tensor& scale, int64_t qdata_dims) {
-  TORCH_CHECK(qdata.dim() == qdata_dims && scale.dim() >= 1 && qdata.size(0) == scale.size(0), op, ": qdata (E, ...) "
-              "of ", qdata_dims, " dims and scale (E, ...) of the same E experts, got ", qdata.sizes(), " and ",
-              scale.sizes());
-  return qdata.size(0);
+// A stack whose format is a (qdata (E, N, ...), scale (E, ...)) pair and more: expert(rows, qdata[g], scale[g], g)
+// runs expert g's 2-d op.
+template <class Expert>
+at::Tensor grouped_qdata_scale(const char* op, const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
+                               const at::Tensor& scale, const Expert& expert) {
+  TORCH_CHECK(qdata.dim() == 3 && scale.dim() >= 1 && qdata.size(0) == scale.size(0), op, ": qdata (E, ...) of 3 "
+              "dims and scale (E, ...) of the same E experts, got ", qdata.sizes(), " and ", scale.sizes());
+  return grouped_rows(op, x, offs, qdata.size(0), qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
+    return expert(rows, qdata.select(0, g), scale.select(0, g), g);
+  });
 }
 
 at::Tensor grouped_linear_mxwo(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
                                const at::Tensor& scale) {
-  constexpr const char* op = "torchqkit::grouped_linear_mxwo";
-  const int64_t experts = stack_experts(op, qdata, scale, 3);
-  return grouped_rows(op, x, offs, experts, qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
-    return linear_mxwo(rows, qdata.select(0, g), scale.select(0, g), {});
-  });
+  return grouped_qdata_scale("torchqkit::grouped_linear_mxwo", x, offs, qdata, scale,
+                             [](const at::Tensor& rows, const at::Tensor& q, const at::Tensor& s, int64_t) {
+                               return linear_mxwo(rows, q, s, {});
+                             });
 }
 
 at::Tensor grouped_linear_fp8wo(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
                                 const at::Tensor& scale) {
-  constexpr const char* op = "torchqkit::grouped_linear_fp8wo";
-  const int64_t experts = stack_experts(op, qdata, scale, 3);
-  return grouped_rows(op, x, offs, experts, qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
-    return linear_fp8wo(rows, qdata.select(0, g), scale.select(0, g), {});
-  });
+  return grouped_qdata_scale("torchqkit::grouped_linear_fp8wo", x, offs, qdata, scale,
+                             [](const at::Tensor& rows, const at::Tensor& q, const at::Tensor& s, int64_t) {
+                               return linear_fp8wo(rows, q, s, {});
+                             });
 }
 
 at::Tensor grouped_linear_nf4wo(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
@@ -524,32 +527,31 @@ at::Tensor grouped_linear_nf4wo(const at::Tensor& x, const at::Tensor& offs, con
 at::Tensor grouped_linear_intxwo(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
                                  const at::Tensor& scale, const std::optional<at::Tensor>& zero_point, int64_t bits,
                                  bool is_signed, c10::string_view zero_point_domain) {
-  constexpr const char* op = "torchqkit::grouped_linear_intxwo";
-  const int64_t experts = stack_experts(op, qdata, scale, 3);
-  return grouped_rows(op, x, offs, experts, qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
-    return linear_intxwo(rows, qdata.select(0, g), scale.select(0, g), expert_of(zero_point, g), bits, is_signed,
-                         zero_point_domain, {});
-  });
+  return grouped_qdata_scale("torchqkit::grouped_linear_intxwo", x, offs, qdata, scale,
+                             [&](const at::Tensor& rows, const at::Tensor& q, const at::Tensor& s, int64_t g) {
+                               return linear_intxwo(rows, q, s, expert_of(zero_point, g), bits, is_signed,
+                                                    zero_point_domain, {});
+                             });
 }
 
 at::Tensor grouped_linear_nvfp4wo(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
                                   const at::Tensor& scale, const at::Tensor& global_scale) {
   constexpr const char* op = "torchqkit::grouped_linear_nvfp4wo";
-  const int64_t experts = stack_experts(op, qdata, scale, 3);
-  TORCH_CHECK(global_scale.dim() >= 1 && global_scale.size(0) == experts, op, ": global_scale must hold one scale "
-              "per expert (E, ...), got ", global_scale.sizes());
-  return grouped_rows(op, x, offs, experts, qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
-    return linear_nvfp4wo(rows, qdata.select(0, g), scale.select(0, g), global_scale.select(0, g), {});
-  });
+  // (a qdata of other dims: grouped_qdata_scale names that first)
+  TORCH_CHECK(qdata.dim() != 3 || (global_scale.dim() >= 1 && global_scale.size(0) == qdata.size(0)), op,
+              ": global_scale must hold one scale per expert (E, ...), got ", global_scale.sizes());
+  return grouped_qdata_scale(op, x, offs, qdata, scale,
+                             [&](const at::Tensor& rows, const at::Tensor& q, const at::Tensor& s, int64_t g) {
+                               return linear_nvfp4wo(rows, q, s, global_scale.select(0, g), {});
+                             });
 }
 
 at::Tensor grouped_linear_fp6wo(const at::Tensor& x, const at::Tensor& offs, const at::Tensor& qdata,
                                 const at::Tensor& scale, int64_t ebits) {
-  constexpr const char* op = "torchqkit::grouped_linear_fp6wo";
-  const int64_t experts = stack_experts(op, qdata, scale, 3);
-  return grouped_rows(op, x, offs, experts, qdata.size(1), [&](const at::Tensor& rows, int64_t g) {
-    return linear_fp6wo(rows, qdata.select(0, g), scale.select(0, g), ebits, {});
-  });
+  return grouped_qdata_scale("torchqkit::grouped_linear_fp6wo", x, offs, qdata, scale,
+                             [&](const at::Tensor& rows, const at::Tensor& q, const at::Tensor& s, int64_t) {
+                               return linear_fp6wo(rows, q, s, ebits, {});
+                             });
 }
 
 const DescribeOp kGroupedNvfp4Described(

@@ -37,7 +37,8 @@ CONFIGS = {
     "fp6_e3m2": qk.FP6WeightOnlyConfig(ebits=3),
     "ternary": qk.presets.get("ternary-g32"),
     "w4a8": qk.Int8DynamicActivationIntxWeightConfig(),
-    # Note [Activations fake-quantized before a weight-only kernel]: the weight-only grouped op on quantized inputs
+    # int4 activation codes on the int8 x int4 grouped op; the others: Note [Activations fake-quantized before a
+    # weight-only kernel], the weight-only grouped op on the fake-quantized input
     "w4a4": qk.Int4DynamicActivationInt4WeightConfig(group_size=32),
     "fp8_int4": qk.Float8DynamicActivationInt4WeightConfig(group_size=32),
     "mxfp8_mxfp4": qk.MXDynamicActivationMXWeightConfig(weight="mxfp4"),

@@ -6,8 +6,9 @@ Note [Grouped quantized linear]
 ``torch.bmm`` on gathered experts (its "batched_mm") both mean: rows ``[offs[g - 1], offs[g])`` of x go through
 ``F.linear`` with expert g. For a quantized stack this op does exactly that, one expert at a time, and groups
 without tokens are skipped: a decode step reads only the routed experts' bytes. Two ways, the same numbers:
-- where the case's route has a grouped op with a C++ CPU kernel (``Route.grouped``: every weight-only format, and
-  int8 dynamic activations with int8 or int4 weights) and the activations are on the CPU, that one op call for the
+- where the case's route has a grouped op with a C++ CPU kernel (``Route.grouped``: every weight-only format, int8
+  or int4 dynamic activations on the integer kernels, and the activation configs that run a weight-only kernel on
+  the fake-quantized input) and the activations are on the CPU, that one op call for the
   whole stack: the 2-d op's kernels run from C++ on each expert with rows, on a view of it (Note [Grouped linear in
   C++], csrc/cpu/grouped_rows.h). The route is decided once per format and activation dtype. Eager,
   ``grouped_linear`` calls the grouped op itself; a compiled graph calls this module's op, which calls it inside.
@@ -182,8 +183,8 @@ def grouped_linear(x: torch.Tensor, w, offs: torch.Tensor) -> torch.Tensor:
 
 register_status_rows(lambda: [{
     "layout": "(experts)", "linear": "torch._grouped_mm / torch.bmm on a quantized expert stack (E, N, K)",
-    "path": "the route's grouped op, torchqkit::grouped_linear_<format> (C++ CPU: every weight-only format, int8 "
-            "dynamic activations x int8 / int4), else torchqkit::grouped_linear_quantized: per routed expert its "
-            "layout's linear row above",
+    "path": "the route's grouped op, torchqkit::grouped_linear_<format> (C++ CPU: every weight-only format, int8 / "
+            "int4 dynamic activations on the integer kernels, activation configs on a weight-only kernel), else "
+            "torchqkit::grouped_linear_quantized: per routed expert its layout's linear row above",
     "why": "one call per stack where a grouped C++ kernel exists, else one 2-d call per expert with tokens; empty "
            "groups skipped either way (Note [Grouped quantized linear])"}])
