@@ -219,6 +219,9 @@ def main(argv=None) -> int:
         fsdp_qlora(model_llm.model, tokens, rank, world, fsdp, rec, shape, steps, seq)
         if rank == 0:
             rec.print_table()
+        # both ranks done before either tears gloo down: a rank destroying the group while its peer was still in
+        # it aborted now and then ("terminate called without an active exception", SIGABRT)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0
