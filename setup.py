@@ -105,8 +105,8 @@ def _cpu_extension():
          "csrc/cpu/fp32_panels256.cpp", "csrc/cpu/kernel_descriptions.cpp",
          "csrc/cpu/decode_attention.cpp", "csrc/cpu/decode_attention_ops.cpp",
          "csrc/cpu/quantized_kv_attention.cpp", "csrc/cpu/quantized_kv_attention_ops.cpp",
-         "csrc/cpu/kv_cache_append.cpp", "csrc/cpu/linear_ternary.cpp", "csrc/cpu/linear_nm_sparse.cpp",
-         "csrc/cpu/route_choice.cpp"],
+         "csrc/cpu/kv_cache_append.cpp", "csrc/cpu/fake_quantize_activation.cpp", "csrc/cpu/linear_ternary.cpp",
+         "csrc/cpu/linear_nm_sparse.cpp", "csrc/cpu/route_choice.cpp"],
         # No -m<isa> flags: the SIMD code opts in per function (see csrc/cpu/linear_int8.cpp).
         # -fopenmp: at::parallel_for is an inline template that only forks threads when _OPENMP is
         # defined; without it every kernel silently runs on one thread (csrc/cpu/parallel.h refuses that).

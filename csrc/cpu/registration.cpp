@@ -327,6 +327,9 @@ at::Tensor sdpa_quantized_kv_cache(const at::Tensor& query, const at::Tensor& k_
 void kv_cache_append(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero, const at::Tensor& tail,
                      const at::Tensor& counts, const at::Tensor& states, std::string fmt_name, int64_t group,
                      bool per_channel, int64_t residual_length, std::string name);
+// Defined in fake_quantize_activation.cpp (float8 / MXFP8 / NVFP4 activations quantized and dequantized).
+at::Tensor fake_quantize_activation(const at::Tensor& x, std::string qdtype, int64_t group_size, bool per_tensor,
+                                    std::optional<double> static_scale, const std::optional<at::Tensor>& offs);
 
 }  // namespace torchqkit_cpu
 
@@ -338,6 +341,7 @@ TORCH_LIBRARY_IMPL(torchqkit, CPU, m) {
   m.impl("sdpa_over_filled_cache", &torchqkit_cpu::sdpa_over_filled_cache);
   m.impl("sdpa_quantized_kv_cache", &torchqkit_cpu::sdpa_quantized_kv_cache);
   m.impl("kv_cache_append", &torchqkit_cpu::kv_cache_append);
+  m.impl("fake_quantize_activation", &torchqkit_cpu::fake_quantize_activation);
 }
 
 namespace torchqkit_cpu {

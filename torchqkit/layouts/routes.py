@@ -24,11 +24,14 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..core.qdtype import fp4_e2m1
 from ..kernels import KERNEL_ACT_DTYPES, cpu_backend, linear_op
+from ..kernels.ops import fake_quantize_activation as fake_quantize_op
 from ..kernels.preference import KernelPreference
 
 __all__ = ["Route", "GroupedRoute", "quantized_linear", "reference_linear", "route_for", "route_rows",
-           "flatten_tokens", "in_dtype_of", "empty_linear", "fake_quantized_input", "on_fake_quantized_input",
+           "flatten_tokens", "in_dtype_of", "empty_linear", "fake_quantized_input", "kernel_fake_quantized_input",
+           "on_fake_quantized_input",
            "grouped_on_fake_quantized_input"]
 
 
@@ -122,10 +125,25 @@ def reference_linear(w, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Ten
 # stored. The result is the reference's product up to the kernel's float summation order, at the weight-only
 # kernel's speed (it reads the same bytes), where dequantizing the whole weight per call cost ~1000x that at M = 1.
 
+def _by_op(spec, x: torch.Tensor) -> bool:
+    """Whether torchqkit::fake_quantize_activation computes ``spec``'s fake quantization of ``x``: float8 / NVFP4
+    activations on a CPU. Routes run without autograd: training through an activation config takes the
+    straight-through gradient around the whole linear (_StraightThroughActivation, tensor/affine_quantized_tensor)."""
+    return spec is not None and x.device.type == "cpu" and fake_quantize_op.takes(spec)
+
+
+def kernel_fake_quantized_input(w, x: torch.Tensor) -> torch.Tensor:
+    """``fake_quantized_input(w, x)``, the same values, through torchqkit::fake_quantize_activation where it
+    takes the case (Note [Activations fake-quantized before a weight-only kernel])."""
+    if _by_op(w.act_quant, x):
+        return fake_quantize_op.fake_quantize_activation(flatten_tokens(x), w.act_quant).reshape(x.shape)
+    return fake_quantized_input(w, x)
+
+
 def on_fake_quantized_input(call: Callable) -> Callable:
     """A Route ``call`` run on the fake-quantized input (Note [Activations fake-quantized before a weight-only
     kernel])."""
-    return lambda fn, w, x, bias: call(fn, w, fake_quantized_input(w, x), bias)
+    return lambda fn, w, x, bias: call(fn, w, kernel_fake_quantized_input(w, x), bias)
 
 
 def grouped_on_fake_quantized_input(call: Callable) -> Callable:
@@ -136,10 +154,13 @@ def grouped_on_fake_quantized_input(call: Callable) -> Callable:
 
 def _fake_quantized_groups(w, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Rows ``[offs[g - 1], offs[g])`` of x fake-quantized as group g's linear does it: a scale per token (or token
-    and group of features) or a static one is the same over the whole input; a dynamic per-tensor scale is taken
-    over each group's rows."""
+    and group of features) or a static one is the same over the whole input; a dynamic per-tensor scale, and
+    NVFP4's scale of the block scales, are taken over each group's rows."""
     spec = w.act_quant
-    if spec is None or not spec.per_tensor or spec.static_scale is not None:
+    tensor_wide = spec is not None and (spec.qdtype is fp4_e2m1 or (spec.per_tensor and spec.static_scale is None))
+    if _by_op(spec, x):
+        return fake_quantize_op.fake_quantize_activation(x, spec, offs if tensor_wide else None)
+    if not tensor_wide:
         return fake_quantized_input(w, x)
     out, start = x.clone(), 0
     for end in offs.tolist():  # one host sync for all groups

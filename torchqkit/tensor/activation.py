@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.activation_quant import (activation_block_size, activation_group_size, activation_per_tensor,
+                                     activation_scale_rounding, dequantize_activation, quantize_activation)
 from ..core.granularity import Granularity, PerGroup, PerRow, PerTensor, PerToken
-from ..core.primitives import (MappingType, ZeroPointDomain, choose_qparams_affine,
-                               dequantize_affine, quantize_affine)
+from ..core.primitives import MappingType
 from ..core.qdtype import QDType, QKind, fp4_e2m1, int4
 from ..layouts.mx import MX_BLOCK
 from ..kernels.preference import KernelPreference
@@ -128,56 +129,31 @@ class ActivationQuantSpec:
     @property
     def group_size(self) -> int | None:
         """Features per scale within a token (PerGroup), or None: one scale per token or per tensor."""
-        return self.granularity.group_size if isinstance(self.granularity, PerGroup) else None
+        return activation_group_size(self.granularity)
 
     @property
     def scale_rounding(self) -> str | None:
         """The oracle's scale rounding: E8M0 for MXFP8 (float8 per 32), float8 for NVFP4, None otherwise."""
-        if self.qdtype is fp4_e2m1:
-            return "float8_e4m3"
-        return "power_of_two" if self.qdtype.kind is QKind.FLOAT8 and self.group_size is not None else None
+        return activation_scale_rounding(self.qdtype, self.granularity)
 
     @property
     def per_tensor(self) -> bool:
-        return isinstance(self.granularity, PerTensor) or self.static_scale is not None
+        return activation_per_tensor(self.granularity, self.static_scale)
 
     def quantize(self, x2d: torch.Tensor) -> QuantizedActivation:
         """Quantize a (M, K) activation. Non-finite rows stay non-finite and touch no other row (see
         Note [Non-finite activation rows]); no error for them: that would force a device sync per call."""
-        block = self.block_size(x2d)
-        finite = torch.isfinite(x2d)
-        row_ok = finite.all(dim=-1, keepdim=True)
-        if self.static_scale is not None:
-            # int8 scales go per row (the same value in each) so a non-finite row gets its own NaN scale
-            rows = x2d.shape[0] if self.qdtype.kind is QKind.INT else 1
-            scale = torch.full((rows, 1), self.static_scale, dtype=torch.float32, device=x2d.device)
-            zp = None
-        else:
-            zpd = ZeroPointDomain.INT if self.mapping is MappingType.ASYMMETRIC else ZeroPointDomain.NONE
-            # NVFP4's per-call power-of-two scale spans every row: taken over the finite values only
-            src = torch.where(finite, x2d, 0) if self.per_tensor or self.qdtype is fp4_e2m1 else x2d
-            scale, zp = choose_qparams_affine(src, self.qdtype, block, mapping=self.mapping,
-                                              zero_point_domain=zpd, scale_dtype=torch.float32,
-                                              scale_rounding=self.scale_rounding,
-                                              check_finite=False, name="activation")
-        if self.qdtype.kind is QKind.FLOAT8:
-            x2d = torch.where(row_ok, x2d, float("nan"))  # NaN codes: float8 has them
-        else:
-            scale = torch.where(row_ok, scale, float("nan"))  # int8 is per token: the row's own scale
-        q = quantize_affine(x2d, self.qdtype, block, scale, zp, check_finite=False, name="activation")
-        return QuantizedActivation(q, scale, zp)
+        return QuantizedActivation(*quantize_activation(x2d, self.qdtype, self.granularity, self.mapping,
+                                                        self.static_scale))
 
     def block_size(self, x2d: torch.Tensor) -> tuple[int, int]:
         """The oracle's block size for a (M, K) activation: the whole tensor, one row per token (a static int8
         scale is carried per row too, see ``quantize``), or a group of one token's features."""
-        if self.group_size is not None:
-            return (1, self.group_size)
-        per_row = not self.per_tensor or (self.static_scale is not None and self.qdtype.kind is QKind.INT)
-        return (1, x2d.shape[1]) if per_row else (x2d.shape[0], x2d.shape[1])
+        return activation_block_size(x2d.shape, self.qdtype, self.granularity, self.static_scale)
 
     def dequantize(self, qa: QuantizedActivation, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize_affine(qa.qdata, self.qdtype, self.block_size(qa.qdata), qa.scale, qa.zero_point,
-                                 output_dtype=dtype, name="activation")
+        return dequantize_activation(qa.qdata, self.qdtype, self.granularity, self.static_scale, qa.scale,
+                                     qa.zero_point, dtype)
 
     def fake_quantize(self, x2d: torch.Tensor) -> torch.Tensor:
         """Quantize then dequantize: what the integer / float8 matmul sees, in float."""
