@@ -36,6 +36,14 @@ def _group(c, g: int):
     raise ValueError(f"+g{g}: {type(c).__name__} has no group size")
 
 
+def _per_channel(c):
+    if isinstance(c, qk.IntxWeightOnlyConfig):
+        return dataclasses.replace(c, granularity=qk.PerRow())
+    if isinstance(c, qk.Int8DynamicActivationIntxWeightConfig):
+        return dataclasses.replace(c, weight_granularity=qk.PerRow())
+    raise ValueError(f"+per-channel: {type(c).__name__} has no weight granularity to change")
+
+
 def _bits(c, bits: int):
     if isinstance(c, qk.IntxWeightOnlyConfig):
         return dataclasses.replace(c, bits=bits)
@@ -76,6 +84,7 @@ def _pruning(method: str) -> Callable:
 CHANGES: dict[str, tuple[str, Callable]] = {
     "hqq": ("zero points optimised by HQQ", _replace(algorithm="hqq")),
     "fp16-scales": ("float16 scales and zero points", _replace(scale_dtype="float16")),
+    "per-channel": ("one weight scale per output channel (PerRow) instead of per group", _per_channel),
     "bf16-scales": ("bfloat16 scales and zero points", _replace(scale_dtype="bfloat16")),
     "tiles8": ("TensorCoreTiledLayout(inner_k_tiles=8) for every weight",
                _replace(layout=qk.TensorCoreTiledLayout(inner_k_tiles=8))),
