@@ -31,7 +31,7 @@ from .common.configs import build
 
 GROUP = "rotation"
 DEFAULT_CONFIGS = ["float32", "intx4-wo-sym-g32", "intx4-wo-sym-g32+gptq", "int8-dyn-int4-g32",
-                   "int8-dyn-int4-g32+gptq", "int4-dyn-int4-g32", "int4-dyn-int4-g32+gptq", "fp8-dyn-int4-g32",
+                   "int8-dyn-int4-g32+gptq", "int8-dyn-int4-g32+per-channel", "int4-dyn-int4-g32", "int4-dyn-int4-g32+gptq", "fp8-dyn-int4-g32",
                    "mxfp8-dyn-mxfp4"]
 QUICK_CONFIGS = ["float32", "int8-dyn-int4-g32", "int8-dyn-int4-g32+gptq", "int4-dyn-int4-g32",
                  "int4-dyn-int4-g32+gptq"]
@@ -57,6 +57,43 @@ def _max_relative_logit_change(a, b, ids) -> float:
     return float((x - y).abs().max() / x.abs().max())
 
 
+def _massive_channels(model, ids, rec) -> str:
+    """Each RMSNorm's input normalized without its weight (what a rotated model's Linears read, Note [Residual
+    rotation]): the share of its energy in its largest channel, and that channel's norm weight against the median one. Round-to-
+    nearest error is spread evenly over the rotated input's energy; an unrotated Linear sees this channel through its
+    norm weight, which the model often keeps near 0."""
+    shares, suppressed, hooks = [], 0, []
+
+    def observe(norm):
+        def hook(module, inputs, output):
+            nonlocal suppressed
+            x = inputs[0].float()
+            energy = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)).pow(2).mean((0, 1))
+            j = int(energy.argmax())
+            shares.append(float(energy[j] / energy.sum()))
+            gamma = module.weight.detach().float().abs()
+            suppressed += bool(gamma[j] < 0.01 * gamma.median())
+        return hook
+    for layer in model.model.layers:
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            hooks.append(norm.register_forward_hook(observe(norm)))
+    try:
+        with torch.no_grad():
+            model(ids[:512].unsqueeze(0))
+    finally:
+        for h in hooks:
+            h.remove()
+    shares.sort()
+    median = shares[len(shares) // 2]
+    rec.add("SmolLM2 massive channel", "float32", {"tokens": min(512, ids.numel()), "norms": len(shares)},
+            "largest channel's share of the normalized input energy (median)", median, "",
+            min=shares[0], max=shares[-1], weight_below_1pct_of_median=suppressed)
+    return (f"Linear inputs before the norm weight (what the rotated Linears read): the largest channel holds "
+            f"{shares[0]:.0%}-{shares[-1]:.0%} of the energy (median {median:.0%}) in each of the {len(shares)} "
+            f"norms; in {suppressed} of them its norm weight is below 1% of the median one, so the unrotated Linear "
+            f"hardly reads it.")
+
+
 def smollm2_rows(args, rec) -> tuple[list[str], dict]:
     model_llm = llm.load(args.quick)
     ids = model_llm.tokenize(eval_text())
@@ -66,6 +103,7 @@ def smollm2_rows(args, rec) -> tuple[list[str], dict]:
     ids = ids[:args.tokens]
     with torch.no_grad():
         permute_llama_channels_(model_llm.model, seed=0)
+    massive = _massive_channels(model_llm.model, ids, rec)
     rotated = copy.deepcopy(model_llm.model)
     report = qk.rotate_(rotated, ROTATION)
     change = _max_relative_logit_change(model_llm.model, rotated, ids)
@@ -87,7 +125,7 @@ def smollm2_rows(args, rec) -> tuple[list[str], dict]:
     lines = [f"### {title}, {args.tokens} tokens, channels permuted, lm_head float", "",
              f"{report}", "",
              f"Rotated float32 model: largest logit change {change:.2e} of the largest logit (first "
-             f"{min(256, ids.numel())} tokens).", ""]
+             f"{min(256, ids.numel())} tokens).", "", massive, ""]
     return lines + _table(out), out
 
 
