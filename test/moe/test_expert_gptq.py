@@ -118,12 +118,13 @@ def test_logits_equal_the_dequantized_float_model_and_routers_stay_float():
 
 
 def test_smoothquant_experts_refused_strict_leaves_model_alone():
-    model = tiny_moe("qwen3_moe")
+    """A structure SmoothQuant can't calibrate (gpt-oss: transposed, biased experts) under strict=True raises before
+    anything changes, attention and folds included."""
+    model = tiny_moe("gpt_oss")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    with pytest.raises(qk.QuantizationError, match=r"model\.layers\.0\.mlp\.experts\.gate_up_proj: SmoothQuantConfig "
-                                                   r"needs calibration data, and only GPTQConfig and AWQConfig "
-                                                   r"calibrate expert"):
-        qk.quantize_(model, _experts(qk.SmoothQuantConfig()), calibration_data=BATCHES[:1], strict=True)
+    with pytest.raises(qk.QuantizationError, match=r"model\.layers\.0\.mlp\.experts\.gate_up_proj: SmoothQuant of "
+                                                   r"expert Parameters knows experts computing"):
+        qk.quantize_(model, qk.SmoothQuantConfig(), calibration_data=BATCHES[:1], strict=True)
     for n, p in model.named_parameters():
         assert torch.equal(p, before[n]), n
 

@@ -45,7 +45,7 @@ from .configs.base import handler_for
 from .expert_weights import ROUTER_NAMES, ExpertParameter
 from .quantize_weight import UnsupportedWeight
 
-__all__ = ["awq_experts"]
+__all__ = ["awq_experts", "ExpertStats", "expert_router", "first_output", "input_norm"]
 
 
 def awq_experts(block: nn.Module, prefix: str, targets: dict[str, tuple[ExpertParameter, object]], inputs, plan,
@@ -69,7 +69,7 @@ def awq_experts(block: nn.Module, prefix: str, targets: dict[str, tuple[ExpertPa
         _awq_module(block, prefix, found, inputs, plan, undo, total, max_rows)
 
 
-class _Stats:
+class ExpertStats:
     """Per-expert statistics of one experts module's inputs, filled by a forward pre-hook: the hidden rows routed to
     each expert (gate_up_proj's input) and, when asked, act_fn(gate) * up of them (down_proj's input)."""
 
@@ -108,11 +108,11 @@ class _Stats:
 def _awq_module(block, prefix, found, inputs, plan, undo: Undo, total: int, max_rows: int) -> None:
     _, p, config = found["gate_up_proj"]
     module = p.module
-    stats = _Stats(module, total, max_rows, down="down_proj" in found)
+    stats = ExpertStats(module, total, max_rows, down="down_proj" in found)
     outputs: dict[str, torch.Tensor] = {}
     norms = {n: m for n, m in block.named_modules() if is_norm(m)}
     handles = [module.register_forward_pre_hook(stats.hook, with_kwargs=True)]
-    handles += [m.register_forward_hook(_first_output(outputs, n)) for n, m in norms.items()]
+    handles += [m.register_forward_hook(first_output(outputs, n)) for n, m in norms.items()]
     try:
         run_block(block, inputs)
     finally:
@@ -137,24 +137,28 @@ def _awq_module(block, prefix, found, inputs, plan, undo: Undo, total: int, max_
         undo.set(module, attr, stack)
 
 
-def _first_output(store, name):
+def input_norm(outputs: dict, first: torch.Tensor) -> str | None:
+    """The name of the norm whose first output (``outputs``, by first_output hooks) is the experts' first input."""
+    return next((n for n, y in outputs.items() if y.numel() == first.numel() and torch.equal(y.reshape(first.shape),
+                                                                                              first)), None)
+
+
+def first_output(store, name):
     def hook(module, args, out):
         if isinstance(out, torch.Tensor):
             store.setdefault(name, out.detach())
     return hook
 
 
-def _shared_scales(block, prefix, p, config, stats: _Stats, outputs, norms, undo, unchanged, notes):
+def _shared_scales(block, prefix, p, config, stats: ExpertStats, outputs, norms, undo, unchanged, notes):
     """gate_up_proj's scales, shared by the experts, folded into the norm and the router; None when not applied."""
     module = p.module
     weight = module.gate_up_proj.detach()
     with_tokens = sorted(stats.x)
     if not with_tokens:
         return None
-    first = stats.first
-    norm = next((n for n, y in outputs.items() if y.numel() == first.numel() and torch.equal(y.reshape(first.shape),
-                                                                                              first)), None)
-    router = _router(block, prefix, p)
+    norm = input_norm(outputs, stats.first)
+    router = expert_router(block, prefix, p)
     where = f"{prefix}.{norm}" if prefix and norm else norm
     if norm is None or router is None:
         what = "no norm produces their input" if norm is None else "no float router weight next to them"
@@ -179,7 +183,7 @@ def _shared_scales(block, prefix, p, config, stats: _Stats, outputs, norms, undo
     return s
 
 
-def _router(block, prefix, p):
+def expert_router(block, prefix, p):
     """(name, module) of the float router next to the experts module, whose weight (E, H) takes the scales."""
     parent = p.module_fqn.rpartition(".")[0]
     local = parent[len(prefix) + 1:] if prefix else parent
@@ -193,7 +197,7 @@ def _router(block, prefix, p):
     return None
 
 
-def _down_scales(target, stats: _Stats, undo, unchanged, notes) -> dict[int, torch.Tensor]:
+def _down_scales(target, stats: ExpertStats, undo, unchanged, notes) -> dict[int, torch.Tensor]:
     """Each expert's down_proj scales s_e, folded into its gate_up_proj up rows; {} when not applied."""
     fqn, p, config = target
     module = p.module

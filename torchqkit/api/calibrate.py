@@ -41,7 +41,8 @@ from ..tensor.affine_quantized_tensor import INPUT_SCALE, AffineQuantizedTensor
 from .block_edits import Undo as _Undo, block_output as _block_output, fold_scales as _fold, is_norm as _is_norm
 from .block_edits import same_function as _same_function
 from .awq_experts import awq_experts
-from .calibrate_experts import calibrate_experts, expert_targets, router_fqns
+from .smoothquant_experts import smooth_experts
+from .calibrate_experts import calibrate_experts, expert_targets, router_fqns, takes_static_or_smoothing
 from .calibration_grid import ConfigGrid
 from .configs.base import handler_for
 from .configs.calibrated import AWQConfig, GPTQConfig, SmoothQuantConfig
@@ -104,8 +105,9 @@ class CalibrationPlan:
 def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: ModuleConfigs, selected,
                     calibration_data, expert_filter=None) -> CalibrationPlan:
     """The quantized weights (and folded float parameters) of every selected Linear inside the model's decoder
-    blocks, and of expert Parameters with a GPTQ or AWQ config (Note [Expert calibration], calibrate_experts.py;
-    Note [AWQ of expert Parameters], awq_experts.py; selected
+    blocks, and of expert Parameters with a GPTQ, AWQ, SmoothQuant or static-activation config (Note [Expert
+    calibration], calibrate_experts.py; Note [AWQ of expert Parameters], awq_experts.py; Note [SmoothQuant and static
+    activation scales of expert Parameters], smoothquant_experts.py; selected
     by ``expert_filter`` when given), when some config needs calibration data; an empty plan otherwise (data, if
     any, is ignored)."""
     exact = set(configs.exact_keys())
@@ -142,12 +144,15 @@ def calibrate_model(model: nn.Module, modules: dict[str, nn.Module], configs: Mo
                 _calibrate_block(block, prefix, linears, inputs, data, plan, undo, shared)
             stacks = {fqn: t for fqn, t in experts.items() if _inside(fqn, prefix)}
             awq = {fqn: t for fqn, t in stacks.items() if isinstance(t[1], AWQConfig)}
-            if stacks:  # after the block's Linears: the experts see the quantized attention's outputs
-                if awq:
-                    awq_experts(block, prefix, awq, inputs, plan, undo, sum(_rows(inp) for inp in inputs),
-                                data.max_rows)
-                if len(awq) < len(stacks):
-                    calibrate_experts(block, {f: t for f, t in stacks.items() if f not in awq}, inputs, plan, undo)
+            smooth = {fqn: t for fqn, t in stacks.items() if takes_static_or_smoothing(t[1])}
+            gptq = {fqn: t for fqn, t in stacks.items() if fqn not in awq and fqn not in smooth}
+            rows = sum(_rows(inp) for inp in inputs)
+            if awq:  # after the block's Linears: the experts see the quantized attention's outputs
+                awq_experts(block, prefix, awq, inputs, plan, undo, rows, data.max_rows)
+            if smooth:
+                smooth_experts(block, prefix, smooth, inputs, plan, undo, rows, data.max_rows)
+            if gptq:
+                calibrate_experts(block, gptq, inputs, plan, undo)
             inputs = run_block(block, inputs) if i + 1 < len(blocks) else []
             progress.update(i + 1, f"({len(linears)} Linears, {len(stacks)} expert Parameters)")
         progress.close()

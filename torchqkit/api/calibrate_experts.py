@@ -38,11 +38,11 @@ from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from ..tensor.experts import stack_experts
 from .calibration_grid import ConfigGrid
 from .configs.base import handler_for
-from .configs.calibrated import AWQConfig, GPTQConfig
+from .configs.calibrated import AWQConfig, GPTQConfig, SmoothQuantConfig
 from .expert_weights import ROUTER_NAMES, ExpertParameter, expert_parameters, is_experts_module
 from .quantize_weight import UnsupportedWeight
 
-__all__ = ["expert_targets", "router_fqns", "calibrate_experts", "structure_problem", "routing",
+__all__ = ["expert_targets", "takes_static_or_smoothing", "router_fqns", "calibrate_experts", "structure_problem", "routing",
            "expert_intermediate"]
 
 # calibrated in this order within a block: down_proj's inputs depend on gate_up_proj
@@ -50,17 +50,26 @@ _ORDER = ("gate_up_proj", "down_proj")
 
 
 def expert_targets(modules: dict[str, nn.Module], configs, expert_filter) -> dict[str, tuple[ExpertParameter, object]]:
-    """Expert Parameters whose config is a GPTQConfig or an AWQConfig (Note [AWQ of expert Parameters],
-    awq_experts.py); others that need data stay refused by expert_weights."""
+    """Expert Parameters whose config calibrates on data: GPTQConfig, AWQConfig (Note [AWQ of expert Parameters],
+    awq_experts.py), SmoothQuantConfig or a static activation config without its scale (Note [SmoothQuant and static
+    activation scales of expert Parameters], smoothquant_experts.py); others that need data stay refused by
+    expert_weights."""
     exact = set(configs.exact_keys())
     found = {}
     for p in expert_parameters(modules):
         if expert_filter is not None and p.fqn not in exact and not expert_filter(p.module, p.fqn):
             continue
         config = configs.lookup(p.fqn)[1]
-        if isinstance(config, (GPTQConfig, AWQConfig)):
+        if isinstance(config, (GPTQConfig, AWQConfig)) or takes_static_or_smoothing(config):
             found[p.fqn] = (p, config)
     return found
+
+
+def takes_static_or_smoothing(config) -> bool:
+    """Whether this module calibrates an expert Parameter under ``config``: SmoothQuant, or a static activation
+    scale to observe."""
+    return isinstance(config, SmoothQuantConfig) or (config is not None and config.needs_calibration_data()
+                                                     and hasattr(config, "act_scale"))
 
 
 def router_fqns(modules: dict[str, nn.Module], exact: set) -> set[str]:
@@ -191,12 +200,14 @@ def _gptq_stack(s: _ExpertInputs, config: GPTQConfig):
     return stack_experts(experts, s.p.fqn), expert_calibration_note("gptq", rows, missing, s.count, s.p.fqn)
 
 
-def expert_calibration_note(method: str, rows: list[int], missing: list[int], count: int, fqn: str) -> str:
-    """The report's note on a calibrated expert stack: the routed rows per expert and the experts left to RTN."""
+def expert_calibration_note(method: str, rows: list[int], missing: list[int], count: int, fqn: str,
+                            without_tokens: str = "round-to-nearest") -> str:
+    """The report's note on a calibrated expert stack: the routed rows per expert and the experts that got none
+    (``without_tokens``: what became of them; GPTQ and AWQ round them to nearest)."""
     note = (f"{method} per expert on its routed tokens ({min(rows)} to {max(rows)} rows)" if rows
             else f"{method}: no expert got calibration tokens")
     if missing:
         which = ", ".join(map(str, missing))
         note += (f"; expert{'s' if len(missing) > 1 else ''} {which} of {count} of {fqn} got no calibration tokens: "
-                 f"round-to-nearest")
+                 f"{without_tokens}")
     return note

@@ -29,7 +29,6 @@ from torch import nn
 from ..tensor.affine_quantized_tensor import AffineQuantizedTensor
 from ..tensor.experts import stack_experts
 from .configs.base import handler_for
-from .configs.calibrated import AWQConfig, GPTQConfig
 from .module_configs import ModuleConfigs
 from .quantize_weight import UnsupportedWeight
 from .report import LayerReport
@@ -166,12 +165,9 @@ def _parameter_problem(weight: torch.Tensor, config) -> str | None:
         return "weight is already quantized"
     if weight.is_meta:
         return "weight is on the meta device: load real weights first"
-    if isinstance(config, (GPTQConfig, AWQConfig)):  # needs data; calibrate_model didn't reach it: outside the blocks
-        return (f"{type(config).__name__} calibrates expert Parameters inside the decoder blocks only, and this one "
-                f"is outside them; pass CalibrationData(blocks=...) naming the block list that holds it, or give it "
-                f"a weight-only config")
-    if config.needs_calibration_data():
-        return (f"{type(config).__name__} needs calibration data, and only GPTQConfig and AWQConfig calibrate "
-                f"expert Parameters (inside the decoder blocks); use one of them, or a weight-only or "
-                f"dynamic-activation config for the experts (ModuleConfigs with a 're:.*experts.*' key)")
+    if config.needs_calibration_data():  # calibrate_model didn't reach it: outside the blocks, or not calibrated
+        return (f"{type(config).__name__} calibrates expert Parameters inside the decoder blocks only, with the "
+                f"calibration data, and this one was not calibrated; pass calibration_data (and, for experts outside "
+                f"the decoder blocks, CalibrationData(blocks=...) naming the block list that holds them), or give it "
+                f"a weight-only or dynamic-activation config")
     return None
