@@ -31,8 +31,8 @@ from .common.configs import build
 
 GROUP = "rotation"
 DEFAULT_CONFIGS = ["float32", "intx4-wo-sym-g32", "intx4-wo-sym-g32+gptq", "int8-dyn-int4-g32",
-                   "int8-dyn-int4-g32+gptq", "int8-dyn-int4-g32+per-channel", "int4-dyn-int4-g32", "int4-dyn-int4-g32+gptq", "fp8-dyn-int4-g32",
-                   "mxfp8-dyn-mxfp4"]
+                   "int8-dyn-int4-g32+gptq", "int8-dyn-int4-g32+per-channel", "int4-dyn-int4-g32",
+                   "int4-dyn-int4-g32+gptq", "fp8-dyn-int4-g32", "mxfp8-dyn-mxfp4"]
 QUICK_CONFIGS = ["float32", "int8-dyn-int4-g32", "int8-dyn-int4-g32+gptq", "int4-dyn-int4-g32",
                  "int4-dyn-int4-g32+gptq"]
 # (config, the largest allowed loss ratio rotated / not rotated): the targets. W4A8 and W4A4 with or without GPTQ.
@@ -59,9 +59,9 @@ def _max_relative_logit_change(a, b, ids) -> float:
 
 def _massive_channels(model, ids, rec) -> str:
     """Each RMSNorm's input normalized without its weight (what a rotated model's Linears read, Note [Residual
-    rotation]): the share of its energy in its largest channel, and that channel's norm weight against the median one. Round-to-
-    nearest error is spread evenly over the rotated input's energy; an unrotated Linear sees this channel through its
-    norm weight, which the model often keeps near 0."""
+    rotation]): the share of its energy in its largest channel, and that channel's norm weight against the median
+    one. Round-to-nearest error is spread evenly over the rotated input's energy; an unrotated Linear sees this
+    channel through its norm weight, which the model sometimes keeps near 0."""
     shares, suppressed, hooks = [], 0, []
 
     def observe(norm):

@@ -42,7 +42,8 @@ from .configs.calibrated import AWQConfig, GPTQConfig, SmoothQuantConfig
 from .expert_weights import ROUTER_NAMES, ExpertParameter, expert_parameters, is_experts_module
 from .quantize_weight import UnsupportedWeight
 
-__all__ = ["expert_targets", "takes_static_or_smoothing", "router_fqns", "calibrate_experts", "structure_problem", "routing",
+__all__ = ["expert_targets", "takes_static_or_smoothing", "router_fqns", "calibrate_experts", "structure_problem",
+           "routing",
            "expert_intermediate"]
 
 # calibrated in this order within a block: down_proj's inputs depend on gate_up_proj

@@ -4,10 +4,11 @@
 
 What the float8 / MXFP8 / NVFP4 activation configs hand a weight-only kernel (Note [Activations fake-quantized
 before a weight-only kernel], layouts/routes.py). The reference is core's quantize_activation then
-dequantize_activation, what ``ActivationQuantSpec.fake_quantize`` computes; the C++ CPU kernel (csrc/cpu/fake_quantize_activation.cpp, Note [Fake-quantized activations in
-C++]) gives the same values bit for bit at a hundredth of the cost for one token. ``offs`` (group ends, a stack of
-experts) takes a per-tensor scale, or NVFP4's tensor-wide one, over each group's rows as that expert's own linear
-does; rows past the last end are returned unchanged.
+dequantize_activation, what ``ActivationQuantSpec.fake_quantize`` computes; the C++ CPU kernel
+(csrc/cpu/fake_quantize_activation.cpp, Note [Fake-quantized activations in C++]) gives the same values bit for bit at
+a hundredth of the cost for one token. ``offs`` (group ends, a stack of experts) takes a per-tensor scale, or NVFP4's
+tensor-wide one, over each group's rows as that expert's own linear does; rows past the last end are returned
+unchanged.
 """
 from __future__ import annotations
 
