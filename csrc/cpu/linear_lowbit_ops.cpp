@@ -13,6 +13,8 @@
 #include "parallel.h"
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
@@ -198,7 +200,68 @@ at::Tensor run_kernels(const at::Tensor& x, LowbitArgs p, const std::optional<at
 }
 
 // run_kernels under the routes measured for the case (Note [Routes chosen by measurement]).
+// Note [Activation rows past the decoders' range]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The kernels multiply each activation by a decoded code before the block scale: e5m2 codes decode to their values
+// (up to 57344), e4m3 codes to value / 256, integer codes to up to 127. So an activation row near float32's largest
+// value overflows a product that the reference, x times the small dequantized weight, keeps finite (a float8
+// activation config hands these kernels x fake-quantized, up to float32's largest value). A row whose largest finite
+// |x| reaches 2^64 (no model's activation comes near) runs divided by a power of two, exactly, and its output row is
+// multiplied back; the scan for such rows reads x's bits once, a fraction of a microsecond for one token.
+constexpr uint32_t kHugeFloatBits = 0x5F800000u;  // 2^64 as float32 bits (|x| bits at or above: huge or non-finite)
+constexpr uint16_t kHugeBf16Bits = 0x5F80u;
+
+bool may_have_huge_rows(const at::Tensor& x) {
+  if (x.scalar_type() == at::kHalf) return false;  // float16 stops at 65504
+  if (!x.is_contiguous()) return true;             // the exact check below decides
+  const int64_t n = x.numel();
+  if (x.scalar_type() == at::kFloat) {
+    const uint32_t* b = static_cast<const uint32_t*>(x.const_data_ptr());
+    uint32_t m = 0;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, b[i] & 0x7fffffffu);
+    return m >= kHugeFloatBits;
+  }
+  const uint16_t* b = static_cast<const uint16_t*>(x.const_data_ptr());
+  uint16_t m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max<uint16_t>(m, b[i] & 0x7fffu);
+  return m >= kHugeBf16Bits;
+}
+
+at::Tensor run(const at::Tensor& x, const LowbitArgs& p, const std::optional<at::Tensor>& bias, const char* op);
+
+// The rows of x whose largest finite |x| reaches 2^64, divided by 2^e (e: that value's exponent) and the output rows
+// multiplied by 2^e (Note [Activation rows past the decoders' range]); nullopt when x has no such row.
+std::optional<at::Tensor> run_rescaled(const at::Tensor& x, const LowbitArgs& p, const std::optional<at::Tensor>& bias,
+                                       const char* op) {
+  const int64_t K = p.K, N = p.N;
+  at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat).contiguous().clone();
+  const int64_t M = x2.size(0);
+  std::vector<int> e(M, 0);
+  bool any = false;
+  float* xp = x2.data_ptr<float>();
+  for (int64_t r = 0; r < M; ++r) {
+    float amax = 0.f;
+    for (int64_t k = 0; k < K; ++k)
+      if (std::isfinite(xp[r * K + k])) amax = std::max(amax, std::fabs(xp[r * K + k]));
+    if (amax < 18446744073709551616.f) continue;  // 2^64
+    std::frexp(amax, &e[r]);
+    for (int64_t k = 0; k < K; ++k) xp[r * K + k] = std::ldexp(xp[r * K + k], -e[r]);
+    any = true;
+  }
+  if (!any) return std::nullopt;
+  at::Tensor out = run(x2, p, std::nullopt, op);  // (M, N) float32: no row is huge now
+  float* o = out.data_ptr<float>();
+  for (int64_t r = 0; r < M; ++r)
+    if (e[r])
+      for (int64_t j = 0; j < N; ++j) o[r * N + j] = std::ldexp(o[r * N + j], e[r]);
+  if (bias.has_value()) out.add_(bias->to(at::kFloat));
+  return out.to(x.scalar_type()).reshape(out_shape(x, N));
+}
+
 at::Tensor run(const at::Tensor& x, const LowbitArgs& p, const std::optional<at::Tensor>& bias, const char* op) {
+  if (p.K > 0 && x.size(-1) == p.K && may_have_huge_rows(x)) {
+    if (std::optional<at::Tensor> out = run_rescaled(x, p, bias, op)) return *out;
+  }
   const int64_t M = p.K > 0 && x.size(-1) == p.K ? x.numel() / p.K : 0;
   // keyed by the level whose kernels run: AVX-VNNI shares the AVX2 level's measured routes
   const RouteCase c{op, (int)base_isa(selected_isa_exact()), (int)x.scalar_type(), M, p.N, p.K,

@@ -3,6 +3,8 @@ compressed_tensors package's own packer, compressor and decompressor, and with t
 a process that never imports torchqkit."""
 from __future__ import annotations
 
+import copy
+
 import json
 import math
 import os
@@ -275,8 +277,22 @@ def test_transformers_loads_the_exports_without_torchqkit(tmp_path):
     for key, model in models.items():
         theirs = torch.load(tmp_path / key / "logits.pt")
         with torch.no_grad():
-            ours = model(IDS).logits
+            ours = _on_reference_path(model)(IDS).logits
         torch.testing.assert_close(theirs, ours, atol=TRANSFORMERS_ATOL[key], rtol=0, msg=key)
+
+
+def _on_reference_path(model):
+    """A copy of ``model`` whose quantized weights take the reference path (dequantize, fake-quantize activations,
+    F.linear): what transformers computes with compressed-tensors. The kernel routes sum in their own order, and with
+    quantized activations a last-bit difference can move an activation code of the next layer (float8: 2.6e-3 on
+    these logits of ~0.5), so the checkpoint's meaning is compared on the path that sums as transformers does."""
+    twin = copy.deepcopy(model)
+    for module in twin.modules():
+        for name, p in list(module._parameters.items()):
+            if isinstance(p, qk.AffineQuantizedTensor):
+                module._parameters[name] = torch.nn.Parameter(
+                    p.with_changes(kernel_preference=qk.KernelPreference.REFERENCE), requires_grad=False)
+    return twin
 
 
 def _ct_checkpoint(directory: Path, **weights):

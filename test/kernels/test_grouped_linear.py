@@ -44,6 +44,8 @@ CONFIGS = {
     "fp8_int4": qk.Float8DynamicActivationInt4WeightConfig(group_size=32),
     "mxfp8_mxfp4": qk.MXDynamicActivationMXWeightConfig(weight="mxfp4"),
     "nvfp4_nvfp4": qk.NVFP4DynamicActivationNVFP4WeightConfig(),
+    "fp8_fp8_row": qk.Float8DynamicActivationFloat8WeightConfig(granularity=qk.PerRow()),
+    "fp8_fp8_tensor": qk.Float8DynamicActivationFloat8WeightConfig(),
 }
 OFFS = {  # (M, group ends)
     "empty_groups": (7, [2, 2, 7, 7]),

@@ -141,6 +141,28 @@ def test_kernel_matches_dequantized_reference(monkeypatch, weights, isa, m, name
             assert_rel(_call(w, x, b), _reference(w, x, b), TOL[dtype], f"{isa} {name} M={m} {dtype} {route}")
 
 
+@needs_ext
+@isa_param
+@pytest.mark.parametrize("m", [1, 3, 17])
+@pytest.mark.parametrize("name", ["e5m2_row", "e4m3_row", "nf4_b64", "mxfp4", "int5_g32"])
+def test_activation_rows_near_float32s_largest_value_stay_finite(monkeypatch, weights, isa, m, name):
+    """Note [Activation rows past the decoders' range]: a row far past 2^64 runs scaled down by a
+    power of two (the kernels multiply x by decoded codes before the scales, e5m2's up to 57344), so it gives the
+    reference's finite output; the other rows are computed as without it, bit for bit."""
+    monkeypatch.setenv("TORCHQKIT_CPU_ISA", isa)
+    w = weights[name]
+    n, k = w.shape
+    x = _act(m, k, torch.float32)
+    huge = x.clone()
+    huge[0] = torch.randn(k, generator=gen(4)).sign() * 1e36  # e5m2 codes decode up to 57344: 5.7e40
+    ref = _reference(w, huge, None)
+    assert torch.isfinite(ref).all()
+    out = _call(w, huge, None)
+    assert torch.isfinite(out).all()
+    assert_rel(out[:1], ref[:1], TOL[torch.float32], f"{isa} {name} M={m} huge row")
+    assert torch.equal(out[1:], _call(w, x, None)[1:]) or m >= 17  # a prefill may take another GEMM per row count
+
+
 # The dot kernel (decode) on every token count it tiles differently (1..9: AVX-512 tiles of 4 tokens, AVX2 of 2;
 # intx switches to fp32 blocks above 4), on weights whose groups are whole 32-weight decode steps, with K not
 # a multiple of 64 (a partial last step: the zero-padded copy), N odd (a short last tile of rows), and each

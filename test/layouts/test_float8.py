@@ -66,23 +66,32 @@ def _linear_ops(aqt, x):
     return log.ops
 
 
-def test_scaled_mm_serves_per_row_and_per_tensor_with_float8_activations():
+def test_float8_activations_on_cpu_take_the_weight_only_kernel_and_scaled_mm_stays_for_gpus():
+    """On a CPU, float8 x float8 (per row, per tensor, per block) runs the activation's C++ fake quantization and
+    linear_fp8wo, equal to the reference up to float32 summation order; torch._scaled_mm is the route elsewhere
+    (per row / per tensor), checked here on CPU tensors through its aten call (torch's CPU reference of it)."""
+    from torchqkit.layouts.scaled_mm import scaled_mm_linear
     x, w = torch.randn(4, 64), torch.randn(32, 64)
+    per_block = _f8(w, granularity=qk.PerBlock((16, 32)), act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerRow()))
     for g in (qk.PerRow(), qk.PerTensor()):
         aqt = _f8(w, granularity=g, act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, g))
-        assert aten._scaled_mm.default in _linear_ops(aqt, x)
-    per_block = _f8(w, granularity=qk.PerBlock((16, 32)), act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerRow()))
-    weight_only = _f8(w)
+        for q in (aqt, per_block):
+            ops = _linear_ops(q, x)
+            assert torch.ops.torchqkit.linear_fp8wo.default in ops and aten._scaled_mm.default not in ops
+            assert torch.ops.torchqkit.fake_quantize_activation.default in ops
+            ref = qk.layouts.routes.reference_linear(q, x, None)
+            assert (F.linear(x, q) - ref).abs().max() <= 2e-6 * ref.abs().max()
+        ref = qk.layouts.routes.reference_linear(aqt, x, None)
+        assert (scaled_mm_linear(aqt, x, None) - ref).abs().max() <= 2e-6 * ref.abs().max()
     reference = _f8(w, act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerRow()),
                     kernel_preference=qk.KernelPreference.REFERENCE)
-    for aqt in (per_block, weight_only, reference):
-        assert aten._scaled_mm.default not in _linear_ops(aqt, x)
+    assert torch.ops.torchqkit.linear_fp8wo.default not in _linear_ops(reference, x)
     paths = [r for r in qk.kernels.status() if r["layout"] == "float8"]
     assert {r["path"].split(" ")[0] for r in paths} == {"aten._scaled_mm", "reference", "torchqkit::linear_fp8wo",
                                                         "torchqkit::scaled_mm_fp8_rowwise"}  # fnuz on NVIDIA
 
 
-def test_plain_and_float8_share_the_scaled_mm_linear():
+def test_plain_and_float8_share_the_float8_linear():
     x, w = torch.randn(5, 64), torch.randn(32, 64)
     act = qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerRow())
     f8 = _f8(w, act_quant=act)
@@ -159,29 +168,32 @@ def test_fnuz_linear_runs_the_kernel_and_scaled_mm(qdtype):
     ref = F.linear(x, weight_only.dequantize())
     # the kernel and the reference decode the same bytes; float32 summation order apart
     assert (F.linear(x, weight_only) - ref).abs().max() <= 2e-5 * ref.abs().max()
+    from torchqkit.layouts.scaled_mm import scaled_mm_linear
     for g in (qk.PerRow(), qk.PerTensor()):
         dynamic = _f8(w, qdtype, g, act_quant=qk.ActivationQuantSpec(qdtype, g))
-        assert aten._scaled_mm.default in _linear_ops(dynamic, x)  # torch's CPU _scaled_mm takes fnuz operands
+        assert torch.ops.torchqkit.linear_fp8wo.default in _linear_ops(dynamic, x)  # on a CPU: the kernel
         reference = qk.layouts.routes.reference_linear(dynamic, x, None)
-        # Note [torch._scaled_mm's contract]: the same products, summed in torch's CPU kernel's order (bit for bit
-        # on Intel AVX-512; a few float32 ulps apart on AMD Zen 5)
-        assert (F.linear(x, dynamic) - reference).abs().max() <= 2e-6 * reference.abs().max()
+        assert (F.linear(x, dynamic) - reference).abs().max() <= 2e-5 * reference.abs().max()
+        # torch._scaled_mm takes fnuz operands (its CPU reference here; ROCm's on MI300). Note [torch._scaled_mm's
+        # contract]: the same products, summed in torch's CPU kernel's order (bit for bit on Intel AVX-512; a few
+        # float32 ulps apart on AMD Zen 5)
+        assert (scaled_mm_linear(dynamic, x, None) - reference).abs().max() <= 2e-6 * reference.abs().max()
 
 
 def test_fnuz_on_an_nvidia_gpu_takes_the_rowwise_op(monkeypatch):
     """cuBLASLt (torch._scaled_mm on NVIDIA) has no fnuz: that case routes to torchqkit::scaled_mm_fp8_rowwise, which
-    decodes the bytes; ROCm and CPU keep torch._scaled_mm. The route's call runs here on CPU tensors (the op's
+    decodes the bytes; ROCm keeps torch._scaled_mm, a CPU the weight-only kernel. The route's call runs here on CPU tensors (the op's
     reference), and must equal the reference linear."""
     import types
     from torchqkit.layouts.routes import route_for
-    from torchqkit.layouts.scaled_mm import FNUZ_ON_NVIDIA_ROUTE, SCALED_MM_ROUTE
+    from torchqkit.layouts.scaled_mm import FLOAT8_ON_CPU_ROUTE, FNUZ_ON_NVIDIA_ROUTE, SCALED_MM_ROUTE
     w, x = torch.randn(32, 64) * 0.05, torch.randn(5, 64)
     fnuz = _f8(w, Q.float8_e4m3fnuz, act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fnuz, qk.PerRow()))
     ocp = _f8(w, Q.float8_e4m3fn, act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerRow()))
-    on_gpu = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)
+    on_gpu = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, device=torch.device("cuda"))
     monkeypatch.setattr(torch.version, "hip", None)
     assert route_for(fnuz, on_gpu) is FNUZ_ON_NVIDIA_ROUTE
-    assert route_for(ocp, on_gpu) is SCALED_MM_ROUTE and route_for(fnuz, x) is SCALED_MM_ROUTE
+    assert route_for(ocp, on_gpu) is SCALED_MM_ROUTE and route_for(fnuz, x) is FLOAT8_ON_CPU_ROUTE
     monkeypatch.setattr(torch.version, "hip", "6.2")
     assert route_for(fnuz, on_gpu) is SCALED_MM_ROUTE  # ROCm's _scaled_mm takes fnuz
     out = FNUZ_ON_NVIDIA_ROUTE.call(torch.ops.torchqkit.scaled_mm_fp8_rowwise, fnuz, x, None)

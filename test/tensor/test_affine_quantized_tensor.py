@@ -53,12 +53,14 @@ def test_reference_preference_runs_dequantize_then_float_matmul():
     torch.testing.assert_close(F.linear(x, aqt), F.linear(x, fast), rtol=1e-5, atol=1e-5)
 
 
-def test_float8_dynamic_linear_runs_scaled_mm():
+def test_float8_dynamic_linear_runs_the_float8_kernel_on_cpu():
+    """float8 x float8 on a CPU: the activation fake-quantized in C++, then linear_fp8wo (torch's CPU _scaled_mm is a
+    reference implementation; layouts/scaled_mm.py)."""
     act = qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerRow())
     aqt = qk.quantize_weight(_w(), Q.float8_e4m3fn, qk.PerRow(), qk.PlainLayout(), act_quant=act,
                              scale_dtype=torch.float32)
     ops = _trace(lambda: F.linear(torch.randn(3, 64), aqt))
-    assert "_scaled_mm" in ops
+    assert "linear_fp8wo" in ops and "fake_quantize_activation" in ops and "_scaled_mm" not in ops
 
 
 def test_unsupported_op_names_op_layout_and_way_out():

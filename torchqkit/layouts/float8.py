@@ -12,10 +12,11 @@ Tensors:
          (ceil(N / 128), ceil(K / 128)) for 128x128 blocks
 x = float(q) * scale, elements saturated at the format's max when quantized.
 
-Linear: with float8 dynamic / static activations and per-tensor / per-row weight scales it runs
-``torch._scaled_mm`` (layouts/scaled_mm.py, shared with PlainLayout); weight-only (any scale granularity,
-float32 / bfloat16 / float16 activations) runs ``torchqkit::linear_fp8wo`` on these bytes (C++ CPU kernels);
-per-block scales with float8 activations: the reference, dequantize + F.linear (routes below).
+Linear: weight-only (any scale granularity, float32 / bfloat16 / float16 activations) runs ``torchqkit::linear_fp8wo``
+on these bytes (C++ CPU kernels); with float8 dynamic / static activations on a CPU, the same op on the activation
+quantized and dequantized (any weight scales); elsewhere, per-tensor / per-row weight scales run ``torch._scaled_mm``
+(layouts/scaled_mm.py, shared with PlainLayout) and per-block scales the reference, dequantize + F.linear (routes
+below).
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ from dataclasses import dataclass
 
 from ..core.primitives import pad_to, padded_shape
 from ..core.qdtype import QKind
-from .base import Layout, PlainParts, WeightFormat, crop_features, pad_features, register_layout
+from .base import Layout, PlainParts, WeightFormat, register_layout
 from .routes import GroupedRoute, Route
-from .scaled_mm import SCALED_MM_ROUTES
+from .scaled_mm import SCALED_MM_ROUTES, fp8_weight_only_call, fp8_weight_only_grouped_call
 
 
 
@@ -37,9 +38,9 @@ class Float8Layout(Layout):
     scales (layout name ``"float8"``).
 
     ``qdata`` is the row-major (N, K) weight, one float8 element per byte; ``scale`` has one value per block.
-    The default layout of the float8 configs. With float8 activations and per-tensor / per-row scales its linear
-    runs ``torch._scaled_mm``; weight-only it runs ``torchqkit::linear_fp8wo``; per-block scales with float8
-    activations run the reference (dequantize, then ``F.linear``).
+    The default layout of the float8 configs. Weight-only its linear runs ``torchqkit::linear_fp8wo``, and so does
+    float8 x float8 on a CPU (on the fake-quantized activation); on a GPU float8 x float8 with per-tensor / per-row
+    scales runs ``torch._scaled_mm``, with per-block scales the reference (dequantize, then ``F.linear``).
 
     Example:
         ```python
@@ -74,21 +75,9 @@ class Float8Layout(Layout):
         return "Float8Layout()"
 
 
-def _fp8_call(fn, w, x, bias):
-    # Rows padded to whole blocks (e.g. 128 x 128) run with a zero-padded bias and are cropped off.
-    rows, cols = w.qdata.shape
-    bias = None if bias is None else pad_features(bias, rows)
-    return crop_features(fn(pad_features(x, cols), w.qdata, w.scale, bias), w.logical_shape[0])
-
-
-def _fp8_grouped_call(fn, tensors, w, x, offs):
-    qdata = tensors["qdata"]  # rows padded to whole blocks: cropped off the output
-    return crop_features(fn(pad_features(x, qdata.shape[2]), offs, qdata, tensors["scale"]), w.logical_shape[0])
-
-
 Float8Layout.routes = (
     *SCALED_MM_ROUTES,
     Route("weight-only float8 (per tensor / row / block scales)", lambda w, x: w.act_quant is None,
-          op="torchqkit::linear_fp8wo", call=_fp8_call,
-          grouped=GroupedRoute("torchqkit::grouped_linear_fp8wo", _fp8_grouped_call)),
+          op="torchqkit::linear_fp8wo", call=fp8_weight_only_call,
+          grouped=GroupedRoute("torchqkit::grouped_linear_fp8wo", fp8_weight_only_grouped_call)),
 )

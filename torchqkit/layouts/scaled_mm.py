@@ -1,9 +1,12 @@
 """The float8 x float8 linear shared by every layout that stores float8 codes as torch float8 tensors
-(PlainLayout, Float8Layout): float8 activations x float8 weights with per-tensor or per-row scales.
+(PlainLayout, Float8Layout): float8 activations x float8 weights.
 
-The weight's ``qdata`` must be the (N, K) float8 codes and ``scale`` (1, 1) or (N, 1) float scales. AUTO runs
-``torch._scaled_mm`` (cuBLASLt on a GPU) in the forms its kernels take (kernels/aten_scaled_mm.py); KernelPreference.TRITON runs ``torchqkit::scaled_mm_fp8_rowwise``'s
-Triton kernel on the same codes, with both scales expanded to rows.
+The weight's ``qdata`` must be the (N, K) float8 codes (rows and columns padded to whole blocks at most) and
+``scale`` one float scale per block. On a CPU, AUTO runs ``torchqkit::linear_fp8wo`` on the activation quantized and
+dequantized (any weight scales; torch's CPU ``_scaled_mm`` is a reference implementation, ~150x slower for one
+token). Elsewhere, with per-tensor / per-row weight scales, AUTO runs ``torch._scaled_mm`` (cuBLASLt on a GPU) in
+the forms its kernels take (kernels/aten_scaled_mm.py); KernelPreference.TRITON runs
+``torchqkit::scaled_mm_fp8_rowwise``'s Triton kernel on the same codes, with both scales expanded to rows.
 """
 from __future__ import annotations
 
@@ -11,9 +14,26 @@ import torch
 
 from ..core.qdtype import QKind
 from ..kernels import aten_scaled_mm
-from .routes import Route, flatten_tokens, in_dtype_of
+from ..kernels.preference import KernelPreference
+from .base import crop_features, pad_features
+from .routes import (GroupedRoute, Route, flatten_tokens, grouped_on_fake_quantized_input, in_dtype_of,
+                     on_fake_quantized_input)
 
-__all__ = ["SCALED_MM_ROUTES", "SCALED_MM_ROUTE", "FNUZ_ON_NVIDIA_ROUTE", "scaled_mm_applies", "scaled_mm_linear"]
+__all__ = ["SCALED_MM_ROUTES", "SCALED_MM_ROUTE", "FNUZ_ON_NVIDIA_ROUTE", "FLOAT8_ON_CPU_ROUTE", "scaled_mm_applies",
+           "scaled_mm_linear", "fp8_weight_only_call", "fp8_weight_only_grouped_call"]
+
+
+def fp8_weight_only_call(fn, w, x, bias):
+    """``torchqkit::linear_fp8wo`` on w's codes and block scales. Rows padded to whole blocks (e.g. 128 x 128) run
+    with a zero-padded bias and are cropped off."""
+    rows, cols = w.qdata.shape
+    bias = None if bias is None else pad_features(bias, rows)
+    return crop_features(fn(pad_features(x, cols), w.qdata, w.scale, bias), w.logical_shape[0])
+
+
+def fp8_weight_only_grouped_call(fn, tensors, w, x, offs):
+    qdata = tensors["qdata"]  # rows padded to whole blocks: cropped off the output
+    return crop_features(fn(pad_features(x, qdata.shape[2]), offs, qdata, tensors["scale"]), w.logical_shape[0])
 
 
 def scaled_mm_applies(w, x=None) -> bool:
@@ -74,5 +94,20 @@ SCALED_MM_ROUTE = Route(
     why="torch._scaled_mm (cuBLASLt on a GPU; torch's CPU _scaled_mm is itself a slow reference implementation)",
     act_dtypes=(torch.float32, torch.bfloat16, torch.float16))
 
-# What the float8-storing layouts list first: the fnuz-on-NVIDIA case before the one torch._scaled_mm serves.
-SCALED_MM_ROUTES = (FNUZ_ON_NVIDIA_ROUTE, SCALED_MM_ROUTE)
+def _float8_act_on_cpu(w, x) -> bool:
+    """float8 x float8 under KernelPreference.AUTO on a CPU (TRITON / CUDA name the op below: scaled_mm_fp8_rowwise)."""
+    spec = w.act_quant
+    return (spec is not None and spec.qdtype.kind is QKind.FLOAT8 and w.qdtype.kind is QKind.FLOAT8
+            and w.kernel_preference is KernelPreference.AUTO and x.device.type == "cpu")
+
+
+FLOAT8_ON_CPU_ROUTE = Route(
+    "float8 act x float8 weight on a CPU (any weight scales): the weight-only kernel on the fake-quantized "
+    "activation", _float8_act_on_cpu, op="torchqkit::linear_fp8wo", call=on_fake_quantized_input(fp8_weight_only_call),
+    why="torch's CPU _scaled_mm is a reference implementation (63 ms for one token of a 4096 x 4096 layer, against "
+        "0.41 ms through linear_fp8wo): Note [Activations fake-quantized before a weight-only kernel]",
+    grouped=GroupedRoute("torchqkit::grouped_linear_fp8wo",
+                         grouped_on_fake_quantized_input(fp8_weight_only_grouped_call)))
+
+# What the float8-storing layouts list first: the fnuz-on-NVIDIA case, the CPU's, then the one torch._scaled_mm serves.
+SCALED_MM_ROUTES = (FNUZ_ON_NVIDIA_ROUTE, FLOAT8_ON_CPU_ROUTE, SCALED_MM_ROUTE)
