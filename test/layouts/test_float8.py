@@ -72,7 +72,8 @@ def test_float8_activations_on_cpu_take_the_weight_only_kernel_and_scaled_mm_sta
     (per row / per tensor), checked here on CPU tensors through its aten call (torch's CPU reference of it)."""
     from torchqkit.layouts.scaled_mm import scaled_mm_linear
     x, w = torch.randn(4, 64), torch.randn(32, 64)
-    per_block = _f8(w, granularity=qk.PerBlock((16, 32)), act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerRow()))
+    per_block = _f8(w, granularity=qk.PerBlock((16, 32)),
+                    act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, qk.PerRow()))
     for g in (qk.PerRow(), qk.PerTensor()):
         aqt = _f8(w, granularity=g, act_quant=qk.ActivationQuantSpec(Q.float8_e4m3fn, g))
         for q in (aqt, per_block):

@@ -45,7 +45,7 @@ from .configs.base import handler_for
 from .expert_weights import ROUTER_NAMES, ExpertParameter
 from .quantize_weight import UnsupportedWeight
 
-__all__ = ["awq_experts", "ExpertStats", "expert_router", "first_output", "input_norm"]
+__all__ = ["awq_experts", "calibrated_modules", "ExpertStats", "ObservedBlock", "expert_router", "first_output", "input_norm"]
 
 
 def awq_experts(block: nn.Module, prefix: str, targets: dict[str, tuple[ExpertParameter, object]], inputs, plan,
@@ -53,20 +53,31 @@ def awq_experts(block: nn.Module, prefix: str, targets: dict[str, tuple[ExpertPa
     """AWQ the expert Parameters ``targets`` (AWQConfig ones) of one block, whose ``inputs`` hold ``total`` token
     rows; see Note [AWQ of expert Parameters]. Results go into ``plan`` (stack or UnsupportedWeight, and a note) and
     are installed through ``undo``; at most ``max_rows`` rows are sampled per expert."""
+    def fold_target_problem(found):
+        if "down_proj" in found and "gate_up_proj" not in found:
+            return (f"AWQ of {found['down_proj'][0]} folds its scales into gate_up_proj's up rows before those are "
+                    f"quantized: give gate_up_proj the same AWQConfig, or down_proj a weight-only config")
+        return None
+    for found in calibrated_modules(targets, plan, "AWQ", fold_target_problem):
+        _awq_module(block, prefix, found, inputs, plan, undo, total, max_rows)
+
+
+def calibrated_modules(targets: dict[str, tuple[ExpertParameter, object]], plan, method: str, problem_of):
+    """The experts modules of ``targets`` as {attr: (fqn, ExpertParameter, config)}, one per module, but those
+    ``method`` can't calibrate (their structure, or ``problem_of(found)``: a str) whose Parameters are refused in
+    ``plan`` with the reason."""
     by_module: dict[int, dict[str, tuple[str, ExpertParameter, object]]] = {}
     for fqn, (p, config) in targets.items():
         by_module.setdefault(id(p.module), {})[p.attr] = (fqn, p, config)
+    usable = []
     for found in by_module.values():
-        problem = next((structure_problem(p, "AWQ") for _, p, _ in found.values() if structure_problem(p, "AWQ")),
-                       None)
-        if problem is None and "down_proj" in found and "gate_up_proj" not in found:
-            problem = (f"AWQ of {found['down_proj'][0]} folds its scales into gate_up_proj's up rows before those are "
-                       f"quantized: give gate_up_proj the same AWQConfig, or down_proj a weight-only config")
-        if problem is not None:
-            for fqn, _, _ in found.values():
-                plan.weights[fqn] = UnsupportedWeight(problem)
-            continue
-        _awq_module(block, prefix, found, inputs, plan, undo, total, max_rows)
+        problem = next((structure_problem(p, method) for _, p, _ in found.values() if structure_problem(p, method)),
+                       None) or problem_of(found)
+        if problem is None:
+            usable.append(found)
+        for fqn, _, _ in found.values() if problem is not None else ():
+            plan.weights[fqn] = UnsupportedWeight(problem)
+    return usable
 
 
 class ExpertStats:
@@ -105,25 +116,79 @@ class ExpertStats:
         return table[e]
 
 
+class ObservedBlock:
+    """One pass of ``block`` over ``inputs`` with an experts ``module`` observed: its routed statistics (``stats``,
+    ExpertStats), each norm's first output (``outputs``, to find the one feeding the experts), and ``unchanged()``:
+    whether the block still computes what it computed then (the check every fold must pass)."""
+
+    def __init__(self, block, module, inputs, total: int, max_rows: int, down: bool):
+        self.stats = ExpertStats(module, total, max_rows, down)
+        self.outputs: dict[str, torch.Tensor] = {}
+        self.norms = {n: m for n, m in block.named_modules() if is_norm(m)}
+        handles = [module.register_forward_pre_hook(self.stats.hook, with_kwargs=True)]
+        handles += [m.register_forward_hook(first_output(self.outputs, n)) for n, m in self.norms.items()]
+        try:
+            run_block(block, inputs)
+        finally:
+            for h in handles:
+                h.remove()
+        self.block, self.first_input = block, inputs[0]
+        self.reference = block_output(block, inputs[0])
+
+    def unchanged(self) -> bool:
+        return same_function(block_output(self.block, self.first_input), self.reference)
+
+    def fold_shared(self, prefix, p, s: torch.Tensor, undo: Undo, method: str) -> tuple[str, str] | str:
+        """Fold gate_up_proj's input scales s (shared by the experts): 1 / s into the norm producing the experts'
+        input, s into every expert's columns and the float router's. (norm fqn, router fqn), or why not (nothing
+        changed then)."""
+        module = p.module
+        norm = input_norm(self.outputs, self.stats.first)
+        router = expert_router(self.block, prefix, p)
+        if norm is None or router is None:
+            what = "no norm produces their input" if norm is None else "no float router weight next to them"
+            return f"{method}: gate_up_proj not scaled ({what} to fold the shared scales into)"
+        where = f"{prefix}.{norm}" if prefix else norm
+        weight = module.gate_up_proj.detach()
+        mine = Undo()
+        fold_scales(self.norms[norm], s, mine)
+        name, r = router
+        mine.set(r, "weight", (r.weight.detach().float() * s).to(r.weight.dtype))
+        mine.set(module, "gate_up_proj", (weight.float() * s).to(weight.dtype))
+        if not self.unchanged():  # another reader of the norm (a shared expert) would see x / s
+            mine.restore()
+            return (f"{method}: gate_up_proj not scaled (folding 1/s into {where} would change the block: its output "
+                    f"feeds more than the experts and the router)")
+        undo.adopt(mine)
+        return where, name
+
+    def fold_down(self, module, scales: dict[int, torch.Tensor], undo: Undo) -> bool:
+        """Fold each expert's down_proj input scales s_e: down_proj[e]'s columns times s_e, the up rows of its
+        gate_up_proj divided by it (act_fn(gate) * up / s_e). False (nothing changed) when the block's output moved."""
+        down, gate_up = module.down_proj.detach(), module.gate_up_proj.detach()
+        half = gate_up.shape[1] // 2
+        new_down, new_gate_up = down.float().clone(), gate_up.float().clone()
+        for e, s in scales.items():
+            new_down[e] *= s
+            new_gate_up[e, half:] /= s.unsqueeze(1)
+        mine = Undo()
+        mine.set(module, "down_proj", new_down.to(down.dtype))
+        mine.set(module, "gate_up_proj", new_gate_up.to(gate_up.dtype))
+        if not self.unchanged():
+            mine.restore()
+            return False
+        undo.adopt(mine)
+        return True
+
+
 def _awq_module(block, prefix, found, inputs, plan, undo: Undo, total: int, max_rows: int) -> None:
     _, p, config = found["gate_up_proj"]
     module = p.module
-    stats = ExpertStats(module, total, max_rows, down="down_proj" in found)
-    outputs: dict[str, torch.Tensor] = {}
-    norms = {n: m for n, m in block.named_modules() if is_norm(m)}
-    handles = [module.register_forward_pre_hook(stats.hook, with_kwargs=True)]
-    handles += [m.register_forward_hook(first_output(outputs, n)) for n, m in norms.items()]
-    try:
-        run_block(block, inputs)
-    finally:
-        for h in handles:
-            h.remove()
-    reference = block_output(block, inputs[0])
-    unchanged = lambda: same_function(block_output(block, inputs[0]), reference)  # noqa: E731
+    seen = ObservedBlock(block, module, inputs, total, max_rows, down="down_proj" in found)
+    stats = seen.stats
     notes = {attr: [] for attr in found}
-    shared = _shared_scales(block, prefix, p, config, stats, outputs, norms, undo, unchanged, notes["gate_up_proj"])
-    own = _down_scales(found.get("down_proj"), stats, undo, unchanged, notes.get("down_proj")) \
-        if "down_proj" in found else {}
+    shared = _shared_scales(seen, prefix, p, config, undo, notes["gate_up_proj"])
+    own = _down_scales(seen, found["down_proj"], undo, notes["down_proj"]) if "down_proj" in found else {}
     for attr, (fqn, p_attr, cfg) in found.items():
         x_stats = stats.x if attr == "gate_up_proj" else stats.h
         scales = {e: shared for e in x_stats} if attr == "gate_up_proj" else own
@@ -150,34 +215,21 @@ def first_output(store, name):
     return hook
 
 
-def _shared_scales(block, prefix, p, config, stats: ExpertStats, outputs, norms, undo, unchanged, notes):
+def _shared_scales(seen: ObservedBlock, prefix, p, config, undo, notes):
     """gate_up_proj's scales, shared by the experts, folded into the norm and the router; None when not applied."""
-    module = p.module
-    weight = module.gate_up_proj.detach()
+    stats = seen.stats
+    weight = p.module.gate_up_proj.detach()
     with_tokens = sorted(stats.x)
     if not with_tokens:
-        return None
-    norm = input_norm(outputs, stats.first)
-    router = expert_router(block, prefix, p)
-    where = f"{prefix}.{norm}" if prefix and norm else norm
-    if norm is None or router is None:
-        what = "no norm produces their input" if norm is None else "no float router weight next to them"
-        notes.append(f"awq: gate_up_proj not scaled ({what} to fold the shared scales into)")
         return None
     grids = [ConfigGrid(config.base, weight[e], f"{p.fqn}[{e}]") for e in with_tokens]
     s, ratio = awq_scales([stats.x[e].sample() for e in with_tokens], stats.all.mean_abs,
                           [weight[e] for e in with_tokens], [g.fake_quantize for g in grids], config.n_grid)
-    mine = Undo()
-    fold_scales(norms[norm], s, mine)
-    name, r = router
-    mine.set(r, "weight", (r.weight.detach().float() * s).to(r.weight.dtype))
-    mine.set(module, "gate_up_proj", (weight.float() * s).to(weight.dtype))
-    if not unchanged():  # another reader of the norm (a shared expert) would see x / s
-        mine.restore()
-        notes.append(f"awq: gate_up_proj not scaled (folding 1/s into {where} would change the block: its output "
-                     f"feeds more than the experts and the router)")
+    folded = seen.fold_shared(prefix, p, s, undo, "awq")
+    if isinstance(folded, str):
+        notes.append(folded)
         return None
-    undo.adopt(mine)
+    where, name = folded
     notes.append(f"awq: scales mean|x|^{ratio:.2f} shared by the {stats.count} experts, folded into {where} and the "
                  f"router {name}")
     return s
@@ -197,32 +249,22 @@ def expert_router(block, prefix, p):
     return None
 
 
-def _down_scales(target, stats: ExpertStats, undo, unchanged, notes) -> dict[int, torch.Tensor]:
+def _down_scales(seen: ObservedBlock, target, undo, notes) -> dict[int, torch.Tensor]:
     """Each expert's down_proj scales s_e, folded into its gate_up_proj up rows; {} when not applied."""
     fqn, p, config = target
-    module = p.module
-    down, gate_up = module.down_proj.detach(), module.gate_up_proj.detach()
-    half = gate_up.shape[1] // 2
+    stats = seen.stats
+    down = p.module.down_proj.detach()
     scales, ratios = {}, []
-    new_down, new_gate_up = down.float().clone(), gate_up.float().clone()
     for e in sorted(stats.h):
         grid = ConfigGrid(config.base, down[e], f"{fqn}[{e}]")
-        s, ratio = awq_scales([stats.h[e].sample()], stats.h[e].mean_abs, [down[e]], [grid.fake_quantize],
-                              config.n_grid)
-        scales[e] = s
+        scales[e], ratio = awq_scales([stats.h[e].sample()], stats.h[e].mean_abs, [down[e]], [grid.fake_quantize],
+                                      config.n_grid)
         ratios.append(ratio)
-        new_down[e] *= s
-        new_gate_up[e, half:] /= s.unsqueeze(1)  # up's rows: act_fn(gate) * up / s
     if not scales:
         return {}
-    mine = Undo()
-    mine.set(module, "down_proj", new_down.to(down.dtype))
-    mine.set(module, "gate_up_proj", new_gate_up.to(gate_up.dtype))
-    if not unchanged():
-        mine.restore()
+    if not seen.fold_down(p.module, scales, undo):
         notes.append("awq: down_proj not scaled (folding into gate_up_proj's up rows changed the block's output)")
         return {}
-    undo.adopt(mine)
     notes.append(f"awq: scales per expert (mean|h|^{min(ratios):.2f} to ^{max(ratios):.2f}) folded into each "
                  f"expert's gate_up_proj up rows")
     return scales

@@ -30,16 +30,15 @@ import dataclasses
 import torch
 from torch import nn
 
-from ..algorithms.blockwise import run_block
 from ..algorithms.observers import static_range
 from ..algorithms.smoothquant import smoothing_scales
 from ..core.granularity import PerTensor
 from ..core.qdtype import int8
 from ..tensor.activation import ActivationQuantSpec
 from ..tensor.experts import stack_experts
-from .awq_experts import ExpertStats, expert_router, first_output, input_norm
-from .block_edits import Undo, block_output, fold_scales, is_norm, same_function
-from .calibrate_experts import expert_calibration_note, structure_problem
+from .awq_experts import ObservedBlock, calibrated_modules
+from .block_edits import Undo
+from .calibrate_experts import expert_calibration_note
 from .configs.base import handler_for
 from .configs.calibrated import SmoothQuantConfig
 from .expert_weights import ExpertParameter
@@ -64,48 +63,47 @@ def smooth_experts(block: nn.Module, prefix: str, targets: dict[str, tuple[Exper
     """Smooth and / or observe static activation scales for the expert Parameters ``targets`` of one block, whose
     ``inputs`` hold ``total`` token rows; see Note [SmoothQuant and static activation scales of expert Parameters].
     Results go into ``plan`` (stack or UnsupportedWeight, and a note) and are installed through ``undo``."""
-    by_module: dict[int, dict[str, tuple[str, ExpertParameter, object]]] = {}
-    for fqn, (p, config) in targets.items():
-        by_module.setdefault(id(p.module), {})[p.attr] = (fqn, p, config)
-    for found in by_module.values():
-        problem = next((structure_problem(p, "SmoothQuant") for _, p, _ in found.values()
-                        if structure_problem(p, "SmoothQuant")), None)
+    def fold_target_problem(found):
         down = found.get("down_proj")
-        if problem is None and down is not None and smoothing_strength(down[2]) is not None \
-                and "gate_up_proj" not in found:
-            problem = (f"SmoothQuant of {down[0]} folds its scales into gate_up_proj's up rows before those are "
-                       f"quantized: give gate_up_proj a SmoothQuant or static-activation config too, or down_proj "
-                       f"one without smoothing (smoothing=None)")
-        if problem is not None:
-            for fqn, _, _ in found.values():
-                plan.weights[fqn] = UnsupportedWeight(problem)
-            continue
+        if down is not None and smoothing_strength(down[2]) is not None and "gate_up_proj" not in found:
+            return (f"SmoothQuant of {down[0]} folds its scales into gate_up_proj's up rows before those are "
+                    f"quantized: give gate_up_proj a SmoothQuant or static-activation config too, or down_proj "
+                    f"one without smoothing (smoothing=None)")
+        return None
+    for found in calibrated_modules(targets, plan, "SmoothQuant", fold_target_problem):
         _smooth_module(block, prefix, found, inputs, plan, undo, total, max_rows)
 
 
 def _smooth_module(block, prefix, found, inputs, plan, undo: Undo, total: int, max_rows: int) -> None:
     module = next(iter(found.values()))[1].module
-    stats = ExpertStats(module, total, max_rows, down="down_proj" in found)
-    outputs: dict[str, torch.Tensor] = {}
-    norms = {n: m for n, m in block.named_modules() if is_norm(m)}
-    handles = [module.register_forward_pre_hook(stats.hook, with_kwargs=True)]
-    handles += [m.register_forward_hook(first_output(outputs, n)) for n, m in norms.items()]
-    try:
-        run_block(block, inputs)
-    finally:
-        for h in handles:
-            h.remove()
-    reference = block_output(block, inputs[0])
-    unchanged = lambda: same_function(block_output(block, inputs[0]), reference)  # noqa: E731
+    seen = ObservedBlock(block, module, inputs, total, max_rows, down="down_proj" in found)
+    stats = seen.stats
     notes = {attr: [] for attr in found}
     smooth: dict[str, dict[int, torch.Tensor]] = {attr: {} for attr in found}
-    if "gate_up_proj" in found and smoothing_strength(found["gate_up_proj"][2]) is not None:
-        s = _shared_smoothing(block, prefix, found["gate_up_proj"], stats, outputs, norms, undo, unchanged,
-                              notes["gate_up_proj"])
-        if s is not None:
+    gate_up = found.get("gate_up_proj")
+    if gate_up is not None and smoothing_strength(gate_up[2]) is not None and stats.all is not None:
+        fqn, p, config = gate_up
+        alpha = smoothing_strength(config)
+        s = smoothing_scales(stats.all.absmax, list(module.gate_up_proj.detach().unbind(0)), alpha)
+        folded = seen.fold_shared(prefix, p, s, undo, "smoothquant")
+        if isinstance(folded, str):
+            notes["gate_up_proj"].append(folded)
+        else:
             smooth["gate_up_proj"] = {e: s for e in range(stats.count)}
-    if "down_proj" in found and smoothing_strength(found["down_proj"][2]) is not None:
-        smooth["down_proj"] = _down_smoothing(found["down_proj"], stats, undo, unchanged, notes["down_proj"])
+            notes["gate_up_proj"].append(f"smoothquant alpha {alpha:g}: scales shared by the {stats.count} experts, "
+                                         f"folded into {folded[0]} and the router {folded[1]}")
+    down = found.get("down_proj")
+    if down is not None and smoothing_strength(down[2]) is not None and stats.h:
+        alpha = smoothing_strength(down[2])
+        weight = module.down_proj.detach()
+        scales = {e: smoothing_scales(stats.h[e].absmax, [weight[e]], alpha) for e in sorted(stats.h)}
+        if seen.fold_down(module, scales, undo):
+            smooth["down_proj"] = scales
+            notes["down_proj"].append(f"smoothquant alpha {alpha:g}: scales per expert folded into each expert's "
+                                      f"gate_up_proj up rows")
+        else:
+            notes["down_proj"].append("smoothquant: down_proj not smoothed (folding into gate_up_proj's up rows "
+                                      "changed the block's output)")
     for attr, (fqn, p, config) in found.items():
         x_stats = stats.x if attr == "gate_up_proj" else stats.h
         try:
@@ -116,68 +114,6 @@ def _smooth_module(block, prefix, found, inputs, plan, undo: Undo, total: int, m
         plan.weights[fqn] = stack
         plan.notes[fqn] = "; ".join([*notes[attr], note])
         undo.set(module, attr, stack)
-
-
-def _shared_smoothing(block, prefix, target, stats: ExpertStats, outputs, norms, undo, unchanged, notes):
-    """gate_up_proj's smoothing scales, shared by the experts, folded into the norm and the router; None when not
-    applied."""
-    fqn, p, config = target
-    module = p.module
-    weight = module.gate_up_proj.detach()
-    alpha = smoothing_strength(config)
-    if stats.all is None:
-        return None
-    norm = input_norm(outputs, stats.first)
-    router = expert_router(block, prefix, p)
-    where = f"{prefix}.{norm}" if prefix and norm else norm
-    if norm is None or router is None:
-        what = "no norm produces their input" if norm is None else "no float router weight next to them"
-        notes.append(f"smoothquant: gate_up_proj not smoothed ({what} to fold the shared scales into)")
-        return None
-    s = smoothing_scales(stats.all.absmax, list(weight.unbind(0)), alpha)
-    mine = Undo()
-    fold_scales(norms[norm], s, mine)
-    name, r = router
-    mine.set(r, "weight", (r.weight.detach().float() * s).to(r.weight.dtype))
-    mine.set(module, "gate_up_proj", (weight.float() * s).to(weight.dtype))
-    if not unchanged():  # another reader of the norm (a shared expert) would see x / s
-        mine.restore()
-        notes.append(f"smoothquant: gate_up_proj not smoothed (folding 1/s into {where} would change the block: its "
-                     f"output feeds more than the experts and the router)")
-        return None
-    undo.adopt(mine)
-    notes.append(f"smoothquant alpha {alpha:g}: scales shared by the {stats.count} experts, folded into {where} and "
-                 f"the router {name}")
-    return s
-
-
-def _down_smoothing(target, stats: ExpertStats, undo, unchanged, notes) -> dict[int, torch.Tensor]:
-    """Each expert's down_proj smoothing scales s_e, folded into its gate_up_proj up rows; {} when not applied."""
-    fqn, p, config = target
-    module = p.module
-    alpha = smoothing_strength(config)
-    down, gate_up = module.down_proj.detach(), module.gate_up_proj.detach()
-    half = gate_up.shape[1] // 2
-    scales = {}
-    new_down, new_gate_up = down.float().clone(), gate_up.float().clone()
-    for e in sorted(stats.h):
-        s = smoothing_scales(stats.h[e].absmax, [down[e]], alpha)
-        scales[e] = s
-        new_down[e] *= s
-        new_gate_up[e, half:] /= s.unsqueeze(1)  # up's rows: act_fn(gate) * up / s
-    if not scales:
-        return {}
-    mine = Undo()
-    mine.set(module, "down_proj", new_down.to(down.dtype))
-    mine.set(module, "gate_up_proj", new_gate_up.to(gate_up.dtype))
-    if not unchanged():
-        mine.restore()
-        notes.append("smoothquant: down_proj not smoothed (folding into gate_up_proj's up rows changed the block's "
-                     "output)")
-        return {}
-    undo.adopt(mine)
-    notes.append(f"smoothquant alpha {alpha:g}: scales per expert folded into each expert's gate_up_proj up rows")
-    return scales
 
 
 def _quantize(fqn: str, weight: torch.Tensor, config, x_stats: dict, smooth: dict, count: int):
