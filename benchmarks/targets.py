@@ -20,9 +20,9 @@ Targets:
 - M = 256, every weight-only format, float32 activations: >= 1.5x fp32 F.linear with AVX-512, >= 1.0x below (bf16
   activations recorded, not checked).
 - int8 dynamic x int8 / int4 at M = 256: >= 7x fp32 F.linear with VNNI (AVX-512 or AVX-VNNI), >= 2.5x on AVX2.
-- The 4-bit / float8 / MX / NVFP4 activation configs (W4A4, float8 x int4, MXFP8 x MXFP4, NVFP4 x NVFP4): the weight
-  bytes at M = 1 as the weight-only formats, and M = 256 as them (they run the integer kernel with int4 codes, or
-  the weight-only kernels on the fake-quantized input).
+- The 4-bit / float8 / MX / NVFP4 activation configs (W4A4, float8 x int4, MXFP8 x MXFP4, NVFP4 x NVFP4, float8 x
+  float8): the weight bytes at M = 1 as the weight-only formats, and M = 256 as them (they run the integer kernel with
+  int4 codes, or the weight-only kernels on the fake-quantized input).
 - ternary (bit planes, table lookups) at M = 1: >= 1.5x the packed int2 kernel (the same group scales).
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ LEVEL_ENV = {
 WEIGHT_ONLY = ("int8-wo", "int4-wo-g128", "nf4-b64", "fp8-wo", "mxfp4", "mxfp8", "intx4-wo-sym-g32+bits3", "nvfp4",
                "fp6-e2m3", "fp6-e3m2")
 DYNAMIC = ("int8-dyn-int8", "int8-dyn-int4-g32+g128")
-LOW_BIT_ACTIVATIONS = ("int4-dyn-int4-g32", "fp8-dyn-int4-g32", "mxfp8-dyn-mxfp4", "nvfp4-dyn-nvfp4")
+LOW_BIT_ACTIVATIONS = ("int4-dyn-int4-g32", "fp8-dyn-int4-g32", "mxfp8-dyn-mxfp4", "nvfp4-dyn-nvfp4", "fp8-dyn-row")
 TERNARY, INT2 = "ternary-g32", "intx4-wo-sym-g32+bits2"  # both int2 codes with an absmax-style scale per 32
 QUICK = ("int8-wo", "int4-wo-g128", "nf4-b64", "int8-dyn-int8")  # --quick: each kind of cell once
 
