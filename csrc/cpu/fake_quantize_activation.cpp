@@ -441,7 +441,8 @@ const DescribeOp kDescribed(OpDescription(kOp)
 at::Tensor fake_quantize_activation(const at::Tensor& x, std::string qdtype, int64_t group_size, bool per_tensor,
                                     std::optional<double> static_scale, const std::optional<at::Tensor>& offs) {
   const Format f = parse_format(qdtype);
-  TORCH_CHECK_VALUE(x.dim() == 2, kOp, ": x must be (tokens, features), got ", x.sizes());
+  TORCH_CHECK_VALUE(x.dim() >= 1 && (x.dim() == 2 || !offs.has_value()), kOp,
+                    ": x must be (..., features), and (tokens, features) with group ends, got ", x.sizes());
   const auto dtype = x.scalar_type();
   TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf, kOp,
                     ": x must be float32, bfloat16 or float16, got ", dtype);
@@ -463,9 +464,10 @@ at::Tensor fake_quantize_activation(const at::Tensor& x, std::string qdtype, int
                                                 : 65504.0;
   p.limit = static_cast<float>(limit);
   p.bound = static_cast<float>(limit * (1.0 - kFloatEps) / f.max_level);
-  const at::Tensor xc = x.contiguous();
+  const int64_t K = x.size(-1), M = K > 0 ? x.numel() / K : 0;
+  const at::Tensor xc = x.contiguous().view({M, K});  // the leading dims as tokens, as F.linear takes them
   at::Tensor y = at::empty_like(xc);
-  std::vector<int64_t> ends{xc.size(0)};
+  std::vector<int64_t> ends{M};
   if (offs.has_value()) {
     TORCH_CHECK_VALUE(offs->dim() == 1 && !offs->is_floating_point(), kOp,
                       ": offs must be a 1-d integer tensor of group ends, got ", offs->scalar_type(), " ",
@@ -473,13 +475,13 @@ at::Tensor fake_quantize_activation(const at::Tensor& x, std::string qdtype, int
     const at::Tensor o = offs->to(at::kLong).contiguous();
     ends.assign(o.const_data_ptr<int64_t>(), o.const_data_ptr<int64_t>() + o.numel());
   }
-  if (xc.numel() == 0) return y;
+  if (xc.numel() == 0) return y.view(x.sizes());
   switch (dtype) {
     case at::kFloat: run<float>(p, xc, y, ends); break;
     case at::kBFloat16: run<c10::BFloat16>(p, xc, y, ends); break;
     default: run<c10::Half>(p, xc, y, ends); break;
   }
-  return y;
+  return y.view(x.sizes());
 }
 
 }  // namespace torchqkit_cpu

@@ -88,11 +88,24 @@ def test_group_ends_take_each_groups_own_tensor_scale(monkeypatch, isa, name):
     _assert_bits(got, fake_quantize_activation_ref(x, *op_arguments(spec), offs), f"{name} reference")
 
 
+@needs_kernel(LEVELS)
+@pytest.mark.parametrize("name", ["e4m3-token", "e4m3-tensor", "mxfp8-e4m3", "nvfp4"])
+def test_leading_dims_are_tokens(name):
+    """x (B, T, K) as F.linear hands it: the (B T, K) result in x's shape, per-tensor scales over every token."""
+    spec = SPECS[name]
+    x = torch.randn(2, 5, 64, generator=gen(6)) * torch.logspace(-2, 2, 5).view(1, 5, 1)
+    got = OP(x, *op_arguments(spec))
+    assert got.shape == x.shape
+    _assert_bits(got.reshape(10, 64), spec.fake_quantize(x.reshape(10, 64)), name)
+    _assert_bits(fake_quantize_activation_ref(x, *op_arguments(spec)).reshape(10, 64), got.reshape(10, 64), name)
+
+
 @pytest.mark.parametrize("name", ["e4m3-token", "mxfp8-e4m3", "nvfp4", "e4m3-static"])
 def test_opcheck(name):
     x = torch.randn(5, 64, generator=gen(5))
     torch.library.opcheck(OP, (x, *op_arguments(SPECS[name])))
     torch.library.opcheck(OP, (x, *op_arguments(SPECS[name]), torch.tensor([1, 5])))
+    torch.library.opcheck(OP, (x.reshape(5, 2, 32), *op_arguments(SPECS[name])))
 
 
 def test_only_float_formats_are_taken():
@@ -116,8 +129,10 @@ def test_bad_arguments_raise(args, message):
 
 @needs_kernel(LEVELS)
 def test_bad_inputs_raise():
-    with pytest.raises(ValueError, match=r"\(tokens, features\)"):
-        OP(torch.randn(2, 3, 64), "float8_e4m3fn", 0, False, None)
+    with pytest.raises(ValueError, match=r"\(\.\.\., features\)"):
+        OP(torch.randn(2, 3, 64), "float8_e4m3fn", 0, False, None, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match=r"\(\.\.\., features\)"):
+        OP(torch.tensor(1.0), "float8_e4m3fn", 0, False, None)
     with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
         OP(torch.randn(2, 64).double(), "float8_e4m3fn", 0, False, None)
     with pytest.raises(ValueError, match="group ends"):

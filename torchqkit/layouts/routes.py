@@ -136,7 +136,7 @@ def kernel_fake_quantized_input(w, x: torch.Tensor) -> torch.Tensor:
     """``fake_quantized_input(w, x)``, the same values, through torchqkit::fake_quantize_activation where it
     takes the case (Note [Activations fake-quantized before a weight-only kernel])."""
     if _by_op(w.act_quant, x):
-        return fake_quantize_op.fake_quantize_activation(flatten_tokens(x), w.act_quant).reshape(x.shape)
+        return fake_quantize_op.fake_quantize_activation(x, w.act_quant)  # (..., K): no reshapes around the op
     return fake_quantized_input(w, x)
 
 

@@ -1,6 +1,8 @@
-"""torchqkit::fake_quantize_activation: a (M, K) activation quantized to float8, MXFP8 or NVFP4 and dequantized again.
+"""torchqkit::fake_quantize_activation: an activation quantized to float8, MXFP8 or NVFP4 and dequantized again.
 
     fake_quantize_activation(x, qdtype, group_size, per_tensor, static_scale, offs) -> Tensor (x's shape and dtype)
+
+x is (..., K), its leading dims the tokens as F.linear takes them ((M, K) with group ends).
 
 What the float8 / MXFP8 / NVFP4 activation configs hand a weight-only kernel (Note [Activations fake-quantized
 before a weight-only kernel], layouts/routes.py). The reference is core's quantize_activation then
@@ -38,13 +40,15 @@ def _fake_quantize(x: torch.Tensor, qdtype: str, group_size: int, per_tensor: bo
                    static_scale: float | None) -> torch.Tensor:
     q = qdtype_from_name(qdtype)
     granularity = PerGroup(group_size) if group_size else PerTensor() if per_tensor else PerToken()
-    codes, scale, zp = quantize_activation(x, q, granularity, MappingType.SYMMETRIC, static_scale)
-    return dequantize_activation(codes, q, granularity, static_scale, scale, zp, x.dtype)
+    x2 = x.reshape(-1, x.shape[-1])
+    codes, scale, zp = quantize_activation(x2, q, granularity, MappingType.SYMMETRIC, static_scale)
+    return dequantize_activation(codes, q, granularity, static_scale, scale, zp, x.dtype).reshape(x.shape)
 
 
 def fake_quantize_activation_ref(x: torch.Tensor, qdtype: str, group_size: int, per_tensor: bool,
                                  static_scale: float | None = None, offs: torch.Tensor | None = None) -> torch.Tensor:
-    """x (M, K) quantized and dequantized, over each group of rows ``[offs[g - 1], offs[g])`` with offs."""
+    """x (..., K) quantized and dequantized; with offs (x: (M, K)), over each group of rows
+    ``[offs[g - 1], offs[g])``."""
     if offs is None:
         return _fake_quantize(x, qdtype, group_size, per_tensor, static_scale)
     out, start = x.clone(), 0
@@ -57,7 +61,9 @@ def fake_quantize_activation_ref(x: torch.Tensor, qdtype: str, group_size: int, 
 
 
 def _fake(x, qdtype, group_size, per_tensor, static_scale=None, offs=None):
-    torch._check(x.dim() == 2, lambda: f"fake_quantize_activation: x must be (tokens, features), got {x.shape}")
+    torch._check(x.dim() >= 1 and (offs is None or x.dim() == 2),
+                 lambda: f"fake_quantize_activation: x must be (..., features), (tokens, features) with group ends, "
+                         f"got {x.shape}")
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -67,5 +73,5 @@ define_op("torchqkit::fake_quantize_activation",
 
 
 def fake_quantize_activation(x: torch.Tensor, spec, offs: torch.Tensor | None = None) -> torch.Tensor:
-    """``spec.fake_quantize(x)`` (x: (M, K)) through torchqkit::fake_quantize_activation (module docstring)."""
+    """``spec.fake_quantize`` of x (..., K) through torchqkit::fake_quantize_activation (module docstring)."""
     return torch.ops.torchqkit.fake_quantize_activation(x, *op_arguments(spec), offs)
