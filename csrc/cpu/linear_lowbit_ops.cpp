@@ -199,7 +199,6 @@ at::Tensor run_kernels(const at::Tensor& x, LowbitArgs p, const std::optional<at
   return out.to(x.scalar_type()).reshape(out_shape(x, N));
 }
 
-// run_kernels under the routes measured for the case (Note [Routes chosen by measurement]).
 // Note [Activation rows past the decoders' range]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The kernels multiply each activation by a decoded code before the block scale: e5m2 codes decode to their values
@@ -213,7 +212,7 @@ constexpr uint16_t kHugeBf16Bits = 0x5F80u;
 
 bool may_have_huge_rows(const at::Tensor& x) {
   if (x.scalar_type() == at::kHalf) return false;  // float16 stops at 65504
-  if (!x.is_contiguous()) return true;             // the exact check below decides
+  if (!x.is_contiguous()) return may_have_huge_rows(x.contiguous());
   const int64_t n = x.numel();
   if (x.scalar_type() == at::kFloat) {
     const uint32_t* b = static_cast<const uint32_t*>(x.const_data_ptr());
@@ -258,6 +257,7 @@ std::optional<at::Tensor> run_rescaled(const at::Tensor& x, const LowbitArgs& p,
   return out.to(x.scalar_type()).reshape(out_shape(x, N));
 }
 
+// run_kernels under the routes measured for the case (Note [Routes chosen by measurement]).
 at::Tensor run(const at::Tensor& x, const LowbitArgs& p, const std::optional<at::Tensor>& bias, const char* op) {
   if (p.K > 0 && x.size(-1) == p.K && may_have_huge_rows(x)) {
     if (std::optional<at::Tensor> out = run_rescaled(x, p, bias, op)) return *out;
