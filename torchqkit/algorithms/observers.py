@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from .gptq import HessianAccumulator
 
-__all__ = ["InputStats", "static_range", "mse_range"]
+__all__ = ["InputStats", "static_range", "static_activation_scale", "mse_range"]
 
 # Note [MSE-optimal activation range]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -85,6 +85,24 @@ def static_range(stats: InputStats, observer: str, percentile: float, smooth: to
     if values.numel() > 8_000_000:  # torch.quantile's input limit is 16M; a strided subset keeps it exact enough
         values = values[:: -(-values.numel() // 8_000_000)]
     return float(torch.quantile(values, percentile / 100.0))
+
+
+def static_activation_scale(config, stats: InputStats, smooth: torch.Tensor | None, weight: torch.Tensor
+                            ) -> tuple[float, float]:
+    """(range, scale) of a static activation config's per-tensor scale (``Int8StaticActivationInt8WeightConfig`` /
+    ``Float8StaticActivationFloat8WeightConfig``: its ``observer``, ``percentile`` and activation dtype) for the
+    inputs ``stats`` (divided by ``smooth``) of a Linear of ``weight``: scale = range / the format's largest code."""
+    from ..core.granularity import PerTensor
+    from ..core.qdtype import int8
+    from ..tensor.activation import ActivationQuantSpec
+    qdtype = getattr(config, "activation_dtype", int8)
+    qmax = float(qdtype.qmax)
+
+    def fake_quantize(x, r):
+        return ActivationQuantSpec(qdtype, PerTensor(), static_scale=max(r, 1e-12) / qmax).fake_quantize(x)
+
+    r = static_range(stats, config.observer, config.percentile, smooth, fake_quantize=fake_quantize, weight=weight)
+    return r, max(r, 1e-12) / qmax
 
 
 def mse_range(x: torch.Tensor, absmax: float, fake_quantize: Callable[[torch.Tensor, float], torch.Tensor],

@@ -45,7 +45,7 @@ from .configs.base import handler_for
 from .expert_weights import ROUTER_NAMES, ExpertParameter
 from .quantize_weight import UnsupportedWeight
 
-__all__ = ["awq_experts", "calibrated_modules", "ExpertStats", "ObservedBlock", "expert_router", "first_output", "input_norm"]
+__all__ = ["awq_experts", "calibrated_modules", "install_stack", "ExpertStats", "ObservedBlock", "expert_router", "first_output", "input_norm"]
 
 
 def awq_experts(block: nn.Module, prefix: str, targets: dict[str, tuple[ExpertParameter, object]], inputs, plan,
@@ -192,20 +192,27 @@ def _awq_module(block, prefix, found, inputs, plan, undo: Undo, total: int, max_
     for attr, (fqn, p_attr, cfg) in found.items():
         x_stats = stats.x if attr == "gate_up_proj" else stats.h
         scales = {e: shared for e in x_stats} if attr == "gate_up_proj" else own
-        try:
-            stack, note = _quantize(fqn, getattr(module, attr).detach(), cfg, x_stats, scales, stats.count)
-        except UnsupportedWeight as e:
-            plan.weights[fqn] = e
-            continue
-        plan.weights[fqn] = stack
-        plan.notes[fqn] = "; ".join([*notes[attr], note])
-        undo.set(module, attr, stack)
+        install_stack(plan, undo, module, attr, fqn, notes[attr],
+                      lambda: _quantize(fqn, getattr(module, attr).detach(), cfg, x_stats, scales, stats.count))
 
 
 def input_norm(outputs: dict, first: torch.Tensor) -> str | None:
     """The name of the norm whose first output (``outputs``, by first_output hooks) is the experts' first input."""
     return next((n for n, y in outputs.items() if y.numel() == first.numel() and torch.equal(y.reshape(first.shape),
                                                                                               first)), None)
+
+
+def install_stack(plan, undo: Undo, module, attr: str, fqn: str, notes: list[str], build) -> None:
+    """``build()`` -> (stack, note) installed as ``module.attr`` through ``undo``, with the notes, in ``plan``; or the
+    UnsupportedWeight it raises, recorded in ``plan``."""
+    try:
+        stack, note = build()
+    except UnsupportedWeight as e:
+        plan.weights[fqn] = e
+        return
+    plan.weights[fqn] = stack
+    plan.notes[fqn] = "; ".join([*notes, note])
+    undo.set(module, attr, stack)
 
 
 def first_output(store, name):

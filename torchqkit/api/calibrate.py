@@ -31,12 +31,9 @@ from ..progress import ProgressLine, progress_enabled
 from ..algorithms.blockwise import (capture_block_inputs, check_finite_activation, find_blocks,
                                     run_block)
 from ..algorithms.gptq import gptq_codes
-from ..algorithms.observers import InputStats, static_range
+from ..algorithms.observers import InputStats, static_activation_scale
 from ..algorithms.smoothquant import smoothing_scales
 from ..algorithms.rotation import online_rotation_of
-from ..core.granularity import PerTensor
-from ..core.qdtype import int8
-from ..tensor.activation import ActivationQuantSpec
 from ..tensor.affine_quantized_tensor import INPUT_SCALE, AffineQuantizedTensor
 from .block_edits import Undo as _Undo, block_output as _block_output, fold_scales as _fold, is_norm as _is_norm
 from .block_edits import same_function as _same_function
@@ -446,13 +443,5 @@ def _quantize_weight(fqn: str, weight: torch.Tensor, config, g: _Group) -> Affin
     elif isinstance(config, SmoothQuantConfig):
         config = config.base
     if config.needs_calibration_data():  # static activation scale, after any smoothing
-        qdtype = getattr(config, "activation_dtype", int8)
-        qmax = float(qdtype.qmax)
-
-        def fake_quantize(x, r):
-            return ActivationQuantSpec(qdtype, PerTensor(), static_scale=max(r, 1e-12) / qmax).fake_quantize(x)
-
-        r = static_range(g.stats, config.observer, config.percentile, g.smooth, fake_quantize=fake_quantize,
-                         weight=weight)
-        config = dataclasses.replace(config, act_scale=max(r, 1e-12) / qmax)
+        config = dataclasses.replace(config, act_scale=static_activation_scale(config, g.stats, g.smooth, weight)[1])
     return handler_for(config)(config, weight, name)

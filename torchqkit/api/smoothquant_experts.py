@@ -30,13 +30,10 @@ import dataclasses
 import torch
 from torch import nn
 
-from ..algorithms.observers import static_range
+from ..algorithms.observers import static_activation_scale
 from ..algorithms.smoothquant import smoothing_scales
-from ..core.granularity import PerTensor
-from ..core.qdtype import int8
-from ..tensor.activation import ActivationQuantSpec
 from ..tensor.experts import stack_experts
-from .awq_experts import ObservedBlock, calibrated_modules
+from .awq_experts import ObservedBlock, calibrated_modules, install_stack
 from .block_edits import Undo
 from .calibrate_experts import expert_calibration_note
 from .configs.base import handler_for
@@ -106,14 +103,9 @@ def _smooth_module(block, prefix, found, inputs, plan, undo: Undo, total: int, m
                                       "changed the block's output)")
     for attr, (fqn, p, config) in found.items():
         x_stats = stats.x if attr == "gate_up_proj" else stats.h
-        try:
-            stack, note = _quantize(fqn, getattr(module, attr).detach(), config, x_stats, smooth[attr], stats.count)
-        except UnsupportedWeight as e:
-            plan.weights[fqn] = e
-            continue
-        plan.weights[fqn] = stack
-        plan.notes[fqn] = "; ".join([*notes[attr], note])
-        undo.set(module, attr, stack)
+        install_stack(plan, undo, module, attr, fqn, notes[attr],
+                      lambda: _quantize(fqn, getattr(module, attr).detach(), config, x_stats, smooth[attr],
+                                        stats.count))
 
 
 def _quantize(fqn: str, weight: torch.Tensor, config, x_stats: dict, smooth: dict, count: int):
@@ -127,18 +119,11 @@ def _quantize(fqn: str, weight: torch.Tensor, config, x_stats: dict, smooth: dic
             raise UnsupportedWeight(f"no calibration token reached any expert of {fqn}: a static activation scale "
                                     f"needs some; calibrate with more data, or give {fqn} a dynamic-activation "
                                     f"config")
-        qdtype = getattr(base, "activation_dtype", int8)
-        qmax = float(qdtype.qmax)
-
-        def fake_quantize(x, r):
-            return ActivationQuantSpec(qdtype, PerTensor(), static_scale=max(r, 1e-12) / qmax).fake_quantize(x)
-
-        ranges = {e: static_range(x_stats[e], base.observer, base.percentile, smooth.get(e),
-                                  fake_quantize=fake_quantize, weight=weight[e]) for e in sorted(x_stats)}
-        top = max(ranges, key=ranges.get)
-        r = max(ranges[top], 1e-12)
-        base = dataclasses.replace(base, act_scale=r / qmax)
-        extra = (f"; static activation scale {r / qmax:.4g} ({base.observer} range {r:.4g}, the largest of the "
+        ranges = {e: static_activation_scale(base, x_stats[e], smooth.get(e), weight[e]) for e in sorted(x_stats)}
+        top = max(ranges, key=lambda e: ranges[e][0])
+        r, scale = ranges[top]
+        base = dataclasses.replace(base, act_scale=scale)
+        extra = (f"; static activation scale {scale:.4g} ({base.observer} range {r:.4g}, the largest of the "
                  f"experts' ranges: expert {top}'s)")
     handler = handler_for(base)
     stack = stack_experts([handler(base, weight[e], f"{fqn}[{e}]") for e in range(count)], fqn)
