@@ -45,7 +45,8 @@ from .configs.base import handler_for
 from .expert_weights import ROUTER_NAMES, ExpertParameter
 from .quantize_weight import UnsupportedWeight
 
-__all__ = ["awq_experts", "calibrated_modules", "install_stack", "ExpertStats", "ObservedBlock", "expert_router", "first_output", "input_norm"]
+__all__ = ["awq_experts", "calibrated_modules", "install_stack", "ExpertStats", "ObservedBlock", "expert_router",
+           "first_output", "input_norm"]
 
 
 def awq_experts(block: nn.Module, prefix: str, targets: dict[str, tuple[ExpertParameter, object]], inputs, plan,
